@@ -1,0 +1,64 @@
+"""The one `strop` command. Parses only the chosen subcommand, importing its module lazily so
+`--help` answers instantly and no subcommand pays for another's imports.
+
+Each command module exposes `add_arguments(parser)` and `run(args) -> int`.
+"""
+
+import argparse
+import importlib
+import sys
+
+from strop.errors import UserError
+
+# command words -> (module, one-line help). Add a row to add a command.
+COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
+    ("demo",): ("strop.demo", "run the tiny end-to-end pipeline on this machine"),
+    ("tokenizer",): ("strop.data.tokenizer_cmd", "train the byte-level BPE tokenizer on the corpus"),
+    ("midtrain",): ("strop.train.midtrain", "continue pretraining a policy on code tokens"),
+    ("eval", "midtrain"): ("strop.train.eval_midtrain", "held-out bits per byte vs gzip -9 and zstd -19"),
+    ("bench", "midtrain"): ("strop.bench.midtrain", "mid-training tokens/s on this machine"),
+}
+
+
+def _usage() -> str:
+    width = max(len(" ".join(k)) for k in COMMANDS)
+    rows = "\n".join(f"  strop {' '.join(k):<{width}}  {h}" for k, (_, h) in sorted(COMMANDS.items()))
+    return f"usage: strop COMMAND [options]\n\ncommands:\n{rows}\n\nRun `strop COMMAND --help` for a command's options."
+
+
+def _find(argv: list[str]) -> tuple[tuple[str, ...], list[str]] | None:
+    for n in (3, 2, 1):
+        key = tuple(argv[:n])
+        if key in COMMANDS:
+            return key, argv[n:]
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    found = _find(argv)
+    if found is None:
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"strop: error: unknown command {' '.join(argv[:2])!r}\n", file=sys.stderr)
+            print(_usage(), file=sys.stderr)
+            return 2
+        print(_usage())
+        return 0
+    key, rest = found
+    module_name, help_text = COMMANDS[key]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog="strop " + " ".join(key), description=help_text)
+    module.add_arguments(parser)
+    args = parser.parse_args(rest)
+    try:
+        return int(module.run(args) or 0)
+    except UserError as e:
+        print(f"strop: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("strop: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

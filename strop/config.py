@@ -1,0 +1,209 @@
+"""Typed run configs: one schema (`Config`) for every role, loaded from TOML and `--set` overrides.
+
+Every field carries its help text and bounds in `field(metadata=...)`. Loading refuses unknown
+keys, wrong types and out-of-range values with the key's dotted name (a `UserError`, so the CLI
+prints one line and exits 2). The resolved config is written into each run directory.
+"""
+
+import argparse
+import dataclasses
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from strop.errors import UserError
+
+
+def opt(default: Any, help: str, *, ge: float | None = None, le: float | None = None, gt: float | None = None) -> Any:
+    """A config field with help text and optional numeric bounds."""
+    meta = {"help": help, "ge": ge, "le": le, "gt": gt}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class RunSection:
+    name: str = opt("run", "run name; outputs go to out_dir/name")
+    out_dir: str = opt("runs", "directory that holds run directories")
+    seed: int = opt(0, "global seed", ge=0)
+    threads: int = opt(0, "torch intra-op threads; 0 = all cores", ge=0)
+
+
+@dataclass
+class ModelSection:
+    path: str = opt("", "local HF model directory to start from; empty = build a tiny model from the fields below")
+    arch: Literal["qwen3_moe", "deepseek_v3", "qwen3"] = opt("qwen3_moe", "HF architecture for a tiny model")
+    hidden_size: int = opt(128, "model width", ge=8)
+    num_layers: int = opt(4, "decoder layers", ge=1)
+    num_heads: int = opt(4, "attention heads", ge=1)
+    num_kv_heads: int = opt(2, "key/value heads (GQA)", ge=1)
+    head_dim: int = opt(32, "per-head width", ge=4)
+    num_experts: int = opt(32, "routed experts per MoE layer", ge=1)
+    experts_per_token: int = opt(4, "top-k routing", ge=1)
+    expert_size: int = opt(128, "intermediate width of one expert", ge=4)
+    dense_size: int = opt(512, "intermediate width of dense MLPs (qwen3, shared experts)", ge=4)
+    max_positions: int = opt(2048, "longest context", ge=16)
+    router_aux_loss_coef: float = opt(0.01, "MoE load-balancing loss weight", ge=0)
+
+
+@dataclass
+class DataSection:
+    stdlib: bool = opt(True, "include the running interpreter's standard library source")
+    dirs: list[str] = opt([], "extra directories of source files")
+    jsonl: list[str] = opt([], "extra JSONL files with a 'text' field per line")
+    extensions: list[str] = opt([".py"], "file extensions taken from directories")
+    val_files: int = opt(40, "files held out for validation (the last by path order)", ge=1)
+    max_file_bytes: int = opt(200_000, "skip larger files (generated or data files)", ge=100)
+    vocab_size: int = opt(4096, "BPE vocabulary size", ge=300)
+    tokenizer_sample_bytes: int = opt(8_000_000, "bytes of training text used to train the tokenizer", ge=1000)
+    seq_len: int = opt(256, "packed sequence length", ge=8)
+
+
+@dataclass
+class MidtrainSection:
+    steps: int = opt(2000, "optimizer steps", ge=1)
+    batch_size: int = opt(16, "sequences per step", ge=1)
+    lr: float = opt(3e-3, "peak learning rate", gt=0)
+    min_lr_ratio: float = opt(0.1, "final lr as a fraction of peak (cosine)", ge=0, le=1)
+    warmup_steps: int = opt(100, "linear warmup steps", ge=0)
+    weight_decay: float = opt(0.1, "AdamW weight decay", ge=0)
+    grad_clip: float = opt(1.0, "gradient norm clip; 0 = off", ge=0)
+    ckpt_every: int = opt(200, "save a resumable checkpoint every N steps", ge=1)
+    eval_every: int = opt(200, "held-out loss every N steps", ge=1)
+    eval_batches: int = opt(8, "batches per held-out evaluation", ge=1)
+    time_budget_s: float = opt(0.0, "stop early (with a final checkpoint) after this many seconds; 0 = off", ge=0)
+
+
+@dataclass
+class Config:
+    run: RunSection = field(default_factory=RunSection)
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=DataSection)
+    midtrain: MidtrainSection = field(default_factory=MidtrainSection)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.out_dir) / self.run.name
+
+
+def _check_value(key: str, value: Any, tp: Any, meta: dict) -> Any:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            raise UserError(f"config key {key!r}: {value!r} is not one of {list(typing.get_args(tp))}")
+        return value
+    if origin in (types.UnionType, typing.Union):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _check_value(key, value, args[0], meta)
+    if origin is list:
+        if not isinstance(value, list):
+            raise UserError(f"config key {key!r}: expected a list, got {type(value).__name__} {value!r}")
+        (item_tp,) = typing.get_args(tp)
+        return [_check_value(f"{key}[{i}]", v, item_tp, {}) for i, v in enumerate(value)]
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if tp is bool and not isinstance(value, bool) or tp is not bool and isinstance(value, bool):
+        raise UserError(f"config key {key!r}: expected {tp.__name__}, got {type(value).__name__} {value!r}")
+    if not isinstance(value, tp):
+        raise UserError(f"config key {key!r}: expected {tp.__name__}, got {type(value).__name__} {value!r}")
+    for bound, ok, word in (("ge", lambda v, b: v >= b, ">="), ("le", lambda v, b: v <= b, "<="), ("gt", lambda v, b: v > b, ">")):
+        b = meta.get(bound)
+        if b is not None and not ok(value, b):
+            raise UserError(f"config key {key!r}: {value!r} must be {word} {b}")
+    return value
+
+
+def _build(cls: type, data: dict, prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        where = f"section [{prefix.rstrip('.')}]" if prefix else "the top level"
+        raise UserError(f"unknown config key {prefix + unknown[0]!r} in {where}; known: {sorted(names)}")
+    kwargs = {}
+    for name, value in data.items():
+        tp, key = hints[name], prefix + name
+        if dataclasses.is_dataclass(tp):
+            if not isinstance(value, dict):
+                raise UserError(f"config key {key!r} is a section; expected a table")
+            kwargs[name] = _build(tp, value, key + ".")
+        else:
+            kwargs[name] = _check_value(key, value, tp, dict(names[name].metadata))
+    return cls(**kwargs)
+
+
+def _parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise UserError(f"--set expects key=value, got {text!r}")
+    key, raw = text.split("=", 1)
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw  # a bare word is a string: --set run.name=foo
+    return key.strip().split("."), value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
+    """Defaults < TOML file < `--set key=value` overrides, validated as a whole."""
+    data: dict = {}
+    if path:
+        p = Path(path)
+        if not p.is_file():
+            raise UserError(f"config file {str(p)!r} does not exist")
+        try:
+            data = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise UserError(f"config file {str(p)!r} is not valid TOML: {e}") from None
+    for text in overrides:
+        keys, value = _parse_override(text)
+        node = data
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise UserError(f"--set {text!r}: {k!r} is not a section")
+        node[keys[-1]] = value
+    return _build(Config, data, "")
+
+
+def to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def to_toml(cfg: Config) -> str:
+    """Render a config as TOML (sections of scalars and lists only)."""
+    lines = []
+    for section, values in to_dict(cfg).items():
+        lines.append(f"[{section}]")
+        for k, v in values.items():
+            lines.append(f"{k} = {_toml_value(v)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return repr(v)
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """The two flags every config-driven command takes."""
+    parser.add_argument("--config", "-c", help="TOML run config (defaults apply where it is silent)")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override one config key, e.g. --set midtrain.steps=100 (repeatable)",
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    return load_config(args.config, args.overrides)
