@@ -1,0 +1,139 @@
+"""The chat format: OpenAI-style messages (system/user/assistant/tool, with tool calls) to text,
+and generated assistant text back to content + tool calls.
+
+One format, two renderers that agree character for character (a test checks it): `render` here,
+which the harness uses piece by piece so token ids are never re-tokenized, and `CHAT_TEMPLATE`,
+the Jinja twin saved with the tokenizer so plain `AutoTokenizer.apply_chat_template` works.
+
+    <|im_start|>system\n{system}\n\n# Tools\n{one JSON schema per line}<|im_end|>\n
+    <|im_start|>user\n{content}<|im_end|>\n
+    <|im_start|>assistant\n{content}<tool_call>{"name": ..., "arguments": {...}}</tool_call><|im_end|>\n
+    <|im_start|>tool\n{content}<|im_end|>\n
+
+A generated assistant turn ends with `<|im_end|>` (the stop token, which the policy learns to
+emit); the "\n" after it belongs to the separator the harness appends.
+"""
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+TOOL_CALL, TOOL_CALL_END = "<tool_call>", "</tool_call>"
+EOS, PAD = "<|endoftext|>", "<|pad|>"
+SPECIAL_TOKENS = [EOS, PAD, IM_START, IM_END, TOOL_CALL, TOOL_CALL_END]
+GENERATION_PROMPT = f"{IM_START}assistant\n"
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if loop.first and tools %}"
+    "{% if m.role == 'system' %}<|im_start|>system\n{{ m.content }}\n\n# Tools\n"
+    "{% else %}<|im_start|>system\n# Tools\n{% endif %}"
+    "{% for t in tools %}{{ (t.function if t.function is defined else t) | tojson }}\n{% endfor %}"
+    "<|im_end|>\n"
+    "{% if m.role != 'system' %}<|im_start|>{{ m.role }}\n{{ m.content or '' }}<|im_end|>\n{% endif %}"
+    "{% elif m.role == 'assistant' %}<|im_start|>assistant\n{{ m.content or '' }}"
+    "{% for c in (m.tool_calls or []) %}"
+    "<tool_call>{{ {'name': (c.function or c).name, 'arguments': (c.function or c).arguments} | tojson }}</tool_call>"
+    "{% endfor %}<|im_end|>\n"
+    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content or '' }}<|im_end|>\n"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: dict[str, Any] | str  # a str only when the model's JSON did not parse
+    id: str = ""
+
+    def to_openai(self) -> dict:
+        args = self.arguments if isinstance(self.arguments, str) else json.dumps(self.arguments, ensure_ascii=False)
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": args}}
+
+
+@dataclass
+class AssistantTurn:
+    content: str
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # malformed tool-call blocks, reported to the model
+
+
+def _tool_call_json(call: dict) -> str:
+    fn = call.get("function", call)
+    args = fn.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            pass  # render what the model wrote; the harness reports the error to it
+    return json.dumps({"name": fn.get("name", ""), "arguments": args}, ensure_ascii=False)
+
+
+def render_system(tools: list[dict] | None, system: str | None) -> str:
+    """The system block; with tools it lists one JSON function schema per line."""
+    if not tools:
+        return f"{IM_START}system\n{system or ''}{IM_END}\n"
+    head = f"{system}\n\n# Tools\n" if system is not None else "# Tools\n"
+    lines = "".join(json.dumps(t.get("function", t), ensure_ascii=False) + "\n" for t in tools)
+    return f"{IM_START}system\n{head}{lines}{IM_END}\n"
+
+
+def render_message(message: dict) -> str:
+    """One non-system message, including its trailing separator."""
+    role, content = message["role"], message.get("content") or ""
+    if role == "assistant":
+        calls = "".join(f"{TOOL_CALL}{_tool_call_json(c)}{TOOL_CALL_END}" for c in message.get("tool_calls") or [])
+        return f"{IM_START}assistant\n{content}{calls}{IM_END}\n"
+    return f"{IM_START}{role}\n{content}{IM_END}\n"
+
+
+def render(messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = False) -> str:
+    """Messages (OpenAI format) to the exact text the policy reads."""
+    out = []
+    for i, m in enumerate(messages):
+        if i == 0 and tools:
+            out.append(render_system(tools, m.get("content") if m["role"] == "system" else None))
+            if m["role"] != "system":
+                out.append(render_message(m))
+        elif m["role"] == "system":
+            out.append(render_system(None, m.get("content")))
+        else:
+            out.append(render_message(m))
+    if add_generation_prompt:
+        out.append(GENERATION_PROMPT)
+    return "".join(out)
+
+
+_CALL_RE = re.compile(re.escape(TOOL_CALL) + r"(.*?)(" + re.escape(TOOL_CALL_END) + r"|$)", re.S)
+
+
+def parse_assistant(text: str) -> AssistantTurn:
+    """Generated text (up to, not including, <|im_end|>) to content and tool calls. Never raises:
+    malformed calls are kept as errors so the harness can tell the model what went wrong."""
+    text = text.split(IM_END, 1)[0]
+    first = text.find(TOOL_CALL)
+    content = text if first < 0 else text[:first]
+    turn = AssistantTurn(content=content.strip())
+    for i, m in enumerate(_CALL_RE.finditer(text, max(first, 0)) if first >= 0 else []):
+        body, closed = m.group(1).strip(), bool(m.group(2))
+        if not closed:
+            turn.errors.append("tool call is missing its closing </tool_call> tag")
+            continue
+        try:
+            obj = json.loads(body)
+        except json.JSONDecodeError as e:
+            turn.errors.append(f"tool call is not valid JSON ({e.msg} at char {e.pos}): {body[:200]}")
+            continue
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            turn.errors.append('tool call must be a JSON object {"name": ..., "arguments": {...}}')
+            continue
+        args = obj.get("arguments", {})
+        if not isinstance(args, dict):
+            turn.errors.append(f"arguments of tool {obj['name']!r} must be a JSON object")
+            continue
+        turn.tool_calls.append(ToolCall(name=obj["name"], arguments=args, id=f"call_{i}"))
+    return turn

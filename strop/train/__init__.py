@@ -1,0 +1,1 @@
+"""Supervised training roles: mid-training on code tokens and the SFT warm start."""
