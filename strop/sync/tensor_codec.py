@@ -1,0 +1,215 @@
+"""Lossless delta of one floating-point tensor against its previous version.
+
+The receiver already holds the old tensor, so the encoder only has to say *which* elements
+changed and *by how much*, in terms the receiver can predict from what it holds:
+
+- **Where.** Whether a weight changes in one RL step depends mostly on its old exponent: an
+  Adam step has roughly the same size everywhere, and the bf16 rounding grid is 2x finer for
+  each halving of |w|, so small weights change far more often. The elements are split into a
+  few classes by old exponent range (the boundaries are chosen per tensor by a small dynamic
+  program and sent in the payload); within each class, changes are close to independent
+  coin flips, so the gaps between changed *class ranks* are geometric and Rice-coded. Class
+  ranks come from rank/select over a packed bitmap of the class (`bits.BitIndex`): one
+  compare-and-pack pass over the tensor per class boundary, no sort.
+- **By how much.** Each change is a signed step in the monotone integer order of the float
+  format ("ordinal space"): almost all steps are ±1 ulp. Per class: a sign bit per change,
+  the positions of the rare |step| > 1 as Rice-coded gaps, and their sizes Rice-coded.
+
+Steps are taken modulo 2^bits, so every bit pattern (NaN, inf, -0) round-trips exactly.
+Tensors that change densely fall back to a zstd'd byte-shuffled full copy (`encode_full`).
+"""
+
+import numpy as np
+import zstandard
+
+from strop.sync.bits import BitIndex, BitReader, rice_decode, rice_encode, varint
+
+# safetensors dtype -> (unsigned view, mantissa bits, exponent bits); only these get deltas
+FLOATS: dict[str, tuple[type, int, int]] = {
+    "BF16": (np.uint16, 7, 8),
+    "F16": (np.uint16, 10, 5),
+    "F32": (np.uint32, 23, 8),
+}
+MAX_CLASSES = 6
+CLASS_COST_BITS = 256  # header bytes plus one extra pass over the tensor, priced as bits
+SAMPLE = 1 << 18  # elements sampled to estimate the exponent histogram
+DENSE = 0.4  # above this fraction of changed elements a full copy is usually smaller
+
+
+def _signed(u: type) -> type:
+    return np.int16 if u is np.uint16 else np.int32
+
+
+def to_ordinal(u: np.ndarray) -> np.ndarray:
+    """Map float bit patterns to unsigned integers whose order is the float order (-0 < +0)."""
+    top = u.dtype.type(1 << (u.itemsize * 8 - 1))
+    ones = u.dtype.type(~np.zeros((), u.dtype))
+    return u ^ np.where(u & top, ones, top)
+
+
+def from_ordinal(k: np.ndarray) -> np.ndarray:
+    top = k.dtype.type(1 << (k.itemsize * 8 - 1))
+    ones = k.dtype.type(~np.zeros((), k.dtype))
+    return k ^ np.where(k & top, top, ones)
+
+
+def _mask_bits(n: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """n·H(m/n): bits to code which m of n elements changed, if they change independently."""
+    n = np.maximum(n, m)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = m / n
+        h = -(p * np.log2(p) + (1 - p) * np.log2(1 - p))
+    return np.where((m > 0) & (m < n), n * h, 0.0)
+
+
+def choose_bounds(old: np.ndarray, changed_exp: np.ndarray, mant: int, exp_bits: int) -> list[int]:
+    """Exponent boundaries b_1 < ... splitting elements into classes [b_j, b_j+1) that minimise
+    the estimated bits of the change mask (sum of n_c·H(p_c)) plus a per-class price."""
+    n_exp = 1 << exp_bits
+    step = max(1, len(old) // SAMPLE)
+    sample = old[::step]
+    absmask = sample.dtype.type((1 << (sample.itemsize * 8 - 1)) - 1)
+    counts = np.bincount((sample & absmask) >> mant, minlength=n_exp) * (len(old) / len(sample))
+    changes = np.bincount(changed_exp, minlength=n_exp).astype(np.float64)
+    live = np.flatnonzero((counts > 0) | (changes > 0))
+    if len(live) < 2:
+        return []
+    cn = np.concatenate([[0], np.cumsum(counts[live])])
+    cm = np.concatenate([[0], np.cumsum(changes[live])])
+    L = len(live)
+    # cost[i, j]: one class made of live bins i..j-1 (inf unless i < j)
+    i, j = np.triu_indices(L + 1, 1)
+    cost = np.full((L + 1, L + 1), np.inf)
+    cost[i, j] = _mask_bits(cn[j] - cn[i], cm[j] - cm[i]) + CLASS_COST_BITS
+    best = [np.full(L + 1, np.inf)]  # best[k][j]: cheapest split of bins [0, j) into k classes
+    best[0][0] = 0.0
+    back = [None]
+    for _ in range(MAX_CLASSES):
+        total = best[-1][:, None] + cost
+        back.append(total.argmin(axis=0))
+        best.append(total.min(axis=0))
+    k = min(range(1, MAX_CLASSES + 1), key=lambda k: best[k][L])
+    cuts, j = [], L
+    while k > 1:
+        j = int(back[k][j])
+        cuts.append(int(live[j]))
+        k -= 1
+    return sorted(cuts)
+
+
+def _class_indexes(old: np.ndarray, bounds: list[int], mant: int, wanted: list[int]) -> dict[int, BitIndex]:
+    """BitIndex of each wanted class: class j holds elements with exponent in [b_j, b_j+1)."""
+    if not bounds:
+        return {0: BitIndex(np.packbits(np.ones(len(old), dtype=bool), bitorder="little"))}
+    a2 = old << old.dtype.type(1)  # drop the sign: |bits| << 1, compared against exponent << (mant+1)
+    below = []  # packed bitmaps of "exponent < b_j"
+    tmp = np.empty(len(old), dtype=bool)
+    for b in bounds:
+        np.less(a2, old.dtype.type(b << (mant + 1)), out=tmp)
+        below.append(np.packbits(tmp, bitorder="little"))
+    out = {}
+    for c in wanted:
+        if c == 0:
+            packed = below[0]
+        elif c == len(bounds):
+            packed = ~below[-1]  # trailing pad bits become 1, but select never reaches them
+        else:
+            packed = below[c] & ~below[c - 1]
+        out[c] = BitIndex(packed)
+    return out
+
+
+def encode_delta(old: np.ndarray, new: np.ndarray, dtype: str, idx: np.ndarray | None = None) -> bytes:
+    """Delta payload turning `old` into `new` (flat unsigned views of one float dtype).
+
+    `idx` (sorted changed positions) may be passed when the caller already computed it."""
+    _, mant, exp_bits = FLOATS[dtype]
+    if idx is None:
+        idx = np.flatnonzero(old != new)
+    ov, nv = old[idx], new[idx]
+    sdt = _signed(old.dtype.type)
+    step = (to_ordinal(nv) - to_ordinal(ov)).view(sdt).astype(np.int64)
+    absmask = old.dtype.type((1 << (old.itemsize * 8 - 1)) - 1)
+    exp = (ov & absmask) >> mant
+    bounds = choose_bounds(old, exp, mant, exp_bits)
+    class_of_exp = np.zeros(1 << exp_bits, dtype=np.uint8)
+    for b in bounds:
+        class_of_exp[b:] += 1
+    cls = class_of_exp[exp]
+    order = np.argsort(cls, kind="stable")  # groups changes by class, positions stay sorted
+    ends = np.cumsum(np.bincount(cls, minlength=len(bounds) + 1))
+    indexes = _class_indexes(old, bounds, mant, [c for c in range(len(bounds) + 1) if ends[c] > (ends[c - 1] if c else 0)])
+    parts = [varint(len(bounds))] + [varint(b) for b in bounds]
+    for c in range(len(bounds) + 1):
+        sel = order[(ends[c - 1] if c else 0) : ends[c]]
+        if not len(sel):
+            parts.append(rice_encode(sel))
+            continue
+        ranks = indexes[c].rank(idx[sel])
+        parts.append(rice_encode(np.diff(ranks, prepend=-1) - 1))
+        s = step[sel]
+        parts.append(np.packbits(s < 0).tobytes())
+        mag = np.abs(s) - 1
+        esc = np.flatnonzero(mag)
+        parts.append(rice_encode(np.diff(esc, prepend=-1) - 1))
+        parts.append(rice_encode(mag[esc] - 1))
+    return b"".join(parts)
+
+
+def decode_delta(old: np.ndarray, payload: bytes | memoryview, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """Changed positions (int64) and their new bit patterns, from `old` and a delta payload.
+
+    Raises ValueError when the payload is malformed (the caller's checksums catch the rest)."""
+    _, mant, exp_bits = FLOATS[dtype]
+    r = BitReader(payload)
+    nb = r.varint()
+    if nb >= MAX_CLASSES:
+        raise ValueError("corrupt delta: too many classes")
+    bounds = [r.varint() for _ in range(nb)]
+    if any(b >= (1 << exp_bits) for b in bounds) or bounds != sorted(bounds):
+        raise ValueError("corrupt delta: bad class bounds")
+    indexes = _class_indexes(old, bounds, mant, list(range(nb + 1)))
+    pos_parts, step_parts = [], []
+    for c in range(nb + 1):
+        gaps = rice_decode(r)
+        m = len(gaps)
+        if not m:
+            continue
+        ranks = np.cumsum(gaps + 1) - 1
+        if ranks[-1] >= indexes[c].count:
+            raise ValueError("corrupt delta: change outside its class")
+        pos_parts.append(indexes[c].select(ranks))
+        neg = np.unpackbits(np.frombuffer(r.take((m + 7) // 8), dtype=np.uint8), count=m).astype(bool)
+        esc_gaps = rice_decode(r)
+        esc = np.cumsum(esc_gaps + 1) - 1
+        big = rice_decode(r)
+        if len(big) != len(esc) or (len(esc) and esc[-1] >= m):
+            raise ValueError("corrupt delta: bad step stream")
+        mag = np.ones(m, dtype=np.int64)
+        mag[esc] += big + 1
+        step_parts.append(np.where(neg, -mag, mag))
+    if r.pos != len(r.buf):
+        raise ValueError("corrupt delta: trailing bytes")
+    if not pos_parts:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=old.dtype)
+    pos = np.concatenate(pos_parts)
+    step = np.concatenate(step_parts).astype(old.dtype)  # wraps modulo 2^bits, as encoded
+    return pos, from_ordinal(to_ordinal(old[pos]) + step)
+
+
+def encode_full(data: np.ndarray, level: int = 3) -> bytes:
+    """zstd of the byte planes (all high bytes, then all low bytes...): exponents compress."""
+    planes = np.ascontiguousarray(data.view(np.uint8).reshape(-1, data.itemsize).T)
+    return zstandard.ZstdCompressor(level=level).compress(planes.tobytes())
+
+
+def decode_full(payload: bytes | memoryview, itemsize: int, n: int) -> np.ndarray:
+    try:
+        raw = zstandard.ZstdDecompressor().decompress(payload, max_output_size=n * itemsize)
+    except zstandard.ZstdError as e:
+        raise ValueError(f"corrupt full copy: {e}") from None
+    if len(raw) != n * itemsize:
+        raise ValueError("corrupt full copy: wrong size")
+    planes = np.frombuffer(raw, dtype=np.uint8).reshape(itemsize, n)
+    return np.ascontiguousarray(planes.T).view(f"<u{itemsize}").ravel()
+
