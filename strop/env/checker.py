@@ -1,0 +1,172 @@
+"""The reward checker: score an agent's changes with tests it never saw, in a fresh sandbox.
+
+Order matters, because every step closes a way to game the reward:
+1. drop changes to protected paths (the task's globs, the hidden test paths, anything outside
+   the repository), so edited or deleted tests and runner config never count;
+2. assemble a fresh world from the pristine task repository plus the remaining changes;
+3. only then copy the hidden tests in (they overwrite whatever sits at their paths), and open a
+   *fresh* sandbox on it — no agent code runs before the world is complete;
+4. run the test command with the JUnit report going to a random path outside the repository
+   that the agent's sandbox never had, and parse that XML, never the test output;
+5. count a run with fewer test cases than the task declares (`metadata["n_tests"]`) as failed.
+
+Timeouts, crashes, missing or malformed reports give reward 0 with a `reason`; `check` never
+raises. The perturbed run (same steps, `task.perturbed_tests` in place of the hidden tests)
+is reported separately for the hack monitor and does not change the reward.
+"""
+
+import fnmatch
+import secrets
+import shutil
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import asdict, dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Literal
+
+from strop.env.sandbox import Limits, open_sandbox
+from strop.env.task import Task
+
+Mode = Literal["binary", "fraction"]
+TEST_TIMEOUT_S = 120.0
+
+
+@dataclass
+class Score:
+    reward: float
+    passed: int = 0
+    failed: int = 0
+    errors: int = 0
+    skipped: int = 0
+    reason: str = "ok"
+    dropped_paths: list[str] = field(default_factory=list)
+    duration: float = 0.0
+    perturbed_reward: float | None = None  # None when the task has no perturbed tests or it was not run
+    perturbed_reason: str | None = None
+    exit_code: int | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def is_protected(task: Task, path: str) -> bool:
+    """True for paths whose changes never count: protected globs, hidden tests, escapes."""
+    p = PurePosixPath(path)
+    if p.is_absolute() or ".." in p.parts or not p.parts or p.parts[0] == ".git":
+        return True
+    path = str(p)
+    if path in task.hidden_tests or path in task.perturbed_tests:
+        return True
+    return any(fnmatch.fnmatchcase(path, g) for g in task.protected)
+
+
+def split_changes(task: Task, changes: dict[str, bytes | str | None]) -> tuple[dict[str, bytes | str | None], list[str]]:
+    kept = {p: d for p, d in changes.items() if not is_protected(task, p)}
+    return kept, sorted(p for p in changes if p not in kept)
+
+
+def parse_junit(xml: bytes) -> tuple[int, int, int, int]:
+    """(passed, failed, errors, skipped) over every <testcase> of a JUnit report."""
+    root = ET.fromstring(xml)
+    passed = failed = errors = skipped = 0
+    for case in root.iter("testcase"):
+        tags = {child.tag for child in case}
+        if "error" in tags:
+            errors += 1
+        elif "failure" in tags:
+            failed += 1
+        elif "skipped" in tags:
+            skipped += 1
+        else:
+            passed += 1
+    return passed, failed, errors, skipped
+
+
+def materialize(task: Task, root: Path) -> Path:
+    """Write the task's starting repository under `root` (the world an episode or check opens)."""
+    for rel, text in task.files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def _prepare(task: Task, root: Path, kept: dict, tests: dict[str, str]) -> Path:
+    """The world a check opens: pristine files, then the kept changes, then the tests. Written on
+    the host before the sandbox starts, so nothing of the agent's runs while it is assembled."""
+    materialize(task, root)
+    for rel, data in kept.items():
+        if data is None:
+            (root / rel).unlink(missing_ok=True)
+        else:
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_bytes(data.encode() if isinstance(data, str) else data)
+    for rel, text in tests.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+def _run(task: Task, kept: dict, tests: dict[str, str], mode: Mode, limits: Limits) -> Score:
+    world = Path(tempfile.mkdtemp(prefix="strop-check-"))
+    sandbox = None
+    try:
+        sandbox = open_sandbox(_prepare(task, world, kept, tests), limits)
+        junit = f"/tmp/strop-junit-{secrets.token_hex(8)}.xml"
+        cmd = [a.replace("$STROP_JUNIT", junit) for a in task.test_command] + sorted(tests)
+        timeout = float(task.metadata.get("timeout_s", TEST_TIMEOUT_S))
+        result = sandbox.exec(cmd, timeout=timeout, env={"STROP_JUNIT": junit, "PYTHONDONTWRITEBYTECODE": "1"})
+        if result.timed_out:
+            return Score(0.0, reason=f"timeout after {timeout:.0f} s", exit_code=result.exit_code)
+        try:
+            xml = sandbox.read_file(junit)
+        except OSError:
+            return Score(0.0, reason=f"no junit report (exit code {result.exit_code})", exit_code=result.exit_code)
+    finally:
+        if sandbox is not None:
+            sandbox.close()
+        shutil.rmtree(world, ignore_errors=True)
+    try:
+        passed, failed, errors, skipped = parse_junit(xml)
+    except ET.ParseError as e:
+        return Score(0.0, reason=f"malformed junit report: {e}", exit_code=result.exit_code)
+    total = max(passed + failed + errors + skipped, int(task.metadata.get("n_tests", 0)))
+    score = Score(0.0, passed, failed, errors, skipped, exit_code=result.exit_code)
+    if total == 0:
+        score.reason = "no tests ran"
+    elif passed < total:
+        score.reason = f"{total - passed} of {total} tests did not pass"
+        score.reward = passed / total if mode == "fraction" else 0.0
+    else:
+        score.reward = 1.0
+    return score
+
+
+def check(task: Task, changes: dict[str, bytes | str | None], mode: Mode = "binary", perturbed: bool = True,
+          limits: Limits | None = None) -> Score:
+    """Score `changes` (relative path -> new content, None = deleted) against `task`'s hidden tests."""
+    start = time.perf_counter()
+    kept, dropped = split_changes(task, changes)
+    limits = limits or Limits(timeout_s=TEST_TIMEOUT_S)
+    try:
+        score = _run(task, kept, task.hidden_tests, mode, limits)
+        if perturbed and task.perturbed_tests:
+            other = _run(task, kept, task.perturbed_tests, mode, limits)
+            score.perturbed_reward, score.perturbed_reason = other.reward, other.reason
+    except Exception as e:  # the process boundary of scoring: a broken run is reward 0, never a crash
+        score = Score(0.0, reason=f"checker error: {type(e).__name__}: {e}")
+    score.dropped_paths = dropped
+    score.duration = time.perf_counter() - start
+    return score
+
+
+def apply_edits(files: dict[str, str], edits: list[dict]) -> dict[str, str]:
+    """The changes (path -> new text) that exact search/replace `edits` make to `files`;
+    how reference solutions (`metadata["reference_edits"]`) become workspace changes."""
+    out: dict[str, str] = {}
+    for e in edits:
+        text = out.get(e["path"], files.get(e["path"], ""))
+        assert text.count(e["old"]) == 1, f"reference edit not unique in {e['path']}"
+        out[e["path"]] = text.replace(e["old"], e["new"])
+    return out

@@ -1,0 +1,208 @@
+"""The `synthetic` suite: small generated Python packages with one injected bug each.
+
+A task is a package of `difficulty` modules (1-3), each holding 3 functions of one theme
+from `synthetic_lib`, with one bug of one family injected into one function. Hidden tests
+are parametrized pytest cases over every function whose expected values come from running
+the correct code; the perturbed variant uses fresh random inputs. A bug is kept only when
+the hidden tests and the perturbed tests both catch it, checked here by running both
+versions in-process (the library is our own pure code).
+
+Difficulty 1: one module, a visible test that fails, an instruction naming the function and a
+failing call. 2: two modules, a failing visible test, an instruction naming only the test file.
+3: three modules, visible tests of the other functions only, an instruction quoting a user's
+failing call. Everything derives from `random.Random("synthetic/{difficulty}/{split}/{i}")`.
+"""
+
+import copy
+import functools
+import hashlib
+from random import Random
+
+from strop.env.suites.synthetic_lib import FAMILIES, LIBRARY, Fn
+from strop.env.task import Task
+
+SIZES = {"train": 2000, "eval": 300}
+PACKAGES = ["toolbox", "utilkit", "corelib", "helpers", "pyutils", "commons", "basekit", "libtools"]
+MODULES = {"math": ["mathutil", "numeric", "calc"], "text": ["strings", "textops", "formatting"],
+           "parse": ["parsing", "readers", "decode"], "seq": ["seqs", "listops", "collections_ext"]}
+THEME_DOC = {"math": "Small numeric helpers.", "text": "String helpers.", "parse": "Parsers for small text formats.",
+             "seq": "List and sequence helpers."}
+FUNCS_PER_MODULE = 3
+N_CASES = 6  # random hidden cases per function, on top of its edge cases
+
+
+@functools.cache
+def _compile(fn_src: str, name: str):
+    ns: dict = {}
+    exec(fn_src, ns)  # our own library code, never agent code
+    return ns[name]
+
+
+def _call(fn_src: str, name: str, args: tuple):
+    """(ok, value) of calling `name` defined by `fn_src` on a copy of args."""
+    try:
+        return True, _compile(fn_src, name)(*copy.deepcopy(args))
+    except Exception as e:  # a bug that raises is a caught bug
+        return False, type(e).__name__
+
+
+def _cases(fn: Fn, rng: Random, n: int, with_edges: bool) -> list[tuple[tuple, object]]:
+    """Distinct (args, expected) pairs on which the correct function returns normally."""
+    out, seen = [], set()
+    candidates = (list(fn.edges) if with_edges else []) + [fn.gen(rng) for _ in range(n * 3)]
+    for args in candidates:
+        ok, value = _call(fn.src, fn.name, args)
+        if ok and repr(args) not in seen and len(out) < n + (len(fn.edges) if with_edges else 0):
+            seen.add(repr(args))
+            out.append((args, value))
+    return out
+
+
+def _failing(src: str, name: str, cases: list[tuple[tuple, object]]) -> list[tuple[tuple, object, str]]:
+    """The cases a (buggy) source gets wrong, with what it returned instead."""
+    bad = []
+    for args, expected in cases:
+        ok, got = _call(src, name, args)
+        if not ok or got != expected or type(got) is not type(expected):
+            bad.append((args, expected, repr(got) if ok else f"raises {got}"))
+    return bad
+
+
+def _test_file(pkg: str, by_module: dict[str, list[Fn]], cases: dict[str, list]) -> str:
+    lines = ["import pytest", ""]
+    for mod, fns in by_module.items():
+        names = [f.name for f in fns if f.name in cases]
+        if names:
+            lines.append(f"from {pkg}.{mod} import {', '.join(names)}")
+    for mod, fns in by_module.items():
+        for f in fns:
+            if f.name not in cases:
+                continue
+            rows = "".join(f"\n    ({args!r}, {expected!r})," for args, expected in cases[f.name])
+            lines += ["", "", f'@pytest.mark.parametrize("args, expected", [{rows}\n])',
+                      f"def test_{f.name}(args, expected):", f"    assert {f.name}(*args) == expected"]
+    return "\n".join(lines) + "\n"
+
+
+def _module_src(theme: str, fns: list[Fn]) -> str:
+    return f'"""{THEME_DOC[theme]}"""\n' + "".join("\n" + f.src for f in fns)
+
+
+def reference_edit(buggy: str, fixed: str) -> tuple[str, str]:
+    """The smallest whole-line (old, new) replacement turning `buggy` into `fixed`, with `old`
+    unique in `buggy` (widened by context lines until it is) so a search/replace edit applies."""
+    a, b = buggy.splitlines(keepends=True), fixed.splitlines(keepends=True)
+    p = 0
+    while p < min(len(a), len(b)) and a[p] == b[p]:
+        p += 1
+    s = 0
+    while s < min(len(a), len(b)) - p and a[-1 - s] == b[-1 - s]:
+        s += 1
+    while True:
+        old, new = "".join(a[p:len(a) - s]), "".join(b[p:len(b) - s])
+        if old and buggy.count(old) == 1:
+            return old, new
+        if p > 0:
+            p -= 1
+        else:
+            s -= 1
+
+
+def _instruction(difficulty: int, pkg: str, path: str, fn: Fn, failing: tuple, test_path: str) -> str:
+    args, expected, got = failing
+    call = f"{fn.name}({', '.join(repr(a) for a in args)})"
+    if difficulty == 1:
+        return (f"The function `{fn.name}` in `{path}` has a bug: `{call}` returns {got} but should return "
+                f"{expected!r}. Fix the function. Do not edit the tests.")
+    if difficulty == 2:
+        return f"Tests in `{test_path}` fail. Find the bug in the `{pkg}` package and fix it. Do not edit the tests."
+    return (f"A user of the `{pkg}` package reports: `{call}` gives {got}, expected {expected!r}. "
+            "Find the bug and fix it without changing other behaviour.")
+
+
+def make_task(difficulty: int, split: str, index: int) -> Task:
+    """Task `index` of (difficulty, split); deterministic."""
+    assert difficulty in (1, 2, 3), difficulty
+    rng = Random(f"synthetic/{difficulty}/{split}/{index}")
+    while True:  # rejection sampling: a few bug/input draws fail verification
+        task = _attempt(rng, difficulty, split, index)
+        if task is not None:
+            return task
+
+
+def _attempt(rng: Random, difficulty: int, split: str, index: int) -> Task | None:
+    family = rng.choice(FAMILIES)
+    target = rng.choice([f for f in LIBRARY if family in f.bugs])
+    old, new = rng.choice(target.bugs[family])
+    assert target.src.count(old) == 1, (target.name, old)
+    pkg = rng.choice(PACKAGES)
+    themes = [target.theme] + rng.sample([t for t in MODULES if t != target.theme], difficulty - 1)
+    by_module: dict[str, list[Fn]] = {}
+    for theme in themes:
+        pool = [f for f in LIBRARY if f.theme == theme and f is not target]
+        fns = rng.sample(pool, FUNCS_PER_MODULE - (theme == target.theme))
+        if theme == target.theme:
+            fns.insert(rng.randint(0, len(fns)), target)
+        by_module[rng.choice(MODULES[theme])] = fns
+    target_mod = next(m for m, fns in by_module.items() if target in fns)
+    buggy_src = target.src.replace(old, new)
+
+    hidden = {f.name: _cases(f, rng, N_CASES, True) for fns in by_module.values() for f in fns}
+    perturbed = {f.name: _cases(f, rng, N_CASES, False) for fns in by_module.values() for f in fns}
+    caught, caught_perturbed = _failing(buggy_src, target.name, hidden[target.name]), _failing(buggy_src, target.name, perturbed[target.name])
+    if not caught or not caught_perturbed:
+        return None  # the bug is invisible to these inputs: draw again
+    failing = caught[0]
+
+    files: dict[str, str] = {f"{pkg}/__init__.py": f'"""{pkg}: small utilities."""\n'}
+    for mod, fns in by_module.items():
+        files[f"{pkg}/{mod}.py"] = _module_src(fns[0].theme, fns)
+    path = f"{pkg}/{target_mod}.py"
+    fixed = files[path]
+    files[path] = fixed.replace(target.src, buggy_src)
+    test_path = f"tests/test_{target_mod}.py"
+    if difficulty < 3:  # visible tests: two cases per function of the target module plus the failing one
+        visible = {f.name: hidden[f.name][:2] for f in by_module[target_mod]}
+        visible[target.name] = [(failing[0], failing[1])] + [c for c in hidden[target.name][:2] if c[0] != failing[0]][:1]
+        files[test_path] = _test_file(pkg, {target_mod: by_module[target_mod]}, visible)
+    else:  # visible tests of the other modules only: they pass and give no hint
+        others = {m: fns for m, fns in by_module.items() if m != target_mod}
+        visible = {f.name: hidden[f.name][:2] for fns in others.values() for f in fns}
+        test_path = f"tests/test_{pkg}.py"
+        files[test_path] = _test_file(pkg, others, visible)
+
+    ref_old, ref_new = reference_edit(files[path], fixed)
+    hidden_path = "tests/test_hidden.py"
+    return Task(
+        id=f"synthetic-d{difficulty}-{split}-{index:04d}", suite="synthetic", split=split,
+        instruction=_instruction(difficulty, pkg, path, target, failing, test_path), files=files,
+        hidden_tests={hidden_path: _test_file(pkg, by_module, hidden)},
+        perturbed_tests={hidden_path: _test_file(pkg, by_module, perturbed)},
+        metadata={"family": family, "difficulty": difficulty, "function": target.name, "path": path,
+                  "reference_edits": [{"path": path, "old": ref_old, "new": ref_new}]},
+    )
+
+
+def _fingerprint(task: Task) -> str:
+    return hashlib.sha256(repr(sorted(task.files.items())).encode()).hexdigest()
+
+
+def load(split: str | None = None, difficulty: int | None = None, limit: int | None = None) -> list[Task]:
+    """Tasks of one split (both when None) and difficulty (all when None); `limit` per
+    (split, difficulty). Train skips any task whose files equal an eval task's."""
+    out = []
+    for d in ([difficulty] if difficulty else [1, 2, 3]):
+        n_eval = min(SIZES["eval"], limit or SIZES["eval"])
+        evals = [make_task(d, "eval", i) for i in range(SIZES["eval"] if split != "eval" else n_eval)]
+        if split in (None, "eval"):
+            out += evals[:n_eval]
+        if split in (None, "train"):
+            seen = {_fingerprint(t) for t in evals}
+            n, i = min(SIZES["train"], limit or SIZES["train"]), 0
+            while n:
+                t = make_task(d, "train", i)
+                i += 1
+                if _fingerprint(t) not in seen:
+                    out.append(t)
+                    n -= 1
+    return out
