@@ -13,10 +13,12 @@ from strop.errors import UserError
 # command words -> (module, one-line help). Add a row to add a command.
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("demo",): ("strop.demo", "run the tiny end-to-end pipeline on this machine"),
-    ("tokenizer",): ("strop.data.tokenizer_cmd", "train the byte-level BPE tokenizer on the corpus"),
     ("midtrain",): ("strop.train.midtrain", "continue pretraining a policy on code tokens"),
     ("eval", "midtrain"): ("strop.train.eval_midtrain", "held-out bits per byte vs gzip -9 and zstd -19"),
     ("bench", "midtrain"): ("strop.bench.midtrain", "mid-training tokens/s on this machine"),
+    ("sandbox", "run"): ("strop.env.sandbox_cmd", "run one command in a fresh sandbox; exits with its code (124 on timeout)"),
+    ("env", "parity"): ("strop.env.parity", "what an agent can probe inside a sandbox vs on the host, and what differs"),
+    ("bench", "sandbox"): ("strop.bench.sandbox", "sandbox start/exec latency, idle footprint, max concurrent"),
 }
 
 

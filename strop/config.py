@@ -171,6 +171,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
     return _build(Config, data, "")
 
 
+def from_dict(data: dict) -> Config:
+    """A validated config from plain data (e.g. the copy saved beside a checkpoint)."""
+    return _build(Config, data, "")
+
+
 def to_dict(cfg: Config) -> dict:
     return dataclasses.asdict(cfg)
 

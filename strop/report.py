@@ -1,0 +1,50 @@
+"""Run reports: metrics as JSONL (one object per step) and PNG plots of them."""
+
+import json
+from pathlib import Path
+
+
+class MetricsLog:
+    """Append-only JSONL metrics file that a resumed run trims back to its checkpoint step."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def reset(self) -> None:
+        self.path.write_text("")
+
+    def write(self, row: dict) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def read(self) -> list[dict]:
+        if not self.path.is_file():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+    def truncate_after(self, step: int) -> None:
+        """Drop rows past `step` (written after the last checkpoint by a killed run)."""
+        rows = [r for r in self.read() if r.get("step", 0) <= step]
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def plot_metrics(rows: list[dict], path: Path, keys: list[str], title: str = "", x: str = "step") -> None:
+    """One line per key against `x`; rows missing a key are skipped for that line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key in keys:
+        pts = [(r[x], r[key]) for r in rows if key in r and r[key] is not None]
+        if pts:
+            xs, ys = zip(*pts)
+            ax.plot(xs, ys, label=key, marker="o" if len(pts) < 30 else None)
+    ax.set_xlabel(x)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,183 @@
+"""Mid-training: continued pretraining of a policy on code tokens.
+
+Corpus -> tokenizer (trained here unless the base model brings one) -> packed windows ->
+next-token loss + MoE load-balancing loss, AdamW on fp32 master weights, warmup + cosine,
+gradient clipping. Checkpoints are atomic and resume exactly: a killed run rerun with the same
+command ends with bit-identical weights (same seed, same thread count, one process).
+
+Outputs in the run directory: `tokenizer/`, `tokens.npy` (cached train stream), `ckpt/`
+(resumable), `model/` (final, HF format), `metrics.jsonl`, `loss.png`, `config.toml`.
+"""
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+from strop.config import Config, add_config_arguments, config_from_args, to_dict, to_toml
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    result = midtrain(cfg)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def prepare_tokenizer(cfg: Config, corpus, run_dir: Path):
+    """The base model's tokenizer when starting from a real base; else one trained on the corpus."""
+    from strop.data.tokenizer import load_tokenizer, train_tokenizer
+
+    if cfg.model.path:
+        return load_tokenizer(cfg.model.path)
+    tok_dir = run_dir / "tokenizer"
+    if (tok_dir / "tokenizer.json").is_file():
+        return load_tokenizer(tok_dir)
+    tokenizer = train_tokenizer(corpus.train, cfg.data.vocab_size, cfg.data.tokenizer_sample_bytes)
+    tokenizer.save_pretrained(str(tok_dir))
+    return tokenizer
+
+
+def lr_lambda(cfg: Config):
+    m = cfg.midtrain
+
+    def f(step: int) -> float:
+        if step < m.warmup_steps:
+            return (step + 1) / m.warmup_steps
+        progress = min(1.0, (step - m.warmup_steps) / max(1, m.steps - m.warmup_steps))
+        return m.min_lr_ratio + (1 - m.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return f
+
+
+def lm_loss(model, batch, aux_coef: float):
+    """Mean next-token cross-entropy (nats) and the load-balancing term for MoE models."""
+    import torch.nn.functional as F
+
+    from strop.model.policy import is_moe, load_balancing_loss
+
+    inputs, targets = batch[:, :-1], batch[:, 1:]
+    moe = bool(is_moe(model)) and aux_coef > 0
+    out = model(input_ids=inputs, output_router_logits=moe, use_cache=False)
+    ce = F.cross_entropy(out.logits.flatten(0, 1).float(), targets.flatten())
+    if not moe:
+        return ce, ce.new_zeros(())
+    sigmoid = model.config.model_type == "deepseek_v3"
+    aux = load_balancing_loss(out.router_logits, model.config.num_experts_per_tok, sigmoid=sigmoid)
+    return ce, aux
+
+
+def midtrain(cfg: Config, stop_after: int | None = None) -> dict:
+    """Run (or resume) mid-training; returns the final figures. `stop_after` ends the process's
+    work after that many steps without finishing (tests use it to simulate a kill)."""
+    import numpy as np
+    import torch
+    from tqdm import tqdm
+
+    from strop.data.corpus import load_corpus
+    from strop.data.packing import PackedBatches, tokenize_documents
+    from strop.model.policy import build_model, load_model, save_model
+    from strop.report import MetricsLog, plot_metrics
+    from strop.threads import set_threads
+    from strop.train.checkpoint import load_checkpoint, save_checkpoint
+
+    threads = set_threads(cfg.run.threads or None)
+    run_dir = cfg.run_dir / "midtrain"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.toml").write_text(to_toml(cfg))
+    m = cfg.midtrain
+
+    corpus = load_corpus(cfg.data)
+    tokenizer = prepare_tokenizer(cfg, corpus, run_dir)
+    tok_cache = run_dir / "tokens.npy"
+    if tok_cache.is_file():
+        tokens = np.load(tok_cache)
+    else:
+        tokens = tokenize_documents(tokenizer, corpus.train)
+        np.save(tok_cache, tokens)
+    val_tokens = tokenize_documents(tokenizer, corpus.val)
+    data = PackedBatches(tokens, cfg.data.seq_len, m.batch_size, cfg.run.seed)
+    val = PackedBatches(val_tokens, cfg.data.seq_len, m.batch_size, cfg.run.seed)
+
+    model = load_model(cfg.model.path) if cfg.model.path else build_model(cfg.model, tokenizer, cfg.run.seed)
+    model.train()
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": m.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=m.lr, betas=(0.9, 0.95), eps=1e-8,
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+
+    ckpt = run_dir / "ckpt"
+    step, elapsed_before = 0, 0.0
+    log = MetricsLog(run_dir / "metrics.jsonl")
+    if ckpt.is_dir():
+        state = load_checkpoint(ckpt, model, optimizer, scheduler)
+        step, elapsed_before = state["step"], state.get("elapsed_s", 0.0)
+        log.truncate_after(step)
+    else:
+        log.reset()
+        torch.manual_seed(cfg.run.seed)
+
+    def evaluate() -> float:
+        model.eval()
+        with torch.no_grad():
+            losses = [lm_loss(model, torch.from_numpy(val.batch_at(i)), 0.0)[0].item() for i in range(m.eval_batches)]
+        model.train()
+        return float(np.mean(losses))
+
+    tokens_per_step = m.batch_size * cfg.data.seq_len
+    bar = tqdm(total=m.steps, initial=step, desc="midtrain", unit="step", dynamic_ncols=True)
+    t_start, steps_here = time.perf_counter(), 0
+    while step < m.steps:
+        if stop_after is not None and steps_here >= stop_after:
+            bar.close()
+            return {"stopped_at": step}
+        t0 = time.perf_counter()
+        batch = torch.from_numpy(data.batch_at(step))
+        ce, aux = lm_loss(model, batch, cfg.model.router_aux_loss_coef)
+        loss = ce + cfg.model.router_aux_loss_coef * aux
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), m.grad_clip if m.grad_clip > 0 else float("inf"))
+        optimizer.step()
+        scheduler.step()
+        step += 1
+        steps_here += 1
+        dt = time.perf_counter() - t0
+        row = {"step": step, "loss": ce.item(), "aux": aux.item(), "grad_norm": grad_norm.item(),
+               "lr": scheduler.get_last_lr()[0], "tok_s": tokens_per_step / dt}
+        if step % m.eval_every == 0 or step == m.steps:
+            row["val_loss"] = evaluate()
+        log.write(row)
+        bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tok_s']:.0f}")
+        bar.update(1)
+        elapsed = elapsed_before + time.perf_counter() - t_start
+        budget_hit = m.time_budget_s > 0 and elapsed >= m.time_budget_s
+        if step % m.ckpt_every == 0 or step == m.steps or budget_hit:
+            save_checkpoint(ckpt, model, optimizer, scheduler, step, {"elapsed_s": elapsed})
+        if budget_hit:
+            break
+    bar.close()
+
+    rows = log.read()
+    plot_metrics(rows, run_dir / "loss.png", ["loss", "val_loss"], title="mid-training loss (nats/token)")
+    val_rows = [r for r in rows if "val_loss" in r]
+    result = {
+        "steps": step,
+        "tokens": step * tokens_per_step,
+        "train_loss": float(np.mean([r["loss"] for r in rows[-20:]])) if rows else None,
+        "val_loss": val_rows[-1]["val_loss"] if val_rows else None,
+        "tok_s": float(np.median([r["tok_s"] for r in rows])) if rows else None,
+        "threads": threads,
+        "params": sum(p.numel() for p in model.parameters()),
+    }
+    model.eval()
+    save_model(model, tokenizer, run_dir / "model", extra={"config": to_dict(cfg), "midtrain": result})
+    return result
