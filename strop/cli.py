@@ -19,6 +19,8 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("sandbox", "run"): ("strop.env.sandbox_cmd", "run one command in a fresh sandbox; exits with its code (124 on timeout)"),
     ("env", "parity"): ("strop.env.parity", "what an agent can probe inside a sandbox vs on the host, and what differs"),
     ("bench", "sandbox"): ("strop.bench.sandbox", "sandbox start/exec latency, idle footprint, max concurrent"),
+    ("tasks",): ("strop.env.tasks_cmd", "task suites: list, export a task's repo, check a workspace, build mutated"),
+    ("bench", "hacks"): ("strop.bench.hacks", "hack monitor: seeded hack catalogue detected, honest references flagged"),
 }
 
 
