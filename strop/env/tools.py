@@ -1,0 +1,204 @@
+"""The production coding toolset: OpenAI function-calling schemas and their execution inside a
+sandbox.
+
+`execute(sandbox, name, arguments)` never raises for anything the model can write: unknown tools,
+missing or mistyped arguments, missing files, binary files, ambiguous edits, command timeouts and
+floods all come back as a `ToolResult` whose `error` says what was wrong (the observation the
+model reads starts with "error:"). Schemas and observations are kept short on purpose: a tiny
+policy with a ~2k-token context pays for every byte of them. Long outputs keep their head and tail
+around a "[... N chars cut ...]" marker, so pytest's summary line survives.
+
+File tools act through the sandbox's confined host-side file API (fast, no process); `list_dir`,
+`grep` and `run` execute real commands inside the sandbox, so their output looks exactly like
+the production machine's.
+"""
+
+from dataclasses import dataclass
+
+from strop.env.sandbox import Sandbox
+
+MAX_READ_LINES = 120  # lines per read_file call when no end is given
+MAX_LIST_ENTRIES = 200
+MAX_GREP_LINES = 60
+MAX_LINE_CHARS = 200  # a grep hit or listed line longer than this is cut
+RUN_TIMEOUT_S = 30.0  # default (and, times 4, the largest) timeout of the run tool
+
+
+def _schema(name: str, description: str, properties: dict, required: list[str]) -> dict:
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
+        "type": "object", "properties": properties, "required": required}}}
+
+
+_S, _I = {"type": "string"}, {"type": "integer"}
+TOOLS: list[dict] = [
+    _schema("read_file", "Show a file with line numbers (lines start..end).",
+            {"path": _S, "start": _I, "end": _I}, ["path"]),
+    _schema("edit_file", "Replace the exact text old (must occur once) by new.",
+            {"path": _S, "old": _S, "new": _S}, ["path", "old", "new"]),
+    _schema("write_file", "Create or overwrite a file.", {"path": _S, "content": _S}, ["path", "content"]),
+    _schema("list_dir", "List files (2 levels).", {"path": _S}, []),
+    _schema("grep", "Search files for a regex.", {"pattern": _S, "path": _S}, ["pattern"]),
+    _schema("run", "Run a shell command.", {"command": _S, "timeout": _I}, ["command"]),
+    _schema("submit", "Finish: your changes are final.", {}, []),
+]
+_PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+@dataclass
+class ToolResult:
+    output: str  # the observation the model reads
+    error: str | None = None  # why the call was rejected or failed; None on success
+    submitted: bool = False
+
+    def log(self, name: str, arguments: dict | str) -> dict:
+        """The hack monitor's record of this call."""
+        return {"name": name, "arguments": arguments, "output": self.output, "error": self.error}
+
+
+def _error(message: str) -> ToolResult:
+    return ToolResult(f"error: {message}", error=message)
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` if it fits in `limit` chars, else its head and tail around a cut marker."""
+    if len(text) <= limit:
+        return text
+    keep = max(limit - 40, 0)
+    head, tail = text[: keep // 2], text[len(text) - (keep - keep // 2):] if keep else ""
+    return f"{head}\n[... {len(text) - len(head) - len(tail)} chars cut ...]\n{tail}"
+
+
+def _check_arguments(name: str, arguments: dict) -> str | None:
+    """Why `arguments` do not fit the schema of `name`, or None."""
+    params = _PARAMS[name]
+    missing = [k for k in params["required"] if k not in arguments]
+    if missing:
+        return f"{name} needs argument(s) {', '.join(missing)}"
+    for key, value in arguments.items():
+        spec = params["properties"].get(key)
+        if spec is None:
+            return f"{name} has no argument {key!r} (arguments: {', '.join(params['properties']) or 'none'})"
+        want = str if spec["type"] == "string" else int
+        if not isinstance(value, want) or isinstance(value, bool):
+            return f"argument {key!r} of {name} must be a{'n integer' if want is int else ' string'}"
+        if isinstance(value, str) and "\x00" in value:
+            return f"argument {key!r} contains a NUL character"
+    return None
+
+
+def _decode(data: bytes, path: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not a UTF-8 text file ({len(data)} bytes)") from None
+
+
+def _read_file(sb: Sandbox, path: str, start: int = 1, end: int | None = None, *, limit: int) -> ToolResult:
+    lines = _decode(sb.read_file(path), path).splitlines()
+    if not lines:
+        return ToolResult(f"({path} is empty)")
+    if start < 1 or (end is not None and end < start):
+        return _error("need 1 <= start <= end")
+    if start > len(lines):
+        return _error(f"start={start} but {path} has {len(lines)} lines")
+    stop = min(len(lines), end if end is not None else start + MAX_READ_LINES - 1)
+    body = "\n".join(f"{i}| {lines[i - 1]}" for i in range(start, stop + 1))
+    paged = end is None and stop < len(lines)  # the model asked for the whole file and got a page
+    more = f"\n[{len(lines) - stop} more lines; read with start={stop + 1}]" if paged else ""
+    return ToolResult(clip(body, limit) + more)
+
+
+def _edit_file(sb: Sandbox, path: str, old: str, new: str, *, limit: int) -> ToolResult:
+    if not old:
+        return _error("old must not be empty (use write_file to create a file)")
+    if old == new:
+        return _error("old and new are the same")
+    text = _decode(sb.read_file(path), path)
+    count = text.count(old)
+    if count == 0:
+        return _error(f"old text not found in {path}")
+    if count > 1:
+        return _error(f"old text occurs {count} times in {path}; add context to make it unique")
+    at = text.index(old)
+    sb.write_file(path, text[:at] + new + text[at + len(old):])
+    first = text.count("\n", 0, at) + 1
+    return ToolResult(f"edited {path} (line {first})")
+
+
+def _write_file(sb: Sandbox, path: str, content: str, *, limit: int) -> ToolResult:
+    sb.write_file(path, content)
+    return ToolResult(f"wrote {path} ({len(content.splitlines())} lines)")
+
+
+def _command(sb: Sandbox, argv: list[str], limit: int, max_lines: int, empty: str, ok_codes=(0,)) -> ToolResult:
+    result = sb.exec(argv, timeout=RUN_TIMEOUT_S)
+    if result.exit_code not in ok_codes or result.timed_out:
+        return _error(clip(result.stderr.strip() or f"exit code {result.exit_code}", limit))
+    lines = [l if len(l) <= MAX_LINE_CHARS else l[:MAX_LINE_CHARS] + "..." for l in result.stdout.splitlines()]
+    more = f"\n[{len(lines) - max_lines} more lines]" if len(lines) > max_lines else ""
+    return ToolResult(clip("\n".join(lines[:max_lines]), limit) + more if lines else empty)
+
+
+def _list_dir(sb: Sandbox, path: str = ".", *, limit: int) -> ToolResult:
+    # directories get a trailing "/"; hidden entries (.git, caches) are left out
+    argv = ["find", path, "-mindepth", "1", "-maxdepth", "2", "-name", ".*", "-prune", "-o",
+            "-type", "d", "-printf", "%P/\\n", "-o", "-printf", "%P\\n"]
+    result = _command(sb, argv, limit, MAX_LIST_ENTRIES, f"({path} is empty)")
+    if result.error is None and result.output != f"({path} is empty)":
+        result.output = "\n".join(sorted(result.output.split("\n"), key=lambda l: (l.startswith("["), l)))
+    return result
+
+
+def _grep(sb: Sandbox, pattern: str, path: str = ".", *, limit: int) -> ToolResult:
+    # without a path argument grep -r searches "." and prints paths without the "./" prefix
+    argv = ["grep", "-rnIE", "--exclude-dir=.[!.]*", "-e", pattern] + (["--", path] if path != "." else [])
+    return _command(sb, argv, limit, MAX_GREP_LINES, "no matches", ok_codes=(0, 1))  # 1: nothing matched
+
+
+def _run(sb: Sandbox, command: str, timeout: int | None = None, *, limit: int) -> ToolResult:
+    if timeout is not None and timeout < 1:
+        return _error("timeout must be at least 1 second")
+    wall = min(float(timeout or RUN_TIMEOUT_S), 4 * RUN_TIMEOUT_S)
+    result = sb.exec(command, timeout=wall)
+    out = result.stdout + (("\n" if result.stdout and not result.stdout.endswith("\n") else "") + result.stderr)
+    if result.timed_out:
+        return _error(f"command timed out after {wall:.0f} s" + (f"; output so far:\n{clip(out, limit)}" if out else ""))
+    flags = " (workspace size limit exceeded)" if result.workspace_exceeded else ""
+    cut = " (output capped)" if result.stdout_truncated or result.stderr_truncated else ""
+    return ToolResult(f"exit code {result.exit_code}{flags}{cut}\n{clip(out.rstrip(), limit)}".rstrip())
+
+
+def _submit(sb: Sandbox, *, limit: int) -> ToolResult:
+    return ToolResult("submitted", submitted=True)
+
+
+_IMPL = {"read_file": _read_file, "edit_file": _edit_file, "write_file": _write_file, "list_dir": _list_dir,
+         "grep": _grep, "run": _run, "submit": _submit}
+assert set(_IMPL) == set(_PARAMS)
+
+
+def execute(sandbox: Sandbox, name: str, arguments: dict | str, limit: int = 2000) -> ToolResult:
+    """Run one tool call; `limit` caps the observation (chars, plus a short note)."""
+    if name not in _IMPL:
+        return _error(f"unknown tool {name!r} (tools: {', '.join(_IMPL)})")
+    if not isinstance(arguments, dict):
+        return _error(f"arguments of {name} must be a JSON object")
+    problem = _check_arguments(name, arguments)
+    if problem:
+        return _error(problem)
+    try:
+        return _IMPL[name](sandbox, **arguments, limit=limit)
+    except FileNotFoundError:
+        return _error(f"no such file: {arguments.get('path')}")
+    except IsADirectoryError:
+        return _error(f"{arguments.get('path')} is a directory")
+    except (OSError, ValueError) as e:  # permissions, symlink loops, non-UTF-8 files: the model's to fix
+        return _error(str(e) if isinstance(e, ValueError) else f"{arguments.get('path')}: {e.strerror or e}")
+
+
+def describe_call(name: str, arguments: dict | str) -> str:
+    """One short line for progress output: `run: pytest -q`."""
+    if isinstance(arguments, dict):
+        main = arguments.get("command") or arguments.get("pattern") or arguments.get("path") or ""
+        return f"{name}: {main}"[:120]
+    return f"{name}: {arguments[:80]!r}"
