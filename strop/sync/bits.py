@@ -7,7 +7,7 @@ run at hundreds of MB/s on one core. Two tools:
   geometrically distributed values, which gaps between independent changes are, a Rice code
   with the right parameter is within a few percent of the entropy, and unlike an arithmetic
   coder it splits into a unary bitmap and fixed-width remainders that numpy packs in bulk.
-- **Rank/select** over a packed bitmap: the rank of position i among the set bits, and the
+- **Rank/select** over packed bitmaps: the rank of position i among the set bits, and the
   position of the r-th set bit. The codec uses them to number the elements of one context
   class (e.g. "old exponent in [-12, -9)") without sorting the tensor.
 """
@@ -121,47 +121,87 @@ def rice_decode(reader: BitReader) -> np.ndarray:
     return q
 
 
-class BitIndex:
-    """Rank/select over a little-endian packed bitmap (bit i of the tensor is bit i%8 of byte
-    i//8), built in one cheap pass over n/64 words."""
+CHUNK = 1 << 16  # elements per step of the packing loop: temporaries stay in L2
 
-    def __init__(self, packed: np.ndarray):
-        pad = (-len(packed)) % 8
-        if pad:
-            packed = np.concatenate([packed, np.zeros(pad, dtype=np.uint8)])
-        self.bytes = packed
-        self.words = packed.view(np.uint64)
-        counts = np.bitwise_count(self.words).astype(np.int64)
-        # before[w] = set bits in words < w
-        self.before = np.concatenate([[0], np.cumsum(counts)])
 
-    @property
-    def count(self) -> int:
-        return int(self.before[-1])
+def pack_below(u: np.ndarray, thresholds: list[int]) -> list[np.ndarray]:
+    """For each threshold t, a packed bitmap (uint64 words, bit i = bit i%64 of word i//64) of
+    the elements whose bits without the sign are < t, i.e. |x| < t. Chunked so each element is
+    read from memory once, however many thresholds."""
+    n = len(u)
+    nwords = (n + 63) // 64
+    outs = [np.zeros(nwords * 8, dtype=np.uint8) for _ in thresholds]
+    a2 = np.empty(min(CHUNK, n), dtype=u.dtype)
+    tmp = np.empty(min(CHUNK, n), dtype=bool)
+    for s in range(0, n, CHUNK):
+        k = min(CHUNK, n - s)
+        np.left_shift(u[s : s + k], 1, out=a2[:k])  # drop the sign bit: compare |x| << 1
+        for out, t in zip(outs, thresholds):
+            np.less(a2[:k], u.dtype.type(t << 1), out=tmp[:k])
+            out[s // 8 : s // 8 + (k + 7) // 8] = np.packbits(tmp[:k], bitorder="little")
+    return [o.view(np.uint64) for o in outs]
 
-    def rank(self, pos: np.ndarray) -> np.ndarray:
-        """Number of set bits strictly before each position."""
+
+def prefix_counts(words: np.ndarray) -> np.ndarray:
+    """before[w] = set bits in words < w (length len(words) + 1)."""
+    out = np.zeros(len(words) + 1, dtype=np.int64)
+    np.cumsum(np.bitwise_count(words), out=out[1:])
+    return out
+
+
+class NestedClasses:
+    """Rank/select within the classes of a partition defined by nested bitmaps.
+
+    `below[j]` marks the elements of classes 0..j (each set contains the previous one), so
+    class c is set c+1 minus set c, where set 0 is empty and the last set is everything, and
+    a rank within class c is a difference of two plain ranks. Only the nested bitmaps are
+    built over the whole tensor; a class's own words are formed for the queried words only."""
+
+    def __init__(self, n: int, below: list[np.ndarray]):
+        nwords = (n + 63) // 64
+        self.words: list[np.ndarray | None] = [None, *below, None]  # None: empty / everything
+        self.before = [np.zeros(nwords + 1, dtype=np.int64), *(prefix_counts(w) for w in below)]
+        self.before.append(np.arange(nwords + 1, dtype=np.int64) * 64)
+        self.sizes = [0, *(int(b[-1]) for b in self.before[1:-1]), n]
+
+    def _words(self, s: int, w: np.ndarray) -> np.ndarray:
+        words = self.words[s]
+        if words is None:
+            return np.full(len(w), ~np.uint64(0) if s else np.uint64(0))
+        return words[w]
+
+    def _rank(self, s: int, pos: np.ndarray) -> np.ndarray:
         w = pos >> 6
-        below = (np.uint64(1) << (pos & 63).astype(np.uint64)) - np.uint64(1)
-        return self.before[w] + np.bitwise_count(self.words[w] & below).astype(np.int64)
+        mask = (np.uint64(1) << (pos & 63).astype(np.uint64)) - np.uint64(1)
+        return self.before[s][w] + np.bitwise_count(self._words(s, w) & mask)
 
-    def select(self, ranks: np.ndarray) -> np.ndarray:
-        """Position of the set bit with each rank (0-based); ranks must be < count.
+    def count(self, c: int) -> int:
+        return self.sizes[c + 1] - self.sizes[c]
 
-        The word comes from a binary search over per-word counts; the bit within the word from
-        the branch-free broadword select of Vigna ("Broadword implementation of rank/select
-        queries", 2008), vectorised over all queries."""
-        w = np.searchsorted(self.before, ranks, side="right") - 1
-        j = (ranks - self.before[w]).astype(np.uint64)  # rank within the word, < 64
-        x = self.words[w]
-        s = x - ((x >> _1) & _M1)
-        s = (s & _M2) + ((s >> _2) & _M2)
-        s = (s + (s >> _4)) & _M4
-        sums = s * _L8  # byte i: set bits in bytes 0..i
-        place = np.bitwise_count(((j * _L8) | _H8) - sums & _H8).astype(np.uint64) * _8
-        before = ((sums << _8) >> place) & _FF
-        bit = _SELECT8[(x >> place) & _FF, j - before]
-        return (w << 6) + place.astype(np.int64) + bit
+    def rank(self, c: int, pos: np.ndarray) -> np.ndarray:
+        """Number of class-c elements strictly before each position."""
+        return self._rank(c + 1, pos) - self._rank(c, pos)
+
+    def select(self, c: int, ranks: np.ndarray) -> np.ndarray:
+        """Position of the class-c element with each rank; ranks must be < count(c)."""
+        before = self.before[c + 1] - self.before[c] if c else self.before[1]
+        w = np.searchsorted(before, ranks, side="right") - 1
+        j = (ranks - before[w]).astype(np.uint64)
+        return (w << 6) + select_in_word(self._words(c + 1, w) & ~self._words(c, w), j)
+
+
+def select_in_word(x: np.ndarray, j: np.ndarray) -> np.ndarray:
+    """Index of the j-th set bit (0-based, LSB first) of each 64-bit word, j < popcount.
+
+    The branch-free broadword select of Vigna ("Broadword implementation of rank/select
+    queries", 2008), vectorised over all queries."""
+    s = x - ((x >> _1) & _M1)
+    s = (s & _M2) + ((s >> _2) & _M2)
+    s = (s + (s >> _4)) & _M4
+    sums = s * _L8  # byte i: set bits in bytes 0..i
+    place = np.bitwise_count(((j * _L8) | _H8) - sums & _H8).astype(np.uint64) * _8
+    before = ((sums << _8) >> place) & _FF
+    return place.astype(np.int64) + _SELECT8[(x >> place) & _FF, j - before]
 
 
 _1, _2, _4, _8, _FF = (np.uint64(v) for v in (1, 2, 4, 8, 0xFF))

@@ -1,0 +1,202 @@
+"""A delta file: one state dict (version v) expressed against the previous one (version u).
+
+Layout: magic `STRPDLT1`, u32 header length, u32 crc32 of the header, the header (zstd'd
+JSON), then the tensor payloads back to back. The header holds the versions, the payload size
+and one entry per tensor of the *new* state dict:
+
+    name, method, dtype, shape, offset, length,
+    payload_crc32   crc of this tensor's payload bytes (detects corruption in transit),
+    base_crc32      crc of the tensor it applies to (detects the wrong base),
+    crc32           crc of the reconstructed tensor (verifies every result, end to end).
+
+Methods, chosen per tensor: `same` (no payload), `delta` (see `tensor_codec`), `full` (zstd of
+the byte planes: new tensors, changed shape or dtype, non-float dtypes, dense changes). Base
+tensors absent from the new state dict are dropped.
+
+Every failure raises `DeltaError` naming the affected tensors, so a receiver can repair just
+those (see `store`).
+"""
+
+import json
+import struct
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+import zstandard
+
+from strop.sync import tensor_codec as tc
+from strop.sync.tensors import StateDict, Tensor, bits_dtype, crc32
+
+MAGIC = b"STRPDLT1"
+FORMAT = 1
+_PREFIX = struct.Struct("<8sII")
+
+
+class DeltaError(ValueError):
+    """A delta that cannot be applied: corrupt, truncated, or for another base. `tensors` names
+    the affected tensors (all of them when the file itself is unreadable)."""
+
+    def __init__(self, message: str, tensors: list[str] | None = None):
+        super().__init__(message)
+        self.tensors = tensors
+
+
+@dataclass
+class Entry:
+    name: str
+    method: str  # "same" | "delta" | "full"
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    length: int
+    payload_crc32: int
+    base_crc32: int | None  # None for `full`: it needs no base
+    crc32: int
+
+
+@dataclass
+class Header:
+    version: int
+    base_version: int
+    payload_bytes: int
+    entries: list[Entry]
+
+    def entry(self, name: str) -> Entry:
+        return next(e for e in self.entries if e.name == name)
+
+
+def encode_tensor(old: Tensor | None, new: Tensor) -> tuple[str, bytes]:
+    """(method, payload) for one tensor: the smallest of same / delta / full that applies."""
+    if old is None or old.dtype != new.dtype or old.shape != new.shape or new.dtype not in tc.FLOATS:
+        return "full", tc.encode_full(new.data)
+    idx = np.flatnonzero(old.data != new.data)
+    if not len(idx):
+        return "same", b""
+    if len(idx) > tc.DENSE * len(new.data):
+        return "full", tc.encode_full(new.data)
+    payload = tc.encode_delta(old.data, new.data, new.dtype, idx)
+    if len(payload) > new.nbytes // 4:  # rarely worth it, so only then pay for a full copy too
+        full = tc.encode_full(new.data)
+        if len(full) < len(payload):
+            return "full", full
+    return "delta", payload
+
+
+def encode(base: StateDict, new: StateDict, *, version: int, base_version: int,
+           base_crcs: dict[str, int] | None = None, new_crcs: dict[str, int] | None = None) -> bytes:
+    """The delta file taking `base` (version `base_version`) to `new` (version `version`).
+
+    Pass the crcs when already known (the previous manifest holds the base's), to skip
+    hashing those tensors again."""
+    base_crcs = base_crcs or {}
+    new_crcs = new_crcs or {}
+    entries, payloads, offset = [], [], 0
+    for name in sorted(new):
+        t, old = new[name], base.get(name)
+        method, payload = encode_tensor(old, t)
+        base_crc = None
+        if method != "full":
+            base_crc = base_crcs[name] if name in base_crcs else old.crc32()
+        crc = new_crcs[name] if name in new_crcs else (base_crc if method == "same" else t.crc32())
+        entries.append(Entry(name, method, t.dtype, t.shape, offset, len(payload), zlib.crc32(payload), base_crc, crc))
+        payloads.append(payload)
+        offset += len(payload)
+    head = {"format": FORMAT, "version": version, "base_version": base_version, "payload_bytes": offset,
+            "tensors": [[e.name, e.method, e.dtype, list(e.shape), e.offset, e.length, e.payload_crc32,
+                         e.base_crc32, e.crc32] for e in entries]}
+    hb = zstandard.ZstdCompressor(level=9).compress(json.dumps(head, separators=(",", ":")).encode())
+    return b"".join([_PREFIX.pack(MAGIC, len(hb), zlib.crc32(hb)), hb, *payloads])
+
+
+def read_header(blob: bytes | memoryview) -> Header:
+    """Parse and check the header; raises DeltaError on a damaged or truncated file."""
+    blob = memoryview(blob)
+    if len(blob) < _PREFIX.size:
+        raise DeltaError("delta is truncated (no header)")
+    magic, hlen, hcrc = _PREFIX.unpack(blob[: _PREFIX.size])
+    if magic != MAGIC:
+        raise DeltaError("not a strop delta file (bad magic)")
+    hb = blob[_PREFIX.size : _PREFIX.size + hlen]
+    if len(hb) < hlen:
+        raise DeltaError("delta is truncated (inside the header)")
+    if zlib.crc32(hb) != hcrc:
+        raise DeltaError("delta header is corrupt (checksum mismatch)")
+    head = json.loads(zstandard.ZstdDecompressor().decompress(hb))
+    if head["format"] != FORMAT:
+        raise DeltaError(f"delta format {head['format']} is not supported (this reader knows {FORMAT})")
+    entries = [Entry(n, m, d, tuple(s), o, ln, pc, bc, c) for n, m, d, s, o, ln, pc, bc, c in head["tensors"]]
+    h = Header(head["version"], head["base_version"], head["payload_bytes"], entries)
+    have = len(blob) - _PREFIX.size - hlen
+    if have != h.payload_bytes:
+        missing = [e.name for e in entries if e.offset + e.length > have]
+        raise DeltaError(f"delta is truncated: {have} of {h.payload_bytes} payload bytes "
+                         f"({len(missing)} tensors incomplete)", missing)
+    return h
+
+
+def payload_of(blob: bytes | memoryview, entry: Entry) -> memoryview:
+    start = _PREFIX.size + struct.unpack_from("<I", blob, 8)[0] + entry.offset
+    return memoryview(blob)[start : start + entry.length]
+
+
+def decode_changes(entry: Entry, base: Tensor | None, payload: memoryview, *,
+                   check_base: bool = True) -> tuple[np.ndarray, np.ndarray] | Tensor | None:
+    """What one entry does to its base tensor, *not yet verified against entry.crc32*:
+    None (unchanged), (positions, new bit patterns) for a delta, or a whole new Tensor."""
+    if zlib.crc32(payload) != entry.payload_crc32:
+        raise DeltaError(f"tensor {entry.name!r}: payload is corrupt (checksum mismatch)", [entry.name])
+    if entry.method == "full":
+        try:
+            return Tensor(entry.dtype, entry.shape, tc.decode_full(payload, bits_dtype(entry.dtype).itemsize,
+                                                                   int(np.prod(entry.shape, dtype=np.int64))))
+        except ValueError as e:
+            raise DeltaError(f"tensor {entry.name!r}: {e}", [entry.name]) from None
+    if base is None or base.dtype != entry.dtype or base.shape != entry.shape:
+        raise DeltaError(f"tensor {entry.name!r}: the base has no matching tensor (wrong base?)", [entry.name])
+    if check_base and base.crc32() != entry.base_crc32:
+        raise DeltaError(f"tensor {entry.name!r}: base tensor differs from the one this delta was made "
+                         "against (wrong base version?)", [entry.name])
+    if entry.method == "same":
+        return None
+    try:
+        return tc.decode_delta(base.data, payload, entry.dtype)
+    except (ValueError, IndexError) as e:  # the payload passed its checksum, so the base is off
+        raise DeltaError(f"tensor {entry.name!r}: delta does not fit this base (wrong base?): {e}",
+                         [entry.name]) from None
+
+
+def decode_tensor(entry: Entry, base: Tensor | None, payload: memoryview, *, check_base: bool = True) -> Tensor:
+    """The verified new tensor for one entry."""
+    ch = decode_changes(entry, base, payload, check_base=check_base)
+    if ch is None and check_base:
+        return base  # its crc was just checked, and for `same` the base crc is the result crc
+    if ch is None:
+        out = base
+    elif isinstance(ch, Tensor):
+        out = ch
+    else:
+        data = base.data.copy()
+        data[ch[0]] = ch[1]
+        out = Tensor(entry.dtype, entry.shape, data)
+    if out.crc32() != entry.crc32:
+        raise DeltaError(f"tensor {entry.name!r}: reconstructed tensor fails its checksum "
+                         "(wrong base?)", [entry.name])
+    return out
+
+
+def decode(base: StateDict, blob: bytes | memoryview, *, check_base: bool = True) -> StateDict:
+    """Apply a delta file to `base`; every tensor of the result is verified. Raises DeltaError
+    listing every tensor that failed (after trying them all, so a repair can fetch just those)."""
+    h = read_header(blob)
+    out, failed, first = {}, [], None
+    for e in h.entries:
+        try:
+            out[e.name] = decode_tensor(e, base.get(e.name), payload_of(blob, e), check_base=check_base)
+        except DeltaError as err:
+            failed.append(e.name)
+            first = first or err
+    if failed:
+        more = f" (and {len(failed) - 1} more tensors)" if len(failed) > 1 else ""
+        raise DeltaError(f"{first}{more}", failed)
+    return out

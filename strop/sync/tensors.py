@@ -1,0 +1,93 @@
+"""Raw tensors as the codec sees them, and safetensors files read and written without torch.
+
+A `Tensor` is a safetensors dtype name, a shape and the flat *bit patterns* of its elements as
+an unsigned numpy array (bf16 -> uint16, fp32 -> uint32, bool/int8/fp8 -> uint8), so that
+numpy, which has no bfloat16, can compare and patch weights bit-exactly. Files written here
+load with `safetensors.torch.load_file`, and files written by it load here.
+"""
+
+import json
+import struct
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+ITEMSIZE = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1,
+    "U16": 2, "I16": 2, "F16": 2, "BF16": 2,
+    "U32": 4, "I32": 4, "F32": 4,
+    "U64": 8, "I64": 8, "F64": 8,
+}  # fmt: skip
+
+
+@dataclass
+class Tensor:
+    dtype: str  # safetensors dtype name, e.g. "BF16"
+    shape: tuple[int, ...]
+    data: np.ndarray  # flat, unsigned, one element per tensor element: the raw bits
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
+
+    def crc32(self) -> int:
+        return crc32(self.data)
+
+
+StateDict = dict[str, Tensor]
+
+
+def crc32(a: np.ndarray) -> int:
+    """Checksum of an array's raw bytes (zlib's crc32 runs at several GB/s)."""
+    return zlib.crc32(memoryview(np.ascontiguousarray(a)).cast("B"))
+
+
+def bits_dtype(dtype: str) -> np.dtype:
+    if dtype not in ITEMSIZE:
+        raise ValueError(f"unsupported safetensors dtype {dtype!r}")
+    return np.dtype(f"<u{ITEMSIZE[dtype]}")
+
+
+def from_bytes(buf: bytes | memoryview) -> StateDict:
+    """Parse a safetensors file's bytes; arrays are read-only views into `buf`."""
+    buf = memoryview(buf)
+    if len(buf) < 8:
+        raise ValueError("not a safetensors file (too short)")
+    (n,) = struct.unpack("<Q", buf[:8])
+    if 8 + n > len(buf):
+        raise ValueError("not a safetensors file (header runs past the end)")
+    header = json.loads(bytes(buf[8 : 8 + n]))
+    header.pop("__metadata__", None)
+    data = buf[8 + n :]
+    out = {}
+    for name, h in header.items():
+        begin, end = h["data_offsets"]
+        dt = bits_dtype(h["dtype"])
+        if end > len(data) or (end - begin) != dt.itemsize * int(np.prod(h["shape"], dtype=np.int64)):
+            raise ValueError(f"safetensors entry {name!r} is truncated or inconsistent")
+        out[name] = Tensor(h["dtype"], tuple(h["shape"]), np.frombuffer(data[begin:end], dtype=dt))
+    return out
+
+
+def to_bytes(state: StateDict) -> bytes:
+    """Serialise to the safetensors format (tensors in name order, header padded to 8 bytes)."""
+    header, offset = {}, 0
+    names = sorted(state)
+    for name in names:
+        t = state[name]
+        header[name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [offset, offset + t.nbytes]}
+        offset += t.nbytes
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    return b"".join([struct.pack("<Q", len(h)), h, *(memoryview(np.ascontiguousarray(state[k].data)).cast("B") for k in names)])
+
+
+def load(path: str) -> StateDict:
+    with open(path, "rb") as f:
+        return from_bytes(f.read())
+
+
+def save(state: StateDict, path: str) -> None:
+    with open(path, "wb") as f:
+        f.write(to_bytes(state))

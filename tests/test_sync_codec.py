@@ -1,0 +1,184 @@
+"""The delta codec: bit-exact on every kind of change, and every kind of damage detected."""
+
+import numpy as np
+import pytest
+
+from strop.cli import main
+from strop.sync import codec, tensors
+from strop.sync.bits import BitReader, NestedClasses, pack_below, rice_decode, rice_encode
+from strop.sync.synthetic import adamw_snapshots
+from strop.sync.tensors import Tensor
+
+N = 200_000
+
+
+@pytest.fixture(scope="module")
+def snaps() -> dict[float, dict[int, np.ndarray]]:
+    return {lr: adamw_snapshots(N, lr) for lr in (1e-6, 1e-5)}
+
+
+def bf16(bits: np.ndarray, shape=None) -> Tensor:
+    return Tensor("BF16", shape or (len(bits),), bits)
+
+
+def roundtrip(base: dict, new: dict) -> bytes:
+    blob = codec.encode(base, new, version=2, base_version=1)
+    out = codec.decode(base, blob)
+    assert sorted(out) == sorted(new)
+    for k in new:
+        assert out[k].dtype == new[k].dtype and out[k].shape == new[k].shape
+        assert np.array_equal(out[k].data, new[k].data), k
+    return blob
+
+
+def test_rice_roundtrip():
+    rng = np.random.default_rng(0)
+    for v in (rng.geometric(0.01, 5000) - 1, np.zeros(7, dtype=np.int64), np.array([0, 1, 70000, 3])):
+        assert np.array_equal(rice_decode(BitReader(rice_encode(v))), v)
+
+
+def test_rank_select_match_a_sort():
+    rng = np.random.default_rng(1)
+    u = rng.integers(0, 1 << 16, 10_001).astype(np.uint16)
+    bounds = [100 << 7, 118 << 7]
+    cls = NestedClasses(len(u), pack_below(u, bounds))
+    e = (u & 0x7FFF).astype(np.int64)
+    truth = np.searchsorted(np.array(bounds), e, side="right")
+    for c in range(3):
+        members = np.flatnonzero(truth == c)
+        assert cls.count(c) == len(members)
+        assert np.array_equal(cls.rank(c, members), np.arange(len(members)))
+        assert np.array_equal(cls.select(c, np.arange(len(members))), members)
+
+
+@pytest.mark.parametrize("lr,old_step", [(1e-6, 19), (1e-6, 15), (1e-5, 19)])
+def test_synthetic_rl_deltas_are_exact_and_small(snaps, lr, old_step):
+    old, new = snaps[lr][old_step], snaps[lr][20]
+    blob = roundtrip({"w": bf16(old)}, {"w": bf16(new)})
+    assert codec.read_header(blob).entries[0].method == "delta"
+    assert len(blob) < old.nbytes / 20
+
+
+def test_every_bit_pattern_roundtrips():
+    # NaNs, infs, -0 <-> +0, steps across the sign and wrapping the ordinal range
+    rng = np.random.default_rng(2)
+    old = rng.integers(0, 1 << 16, 50_000).astype(np.uint16)
+    new = old.copy()
+    hit = rng.choice(len(old), 2_000, replace=False)
+    new[hit] = rng.integers(0, 1 << 16, len(hit))
+    new[:4] = [0x0000, 0x8000, 0x7F80, 0xFFFF]
+    old[:4] = [0x8000, 0x0000, 0x7FC1, 0x0000]
+    roundtrip({"w": bf16(old)}, {"w": bf16(new)})
+
+
+def test_fp32_f16_shape_dtype_and_set_changes(snaps):
+    rng = np.random.default_rng(3)
+    f32 = rng.normal(0, 0.02, 30_000).astype(np.float32)
+    f32_sparse = f32.copy()
+    f32_sparse[::50] = np.nextafter(f32_sparse[::50], np.float32(1))
+    f16 = rng.normal(0, 1, 4_000).astype(np.float16)
+    f16b = f16.copy()
+    f16b[::7] += np.float16(0.01)
+    old_bits = snaps[1e-6][19]
+    base = {
+        "dense32": Tensor("F32", (300, 100), f32.view(np.uint32)),
+        "sparse32": Tensor("F32", (30_000,), f32.view(np.uint32)),
+        "half": Tensor("F16", (4_000,), f16.view(np.uint16)),
+        "reshaped": bf16(old_bits[:6000], (60, 100)),
+        "retyped": bf16(old_bits[:6000]),
+        "ints": Tensor("I64", (5,), np.arange(5, dtype=np.uint64)),
+        "same": bf16(old_bits[:1000]),
+        "dropped": bf16(old_bits[:10]),
+    }
+    new = {
+        "dense32": Tensor("F32", (300, 100), (f32 * np.float32(1.001)).view(np.uint32)),
+        "sparse32": Tensor("F32", (30_000,), f32_sparse.view(np.uint32)),
+        "half": Tensor("F16", (4_000,), f16b.view(np.uint16)),
+        "reshaped": bf16(old_bits[:6000], (100, 60)),
+        "retyped": Tensor("F32", (6000,), (old_bits[:6000].astype(np.uint32) << 16)),
+        "ints": Tensor("I64", (5,), np.arange(1, 6, dtype=np.uint64)),
+        "same": bf16(old_bits[:1000]),
+        "added": bf16(old_bits[:77]),
+    }
+    blob = roundtrip(base, new)
+    methods = {e.name: e.method for e in codec.read_header(blob).entries}
+    assert methods == {"dense32": "full", "sparse32": "delta", "half": "delta", "reshaped": "full",
+                       "retyped": "full", "ints": "full", "same": "same", "added": "full"}
+
+
+@pytest.fixture()
+def pair(snaps):
+    a, b, c = (snaps[1e-6][s] for s in (15, 19, 20))
+    base = {"x": bf16(b), "y": bf16(b[::-1].copy())}
+    new = {"x": bf16(c), "y": bf16(c[::-1].copy())}
+    other = {"x": bf16(a), "y": bf16(b[::-1].copy())}
+    return base, new, other, codec.encode(base, new, version=20, base_version=19)
+
+
+def test_corrupt_byte_names_the_tensor(pair):
+    base, new, _, blob = pair
+    h = codec.read_header(blob)
+    e = h.entry("y")
+    bad = bytearray(blob)
+    bad[len(blob) - h.payload_bytes + e.offset + e.length // 2] ^= 0x10
+    with pytest.raises(codec.DeltaError, match="'y'.*corrupt") as err:
+        codec.decode(base, bytes(bad))
+    assert err.value.tensors == ["y"]
+
+
+def test_corrupt_header_and_truncation(pair):
+    base, _, _, blob = pair
+    bad = bytearray(blob)
+    bad[20] ^= 1
+    with pytest.raises(codec.DeltaError, match="header is corrupt"):
+        codec.decode(base, bytes(bad))
+    with pytest.raises(codec.DeltaError, match="truncated") as err:
+        codec.decode(base, blob[:-10])
+    assert err.value.tensors == ["y"]  # tensors are in name order; x is still whole
+    with pytest.raises(codec.DeltaError, match="truncated"):
+        codec.decode(base, blob[:10])
+
+
+def test_wrong_base_is_refused(pair):
+    _, _, other, blob = pair
+    with pytest.raises(codec.DeltaError, match="wrong base") as err:
+        codec.decode(other, blob)
+    assert err.value.tensors == ["x"]
+    # even without the base check, the payload's structure or the result checksum catches it
+    with pytest.raises(codec.DeltaError, match="wrong base"):
+        codec.decode(other, blob, check_base=False)
+
+
+def test_safetensors_interop(tmp_path, snaps):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    t = torch.randn(3, 5).to(torch.bfloat16)
+    save_file({"t": t, "i": torch.arange(4)}, tmp_path / "a.safetensors")
+    ours = tensors.load(str(tmp_path / "a.safetensors"))
+    assert ours["t"].dtype == "BF16" and ours["t"].shape == (3, 5)
+    assert np.array_equal(ours["t"].data, t.view(torch.int16).numpy().view(np.uint16).ravel())
+    tensors.save(ours, str(tmp_path / "b.safetensors"))
+    back = load_file(tmp_path / "b.safetensors")
+    assert torch.equal(back["t"], t) and torch.equal(back["i"], torch.arange(4))
+
+
+def test_cli_roundtrip_and_errors(tmp_path, snaps, capsys):
+    s = snaps[1e-6]
+    old, new, wrong = tmp_path / "old.st", tmp_path / "new.st", tmp_path / "wrong.st"
+    tensors.save({"w": bf16(s[19], (400, 500))}, str(old))
+    tensors.save({"w": bf16(s[20], (400, 500))}, str(new))
+    tensors.save({"w": bf16(s[15], (400, 500))}, str(wrong))
+    delta, out = tmp_path / "d.delta", tmp_path / "out.st"
+    assert main(["sync", "encode", "--base", str(old), "--new", str(new), "-o", str(delta)]) == 0
+    assert main(["sync", "decode", "--base", str(old), str(delta), "-o", str(out)]) == 0
+    assert out.read_bytes() == new.read_bytes()
+    assert main(["sync", "decode", "--base", str(wrong), str(delta), "-o", str(out)]) == 2
+    assert "wrong base" in capsys.readouterr().err
+    bad = bytearray(delta.read_bytes())
+    bad[-100] ^= 0xFF
+    delta.write_bytes(bytes(bad))
+    assert main(["sync", "decode", "--base", str(old), str(delta), "-o", str(out)]) == 2
+    assert "corrupt" in capsys.readouterr().err
+    assert main(["sync", "decode", "--base", str(tmp_path / "nope"), str(delta), "-o", str(out)]) == 2
+    assert "no such file" in capsys.readouterr().err
