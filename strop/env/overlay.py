@@ -1,7 +1,8 @@
 """Host-side access to a live sandbox's files, and the diff of its copy-on-write layer.
 
-File operations go through `/proc/<pid>/root` of a process inside the sandbox, so the host sees
-exactly the merged tree the agent sees. Every path is resolved with `openat2(RESOLVE_IN_ROOT)`:
+File operations go through a directory fd of the sandbox's root (opened from `/proc/<pid>/root`
+once the sandbox is fully set up, and held, so a recycled pid can never redirect it), so the host
+sees exactly the merged tree the agent sees. Every path is resolved with `openat2(RESOLVE_IN_ROOT)`:
 absolute symlinks and `..` planted by the agent stay inside the sandbox root instead of
 reaching host files (a plain `open("/proc/<pid>/root/...")` would follow `/etc/shadow` on the
 host). The diff reads the overlay upper directory directly (it is a host directory): regular
@@ -38,16 +39,17 @@ def open_in_root(root_fd: int, path: str, flags: int, mode: int = 0o644) -> int:
 
 
 class RootView:
-    """Read, write and list files under `workdir` as seen from inside the sandbox rooted at `root`."""
+    """Read, write and list files under `workdir` as seen from inside the sandbox whose root
+    directory is open as `root_fd` (the caller owns the fd)."""
 
-    def __init__(self, root: str, workdir: str):
-        self.root, self.workdir = root, workdir
+    def __init__(self, root_fd: int, workdir: str):
+        self.root_fd, self.workdir = root_fd, workdir
 
     def _abs(self, path: str) -> str:
         return path if path.startswith("/") else f"{self.workdir}/{path}"
 
     def _rootfd(self) -> int:
-        return os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        return os.dup(self.root_fd)
 
     def read(self, path: str) -> bytes:
         rfd = self._rootfd()

@@ -1,0 +1,55 @@
+"""`strop sandbox run`: run one command in a fresh sandbox, stream its output, exit with its code.
+
+For people and for audits: exactly the sandbox a rollout gets (same image, user, limits), on a
+world directory of your choice (an empty one by default; the directory itself is never
+modified: changes live in the sandbox's copy-on-write layer and vanish with it). Exits 124 on
+timeout, like coreutils `timeout`.
+"""
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+from strop.errors import UserError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--world", type=Path, help="directory that appears at /home/dev/repo (default: an empty one)")
+    p.add_argument("--timeout", type=float, default=30.0, help="wall-clock limit in seconds (default 30)")
+    p.add_argument("--memory", type=int, default=1024, help="address-space limit per process in MB (default 1024)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]: the command and its arguments")
+
+
+def run(args: argparse.Namespace) -> int:
+    from strop.threads import set_threads
+
+    set_threads(1)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        raise UserError("no command given: strop sandbox run [options] -- CMD [ARGS...]")
+    if args.world is not None and not args.world.is_dir():
+        raise UserError(f"--world {args.world} is not a directory")
+    if args.timeout <= 0 or args.memory <= 0:
+        raise UserError("--timeout and --memory must be positive")
+
+    from strop.env.sandbox import Limits, open_sandbox
+
+    limits = Limits(memory_mb=args.memory, timeout_s=args.timeout)
+    streams = {1: sys.stdout.buffer, 2: sys.stderr.buffer}
+
+    def show(stream: int, data: bytes) -> None:
+        streams[stream].write(data)
+        streams[stream].flush()
+
+    with tempfile.TemporaryDirectory(prefix="strop-world-") as empty:
+        sb = open_sandbox(args.world or Path(empty), limits)
+        try:
+            res = sb.exec(cmd, on_output=show)
+        finally:
+            sb.close()
+    if res.stdout_truncated or res.stderr_truncated:
+        print(f"\nstrop: output truncated at {limits.output_bytes} bytes per stream", file=sys.stderr)
+    if res.timed_out:
+        print(f"strop: timed out after {args.timeout:g} s; the sandbox was killed", file=sys.stderr)
+    return res.exit_code

@@ -1,0 +1,225 @@
+"""Containment and behaviour of the bubblewrap sandbox: one adversarial test per property."""
+
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from strop.cli import main
+from strop.env.pool import SandboxPool
+from strop.env.sandbox import WORKDIR, Limits, open_sandbox
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Path:
+    w = tmp_path / "world"
+    (w / "pkg").mkdir(parents=True)
+    (w / "pkg" / "mod.py").write_text("def f():\n    return 1\n")
+    (w / "README.md").write_text("hello\n")
+    (w / "old").mkdir()
+    (w / "old" / "a.txt").write_text("a\n")
+    return w
+
+
+@pytest.fixture
+def sb(world: Path):
+    s = open_sandbox(world, Limits(timeout_s=10))
+    yield s
+    s.close()
+
+
+def test_exec_basics(sb):
+    r = sb.exec("echo out; echo err >&2; exit 3")
+    assert (r.exit_code, r.stdout, r.stderr, r.timed_out) == (3, "out\n", "err\n", False)
+    r = sb.exec(["printf", "%s|%s", "a b", "c'd"])
+    assert r.stdout == "a b|c'd" and r.exit_code == 0
+    assert sb.exec("cat", stdin="line1\nline2").stdout == "line1\nline2"
+    assert sb.exec(["sh", "-c", "echo $FOO"], env={"FOO": "x y"}).stdout == "x y\n"
+    assert sb.exec("pwd").stdout.strip() == WORKDIR
+    assert sb.exec(["no-such-binary"]).exit_code == 127
+    r = sb.exec("printf 'no newline'")  # output without a trailing newline is returned as is
+    assert r.stdout == "no newline"
+
+
+def test_identity_matches_production(sb):
+    out = sb.exec("id -un; id -u; hostname; echo $HOME; python -c 'import pytest; print(pytest.__name__)'").stdout
+    assert out.split() == ["dev", "1000", "devbox", "/home/dev", "pytest"]
+
+
+def test_no_network(sb):
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    port = srv.getsockname()[1]
+    code = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2); print('CONNECTED')"
+    r = sb.exec(["python", "-c", code])
+    srv.close()
+    assert r.exit_code != 0 and "CONNECTED" not in r.stdout
+    r = sb.exec(["python", "-c", "import socket; socket.create_connection(('1.1.1.1', 53), timeout=2)"])
+    assert r.exit_code != 0 and "unreachable" in r.stderr.lower()
+    assert sb.exec("ls /sys/class/net; cat /proc/net/dev").stdout.count("eth") == 0
+
+
+def test_writes_outside_workspace_never_reach_host(sb, world):
+    marker = f"/tmp/strop-escape-{os.getpid()}"
+    r = sb.exec(f"echo x > {marker}; echo y > /usr/evil; echo z > /etc/evil; echo w > ~/x; echo v > README.md")
+    assert not os.path.exists(marker) and not os.path.exists("/usr/evil") and not os.path.exists("/etc/evil")
+    assert "Read-only file system" in r.stderr
+    assert (world / "README.md").read_text() == "hello\n"  # the world is copy-on-write
+    assert sb.read_file("README.md") == b"v\n"
+
+
+def test_host_paths_hidden(sb):
+    r = sb.exec(f"ls /work /root /opt /mnt; cat /etc/shadow; ls {Path(__file__).parent}")
+    assert r.stdout.split() == ["/mnt:", "/opt:", "/root:", "/work:"] or "test_sandbox.py" not in r.stdout
+    assert "test_sandbox.py" not in r.stdout and "root:" not in r.stdout.replace("/root:", "")
+
+
+def test_host_processes_invisible_and_unkillable(sb):
+    victim = subprocess.Popen(["sleep", "30"])
+    try:
+        r = sb.exec(f"ps -e -o pid=,comm=; kill -9 {victim.pid}; kill -9 1")
+        pids = [line.split()[0] for line in r.stdout.splitlines() if line.strip()]
+        assert len(pids) <= 4 and "sleep" not in r.stdout  # only the sandbox's own processes
+        assert victim.poll() is None  # still running on the host
+        assert sb.exec("echo alive").stdout == "alive\n"  # pid 1 (the server) ignored the kill
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_fork_bomb_is_bounded(world):
+    with open_sandbox(world, Limits(max_procs=32, timeout_s=3)) as s:
+        t = time.monotonic()
+        r = s.exec("bomb() { bomb | bomb & }; bomb; sleep 1; ps -e --no-headers | wc -l", timeout=3)
+        assert time.monotonic() - t < 6
+        assert r.timed_out or int(r.stdout.split()[-1]) <= 40
+        assert s.exec("echo ok").stdout == "ok\n"  # usable again afterwards
+
+
+def test_memory_hog_is_stopped(world):
+    with open_sandbox(world, Limits(memory_mb=256)) as s:
+        r = s.exec(["python", "-c", "x = bytearray(1 << 30); print('allocated')"])
+        assert r.exit_code != 0 and "MemoryError" in r.stderr and "allocated" not in r.stdout
+
+
+def test_infinite_loop_times_out(sb):
+    t = time.monotonic()
+    r = sb.exec("while :; do :; done", timeout=0.5)
+    assert r.timed_out and r.exit_code == 124 and 0.5 <= r.duration_s < 2 and time.monotonic() - t < 3
+    assert sb.exec("echo back").stdout == "back\n"  # a fresh server took over the same workspace
+
+
+def test_cpu_limit_kills_busy_loop(world):
+    with open_sandbox(world, Limits(cpu_s=1)) as s:
+        r = s.exec("while :; do :; done", timeout=10)
+        assert not r.timed_out and r.exit_code == 128 + 9 or r.exit_code == 128 + 24  # SIGKILL/SIGXCPU
+        assert r.duration_s < 5
+
+
+def test_timeout_kills_the_whole_tree_and_keeps_files(sb):
+    sb.write_file("keep.txt", "kept")
+    r = sb.exec("(sleep 100 &) ; sleep 100 & sleep 100", timeout=0.3)
+    assert r.timed_out
+    assert sb.read_file("keep.txt") == b"kept"
+    assert "sleep" not in sb.exec("ps -e -o comm=").stdout
+
+
+def test_background_processes_do_not_outlive_their_command(sb):
+    sb.exec("sleep 100 & sleep 100 &")
+    assert "sleep" not in sb.exec("ps -e -o comm=").stdout
+
+
+def test_output_flood_is_capped(world):
+    with open_sandbox(world, Limits(output_bytes=1000)) as s:
+        r = s.exec("yes", timeout=1)
+        assert r.timed_out and r.stdout_truncated and len(r.stdout) == 1000 and r.stdout.startswith("y\ny\n")
+        r = s.exec("head -c 100000 /dev/zero | tr '\\0' x; echo done >&2")
+        assert r.exit_code == 0 and r.stdout_truncated and len(r.stdout) == 1000 and r.stderr == "done\n"
+        assert not s.exec("echo hi").stdout_truncated
+
+
+def test_disk_fill_is_stopped(world):
+    with open_sandbox(world, Limits(file_size_mb=1)) as s:
+        r = s.exec("head -c 2000000 /dev/zero > big")
+        assert r.exit_code == 128 + 25  # SIGXFSZ: the file-size limit
+    with open_sandbox(world, Limits(workspace_mb=4)) as s:
+        for d in ("/tmp", "/var/tmp", "/dev/shm", "~"):  # bounded tmpfs
+            r = s.exec(f"head -c 8000000 /dev/zero > {d}/fill")
+            assert "No space left" in r.stderr, d
+        r = s.exec("for i in 1 2 3 4 5 6; do head -c 900000 /dev/urandom > f$i; done")
+        assert r.workspace_exceeded  # the copy-on-write layer is bounded too
+
+
+def test_nothing_left_running_after_close(world):
+    s = open_sandbox(world)
+    s.exec("echo warm")
+    server = s._server_pid()
+    pidns = os.readlink(f"/proc/{server}/ns/pid")
+    bwrap_pid, layer = s.proc.pid, s.dir
+    s.exec("sleep 100 &", timeout=0.2)  # whatever it does, close() must leave nothing
+    s.close()
+    s.close()  # idempotent
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                assert os.readlink(f"/proc/{pid}/ns/pid") != pidns, f"process {pid} survived close()"
+            except (FileNotFoundError, PermissionError):
+                pass  # gone meanwhile, or a host process we may not inspect (not ours)
+    assert not os.path.exists(f"/proc/{bwrap_pid}") and not layer.exists()
+
+
+def test_diff_reports_adds_edits_deletes(sb):
+    sb.exec("echo 'def f():\n    return 2' > pkg/mod.py; rm README.md; mkdir -p new/dir; echo n > new/dir/n.txt")
+    sb.exec("rm -r old; touch pkg/mod.py.tmp; rm pkg/mod.py.tmp; chmod +x pkg/mod.py")
+    sb.write_file("host.txt", b"\x00\x01binary")
+    assert sb.diff() == {"pkg/mod.py": b"def f():\n    return 2\n", "README.md": None, "new/dir/n.txt": b"n\n",
+                         "old/a.txt": None, "host.txt": b"\x00\x01binary"}
+    sb.exec("mkdir old; echo again > old/b.txt")  # a deleted directory re-created: opaque in the upper layer
+    d = sb.diff()
+    assert d["old/a.txt"] is None and d["old/b.txt"] == b"again\n"
+    sb.exec("echo hello > README.md")  # back to the image's bytes: no longer a difference
+    assert "README.md" not in sb.diff()
+
+
+def test_file_ops_cannot_escape_through_symlinks(sb, tmp_path):
+    host_secret = tmp_path / "secret"
+    host_secret.write_text("host only")
+    planted = f"/tmp/strop-planted-{os.getpid()}"
+    sb.exec(f"ln -s {host_secret} link; ln -s /etc/hostname hn; ln -s ../../../..{planted} up")
+    with pytest.raises(FileNotFoundError):
+        sb.read_file("link")
+    assert sb.read_file("hn") == b"devbox\n"  # the sandbox's /etc, not the host's
+    sb.write_file("up", "x")  # lands in the sandbox's own /tmp
+    assert not os.path.exists(planted) and sb.exec(f"cat {planted}").stdout == "x"
+    assert sorted(sb.list_dir(".")) == sorted(["README.md", "hn", "link", "old", "pkg", "up"])
+    sb.write_file("deep/er/file.txt", "made")
+    assert sb.exec("cat deep/er/file.txt").stdout == "made"
+
+
+def test_pool_hands_out_fresh_sandboxes_and_bounds_concurrency(world):
+    with SandboxPool(world, warm=1, max_active=2) as pool:
+        a = pool.acquire()
+        a.exec("echo changed > README.md")
+        b = pool.acquire()
+        assert b.read_file("README.md") == b"hello\n"
+        with pytest.raises(TimeoutError):
+            pool.acquire(timeout=0.1)
+        pool.release(a)
+        with pool.sandbox(timeout=5) as c:
+            assert c.exec("cat README.md").stdout == "hello\n"
+        pool.release(b)
+
+
+def test_cli_exit_codes(world, capfd):
+    # in-process: the CLI's set_threads imports torch, which is paid once here rather than per call
+    assert main(["sandbox", "run", "--world", str(world), "--", "sh", "-c", "cat README.md; echo oops >&2; exit 7"]) == 7
+    out, err = capfd.readouterr()
+    assert (out, err) == ("hello\n", "oops\n")
+    assert main(["sandbox", "run", "--timeout", "0.5", "--", "sleep", "10"]) == 124
+    assert "timed out" in capfd.readouterr().err
+    assert main(["sandbox", "run", "--world", "/nonexistent", "--", "true"]) == 2
+    assert "not a directory" in capfd.readouterr().err
