@@ -8,7 +8,9 @@ Order matters, because every step closes a way to game the reward:
    *fresh* sandbox on it — no agent code runs before the world is complete;
 4. run the test command with the JUnit report going to a random path outside the repository
    that the agent's sandbox never had, and parse that XML, never the test output;
-5. count a run with fewer test cases than the task declares (`metadata["n_tests"]`) as failed.
+5. count a run with fewer test cases than the task declares (`metadata["n_tests"]`, and
+   `["n_perturbed_tests"]` for the perturbed run) as failed,
+   and a report of all passes from a runner that exited non-zero as forged.
 
 Timeouts, crashes, missing or malformed reports give reward 0 with a `reason`; `check` never
 raises. The perturbed run (same steps, `task.perturbed_tests` in place of the hidden tests)
@@ -108,7 +110,7 @@ def _prepare(task: Task, root: Path, kept: dict, tests: dict[str, str]) -> Path:
     return root
 
 
-def _run(task: Task, kept: dict, tests: dict[str, str], mode: Mode, limits: Limits) -> Score:
+def _run(task: Task, kept: dict, tests: dict[str, str], n_tests: int, mode: Mode, limits: Limits) -> Score:
     world = Path(tempfile.mkdtemp(prefix="strop-check-"))
     sandbox = None
     try:
@@ -131,13 +133,15 @@ def _run(task: Task, kept: dict, tests: dict[str, str], mode: Mode, limits: Limi
         passed, failed, errors, skipped = parse_junit(xml)
     except ET.ParseError as e:
         return Score(0.0, reason=f"malformed junit report: {e}", exit_code=result.exit_code)
-    total = max(passed + failed + errors + skipped, int(task.metadata.get("n_tests", 0)))
+    total = max(passed + failed + errors + skipped, n_tests)
     score = Score(0.0, passed, failed, errors, skipped, exit_code=result.exit_code)
     if total == 0:
         score.reason = "no tests ran"
     elif passed < total:
         score.reason = f"{total - passed} of {total} tests did not pass"
         score.reward = passed / total if mode == "fraction" else 0.0
+    elif result.exit_code != 0:  # a report of all passes from a failed run was written by someone else
+        score.reason = f"all {total} tests passed in the report but the runner exited {result.exit_code}"
     else:
         score.reward = 1.0
     return score
@@ -150,23 +154,12 @@ def check(task: Task, changes: dict[str, bytes | str | None], mode: Mode = "bina
     kept, dropped = split_changes(task, changes)
     limits = limits or Limits(timeout_s=TEST_TIMEOUT_S)
     try:
-        score = _run(task, kept, task.hidden_tests, mode, limits)
+        score = _run(task, kept, task.hidden_tests, task.metadata.get("n_tests", 0), mode, limits)
         if perturbed and task.perturbed_tests:
-            other = _run(task, kept, task.perturbed_tests, mode, limits)
+            other = _run(task, kept, task.perturbed_tests, task.metadata.get("n_perturbed_tests", 0), mode, limits)
             score.perturbed_reward, score.perturbed_reason = other.reward, other.reason
     except Exception as e:  # the process boundary of scoring: a broken run is reward 0, never a crash
         score = Score(0.0, reason=f"checker error: {type(e).__name__}: {e}")
     score.dropped_paths = dropped
     score.duration = time.perf_counter() - start
     return score
-
-
-def apply_edits(files: dict[str, str], edits: list[dict]) -> dict[str, str]:
-    """The changes (path -> new text) that exact search/replace `edits` make to `files`;
-    how reference solutions (`metadata["reference_edits"]`) become workspace changes."""
-    out: dict[str, str] = {}
-    for e in edits:
-        text = out.get(e["path"], files.get(e["path"], ""))
-        assert text.count(e["old"]) == 1, f"reference edit not unique in {e['path']}"
-        out[e["path"]] = text.replace(e["old"], e["new"])
-    return out

@@ -29,6 +29,11 @@ def load_suite(name: str, split: str | None = None, **opts) -> list[Task]:
 
 def get_task(name: str, task_id: str) -> Task:
     """One task by id (searching both splits)."""
+    if name in SUITES and hasattr(module := importlib.import_module(SUITES[name]), "get"):
+        task = module.get(task_id)  # suites that can build one task directly say so
+        if task is not None:
+            return task
+        raise UserError(f"no task {task_id!r} in suite {name!r} (see `strop tasks list --suite {name}`)")
     for task in load_suite(name):
         if task.id == task_id:
             return task

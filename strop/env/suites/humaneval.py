@@ -102,6 +102,7 @@ def make_task(problem: dict, split: str) -> Task:
         instruction=f"Implement `{entry}` in `solution.py` so that it does what its docstring describes.",
         files={"solution.py": stub}, hidden_tests={HIDDEN: hidden}, perturbed_tests=perturbed,
         metadata={"family": "implement", "difficulty": 1, "source": problem["task_id"], "entry_point": entry,
+                  "n_tests": 1, "n_perturbed_tests": 1 if cases else 0,
                   "reference_edits": [{"path": "solution.py", "old": STUB, "new": solution if solution.endswith("\n") else solution + "\n"}]},
     )
 

@@ -18,6 +18,7 @@ import functools
 import hashlib
 from random import Random
 
+from strop.env.suites.edits import reference_edit
 from strop.env.suites.synthetic_lib import FAMILIES, LIBRARY, Fn
 from strop.env.task import Task
 
@@ -86,26 +87,6 @@ def _test_file(pkg: str, by_module: dict[str, list[Fn]], cases: dict[str, list])
 
 def _module_src(theme: str, fns: list[Fn]) -> str:
     return f'"""{THEME_DOC[theme]}"""\n' + "".join("\n" + f.src for f in fns)
-
-
-def reference_edit(buggy: str, fixed: str) -> tuple[str, str]:
-    """The smallest whole-line (old, new) replacement turning `buggy` into `fixed`, with `old`
-    unique in `buggy` (widened by context lines until it is) so a search/replace edit applies."""
-    a, b = buggy.splitlines(keepends=True), fixed.splitlines(keepends=True)
-    p = 0
-    while p < min(len(a), len(b)) and a[p] == b[p]:
-        p += 1
-    s = 0
-    while s < min(len(a), len(b)) - p and a[-1 - s] == b[-1 - s]:
-        s += 1
-    while True:
-        old, new = "".join(a[p:len(a) - s]), "".join(b[p:len(b) - s])
-        if old and buggy.count(old) == 1:
-            return old, new
-        if p > 0:
-            p -= 1
-        else:
-            s -= 1
 
 
 def _instruction(difficulty: int, pkg: str, path: str, fn: Fn, failing: tuple, test_path: str) -> str:
@@ -179,6 +160,7 @@ def _attempt(rng: Random, difficulty: int, split: str, index: int) -> Task | Non
         hidden_tests={hidden_path: _test_file(pkg, by_module, hidden)},
         perturbed_tests={hidden_path: _test_file(pkg, by_module, perturbed)},
         metadata={"family": family, "difficulty": difficulty, "function": target.name, "path": path,
+                  "n_tests": sum(map(len, hidden.values())), "n_perturbed_tests": sum(map(len, perturbed.values())),
                   "reference_edits": [{"path": path, "old": ref_old, "new": ref_new}]},
     )
 
@@ -206,3 +188,17 @@ def load(split: str | None = None, difficulty: int | None = None, limit: int | N
                     out.append(t)
                     n -= 1
     return out
+
+
+def get(task_id: str) -> Task | None:
+    """One task by id without generating the suite; None if the id is not one of its tasks."""
+    parts = task_id.split("-")
+    if len(parts) != 4 or parts[0] != "synthetic" or parts[1] not in ("d1", "d2", "d3") or not parts[3].isdigit():
+        return None
+    d, split, i = int(parts[1][1]), parts[2], int(parts[3])
+    if split not in SIZES or (split == "eval" and i >= SIZES["eval"]):
+        return None
+    task = make_task(d, split, i)
+    if split == "train" and _fingerprint(task) in {_fingerprint(make_task(d, "eval", j)) for j in range(SIZES["eval"])}:
+        return None  # an index skipped because it repeats an eval task
+    return task

@@ -1,0 +1,94 @@
+"""`strop tasks list|export|check|build`: look at task suites, write a task's starting repository,
+and score a directory as an agent's final workspace (reward, breakdown, hack flags), so anyone can
+audit the checker with a hand-made solution or a hack."""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from strop.errors import UserError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True)
+    p = sub.add_parser("list", help="task ids, split, family and difficulty")
+    p.add_argument("--suite", required=True)
+    p.add_argument("--split", choices=["train", "eval"])
+    p = sub.add_parser("export", help="write exactly what the agent sees at the start")
+    p.add_argument("--suite", required=True)
+    p.add_argument("id")
+    p.add_argument("dir")
+    p = sub.add_parser("check", help="score DIR as the agent's final workspace")
+    p.add_argument("--suite", required=True)
+    p.add_argument("id")
+    p.add_argument("dir")
+    p.add_argument("--json", help="also write the result to this JSON file")
+    p.add_argument("--mode", choices=["binary", "fraction"], default="binary")
+    p = sub.add_parser("build", help="build and cache a suite that needs it (mutated)")
+    p.add_argument("--suite", required=True)
+    p.add_argument("--target", type=int, default=240, help="tasks to keep")
+
+
+def _workspace_changes(files: dict[str, str], root: Path) -> dict[str, bytes | None]:
+    """DIR against the task's starting files: changed or new files, and deletions (None)."""
+    changes: dict[str, bytes | None] = {}
+    for f in sorted(root.rglob("*")):
+        rel = f.relative_to(root).as_posix()
+        if f.is_file() and "__pycache__" not in f.parts and ".git" not in f.parts and not rel.endswith(".pyc"):
+            data = f.read_bytes()
+            if files.get(rel, "").encode() != data or rel not in files:
+                changes[rel] = data
+    changes.update({rel: None for rel in files if not (root / rel).is_file()})
+    return changes
+
+
+def run(args: argparse.Namespace) -> int:
+    from strop.env.suites import get_task, load_suite
+    from strop.threads import set_threads
+
+    set_threads(1)
+    if args.action == "list":
+        for t in load_suite(args.suite, args.split):
+            print(f"{t.id}\t{t.split}\t{t.metadata.get('family', '')}\t{t.metadata.get('difficulty', '')}")
+        return 0
+    if args.action == "build":
+        if args.suite != "mutated":
+            raise UserError(f"suite {args.suite!r} needs no build (only mutated does)")
+        from strop.env.suites.mutated import build
+
+        build(target=args.target, log=lambda m: print(m, file=sys.stderr))
+        return 0
+    task = get_task(args.suite, args.id)
+    root = Path(args.dir)
+    if args.action == "export":
+        if root.exists() and any(root.iterdir()):
+            raise UserError(f"{root} is not empty")
+        from strop.env.checker import materialize
+
+        root.mkdir(parents=True, exist_ok=True)
+        materialize(task, root)
+        (root.parent / f"{root.name}.instruction.txt").write_text(task.instruction + "\n")
+        print(task.instruction)
+        print(f"wrote {len(task.files)} files to {root} (instruction also in {root.name}.instruction.txt beside it)")
+        return 0
+    if not root.is_dir():
+        raise UserError(f"{root} is not a directory")
+    from strop.env.checker import check
+    from strop.env.hacks import detect
+
+    changes = _workspace_changes(task.files, root)
+    score = check(task, changes, mode=args.mode)
+    flags = detect(task, changes, [], score)
+    result = {"task": task.id, "changed": sorted(changes), **score.to_dict(), "flags": [f.to_dict() for f in flags]}
+    print(f"{task.id}: reward {score.reward:g} ({score.reason}); passed {score.passed}, failed {score.failed}, "
+          f"errors {score.errors}, skipped {score.skipped}; {score.duration:.1f} s")
+    if score.dropped_paths:
+        print(f"dropped (protected): {', '.join(score.dropped_paths)}")
+    if score.perturbed_reward is not None:
+        print(f"perturbed tests: reward {score.perturbed_reward:g} ({score.perturbed_reason})")
+    for f in flags:
+        print(f"hack flag {f.kind}: {f.evidence}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return 0
