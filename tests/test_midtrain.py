@@ -1,0 +1,84 @@
+"""Mid-training resumes exactly: a run killed at a random moment and rerun with the same command
+ends with the same weights, bit for bit, as an uninterrupted run."""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from strop.data.corpus import stdlib_dir
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def tiny_run_toml(out_dir: Path, name: str, steps: int = 30) -> str:
+    lib = stdlib_dir()
+    return f"""
+[run]
+out_dir = "{out_dir}"
+name = "{name}"
+threads = 1
+[model]
+hidden_size = 32
+num_layers = 2
+num_heads = 2
+num_kv_heads = 1
+head_dim = 16
+num_experts = 8
+experts_per_token = 2
+expert_size = 16
+dense_size = 64
+[data]
+stdlib = false
+dirs = ["{lib / 'json'}", "{lib / 'email'}"]
+val_files = 3
+vocab_size = 400
+seq_len = 32
+[midtrain]
+steps = {steps}
+batch_size = 4
+warmup_steps = 3
+ckpt_every = 4
+eval_every = 10
+eval_batches = 1
+"""
+
+
+def strop(*args: str, **kw) -> subprocess.Popen:
+    env = {**os.environ, "STROP_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    return subprocess.Popen([sys.executable, "-m", "strop.cli", *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_killed_run_resumes_bit_for_bit(tmp_path):
+    full = tmp_path / "full.toml"
+    full.write_text(tiny_run_toml(tmp_path, "full"))
+    killed = tmp_path / "killed.toml"
+    killed.write_text(tiny_run_toml(tmp_path, "killed"))
+
+    ref = strop("midtrain", "-c", str(full))
+    assert ref.wait(timeout=300) == 0, ref.stderr.read()
+
+    proc = strop("midtrain", "-c", str(killed))
+    ckpt = tmp_path / "killed" / "midtrain" / "ckpt"
+    deadline = time.time() + 120
+    while not ckpt.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(random.Random(os.getpid()).uniform(0.0, 1.0))
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (tmp_path / "killed" / "midtrain" / "model").exists(), "the run finished before it was killed"
+
+    again = strop("midtrain", "-c", str(killed))
+    assert again.wait(timeout=300) == 0, again.stderr.read()
+    a = load_file(str(tmp_path / "full" / "midtrain" / "model" / "model.safetensors"))
+    b = load_file(str(tmp_path / "killed" / "midtrain" / "model" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
