@@ -1,0 +1,199 @@
+"""The engine's own forward pass over a Hugging Face policy's weights, with a slot-indexed KV cache.
+
+It reads the model's parameters in place (no copy), so a weight update applied to the model is
+what the next step runs. Compared with calling the HF model it skips mask building, cache
+objects and the per-expert bookkeeping that dominate a tiny model's time on a CPU, and it can
+mix prefill and decode rows in one pass: a batch is a list of segments (slot, first position,
+tokens), all token rows share the linear and MoE work, and attention runs per kind (all one-token
+decode rows together, each prefill on its own).
+
+The arithmetic mirrors the HF modules op for op: norms, rotary embeddings and routers are the HF
+modules or `strop.model.routing`, experts add their outputs per token in ascending expert id as
+the eager HF experts loop does. Default mode uses `F.linear` and SDPA (fast, close to the trainer
+but not bitwise); deterministic mode uses `strop.model.deterministic` ops and then equals the
+trainer's `deterministic_mode` forward bit for bit.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from strop.model import deterministic as det
+from strop.model.routing import moe_blocks, route, router_logits, routing_dtype
+
+
+@dataclass
+class Segment:
+    slot: int  # KV-cache row of the sequence
+    start: int  # position of the first token
+    tokens: list[int]
+
+
+class Forward:
+    """forward(segments) -> (last-token logits [S, V], expert ids [N, n_moe_layers, k] | None)."""
+
+    def __init__(self, model, max_slots: int, max_len: int, deterministic: bool = False):
+        self.model, self.cfg = model, model.config
+        self.arch = self.cfg.model_type
+        if self.arch not in ("qwen3_moe", "qwen3", "deepseek_v3"):
+            raise ValueError(f"the engine does not implement the {self.arch} architecture")
+        self.deterministic = deterministic
+        self.lin = det.linear if deterministic else F.linear
+        self.max_slots, self.max_len = max_slots, max_len
+        self.blocks = moe_blocks(model)
+        self.moe_index = {id(b): i for i, b in enumerate(self.blocks)}
+        self.num_experts = self.blocks[0].gate.num_experts if self.blocks else 0
+        dtype = next(model.parameters()).dtype
+        self.k_cache, self.v_cache = [], []
+        for layer in model.model.layers:
+            heads, dk, dv = self._kv_shape(layer.self_attn)
+            self.k_cache.append(torch.zeros(max_slots, heads, max_len, dk, dtype=dtype))
+            self.v_cache.append(torch.zeros(max_slots, heads, max_len, dv, dtype=dtype))
+        if self.arch == "deepseek_v3":
+            from transformers.models.deepseek_v3 import modeling_deepseek_v3 as m
+
+            self._rope = m.apply_rotary_pos_emb_interleave if self.cfg.rope_interleave else m.apply_rotary_pos_emb
+        else:
+            from transformers.models.qwen3_moe.modeling_qwen3_moe import apply_rotary_pos_emb
+
+            self._rope = apply_rotary_pos_emb
+
+    def _kv_shape(self, attn) -> tuple[int, int, int]:
+        if self.arch == "deepseek_v3":  # MLA: cache the expanded per-head keys and values
+            return attn.num_heads, attn.qk_head_dim, attn.v_head_dim
+        return self.cfg.num_key_value_heads, attn.head_dim, attn.head_dim
+
+    @torch.no_grad()
+    def __call__(self, segments: list[Segment]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        for s in segments:
+            assert s.start + len(s.tokens) <= self.max_len, "sequence longer than the KV cache"
+        tokens = torch.tensor([t for s in segments for t in s.tokens])
+        positions = torch.cat([torch.arange(s.start, s.start + len(s.tokens)) for s in segments])
+        slots = torch.cat([torch.full((len(s.tokens),), s.slot) for s in segments])
+        inner = self.model.model
+        h = inner.embed_tokens(tokens)
+        cos, sin = inner.rotary_emb(h[None], positions[None])
+        routing: list[torch.Tensor] = []
+        for li, layer in enumerate(inner.layers):
+            x = layer.input_layernorm(h)
+            h = h + self._attention(li, layer.self_attn, x, cos, sin, segments, positions, slots)
+            x = layer.post_attention_layernorm(h)
+            h = h + self._mlp(layer.mlp, x, routing)
+        ends = torch.tensor([len(s.tokens) for s in segments]).cumsum(0) - 1
+        last = inner.norm(h[ends])
+        logits = self.lin(last, self.model.lm_head.weight)
+        ids = torch.stack(routing, dim=1).to(routing_dtype(self.num_experts)) if routing else None
+        return logits, ids
+
+    # -- attention -----------------------------------------------------------------------------
+
+    def _qkv(self, attn, x, cos, sin):
+        """q [N, H, dk], k [N, Hk, dk], v [N, Hk, dv] for token rows x [N, hidden]."""
+        lin, N = self.lin, x.shape[0]
+        if self.arch == "deepseek_v3":
+            if attn.q_lora_rank is None:
+                q = lin(x, attn.q_proj.weight)
+            else:
+                q = lin(attn.q_a_layernorm(lin(x, attn.q_a_proj.weight, attn.q_a_proj.bias)), attn.q_b_proj.weight)
+            q = q.view(1, N, -1, attn.qk_head_dim).transpose(1, 2)
+            q_pass, q_rot = torch.split(q, [attn.qk_nope_head_dim, attn.qk_rope_head_dim], dim=-1)
+            ckv = lin(x, attn.kv_a_proj_with_mqa.weight, attn.kv_a_proj_with_mqa.bias)
+            kv_nope, k_rot = torch.split(ckv, [attn.kv_lora_rank, attn.qk_rope_head_dim], dim=-1)
+            kv_nope = attn.kv_a_layernorm(kv_nope)
+            q_rot, k_rot = self._rope(q_rot, k_rot.view(1, 1, N, -1), cos, sin)
+            q = torch.cat((q_pass, q_rot), dim=-1)[0].transpose(0, 1)
+            kv = lin(kv_nope, attn.kv_b_proj.weight).view(N, -1, attn.qk_nope_head_dim + attn.v_head_dim)
+            k_nope, v = torch.split(kv, [attn.qk_nope_head_dim, attn.v_head_dim], dim=-1)
+            k = torch.empty(N, k_nope.shape[1], attn.qk_head_dim, dtype=x.dtype)
+            k[..., : attn.qk_nope_head_dim] = k_nope
+            k[..., attn.qk_nope_head_dim :] = k_rot[0, 0][:, None, :]
+            return q, k, v
+        d = attn.head_dim
+        q = attn.q_norm(lin(x, attn.q_proj.weight, attn.q_proj.bias).view(N, -1, d))
+        k = attn.k_norm(lin(x, attn.k_proj.weight, attn.k_proj.bias).view(N, -1, d))
+        v = lin(x, attn.v_proj.weight, attn.v_proj.bias).view(N, -1, d)
+        q, k = self._rope(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
+        return q[0].transpose(0, 1), k[0].transpose(0, 1), v
+
+    def _attention(self, li, attn, x, cos, sin, segments, positions, slots):
+        q, k, v = self._qkv(attn, x, cos, sin)
+        kc, vc = self.k_cache[li], self.v_cache[li]
+        kc[slots, :, positions] = k
+        vc[slots, :, positions] = v
+        out = torch.empty(q.shape[0], q.shape[1], vc.shape[-1], dtype=q.dtype)
+        decode = [i for i, s in enumerate(segments) if len(s.tokens) == 1]
+        row = 0
+        rows_of = []
+        for s in segments:
+            rows_of.append(row)
+            row += len(s.tokens)
+        if decode:
+            rows = torch.tensor([rows_of[i] for i in decode])
+            sl = torch.tensor([segments[i].slot for i in decode])
+            pos = positions[rows]
+            L = int(pos.max()) + 1
+            if torch.equal(sl, torch.arange(len(decode))):  # slots 0..B-1 in order: a view, no copy
+                K, V = kc[: len(decode), :, :L], vc[: len(decode), :, :L]
+            else:
+                K, V = kc[sl, :, :L], vc[sl, :, :L]
+            out[rows] = self._attend(attn, q[rows][:, :, None], K, V, pos[:, None])[:, :, 0]
+        for i, s in enumerate(segments):
+            if len(s.tokens) == 1:
+                continue
+            r0, n = rows_of[i], len(s.tokens)
+            L = s.start + n
+            qs = q[r0 : r0 + n].transpose(0, 1)[None]
+            o = self._attend(attn, qs, kc[s.slot : s.slot + 1, :, :L], vc[s.slot : s.slot + 1, :, :L], positions[None, r0 : r0 + n])
+            out[r0 : r0 + n] = o[0].transpose(0, 1)
+        return self.lin(out.reshape(out.shape[0], -1), attn.o_proj.weight, attn.o_proj.bias)
+
+    def _attend(self, attn, q, K, V, q_pos):
+        """q [B, H, Tq, dk] against keys K/V [B, Hk, L, *]; returns [B, H, Tq, dv]."""
+        if self.deterministic:
+            return det.attention(q, K, V, q_pos, attn.scaling)
+        mask = torch.arange(K.shape[2])[None, None, None, :] <= q_pos[:, None, :, None]
+        return F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=attn.scaling, enable_gqa=K.shape[1] != q.shape[1])
+
+    # -- MLP / MoE -------------------------------------------------------------------------------
+
+    def _dense(self, mlp, x):
+        lin = self.lin
+        return lin(mlp.act_fn(lin(x, mlp.gate_proj.weight)) * lin(x, mlp.up_proj.weight), mlp.down_proj.weight)
+
+    def _mlp(self, mlp, x, routing: list):
+        if not hasattr(mlp, "experts"):
+            return self._dense(mlp, x)
+        logits = router_logits(mlp.gate, x, self.lin)
+        weights, ids = route(mlp.gate, logits)
+        routing.append(ids)
+        out = self._experts(mlp.experts, x, ids, weights)
+        if hasattr(mlp, "shared_experts"):
+            out = out + self._dense(mlp.shared_experts, x)
+        return out
+
+    def _experts(self, experts, x, ids, weights):
+        """Sum of weighted expert outputs per token, added in ascending expert id (the HF eager order)."""
+        N, k = ids.shape
+        ids_sorted, perm = ids.sort(dim=1)
+        w_sorted = weights.gather(1, perm)
+        flat = ids_sorted.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=experts.num_experts).tolist()
+        xs = x[order // k]
+        ws = w_sorted.reshape(-1)[order]
+        parts, start = [], 0
+        for e, c in enumerate(counts):
+            if c == 0:
+                continue
+            gate, up = self.lin(xs[start : start + c], experts.gate_up_proj[e]).chunk(2, dim=-1)
+            y = self.lin(experts.act_fn(gate) * up, experts.down_proj[e])
+            parts.append(y * ws[start : start + c, None])
+            start += c
+        contrib = torch.empty(N * k, x.shape[1], dtype=x.dtype)
+        contrib[order] = torch.cat(parts)
+        contrib = contrib.view(N, k, -1)
+        out = torch.zeros_like(x)
+        for j in range(k):
+            out = out + contrib[:, j]
+        return out

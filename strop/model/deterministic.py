@@ -1,0 +1,117 @@
+"""Batch-invariant operations: a token's numbers do not depend on which other tokens share its batch.
+
+A GEMM library picks kernels, blocking and thread splits from the matrix shape, so the same row
+can round differently when it is multiplied alone (decode), beside 15 others (a decode batch) or
+beside 2000 others (a trainer's full sequence). Measured on this machine's MKL: one row differs
+from the same row in a batch of 8+, and with 2 threads batches of 9-11 rows differ again. So
+every op with a reduction gets a fixed shape or a fixed order:
+
+- `linear`: rows are padded into tiles of `TILE` and multiplied as a batch of identical
+  (TILE, K) @ (K, N) problems, so every row goes through the same kernel wherever it sits.
+- `attention`: per query, scores over keys padded to a multiple of `BLOCK`, masked beyond the
+  query's position, summed within each block (a fixed-length reduction) and then across blocks
+  left to right. Blocks past the query are exact zeros, so a decode step that sees 200 keys and
+  a trainer forward that sees 2000 agree bit for bit.
+- row-wise ops (RMSNorm, softmax, log_softmax, top-k) reduce along one row of fixed length and
+  are batch-invariant as they stand (checked in the tests).
+
+`deterministic_mode(model)` switches a Hugging Face model (the trainer's forward) onto these ops;
+the engine calls them directly in its own forward. Under both, engine logprobs equal the
+trainer's full-sequence logprobs bit for bit. Right-padded or unpadded batches only (the causal
+mask is built here, padding masks are ignored). `F.linear` is patched process-wide for the
+duration of the context: other threads running a model at the same time go through it too.
+"""
+
+from contextlib import contextmanager
+
+import torch
+
+TILE = 16  # rows per GEMM problem
+BLOCK = 64  # keys per attention block
+QUERY_CHUNK = 32  # queries per attention pass (bounds the [.., queries, keys, dim] temporaries)
+ATTN_NAME = "strop_deterministic"
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear` whose value for a row never depends on the other rows: x [..., K] @ weight[N, K].T."""
+    lead, K, N = x.shape[:-1], x.shape[-1], weight.shape[0]
+    x2 = x.reshape(-1, K)
+    M = x2.shape[0]
+    n = max(1, -(-M // TILE))
+    # A fresh buffer also fixes alignment, which MKL's results may depend on.
+    buf = x2.new_zeros(n * TILE, K)
+    buf[:M] = x2
+    out = torch.bmm(buf.view(n, TILE, K), weight.t().unsqueeze(0).expand(n, K, N)).reshape(n * TILE, N)[:M]
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*lead, N)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, scaling: float) -> torch.Tensor:
+    """Causal attention with a fixed reduction order per query.
+
+    q [B, H, Tq, d], k [B, Hk, Lk, d], v [B, Hk, Lk, dv] (key j sits at position j; H a multiple
+    of Hk), q_pos [B, Tq] the position of each query (it sees keys 0..q_pos). Returns [B, H, Tq, dv].
+    Keys past a query's position may hold anything finite (an engine's stale cache rows).
+    """
+    B, H, Tq, _ = q.shape
+    Hk, Lk = k.shape[1], k.shape[2]
+    if H != Hk:
+        k, v = k.repeat_interleave(H // Hk, dim=1), v.repeat_interleave(H // Hk, dim=1)
+    nb = -(-Lk // BLOCK)
+    Lp = nb * BLOCK
+    if Lp != Lk:
+        k = torch.nn.functional.pad(k, (0, 0, 0, Lp - Lk))
+        v = torch.nn.functional.pad(v, (0, 0, 0, Lp - Lk))
+    key_pos = torch.arange(Lp, device=q.device)
+    outs = []
+    for c in range(0, Tq, QUERY_CHUNK):
+        qc, pc = q[:, :, c : c + QUERY_CHUNK], q_pos[:, c : c + QUERY_CHUNK]
+        tc = qc.shape[2]
+        s = (qc[:, :, :, None, :] * k[:, :, None, :, :]).sum(-1) * scaling  # [B, H, tc, Lp]
+        s = s.masked_fill(key_pos[None, None, None, :] > pc[:, None, :, None], float("-inf"))
+        p = torch.exp(s - s.amax(-1, keepdim=True))
+        den_blocks = p.view(B, H, tc, nb, BLOCK).sum(-1)
+        num_blocks = (p[..., None] * v[:, :, None, :, :]).view(B, H, tc, nb, BLOCK, -1).sum(-2)
+        den, num = den_blocks[..., 0], num_blocks[..., 0, :]
+        for i in range(1, nb):  # left to right; blocks past the query add exact zeros
+            den = den + den_blocks[..., i]
+            num = num + num_blocks[..., i, :]
+        outs.append(num / den[..., None])
+    return torch.cat(outs, dim=2)
+
+
+def _hf_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """`attention` behind the Hugging Face attention-function interface (queries are the last Tq keys)."""
+    B, _, Tq, _ = query.shape
+    Lk = key.shape[2]
+    q_pos = torch.arange(Lk - Tq, Lk, device=query.device).expand(B, Tq)
+    return attention(query, key, value, q_pos, scaling).transpose(1, 2).contiguous(), None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTN_NAME, _hf_attention)
+    AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)  # built by HF, ignored by `_hf_attention`
+
+
+@contextmanager
+def deterministic_mode(model):
+    """Run a Hugging Face policy on batch-invariant ops: attention as above, experts through the
+    eager per-expert loop (ascending expert id, which the engine follows), every `F.linear` tiled."""
+    _register()
+    cfg = model.config
+    saved = cfg._attn_implementation, getattr(cfg, "_experts_implementation", None), torch.nn.functional.linear
+    cfg._attn_implementation = ATTN_NAME
+    if saved[1] is not None:
+        cfg._experts_implementation = "eager"
+    torch.nn.functional.linear = linear
+    try:
+        yield model
+    finally:
+        torch.nn.functional.linear = saved[2]
+        cfg._attn_implementation = saved[0]
+        if saved[1] is not None:
+            cfg._experts_implementation = saved[1]

@@ -1,0 +1,137 @@
+"""MoE routing: the router math of each supported architecture, capture of the experts a forward
+chose, and router replay (R3) for training.
+
+Replay makes the trainer's forward go through exactly the experts the engine recorded, so the
+network the trainer differentiates is the network that sampled. The gate weights are still
+computed from the trainer's own router logits — gathered at the recorded ids and normalised the
+way the architecture does — so the router keeps receiving gradient (R3, arXiv:2510.11370).
+
+Routing arrays are [..., n_moe_layers, top_k] small integers (uint8 when there are at most 256
+experts, else int16), one row per sequence position that went through the model, ids in the
+order the router's top-k returned them. That order matters: the normalising sum runs over it,
+and keeping it is what makes replayed gate weights bitwise equal to the engine's.
+"""
+
+from contextlib import contextmanager
+from typing import Callable
+
+import torch
+
+
+def moe_blocks(model) -> list:
+    """The MoE blocks (modules with `.gate` and `.experts`) in layer order."""
+    return [layer.mlp for layer in model.model.layers if hasattr(layer.mlp, "experts")]
+
+
+def routing_dtype(num_experts: int) -> torch.dtype:
+    return torch.uint8 if num_experts <= 256 else torch.int16
+
+
+def _is_sigmoid_router(gate) -> bool:
+    return hasattr(gate, "e_score_correction_bias")  # DeepSeek-V3 style
+
+
+def router_logits(gate, x: torch.Tensor, linear: Callable | None = None) -> torch.Tensor:
+    """[T, E] router logits for hidden states x [T, H] (fp32 for sigmoid routers, as the arch does)."""
+    linear = linear or torch.nn.functional.linear
+    if _is_sigmoid_router(gate):
+        return linear(x.type(torch.float32), gate.weight.type(torch.float32))
+    return linear(x, gate.weight)
+
+
+def route(gate, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The architecture's own choice: (weights [T, k], ids [T, k]) from logits [T, E]; mirrors the
+    Hugging Face router forwards op for op so results agree bitwise."""
+    if _is_sigmoid_router(gate):
+        scores = logits.sigmoid()
+        choice = scores + gate.e_score_correction_bias
+        n_group, E = gate.num_group, gate.num_experts
+        group_scores = choice.view(-1, n_group, E // n_group).topk(2, dim=-1)[0].sum(dim=-1)
+        group_idx = torch.topk(group_scores, k=gate.topk_group, dim=-1, sorted=False)[1]
+        group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
+        score_mask = group_mask.unsqueeze(-1).expand(-1, n_group, E // n_group).reshape(-1, E)
+        choice = choice.masked_fill(~score_mask.bool(), float("-inf"))
+        ids = torch.topk(choice, k=gate.top_k, dim=-1, sorted=False)[1]
+        return _sigmoid_weights(gate, scores, ids), ids
+    probs = torch.nn.functional.softmax(logits, dtype=torch.float, dim=-1)
+    weights, ids = torch.topk(probs, gate.top_k, dim=-1)
+    if gate.norm_topk_prob:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(logits.dtype), ids
+
+
+def _sigmoid_weights(gate, scores: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    w = scores.gather(1, ids)
+    if gate.norm_topk_prob:
+        w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
+    return w * gate.routed_scaling_factor
+
+
+def replay_weights(gate, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """R3 gate weights: the arch's normalisation applied to its own scores at recorded ids [T, k]."""
+    if _is_sigmoid_router(gate):
+        return _sigmoid_weights(gate, logits.sigmoid(), ids)
+    probs = torch.nn.functional.softmax(logits, dtype=torch.float, dim=-1)
+    w = probs.gather(1, ids)
+    if gate.norm_topk_prob:
+        w = w / w.sum(dim=-1, keepdim=True)
+    return w.to(logits.dtype)
+
+
+@contextmanager
+def capture_routing(model):
+    """Record the experts each MoE layer chooses. Yields a list that, after each forward, holds one
+    [tokens, top_k] id tensor per MoE layer (tokens flattened batch-major); `stack_routing` turns
+    it into the [..., n_moe_layers, top_k] layout."""
+    records: list[torch.Tensor] = []
+    handles = [
+        block.gate.register_forward_hook(lambda mod, inp, out: records.append(out[2].detach().clone()))
+        for block in moe_blocks(model)
+    ]
+    try:
+        yield records
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def stack_routing(records: list[torch.Tensor], shape: tuple[int, ...], num_experts: int) -> torch.Tensor:
+    """Per-layer [tokens, k] records to [*shape, n_moe_layers, k] in the compact dtype."""
+    ids = torch.stack(records, dim=-2)
+    return ids.reshape(*shape, len(records), ids.shape[-1]).to(routing_dtype(num_experts))
+
+
+@contextmanager
+def replay_routing(model, routing: torch.Tensor):
+    """Make the model's MoE layers route through recorded experts.
+
+    routing: [B, T, n_moe_layers, k] (or [T, n_moe_layers, k] for one sequence) for the input_ids
+    of the next forward. Each layer must consume its slice exactly once: a second forward inside
+    the context, or leaving it without one, is an error.
+    """
+    blocks = moe_blocks(model)
+    assert routing.shape[-2] == len(blocks), f"routing has {routing.shape[-2]} MoE layers, model {len(blocks)}"
+    flat = routing.reshape(-1, routing.shape[-2], routing.shape[-1]).long()
+    used = [0] * len(blocks)
+
+    def make_forward(i: int, gate):
+        def forward(hidden_states):
+            assert used[i] == 0, f"MoE layer {i}: recorded routing consumed twice (one forward per replay context)"
+            used[i] += 1
+            x = hidden_states.reshape(-1, gate.hidden_dim)
+            ids = flat[:, i]
+            assert ids.shape[0] == x.shape[0], f"MoE layer {i}: {ids.shape[0]} recorded tokens for {x.shape[0]} tokens"
+            assert int(ids.max()) < gate.num_experts, f"MoE layer {i}: expert id out of range"
+            logits = router_logits(gate, x)
+            return logits, replay_weights(gate, logits, ids), ids
+
+        return forward
+
+    for i, block in enumerate(blocks):
+        block.gate.forward = make_forward(i, block.gate)
+    try:
+        yield
+    finally:
+        for block in blocks:
+            del block.gate.forward  # back to the class's forward
+    assert all(u == 1 for u in used), f"recorded routing not consumed exactly once per MoE layer: {used}"
