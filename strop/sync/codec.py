@@ -31,6 +31,12 @@ from strop.sync.tensors import StateDict, Tensor, bits_dtype, crc32
 MAGIC = b"STRPDLT1"
 FORMAT = 1
 _PREFIX = struct.Struct("<8sII")
+PREFIX_SIZE = _PREFIX.size
+
+
+def header_end(prefix: bytes) -> int:
+    """Offset where the payloads start, from the file's first PREFIX_SIZE bytes."""
+    return _PREFIX.size + _PREFIX.unpack(prefix[: _PREFIX.size])[1]
 
 
 class DeltaError(ValueError):
@@ -109,8 +115,9 @@ def encode(base: StateDict, new: StateDict, *, version: int, base_version: int,
     return b"".join([_PREFIX.pack(MAGIC, len(hb), zlib.crc32(hb)), hb, *payloads])
 
 
-def read_header(blob: bytes | memoryview) -> Header:
-    """Parse and check the header; raises DeltaError on a damaged or truncated file."""
+def read_header(blob: bytes | memoryview, *, with_payloads: bool = True) -> Header:
+    """Parse and check the header; raises DeltaError on a damaged or truncated file.
+    `with_payloads=False` reads a header fetched on its own (bytes up to `header_end`)."""
     blob = memoryview(blob)
     if len(blob) < _PREFIX.size:
         raise DeltaError("delta is truncated (no header)")
@@ -128,15 +135,15 @@ def read_header(blob: bytes | memoryview) -> Header:
     entries = [Entry(n, m, d, tuple(s), o, ln, pc, bc, c) for n, m, d, s, o, ln, pc, bc, c in head["tensors"]]
     h = Header(head["version"], head["base_version"], head["payload_bytes"], entries)
     have = len(blob) - _PREFIX.size - hlen
-    if have != h.payload_bytes:
-        missing = [e.name for e in entries if e.offset + e.length > have]
+    if with_payloads and have != h.payload_bytes:
+        missing = [e.name for e in entries if e.length and e.offset + e.length > have]
         raise DeltaError(f"delta is truncated: {have} of {h.payload_bytes} payload bytes "
                          f"({len(missing)} tensors incomplete)", missing)
     return h
 
 
 def payload_of(blob: bytes | memoryview, entry: Entry) -> memoryview:
-    start = _PREFIX.size + struct.unpack_from("<I", blob, 8)[0] + entry.offset
+    start = header_end(blob) + entry.offset
     return memoryview(blob)[start : start + entry.length]
 
 

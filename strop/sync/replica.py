@@ -1,0 +1,161 @@
+"""A receiver's verified copy of the weights, kept current by walking the delta chain.
+
+`Replica.advance(store)` takes the copy from its version u to the store's latest v one delta
+at a time. Each delta becomes a `Patch` (changed positions and bit patterns per tensor) that
+is verified *before* anything is written: every patched tensor is rebuilt in a scratch copy
+and checked against the trainer's crc32. Then the patch is applied, by default straight into
+the replica's arrays, or through the `apply` callback an engine passes to swap it into live
+weights between decode steps (see `apply`).
+
+Repairs never fetch a whole model: tensors that a delta fails to deliver (corrupt or
+truncated payload, a missing delta file) are fetched one by one with `Store.tensor`, and a
+replica older than the store's GC point fetches only the tensors whose checksum differs.
+"""
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from strop.sync import codec
+from strop.sync.store import MissingPiece, Store
+from strop.sync.tensors import StateDict, Tensor
+
+
+@dataclass
+class Patch:
+    """What one version changes: new bit patterns at flat positions, or whole tensors."""
+
+    version: int
+    changes: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    replace: dict[str, Tensor] = field(default_factory=dict)
+    drop: list[str] = field(default_factory=list)
+    crcs: dict[str, int] = field(default_factory=dict)  # every tensor of the new version
+
+    @property
+    def num_changed(self) -> int:
+        return sum(len(p) for p, _ in self.changes.values()) + sum(len(t.data) for t in self.replace.values())
+
+    def apply(self, state: StateDict) -> None:
+        """Write the patch into `state` in place (arrays must be writable)."""
+        for name, (pos, vals) in self.changes.items():
+            state[name].data[pos] = vals
+        state.update(self.replace)
+        for name in self.drop:
+            del state[name]
+
+
+def prepare_patch(state: StateDict, crcs: dict[str, int], blob: bytes | memoryview) -> tuple[Patch, list[str]]:
+    """Decode and verify a delta against `state` without modifying it. Returns the patch of
+    every tensor that verified, and the names of those that did not (to repair)."""
+    h = codec.read_header(blob, with_payloads=False)
+    patch = Patch(h.version, crcs={e.name: e.crc32 for e in h.entries})
+    have = len(blob) - codec.header_end(blob)
+    failed = []
+    for e in h.entries:
+        base = state.get(e.name)
+        if e.method != "full" and crcs.get(e.name) != e.base_crc32:
+            failed.append(e.name)  # our copy is not this delta's base: fetch the tensor
+            continue
+        if e.length and e.offset + e.length > have:
+            failed.append(e.name)
+            continue
+        try:
+            ch = codec.decode_changes(e, base, codec.payload_of(blob, e), check_base=False)
+        except codec.DeltaError:
+            failed.append(e.name)
+            continue
+        if ch is None:
+            continue
+        if isinstance(ch, Tensor):
+            ok = ch.crc32() == e.crc32
+            patch.replace[e.name] = ch
+        else:
+            scratch = base.data.copy()
+            scratch[ch[0]] = ch[1]
+            ok = codec.crc32(scratch) == e.crc32
+            patch.changes[e.name] = ch
+        if not ok:
+            patch.changes.pop(e.name, None)
+            patch.replace.pop(e.name, None)
+            failed.append(e.name)
+    patch.drop = [k for k in state if k not in patch.crcs]
+    return patch, failed
+
+
+@dataclass
+class SyncReport:
+    version: int
+    deltas: int = 0  # delta files applied
+    delta_bytes: int = 0
+    repaired: list[str] = field(default_factory=list)  # "v{version}:{tensor}" fetched one by one
+    repaired_bytes: int = 0
+    seconds: float = 0.0
+
+
+class Replica:
+    def __init__(self, state: StateDict, version: int, crcs: dict[str, int] | None = None):
+        self.state = state
+        self.version = version
+        self.crcs = crcs if crcs is not None else {k: t.crc32() for k, t in state.items()}
+
+    @classmethod
+    def bootstrap(cls, store: Store) -> "Replica":
+        """A new receiver: the store's snapshot (the one full download of its life) + chain."""
+        snap = store.head()["snapshot"]
+        state = {k: Tensor(t.dtype, t.shape, t.data.copy()) for k, t in store.snapshot(snap).items()}
+        r = cls(state, snap, store.manifest(snap).crcs())
+        r.advance(store)
+        return r
+
+    def advance(self, store: Store, target: int | None = None, fetch: Callable[[int], bytes] | None = None,
+                apply: Callable[[Patch], None] | None = None) -> SyncReport:
+        """Reach version `target` (default: latest). `fetch(v)` gets delta v (default: from the
+        store; a relay passes its own); `apply(patch)` writes a verified patch (default: into
+        `self.state` at once). Raises MissingPiece when a tensor cannot be recovered at all."""
+        t0 = time.perf_counter()
+        head = store.head()
+        target = head["latest"] if target is None else target
+        fetch = fetch or store.delta_bytes
+        apply = apply or (lambda p: p.apply(self.state))
+        rep = SyncReport(self.version)
+        if self.version < head["snapshot"]:  # our next deltas were garbage-collected
+            self._jump(store, head["snapshot"], apply, rep)
+        for v in range(self.version + 1, target + 1):
+            try:
+                blob = fetch(v)
+                patch, failed = prepare_patch(self.state, self.crcs, blob)
+                rep.deltas += 1
+                rep.delta_bytes += len(blob)
+            except (MissingPiece, codec.DeltaError):  # missing link, or a header beyond use
+                patch, failed = self._patch_from_manifest(store, v)
+            _repair(store, patch, failed, rep)
+            apply(patch)
+            self.crcs = patch.crcs
+            self.version = v
+        rep.version = self.version
+        rep.seconds = time.perf_counter() - t0
+        return rep
+
+    def _patch_from_manifest(self, store: Store, v: int) -> tuple[Patch, list[str]]:
+        """Without delta v: its manifest says which tensors changed; all of them need fetching."""
+        m = store.manifest(v)
+        crcs = m.crcs()
+        failed = [k for k, c in crcs.items() if self.crcs.get(k) != c]
+        return Patch(v, crcs=crcs, drop=[k for k in self.state if k not in crcs]), failed
+
+    def _jump(self, store: Store, v: int, apply: Callable[[Patch], None], rep: SyncReport) -> None:
+        patch, failed = self._patch_from_manifest(store, v)
+        _repair(store, patch, failed, rep)
+        apply(patch)
+        self.crcs, self.version = patch.crcs, v
+
+
+def _repair(store: Store, patch: Patch, names: list[str], rep: SyncReport) -> None:
+    """Fetch each named tensor at the patch's version, whole, into the patch."""
+    for name in names:
+        t = store.tensor(name, patch.version)
+        patch.replace[name] = Tensor(t.dtype, t.shape, t.data.copy())  # writable for later patches
+        rep.repaired.append(f"v{patch.version}:{name}")
+        rep.repaired_bytes += t.nbytes

@@ -1,0 +1,208 @@
+"""A versioned store of weights: one snapshot, then a chain of deltas, each with a manifest.
+
+Layout under the root (a local directory, or any `fsspec` URL such as `s3://bucket/run` or
+`memory://run`):
+
+    HEAD.json                      {"latest": v, "snapshot": s}
+    snapshots/00000000.safetensors the only full copy: version 0, or the GC point
+    deltas/00000007.delta          version 6 -> 7 (`codec` format)
+    manifests/00000007.json        version, base version, bytes, per-tensor [dtype, shape, crc32]
+
+The trainer side is `Publisher.publish(state)`. A receiver at version u reaches v with
+`advance`, applying deltas u+1..v. A damaged piece never costs a whole model: a delta that
+is missing, truncated or corrupt is repaired by fetching just the tensors it failed to
+deliver, each rebuilt at full precision by `Store.tensor` from the snapshot and that tensor's
+own entries in the deltas (ranged reads). There are no scheduled full snapshots: `Store.gc`
+folds the oldest deltas into a new snapshot *inside the store* and deletes them; receivers
+behind it jump by fetching only the tensors whose checksums differ from theirs.
+"""
+
+import json
+import struct
+from dataclasses import dataclass, field
+
+import fsspec
+import numpy as np
+
+from strop.sync import codec
+from strop.sync.tensors import StateDict, Tensor, bits_dtype, crc32, from_bytes, to_bytes
+
+
+class MissingPiece(LookupError):
+    """The store cannot deliver what was asked (a version or tensor that is gone or broken)."""
+
+
+@dataclass
+class Manifest:
+    version: int
+    base_version: int | None  # None for a snapshot
+    nbytes: int  # size of the delta (or snapshot) file
+    tensors: dict[str, tuple[str, tuple[int, ...], int]]  # name -> dtype, shape, crc32
+
+    def crcs(self) -> dict[str, int]:
+        return {k: v[2] for k, v in self.tensors.items()}
+
+    def to_json(self) -> bytes:
+        return json.dumps({"version": self.version, "base_version": self.base_version, "bytes": self.nbytes,
+                           "tensors": {k: [d, list(s), c] for k, (d, s, c) in self.tensors.items()}}).encode()
+
+    @classmethod
+    def from_json(cls, b: bytes) -> "Manifest":
+        j = json.loads(b)
+        return cls(j["version"], j["base_version"], j["bytes"], {k: (d, tuple(s), c) for k, (d, s, c) in j["tensors"].items()})
+
+
+def manifest_of(state: StateDict, crcs: dict[str, int], version: int, base_version: int | None, nbytes: int) -> Manifest:
+    return Manifest(version, base_version, nbytes, {k: (t.dtype, t.shape, crcs[k]) for k, t in sorted(state.items())})
+
+
+class Store:
+    def __init__(self, root: str):
+        self.fs, self.root = fsspec.core.url_to_fs(root)
+        self.root = self.root.rstrip("/")
+
+    def _path(self, *parts: str) -> str:
+        return "/".join([self.root, *parts])
+
+    def _delta_path(self, v: int) -> str:
+        return self._path("deltas", f"{v:08d}.delta")
+
+    def _snapshot_path(self, v: int) -> str:
+        return self._path("snapshots", f"{v:08d}.safetensors")
+
+    def _manifest_path(self, v: int) -> str:
+        return self._path("manifests", f"{v:08d}.json")
+
+    def _write(self, path: str, data: bytes) -> None:
+        """Write then rename, so a reader never sees half a file under the final name."""
+        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        self.fs.pipe_file(path + ".tmp", data)
+        self.fs.mv(path + ".tmp", path)
+
+    def _read(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
+        try:
+            return self.fs.cat_file(path, start=start, end=end)
+        except FileNotFoundError:
+            raise MissingPiece(f"{path} is missing from the store") from None
+
+    # -- what the store holds
+
+    def head(self) -> dict[str, int]:
+        if not self.fs.exists(self._path("HEAD.json")):
+            raise MissingPiece(f"no weights published under {self.root}")
+        return json.loads(self._read(self._path("HEAD.json")))
+
+    def manifest(self, v: int) -> Manifest:
+        return Manifest.from_json(self._read(self._manifest_path(v)))
+
+    def delta_bytes(self, v: int) -> bytes:
+        """The delta file taking version v-1 to v."""
+        return self._read(self._delta_path(v))
+
+    def snapshot(self, v: int) -> StateDict:
+        return from_bytes(self._read(self._snapshot_path(v)))
+
+    def tensor(self, name: str, v: int) -> Tensor:
+        """One tensor at version v at full precision, rebuilt from the snapshot and that
+        tensor's entries in deltas snapshot+1..v only; verified against manifest v."""
+        snap = self.head()["snapshot"]
+        if v < snap:
+            raise MissingPiece(f"version {v} was garbage-collected (oldest kept: {snap})")
+        t = self._snapshot_tensor(name, snap)
+        for w in range(snap + 1, v + 1):
+            t = self._apply_entry(name, w, t)
+        want = self.manifest(v).tensors.get(name)
+        if want is None or t is None or t.crc32() != want[2]:
+            raise MissingPiece(f"tensor {name!r} cannot be rebuilt at version {v}")
+        return t
+
+    def _snapshot_tensor(self, name: str, v: int) -> Tensor | None:
+        path = self._snapshot_path(v)
+        (n,) = struct.unpack("<Q", self._read(path, 0, 8))
+        h = json.loads(self._read(path, 8, 8 + n)).get(name)
+        if h is None:
+            return None
+        b, e = h["data_offsets"]
+        data = np.frombuffer(self._read(path, 8 + n + b, 8 + n + e), dtype=bits_dtype(h["dtype"]))
+        return Tensor(h["dtype"], tuple(h["shape"]), data)
+
+    def _apply_entry(self, name: str, w: int, t: Tensor | None) -> Tensor | None:
+        """`t` after delta w, reading only delta w's header and this tensor's payload."""
+        path = self._delta_path(w)
+        try:
+            prefix = self._read(path, 0, codec.PREFIX_SIZE)
+            end = codec.header_end(prefix)
+            head = prefix + self._read(path, codec.PREFIX_SIZE, end)
+            entries = {e.name: e for e in codec.read_header(head, with_payloads=False).entries}
+        except (MissingPiece, codec.DeltaError, struct.error) as err:
+            raise MissingPiece(f"tensor {name!r} cannot be rebuilt past version {w - 1}: {err}") from None
+        e = entries.get(name)
+        if e is None:
+            return None
+        if e.method == "same":
+            return t
+        start = end + e.offset
+        payload = memoryview(self._read(path, start, start + e.length))
+        try:
+            return codec.decode_tensor(e, t, payload, check_base=False)  # result crc still checked
+        except codec.DeltaError as err:
+            raise MissingPiece(f"tensor {name!r} cannot be rebuilt at version {w}: {err}") from None
+
+    # -- writing
+
+    def put_snapshot(self, state: StateDict, crcs: dict[str, int], version: int) -> None:
+        blob = to_bytes(state)
+        self._write(self._snapshot_path(version), blob)
+        self._write(self._manifest_path(version), manifest_of(state, crcs, version, None, len(blob)).to_json())
+
+    def put_delta(self, blob: bytes, manifest: Manifest) -> None:
+        self._write(self._delta_path(manifest.version), blob)
+        self._write(self._manifest_path(manifest.version), manifest.to_json())
+
+    def set_head(self, latest: int, snapshot: int) -> None:
+        self._write(self._path("HEAD.json"), json.dumps({"latest": latest, "snapshot": snapshot}).encode())
+
+    def gc(self, keep_from: int) -> None:
+        """Make `keep_from` the oldest version: fold deltas up to it into a snapshot (in the
+        store, not shipped anywhere) and delete everything older."""
+        head = self.head()
+        old = head["snapshot"]
+        if keep_from <= old:
+            return
+        if keep_from > head["latest"]:
+            raise ValueError(f"cannot keep from {keep_from}: latest is {head['latest']}")
+        state = self.snapshot(old)
+        for w in range(old + 1, keep_from + 1):
+            state = codec.decode(state, self.delta_bytes(w), check_base=False)
+        self.put_snapshot(state, self.manifest(keep_from).crcs(), keep_from)
+        self.set_head(head["latest"], keep_from)
+        for w in range(old, keep_from):
+            self.fs.rm(self._manifest_path(w))
+            self.fs.rm(self._delta_path(w + 1)) if self.fs.exists(self._delta_path(w + 1)) else None
+        self.fs.rm(self._snapshot_path(old))
+
+
+@dataclass
+class Publisher:
+    """The trainer's side: publish each new bf16 state as a delta against the previous one."""
+
+    store: Store
+    state: StateDict | None = None
+    crcs: dict[str, int] = field(default_factory=dict)
+    version: int = -1
+
+    def publish(self, state: StateDict) -> int:
+        crcs = {k: t.crc32() for k, t in state.items()}
+        if self.state is None:
+            self.version = 0
+            self.store.put_snapshot(state, crcs, 0)
+            self.store.set_head(0, 0)
+        else:
+            self.version += 1
+            blob = codec.encode(self.state, state, version=self.version, base_version=self.version - 1,
+                                base_crcs=self.crcs, new_crcs=crcs)
+            self.store.put_delta(blob, manifest_of(state, crcs, self.version, self.version - 1, len(blob)))
+            self.store.set_head(self.version, self.store.head()["snapshot"])
+        self.state = {k: Tensor(t.dtype, t.shape, t.data.copy()) for k, t in state.items()}
+        self.crcs = crcs
+        return self.version
