@@ -1,0 +1,87 @@
+"""The OpenAI-compatible `/v1/completions` client against a local stand-in server: token ids,
+logprobs, versions and routing come through exactly, and HTTP failures end the episode as
+"policy_error"."""
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from strop.env.harness import Harness
+from strop.env.oracle import ScriptedClient
+from strop.env.policy import EndpointClient, SamplingParams, parse_completion
+from strop.env.sandbox import open_sandbox
+
+TURNS = ['<tool_call>{"name": "list_dir", "arguments": {}}</tool_call>', 'Done.<tool_call>{"name": "submit", "arguments": {}}</tool_call>']
+
+
+@pytest.fixture
+def server(tiny_tokenizer):
+    script = ScriptedClient(TURNS, tiny_tokenizer)
+    requests = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            requests.append(body)
+            if self.path != "/v1/completions" or body["max_tokens"] < 1:
+                self.send_error(400, "bad request")
+                return
+            gen = script.generate(body["prompt"], SamplingParams(body["max_tokens"]))
+            n = len(gen.token_ids)
+            choice = {"text": gen.text, "finish_reason": "stop", "token_ids": gen.token_ids,
+                      "logprobs": {"token_logprobs": [-0.5] * n}, "routed_experts": [[[1, 2]]] * n}
+            data = json.dumps({"choices": [choice], "policy_version": 7}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", requests
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_endpoint_episode_keeps_engine_token_data(tiny_tokenizer, server, tmp_path):
+    url, requests = server
+    (tmp_path / "a.py").write_text("x = 1\n")
+    sandbox = open_sandbox(tmp_path)
+    try:
+        episode = Harness(tiny_tokenizer).run(EndpointClient(url), sandbox, "Look around.")
+    finally:
+        sandbox.close()
+    assert episode.stop_reason == "submitted", episode.detail
+    seg = episode.segments[0]
+    gen = [i for i, m in enumerate(seg.loss_mask) if m]
+    assert {seg.behavior_logprobs[i] for i in gen} == {-0.5} and {seg.versions[i] for i in gen} == {7}
+    assert all(seg.routing[i] == [[1, 2]] for i in gen)
+    assert requests[1]["prompt"] == seg.input_ids[: len(requests[1]["prompt"])]  # the prompt is the window so far
+    assert requests[0]["stop_token_ids"] and requests[0]["logprobs"] == 0
+
+
+def test_endpoint_failure_is_a_policy_error(tiny_tokenizer, server, tmp_path):
+    url, _ = server
+    sandbox = open_sandbox(tmp_path)
+    try:
+        episode = Harness(tiny_tokenizer).run(EndpointClient(url + "/wrong"), sandbox, "Hi.")
+        unreachable = Harness(tiny_tokenizer).run(EndpointClient("http://127.0.0.1:9", timeout_s=2), sandbox, "Hi.")
+    finally:
+        sandbox.close()
+    assert episode.stop_reason == "policy_error" and "HTTP 400" in episode.detail
+    assert unreachable.stop_reason == "policy_error"
+
+
+def test_parse_completion_reads_vllm_token_strings():
+    reply = {"choices": [{"text": "ab", "finish_reason": "length",
+                          "logprobs": {"tokens": ["token_id:5", "token_id:9"], "token_logprobs": [-1.0, -2.0]}}]}
+    gen = parse_completion(reply)
+    assert gen.token_ids == [5, 9] and gen.logprobs == [-1.0, -2.0] and gen.versions == [0, 0]
+    assert gen.finish_reason == "length" and gen.routing is None
