@@ -14,6 +14,7 @@ from strop.errors import UserError
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("demo",): ("strop.demo", "run the tiny end-to-end pipeline on this machine"),
     ("midtrain",): ("strop.train.midtrain", "continue pretraining a policy on code tokens"),
+    ("sft",): ("strop.train.sft", "SFT warm start on the oracle's demonstration episodes (early stopping)"),
     ("eval", "midtrain"): ("strop.train.eval_midtrain", "held-out bits per byte vs gzip -9 and zstd -19"),
     ("bench", "midtrain"): ("strop.bench.midtrain", "mid-training tokens/s on this machine"),
     ("sync", "encode"): ("strop.sync.encode_cmd", "lossless bf16/fp32 weight delta between two safetensors files"),

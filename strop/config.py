@@ -79,11 +79,27 @@ class MidtrainSection:
 
 
 @dataclass
+class SFTSection:
+    suite: str = opt("synthetic", "task suite whose oracle demonstrations are the warm-start data")
+    episodes: int = opt(400, "oracle demonstration episodes (the last val_fraction are held out)", ge=2)
+    val_fraction: float = opt(0.1, "fraction of demonstrations held out for early stopping", gt=0, le=0.5)
+    batch_size: int = opt(8, "segments per step", ge=1)
+    lr: float = opt(1e-3, "peak learning rate", gt=0)
+    warmup_steps: int = opt(20, "linear warmup steps", ge=0)
+    max_steps: int = opt(2000, "upper bound on optimizer steps; early stopping usually ends sooner", ge=1)
+    eval_every: int = opt(25, "held-out demonstration loss every N steps", ge=1)
+    patience: int = opt(4, "stop after this many evaluations without improvement", ge=1)
+    weight_decay: float = opt(0.0, "AdamW weight decay", ge=0)
+    grad_clip: float = opt(1.0, "gradient norm clip; 0 = off", ge=0)
+
+
+@dataclass
 class Config:
     run: RunSection = field(default_factory=RunSection)
     model: ModelSection = field(default_factory=ModelSection)
     data: DataSection = field(default_factory=DataSection)
     midtrain: MidtrainSection = field(default_factory=MidtrainSection)
+    sft: SFTSection = field(default_factory=SFTSection)
 
     @property
     def run_dir(self) -> Path:

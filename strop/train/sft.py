@@ -1,0 +1,155 @@
+"""SFT warm start: train the mid-trained policy on the oracle's demonstration episodes, with loss
+on the assistant's tokens only, so it speaks the tool-call format before RL makes it good.
+
+Training stops by early stopping on held-out demonstration loss (whole episodes held out), not by
+a short budget, and the best weights are kept: the gain RL shows must not come from a weak start.
+
+Outputs in `<run_dir>/sft/`: `demos.jsonl` (cached demonstrations), `model/` (best weights, HF
+format), `metrics.jsonl`, `loss.png`.
+"""
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from strop.config import Config, add_config_arguments, config_from_args, to_dict
+from strop.errors import UserError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser)
+    parser.add_argument("--base", help="model directory to start from (default: <run_dir>/midtrain/model)")
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    print(json.dumps(sft(cfg, args.base), indent=2))
+    return 0
+
+
+def load_demonstrations(cfg: Config, tokenizer, path: Path) -> list:
+    """The oracle's episodes on the suite's train split, produced once and cached as JSONL."""
+    from strop.env.harness import HarnessConfig
+    from strop.env.oracle import oracle_traces
+    from strop.env.segment import Episode
+
+    if path.is_file():
+        return [Episode.from_dict(json.loads(line)) for line in path.read_text().splitlines()]
+    harness = HarnessConfig(max_context=cfg.model.max_positions)
+    episodes = oracle_traces(cfg.sft.suite, "train", tokenizer, limit=cfg.sft.episodes, config=harness)
+    if len(episodes) < 2:
+        raise UserError(f"only {len(episodes)} oracle demonstrations on suite {cfg.sft.suite!r}; need at least 2")
+    path.write_text("".join(json.dumps(ep.to_dict()) + "\n" for ep in episodes))
+    return episodes
+
+
+def pad_batch(segments: list, pad_id: int):
+    """(inputs, targets, target_mask) tensors of shape (B, T-1) from variable-length segments."""
+    import torch
+
+    width = max(len(s.input_ids) for s in segments)
+    ids = torch.full((len(segments), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(segments), width, dtype=torch.bool)
+    for r, s in enumerate(segments):
+        ids[r, : len(s.input_ids)] = torch.tensor(s.input_ids)
+        mask[r, : len(s.loss_mask)] = torch.tensor(s.loss_mask, dtype=torch.bool)
+    return ids[:, :-1], ids[:, 1:], mask[:, 1:]
+
+
+def masked_nll(model, segments: list, pad_id: int):
+    """Mean next-token NLL over the policy's own tokens (loss_mask 1) and how many there were."""
+    import torch.nn.functional as F
+
+    inputs, targets, mask = pad_batch(segments, pad_id)
+    logits = model(input_ids=inputs, use_cache=False).logits.float()
+    nll = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none").view_as(targets)
+    n = mask.sum()
+    return (nll * mask).sum() / n.clamp(min=1), int(n)
+
+
+def sft(cfg: Config, base: str | None = None) -> dict:
+    import copy
+    import math
+
+    import numpy as np
+    import torch
+    from tqdm import tqdm
+
+    from strop.data.tokenizer import load_tokenizer
+    from strop.model.policy import load_model, save_model
+    from strop.report import MetricsLog, plot_metrics
+    from strop.threads import set_threads
+
+    set_threads(cfg.run.threads or None)
+    s = cfg.sft
+    base_dir = Path(base) if base else cfg.run_dir / "midtrain" / "model"
+    out = cfg.run_dir / "sft"
+    out.mkdir(parents=True, exist_ok=True)
+    model = load_model(base_dir)
+    tokenizer = load_tokenizer(base_dir)
+    episodes = load_demonstrations(cfg, tokenizer, out / "demos.jsonl")
+    n_val = max(1, int(len(episodes) * s.val_fraction))
+    train = [seg for ep in episodes[:-n_val] for seg in ep.segments if sum(seg.loss_mask)]
+    val = [seg for ep in episodes[-n_val:] for seg in ep.segments if sum(seg.loss_mask)]
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr, betas=(0.9, 0.95), weight_decay=s.weight_decay)
+    warm = max(1, s.warmup_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: min(1.0, (k + 1) / warm))
+    rng = np.random.default_rng(cfg.run.seed)
+    log = MetricsLog(out / "metrics.jsonl")
+    log.reset()
+
+    def evaluate() -> float:
+        model.eval()
+        total, count = 0.0, 0
+        with torch.no_grad():
+            for i in range(0, len(val), s.batch_size):
+                loss, n = masked_nll(model, val[i : i + s.batch_size], tokenizer.pad_token_id)
+                total, count = total + loss.item() * n, count + n
+        model.train()
+        return total / max(1, count)
+
+    best_loss, best_state, best_step, bad_evals = evaluate(), copy.deepcopy(model.state_dict()), 0, 0
+    log.write({"step": 0, "val_loss": best_loss})
+    model.train()
+    bar = tqdm(total=s.max_steps, desc="sft", unit="step", dynamic_ncols=True)
+    t0, tokens, step = time.perf_counter(), 0, 0
+    for step in range(1, s.max_steps + 1):
+        batch = [train[i] for i in rng.choice(len(train), size=min(s.batch_size, len(train)), replace=False)]
+        loss, n = masked_nll(model, batch, tokenizer.pad_token_id)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if s.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        tokens += sum(len(seg.input_ids) for seg in batch)
+        row = {"step": step, "loss": loss.item(), "tok_s": tokens / (time.perf_counter() - t0)}
+        if step % s.eval_every == 0:
+            row["val_loss"] = evaluate()
+            if row["val_loss"] < best_loss - 1e-4:
+                best_loss, best_state, best_step, bad_evals = row["val_loss"], copy.deepcopy(model.state_dict()), step, 0
+            else:
+                bad_evals += 1
+        log.write(row)
+        bar.set_postfix(loss=f"{row['loss']:.3f}", best_val=f"{best_loss:.3f}")
+        bar.update(1)
+        if bad_evals >= s.patience:
+            break
+    bar.close()
+    model.load_state_dict(best_state)
+    model.eval()
+    plot_metrics(log.read(), out / "loss.png", ["loss", "val_loss"], title="SFT loss on demonstration tokens (nats)")
+    result = {
+        "demos": len(episodes),
+        "train_segments": len(train),
+        "val_segments": len(val),
+        "steps": step,
+        "best_step": best_step,
+        "early_stopped": bad_evals >= s.patience,
+        "val_loss": best_loss,
+        "val_ppl": math.exp(best_loss),
+    }
+    save_model(model, tokenizer, out / "model", extra={"config": to_dict(cfg), "sft": result})
+    return result
