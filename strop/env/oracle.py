@@ -1,0 +1,162 @@
+"""The scripted oracle: a `PolicyClient` that solves a task through the real harness and tools
+with the task's reference solution (`metadata["reference_edits"]`).
+
+It behaves like a careful agent — locate the code (read the named file, or grep for the named
+function, or list the repository), read around the bug, apply each edit with `edit_file`, run the
+visible tests, submit — and its turns are real token ids (its intended assistant text, rendered in
+the chat format and encoded once by the tokenizer), so its episodes are demonstration data for the
+SFT warm start and exercise exactly the code path a trained policy does.
+"""
+
+import functools
+import re
+import time
+
+from strop.data.chat import GENERATION_PROMPT, IM_END, render_message
+from strop.env.harness import Harness, HarnessConfig, run_task
+from strop.env.policy import Generation, SamplingParams
+from strop.env.sandbox import Limits
+from strop.env.segment import Episode
+from strop.env.task import Task
+
+CONTEXT_LINES = 4  # lines read around an edit, each side
+_TEST_FILE = re.compile(r"(^|/)(test_[^/]*|[^/]*_test)\.py$")
+
+
+def _call(content: str, name: str, **arguments) -> dict:
+    call = {"id": "", "type": "function", "function": {"name": name, "arguments": arguments}}
+    return {"role": "assistant", "content": content, "tool_calls": [call]}
+
+
+def plan(task: Task, run_tests: bool = True) -> list[dict]:
+    """The oracle's assistant messages for `task`, in order."""
+    edits = task.metadata.get("reference_edits")
+    assert edits, f"task {task.id} has no reference_edits"
+    turns = []
+    first = edits[0]["path"]
+    function = task.metadata.get("function")
+    if first not in task.instruction:
+        if function:
+            turns.append(_call(f"Let me find `{function}`.", "grep", pattern=f"def {function}\\("))
+        else:
+            turns.append(_call("Let me look at the repository.", "list_dir", path="."))
+    files = dict(task.files)
+    for i, edit in enumerate(edits):
+        path, text = edit["path"], files.get(edit["path"], "")
+        if i == 0 or path != edits[i - 1]["path"]:
+            at = text.find(edit["old"])
+            line = text.count("\n", 0, max(at, 0)) + 1
+            end = line + edit["old"].count("\n") + CONTEXT_LINES
+            turns.append(_call(f"I'll read `{path}`.", "read_file", path=path, start=max(1, line - CONTEXT_LINES),
+                               end=end))
+        turns.append(_call("Here is the bug; fixing it." if i == 0 else "And this part.", "edit_file",
+                           path=path, old=edit["old"], new=edit["new"]))
+        files[path] = text.replace(edit["old"], edit["new"], 1)
+    if run_tests and any(_TEST_FILE.search(p) for p in task.files):
+        turns.append(_call("Now the tests.", "run", command="python -m pytest -q"))
+    turns.append(_call("Done.", "submit"))
+    return turns
+
+
+class ScriptedClient:
+    """A `PolicyClient` that plays fixed assistant texts, one per turn (then repeats the last),
+    each encoded once by the tokenizer and ended with <|im_end|> when it lacks one. Its tokens
+    get logprob 0.0 (demonstrations are certain) and version `version`."""
+
+    def __init__(self, texts: list[str], tokenizer, version: int = 0):
+        assert texts, "a script needs at least one turn"
+        self.texts, self.tokenizer, self.version = texts, tokenizer, version
+        self.next = 0
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        text = self.texts[min(self.next, len(self.texts) - 1)]
+        self.next += 1
+        ids = self.tokenizer.encode(text if text.endswith(IM_END) else text + IM_END, add_special_tokens=False)
+        finish = "stop" if len(ids) <= params.max_tokens else "length"
+        ids = ids[: params.max_tokens]
+        return Generation(ids, [0.0] * len(ids), [self.version] * len(ids),
+                          self.tokenizer.decode(ids, skip_special_tokens=False), finish_reason=finish)
+
+
+def assistant_text(message: dict) -> str:
+    """What a policy generates for `message`: its rendering after the generation prompt, through <|im_end|>."""
+    return render_message(message)[len(GENERATION_PROMPT):-1]
+
+
+def oracle_client(task: Task, tokenizer, run_tests: bool = True) -> ScriptedClient:
+    """The oracle for one task: `plan(task)` played turn by turn."""
+    return ScriptedClient([assistant_text(m) for m in plan(task, run_tests)], tokenizer)
+
+
+def oracle_episode(task: Task, tokenizer, config: HarnessConfig = HarnessConfig(),
+                   limits: Limits = Limits()) -> tuple[Episode, dict[str, bytes | None]]:
+    """The oracle's episode on `task` through the real harness, tools and sandbox, and its changes."""
+    return run_task(Harness(tokenizer, config), oracle_client(task, tokenizer), task, limits)
+
+
+def solve(tasks: list[Task], tokenizer, config: HarnessConfig = HarnessConfig(), check: bool = True,
+          progress=None) -> dict:
+    """Run the oracle on `tasks`, score each episode with the real checker (unless `check` is
+    False) and report: tasks, solved, rate, episodes_per_s (episodes alone, checking excluded),
+    stop_reasons, failures (task ids with reasons), episodes (task id -> Episode, solved only
+    when checking)."""
+    from strop.env.checker import check as check_changes
+
+    report = {"tasks": len(tasks), "solved": 0, "stop_reasons": {}, "failures": [], "episodes": {}}
+    episode_s = 0.0
+    for i, task in enumerate(tasks):
+        t = time.perf_counter()
+        episode, changes = oracle_episode(task, tokenizer, config)
+        episode_s += time.perf_counter() - t
+        report["stop_reasons"][episode.stop_reason] = report["stop_reasons"].get(episode.stop_reason, 0) + 1
+        if check:
+            score = check_changes(task, changes, perturbed=False)
+            ok = episode.stop_reason == "submitted" and score.reward == 1.0
+            if not ok:
+                report["failures"].append(f"{task.id}: {episode.stop_reason} {episode.detail} / {score.reason}")
+        else:
+            ok = episode.stop_reason == "submitted"
+        report["solved"] += ok
+        if ok or not check:
+            report["episodes"][task.id] = episode
+        if progress:
+            progress(i + 1, len(tasks), report)
+    report["rate"] = report["solved"] / max(len(tasks), 1)
+    report["episodes_per_s"] = len(tasks) / episode_s if episode_s else 0.0
+    return report
+
+
+def oracle_traces(suite: str, split: str, tokenizer, limit: int | None = None,
+                  config: HarnessConfig = HarnessConfig(), **suite_opts) -> list[Episode]:
+    """SFT warm-start demonstrations: the oracle's episodes on a suite split that the checker
+    scores 1.0 (their `segments` are the training sequences; loss on the oracle's turns only)."""
+    from strop.env.suites import load_suite
+
+    tasks = load_suite(suite, split, **suite_opts)[:limit]
+    return list(solve(tasks, tokenizer, config)["episodes"].values())
+
+
+@functools.cache
+def default_tokenizer():
+    """A small tokenizer trained on a slice of the corpus (seconds), for benchmarks run without one."""
+    from strop.config import DataSection
+    from strop.data.corpus import load_corpus
+    from strop.data.tokenizer import train_tokenizer
+
+    return train_tokenizer(load_corpus(DataSection(val_files=5)).train[:200], vocab_size=512, sample_bytes=400_000)
+
+
+def run_oracle_episodes(n: int, tokenizer=None, suite: str = "synthetic", split: str = "eval") -> float:
+    """Oracle episodes per second: `n` full episodes (sandbox start, every tool call, diff, close),
+    checking excluded; tasks come from the suite split in order."""
+    from strop.env.suites import load_suite
+
+    tokenizer = tokenizer or default_tokenizer()
+    tasks = load_suite(suite, split, limit=-(-n // 3)) if suite == "synthetic" else load_suite(suite, split)
+    tasks = (tasks * -(-n // max(len(tasks), 1)))[:n]
+    harness = Harness(tokenizer)
+    start = time.perf_counter()
+    for task in tasks:
+        episode, _ = run_task(harness, oracle_client(task, tokenizer), task)
+        assert episode.stop_reason == "submitted", (task.id, episode.stop_reason, episode.detail)
+    return n / (time.perf_counter() - start)
