@@ -1,0 +1,302 @@
+"""The in-process CPU engine: continuous batching over a slot KV cache, sampling, in-flight weight
+updates.
+
+Each `step()` applies queued weight updates, admits waiting requests into free slots (their
+prompts prefill in the same pass as everyone else's decode token), samples one token per running
+request, and retires the finished ones. Every generated token carries its id, its logprob under
+the distribution it was actually sampled from (after temperature and top-p), the policy version
+that produced it, and for MoE models the experts every position was routed to.
+
+Run it synchronously (`generate`) or on a background thread (`start`; then `submit` from any
+thread, with callbacks for streaming). Weight updates land between steps, in place, without
+dropping requests; tokens sampled after an update carry the new version (their KV-cache prefix
+was computed by the old weights and is kept, as in-flight RL updates do).
+"""
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from strop.engine.forward import Forward, Segment
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 256
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)  # stop strings (cut from the text, kept in token_ids)
+    stop_token_ids: list[int] | None = None  # None = the tokenizer's end tokens
+    seed: int | None = None
+
+
+@dataclass
+class Completion:
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    text: str
+    finish_reason: str  # "stop" | "length" | "error"
+    routing: np.ndarray | None = None  # [prompt + generated - 1, n_moe_layers, k]: every position the model read
+    error: str | None = None
+
+
+class Request:
+    """One generation in flight. `done` is set when `result` is ready."""
+
+    def __init__(self, prompt_ids: list[int], params: SamplingParams, on_token: Callable | None, on_done: Callable | None):
+        self.prompt_ids, self.params = list(prompt_ids), params
+        self.on_token, self.on_done = on_token, on_done
+        self.token_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.versions: list[int] = []
+        self.routing: list[torch.Tensor] = []
+        self.text: str | None = None  # set early only when a stop string cut it
+        self.slot = -1
+        self.generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        self.done = threading.Event()
+        self.result: Completion | None = None
+
+
+@dataclass
+class WeightUpdate:
+    version: int
+    tensors: dict | None
+    apply_fn: Callable | None
+    done: threading.Event = field(default_factory=threading.Event)
+    pause_s: float = 0.0
+    error: str | None = None
+
+    def wait(self, timeout: float | None = None) -> float:
+        """Block until applied; returns the pause (seconds the engine spent not decoding)."""
+        if not self.done.wait(timeout):
+            raise TimeoutError(f"weight update to version {self.version} not applied within {timeout}s")
+        if self.error:
+            raise ValueError(self.error)
+        return self.pause_s
+
+
+class Engine:
+    def __init__(self, model, tokenizer, max_batch: int = 64, max_len: int | None = None,
+                 deterministic: bool = False, seed: int = 0, version: int = 0):
+        self.model, self.tokenizer = model.eval(), tokenizer
+        self.max_batch = max_batch
+        self.max_len = max_len or min(int(model.config.max_position_embeddings), 2048)
+        self.forward = Forward(model, max_batch, self.max_len, deterministic=deterministic)
+        self.version = version
+        self.generator = torch.Generator().manual_seed(seed)
+        self.end_ids = sorted({i for i in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|endoftext|>")) if i is not None and i >= 0})
+        self._waiting: deque[Request] = deque()
+        self._running: list[Request] = []
+        self._updates: deque[WeightUpdate] = deque()
+        self._free = list(range(max_batch))
+        self._lock = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stop = False
+        self.pauses: list[float] = []
+        self.tokens_generated = 0
+
+    @classmethod
+    def from_checkpoint(cls, path: str, **kwargs) -> "Engine":
+        from strop.data.tokenizer import load_tokenizer
+        from strop.model.policy import load_model
+
+        return cls(load_model(path), load_tokenizer(path), **kwargs)
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams | None = None,
+               on_token: Callable | None = None, on_done: Callable | None = None) -> Request:
+        """Queue a request. Raises ValueError for a prompt that cannot fit or bad parameters."""
+        params = params or SamplingParams()
+        if not prompt_ids:
+            raise ValueError("prompt is empty")
+        if len(prompt_ids) >= self.max_len:
+            raise ValueError(f"prompt has {len(prompt_ids)} tokens; this engine holds at most {self.max_len - 1}")
+        vocab = self.model.config.vocab_size
+        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if params.max_tokens < 1 or params.temperature < 0 or not 0 < params.top_p <= 1:
+            raise ValueError("need max_tokens >= 1, temperature >= 0 and 0 < top_p <= 1")
+        req = Request(prompt_ids, params, on_token, on_done)
+        with self._lock:
+            self._waiting.append(req)
+            self._lock.notify()
+        return req
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None) -> list[Completion]:
+        """Generate for every prompt (token ids); batches them together. Works with or without the loop thread."""
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        reqs = [self.submit(p, sp) for p, sp in zip(prompts, plist)]
+        if self._thread is None:
+            while not all(r.done.is_set() for r in reqs):
+                self.step()
+        for r in reqs:
+            r.done.wait()
+        return [r.result for r in reqs]
+
+    # -- weights -------------------------------------------------------------------------------
+
+    def update_weights(self, tensors: dict | None = None, apply_fn: Callable | None = None, version: int | None = None) -> WeightUpdate:
+        """Queue new weights: full `tensors` by parameter name, and/or `apply_fn(named_tensors)` that
+        mutates them in place (a delta applier). Applied between decode steps; returns a handle
+        whose `wait()` gives the pause length."""
+        upd = WeightUpdate(self.version + 1 if version is None else version, tensors, apply_fn)
+        with self._lock:
+            self._updates.append(upd)
+            self._lock.notify()
+        if self._thread is None:
+            self._apply_updates()
+        return upd
+
+    def named_tensors(self) -> dict[str, torch.Tensor]:
+        return {**dict(self.model.named_parameters()), **dict(self.model.named_buffers())}
+
+    def _apply_updates(self) -> None:
+        while True:
+            with self._lock:
+                if not self._updates:
+                    return
+                upd = self._updates.popleft()
+            t0 = time.perf_counter()
+            try:
+                with torch.no_grad():
+                    named = self.named_tensors()
+                    for name, t in (upd.tensors or {}).items():
+                        if name not in named or named[name].shape != t.shape:
+                            raise ValueError(f"weight {name!r}: no such tensor of shape {tuple(t.shape)} in the model")
+                        named[name].copy_(t)
+                    if upd.apply_fn is not None:
+                        upd.apply_fn(named)
+                self.version = upd.version
+            except Exception as e:  # reported to the caller; the engine keeps serving
+                upd.error = f"{type(e).__name__}: {e}"
+            upd.pause_s = time.perf_counter() - t0
+            self.pauses.append(upd.pause_s)
+            upd.done.set()
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def step(self) -> bool:
+        """One engine iteration; returns False when there was nothing to do."""
+        self._apply_updates()
+        with self._lock:
+            new = []
+            while self._waiting and self._free:
+                req = self._waiting.popleft()
+                req.slot = self._free.pop(0)
+                new.append(req)
+        batch = self._running + new
+        if not batch:
+            return False
+        segments = [Segment(r.slot, len(r.prompt_ids) + len(r.token_ids) - 1, [r.token_ids[-1]]) for r in self._running]
+        segments += [Segment(r.slot, 0, r.prompt_ids) for r in new]
+        try:
+            logits, routing = self.forward(segments)
+            tokens, logprobs = self._sample(logits, batch)
+        except Exception as e:  # fail this batch's requests, keep the engine alive
+            self._running = []
+            for r in batch:
+                self._finish(r, "error", f"{type(e).__name__}: {e}")
+            return True
+        row = 0
+        for r, seg in zip(batch, segments):
+            n = len(seg.tokens)
+            if routing is not None:
+                r.routing.append(routing[row : row + n])
+            row += n
+        self._running = []
+        for r, tok, lp in zip(batch, tokens, logprobs):
+            r.token_ids.append(tok)
+            r.logprobs.append(lp)
+            r.versions.append(self.version)
+            self.tokens_generated += 1
+            reason = self._stopped(r)
+            if r.on_token is not None:
+                r.on_token(r)
+            if reason:
+                self._finish(r, reason)
+            else:
+                self._running.append(r)
+        return True
+
+    def _sample(self, logits: torch.Tensor, batch: list[Request]) -> tuple[list[int], list[float]]:
+        """One token per row and its logprob under the distribution sampled from."""
+        temps = torch.tensor([r.params.temperature or 1.0 for r in batch], dtype=logits.dtype)[:, None]
+        lp = torch.log_softmax(logits / temps, dim=-1)
+        tokens, out = [], []
+        for i, r in enumerate(batch):
+            p = r.params
+            if p.temperature == 0:
+                tok = int(torch.argmax(lp[i]))
+                tokens.append(tok)
+                out.append(float(lp[i, tok]))
+                continue
+            row = lp[i]
+            if p.top_p < 1.0:
+                sorted_lp, idx = torch.sort(row, descending=True)
+                probs = sorted_lp.exp()
+                keep = (probs.cumsum(0) - probs) < p.top_p  # the smallest prefix reaching top_p
+                kept = torch.full_like(row, float("-inf"))
+                kept[idx[keep]] = row[idx[keep]]
+                row = kept - torch.logsumexp(kept, dim=0)
+            tok = int(torch.multinomial(row.exp(), 1, generator=r.generator or self.generator))
+            tokens.append(tok)
+            out.append(float(row[tok]))
+        return tokens, out
+
+    def _stopped(self, r: Request) -> str | None:
+        p = r.params
+        stop_ids = self.end_ids if p.stop_token_ids is None else p.stop_token_ids
+        if r.token_ids[-1] in stop_ids:
+            return "stop"
+        if p.stop:
+            text = self.tokenizer.decode(r.token_ids)
+            for s in p.stop:
+                at = text.find(s)
+                if at >= 0:
+                    r.text = text[:at]
+                    return "stop"
+        if len(r.token_ids) >= p.max_tokens or len(r.prompt_ids) + len(r.token_ids) >= self.max_len:
+            return "length"
+        return None
+
+    def _finish(self, r: Request, reason: str, error: str | None = None) -> None:
+        with self._lock:
+            self._free.append(r.slot)
+            self._free.sort()
+        if r.text is None:  # the stop token itself is not part of the text
+            r.text = self.tokenizer.decode(r.token_ids[:-1] if reason == "stop" else r.token_ids)
+        routing = torch.cat(r.routing).numpy() if r.routing else None
+        r.result = Completion(r.prompt_ids, r.token_ids, r.logprobs, r.versions, r.text, reason, routing, error)
+        r.done.set()
+        if r.on_done is not None:
+            r.on_done(r)
+
+    def start(self) -> None:
+        """Run `step` on a background thread until `stop`."""
+        assert self._thread is None, "engine loop already running"
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="strop-engine", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop:
+            if not self.step():
+                with self._lock:
+                    if not (self._waiting or self._updates or self._stop):
+                        self._lock.wait(0.05)
+
+    def stop(self) -> None:
+        self._stop = True
+        with self._lock:
+            self._lock.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
