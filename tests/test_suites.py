@@ -1,0 +1,134 @@
+"""Task suites: synthetic generation is deterministic and honest, humaneval is complete, mutated
+builds verified mutants; a few tasks go through the real checker (sandboxed)."""
+
+import ast
+import json
+
+import pytest
+
+from strop.env.checker import check
+from strop.env.suites import get_task, list_suites, load_suite, synthetic
+from strop.env.suites.edits import apply_edits, reference_edit
+from strop.env.suites.synthetic_lib import FAMILIES, LIBRARY
+from strop.errors import UserError
+
+
+def test_library_bugs_apply_exactly_once():
+    for fn in LIBRARY:
+        for family, bugs in fn.bugs.items():
+            assert family in FAMILIES
+            for old, new in bugs:
+                assert fn.src.count(old) == 1 and old != new, (fn.name, old)
+
+
+def test_synthetic_is_deterministic_small_and_split():
+    a, b = synthetic.make_task(2, "eval", 7), synthetic.make_task(2, "eval", 7)
+    assert a.to_dict() == b.to_dict()
+    tasks = load_suite("synthetic", difficulty=1, limit=5)
+    assert {t.split for t in tasks} == {"train", "eval"} and len(tasks) == 10
+    evals = {json.dumps(t.files, sort_keys=True) for t in synthetic.load("eval", difficulty=1)}
+    assert not any(json.dumps(t.files, sort_keys=True) in evals for t in synthetic.load("train", difficulty=1, limit=300))
+    for t in tasks + [synthetic.make_task(d, s, i) for d in (2, 3) for s in ("train", "eval") for i in range(3)]:
+        source_lines = sum(v.count("\n") for k, v in t.files.items() if not k.startswith("tests/"))
+        assert 15 <= source_lines <= 130, (t.id, source_lines)
+        assert t.metadata["difficulty"] in (1, 2, 3) and t.metadata["family"] in FAMILIES
+        for text in list(t.files.values()) + list(t.hidden_tests.values()):
+            ast.parse(text)
+
+
+def test_synthetic_families_all_occur():
+    families = {synthetic.make_task(1, "train", i).metadata["family"] for i in range(60)}
+    assert families == set(FAMILIES)
+
+
+def test_reference_edit_is_unique_and_inverts():
+    buggy = "a = 1\nb = 2\na = 1\n"
+    old, new = reference_edit(buggy, "a = 1\nb = 3\na = 1\n")
+    assert buggy.count(old) == 1 and buggy.replace(old, new) == "a = 1\nb = 3\na = 1\n"
+    old, new = reference_edit(buggy, "a = 1\nb = 2\n")  # a deletion widens to unique context
+    assert buggy.replace(old, new) == "a = 1\nb = 2\n"
+
+
+def test_get_task_and_unknown_names():
+    assert get_task("synthetic", "synthetic-d3-eval-0002").id == "synthetic-d3-eval-0002"
+    assert set(list_suites()) == {"synthetic", "humaneval", "mutated"}
+    with pytest.raises(UserError):
+        load_suite("nope")
+    with pytest.raises(UserError):
+        get_task("synthetic", "synthetic-d9-eval-0000")
+
+
+def test_humaneval_has_all_problems_with_stub_and_reference():
+    tasks = load_suite("humaneval")
+    assert len(tasks) == 164 and len({t.id for t in tasks}) == 164
+    assert sum(t.split == "eval" for t in tasks) == 100
+    for t in tasks:
+        assert "raise NotImplementedError" in t.files["solution.py"]
+        ast.parse(apply_edits(t.files, t.metadata["reference_edits"])["solution.py"])
+
+
+def test_synthetic_references_pass_and_bugs_fail_through_checker():
+    for d in (1, 2, 3):
+        t = synthetic.make_task(d, "eval", 11)
+        buggy = check(t, {})
+        fixed = check(t, apply_edits(t.files, t.metadata["reference_edits"]))
+        assert buggy.reward == 0 and buggy.failed > 0 and buggy.perturbed_reward == 0, buggy
+        assert fixed.reward == 1 and fixed.perturbed_reward == 1, fixed
+
+
+def test_humaneval_subset_canonical_pass_stubs_fail():
+    for t in load_suite("humaneval")[::17]:  # 10 problems
+        assert check(t, apply_edits(t.files, t.metadata["reference_edits"]), perturbed=False).reward == 1, t.id
+        assert check(t, {}, perturbed=False).reward == 0, t.id
+
+
+@pytest.mark.slow
+def test_humaneval_all_canonical_pass_all_stubs_fail():
+    tasks = load_suite("humaneval")
+    passed = [t.id for t in tasks if check(t, apply_edits(t.files, t.metadata["reference_edits"])).reward == 1]
+    stubs = [t.id for t in tasks if check(t, {}, perturbed=False).reward > 0]
+    assert len(passed) == 164 and stubs == []
+
+
+def test_mutated_small_build_verifies_and_loads(tmp_path, monkeypatch):
+    from strop.env.suites import mutated
+
+    monkeypatch.setattr(mutated, "_is_test", lambda p: p.endswith("tests/test_itertoolz.py"))  # one baseline run
+    mutated.build(tmp_path, target=2, packages=("toolz",), log=lambda m: None)
+    tasks = mutated.load(cache=tmp_path)
+    assert len(tasks) == 2
+    for t in tasks:
+        assert t.files[t.metadata["path"]] != mutated._package_files("toolz")[t.metadata["path"]]
+        fixed = check(t, apply_edits(t.files, t.metadata["reference_edits"]), perturbed=False)
+        assert fixed.reward == 1 and fixed.passed == t.metadata["n_tests"], fixed
+    with pytest.raises(UserError):
+        mutated.load(cache=tmp_path / "missing")
+
+
+def test_mutations_are_single_token_and_parse():
+    from strop.env.suites.mutated import mutations
+
+    src = "def f(a, b):\n    if a < b and not a:\n        return a + 1\n    return True\n"
+    ms = mutations("m.py", src)
+    assert {m.family for m in ms} == {"comparison_flip", "wrong_operator", "missing_case", "off_by_one", "wrong_constant"}
+    for m in ms:
+        out = m.apply(src)
+        ast.parse(out)
+        assert out != src and sum(x != y for x, y in zip(out.splitlines(), src.splitlines())) == 1
+
+
+def test_tasks_cli_export_then_check_round_trip(tmp_path, capsys):
+    from strop.cli import main
+
+    ws = tmp_path / "ws"
+    assert main(["tasks", "export", "--suite", "synthetic", "synthetic-d1-eval-0001", str(ws)]) == 0
+    task = get_task("synthetic", "synthetic-d1-eval-0001")
+    assert {p.relative_to(ws).as_posix() for p in ws.rglob("*") if p.is_file()} == set(task.files)
+    for path, text in apply_edits(task.files, task.metadata["reference_edits"]).items():
+        (ws / path).write_text(text)
+    (ws / "conftest.py").write_text("def pytest_configure(config):\n    pass\n")
+    assert main(["tasks", "check", "--suite", "synthetic", "synthetic-d1-eval-0001", str(ws), "--json", str(tmp_path / "r.json")]) == 0
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["reward"] == 1 and result["dropped_paths"] == ["conftest.py"]
+    assert [f["kind"] for f in result["flags"]] == ["conftest_or_plugin"]
+    assert main(["tasks", "export", "--suite", "synthetic", "synthetic-d1-eval-9999", str(tmp_path / "x")]) == 2
