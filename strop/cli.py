@@ -25,6 +25,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "sandbox"): ("strop.bench.sandbox", "sandbox start/exec latency, idle footprint, max concurrent"),
     ("tasks",): ("strop.env.tasks_cmd", "task suites: list, export a task's repo, check a workspace, build mutated"),
     ("bench", "hacks"): ("strop.bench.hacks", "hack monitor: seeded hack catalogue detected, honest references flagged"),
+    ("agent",): ("strop.env.agent_cmd", "the coding agent on a real directory (sandboxed); prints its diff, --apply writes it"),
 }
 
 

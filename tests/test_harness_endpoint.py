@@ -18,7 +18,8 @@ TURNS = ['<tool_call>{"name": "list_dir", "arguments": {}}</tool_call>', 'Done.<
 
 @pytest.fixture
 def server(tiny_tokenizer):
-    script = ScriptedClient(TURNS, tiny_tokenizer)
+    """A stand-in /v1/completions server playing TURNS (or the turns in `script[0]`, replaceable)."""
+    script = [ScriptedClient(TURNS, tiny_tokenizer)]
     requests = []
 
     class Handler(BaseHTTPRequestHandler):
@@ -28,7 +29,7 @@ def server(tiny_tokenizer):
             if self.path != "/v1/completions" or body["max_tokens"] < 1:
                 self.send_error(400, "bad request")
                 return
-            gen = script.generate(body["prompt"], SamplingParams(body["max_tokens"]))
+            gen = script[0].generate(body["prompt"], SamplingParams(body["max_tokens"]))
             n = len(gen.token_ids)
             choice = {"text": gen.text, "finish_reason": "stop", "token_ids": gen.token_ids,
                       "logprobs": {"token_logprobs": [-0.5] * n}, "routed_experts": [[[1, 2]]] * n}
@@ -45,13 +46,13 @@ def server(tiny_tokenizer):
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}", requests
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", requests, script
     httpd.shutdown()
     httpd.server_close()
 
 
 def test_endpoint_episode_keeps_engine_token_data(tiny_tokenizer, server, tmp_path):
-    url, requests = server
+    url, requests, _ = server
     (tmp_path / "a.py").write_text("x = 1\n")
     sandbox = open_sandbox(tmp_path)
     try:
@@ -68,7 +69,7 @@ def test_endpoint_episode_keeps_engine_token_data(tiny_tokenizer, server, tmp_pa
 
 
 def test_endpoint_failure_is_a_policy_error(tiny_tokenizer, server, tmp_path):
-    url, _ = server
+    url, _, _ = server
     sandbox = open_sandbox(tmp_path)
     try:
         episode = Harness(tiny_tokenizer).run(EndpointClient(url + "/wrong"), sandbox, "Hi.")
@@ -85,3 +86,24 @@ def test_parse_completion_reads_vllm_token_strings():
     gen = parse_completion(reply)
     assert gen.token_ids == [5, 9] and gen.logprobs == [-1.0, -2.0] and gen.versions == [0, 0]
     assert gen.finish_reason == "length" and gen.routing is None
+
+
+def test_strop_agent_prints_the_diff_and_applies_only_when_asked(tiny_tokenizer, server, tmp_path, capsys):
+    from strop.cli import main
+
+    url, _, script = server
+    tiny_tokenizer.save_pretrained(tmp_path / "tok")
+    world = tmp_path / "repo"
+    world.mkdir()
+    (world / "mod.py").write_text("def add(a, b):\n    return a - b\n")
+    edit = '<tool_call>{"name": "edit_file", "arguments": {"path": "mod.py", "old": "a - b", "new": "a + b"}}</tool_call>'
+    argv = ["agent", "--world", str(world), "--endpoint", url, "--tokenizer", str(tmp_path / "tok"), "Fix add."]
+    script[0] = ScriptedClient([edit, TURNS[1]], tiny_tokenizer)
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "stopped: submitted after 2 turns" in out and "-    return a - b\n+    return a + b" in out
+    assert "not applied" in out and "a - b" in (world / "mod.py").read_text()
+    script[0] = ScriptedClient([edit, TURNS[1]], tiny_tokenizer)
+    assert main(argv + ["--apply"]) == 0
+    assert (world / "mod.py").read_text() == "def add(a, b):\n    return a + b\n"
+    assert main(["agent", "--world", str(world), "--endpoint", url, "x"]) == 2  # no tokenizer: a user error

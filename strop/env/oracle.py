@@ -9,6 +9,7 @@ SFT warm start and exercise exactly the code path a trained policy does.
 """
 
 import functools
+import itertools
 import re
 import time
 
@@ -128,12 +129,19 @@ def solve(tasks: list[Task], tokenizer, config: HarnessConfig = HarnessConfig(),
 
 def oracle_traces(suite: str, split: str, tokenizer, limit: int | None = None,
                   config: HarnessConfig = HarnessConfig(), **suite_opts) -> list[Episode]:
-    """SFT warm-start demonstrations: the oracle's episodes on a suite split that the checker
-    scores 1.0 (their `segments` are the training sequences; loss on the oracle's turns only)."""
+    """SFT warm-start demonstrations: the oracle's episodes on up to `limit` tasks of a suite split
+    (difficulties interleaved) that the checker scores 1.0. Their `segments` are the training
+    sequences, with loss on the oracle's turns only."""
     from strop.env.suites import load_suite
 
-    tasks = load_suite(suite, split, **suite_opts)[:limit]
-    return list(solve(tasks, tokenizer, config)["episodes"].values())
+    if limit is not None and suite == "synthetic":
+        suite_opts.setdefault("limit", -(-limit // 3))  # synthetic's limit is per difficulty (3 of them)
+    tasks = load_suite(suite, split, **suite_opts)
+    by_difficulty: dict = {}
+    for task in tasks:
+        by_difficulty.setdefault(task.metadata.get("difficulty"), []).append(task)
+    mixed = [t for group in itertools.zip_longest(*by_difficulty.values()) for t in group if t is not None]
+    return list(solve(mixed[:limit], tokenizer, config)["episodes"].values())
 
 
 @functools.cache

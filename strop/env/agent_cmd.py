@@ -1,0 +1,152 @@
+"""`strop agent --world DIR "instruction"`: the production harness on a real directory.
+
+The agent works in a sandbox over a copy-on-write view of DIR, so nothing touches DIR while it
+runs; at the end its changes are printed as a unified diff and written to DIR only with `--apply`
+(or a "y" at the prompt on a terminal). The policy is an OpenAI-compatible server
+(`--endpoint URL`, with `--tokenizer DIR` for the chat format's token ids) or a local checkpoint
+run by the in-process engine (`--checkpoint DIR`).
+"""
+
+import argparse
+import difflib
+import json
+import sys
+from pathlib import Path
+
+from strop.errors import UserError
+
+CACHE_DIRS = ("__pycache__", ".pytest_cache")  # artifacts of running code, neither shown nor applied
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("instruction", help="what the agent should do")
+    parser.add_argument("--world", required=True, help="the directory the agent works on (read-only unless --apply)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--endpoint", help="URL of an OpenAI-compatible server with /v1/completions")
+    source.add_argument("--checkpoint", help="a strop checkpoint directory, run by the in-process engine")
+    parser.add_argument("--tokenizer", help="tokenizer directory (default: the checkpoint's; needed with --endpoint)")
+    parser.add_argument("--model", default="default", help="model name sent to the endpoint")
+    parser.add_argument("--max-turns", type=int, default=30, help="assistant turns before the episode stops")
+    parser.add_argument("--max-context", type=int, default=2048, help="context window in tokens")
+    parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
+    parser.add_argument("--timeout", type=float, default=60.0, help="default wall-clock limit per command, seconds")
+    parser.add_argument("--apply", action="store_true", help="write the agent's changes to --world without asking")
+    parser.add_argument("--json", help="write the episode (tokens, messages, tool calls) to this JSON file")
+
+
+class EngineClient:
+    """The in-process engine as a `PolicyClient`."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def generate(self, prompt_ids, params):
+        from strop.engine.engine import SamplingParams
+        from strop.env.policy import Generation
+
+        c = self.engine.generate([prompt_ids], SamplingParams(
+            max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p,
+            stop_token_ids=list(params.stop_token_ids), seed=params.seed))[0]
+        if c.finish_reason == "error":
+            raise RuntimeError(c.error)
+        # engine routing covers every position read; generated token j came from position P - 1 + j
+        routing = None if c.routing is None else c.routing[len(prompt_ids) - 1:].tolist()
+        text = self.engine.tokenizer.decode(c.token_ids, skip_special_tokens=False)
+        return Generation(c.token_ids, c.logprobs, c.versions, text, routing, c.finish_reason)
+
+
+def _policy(args):
+    """(policy client, tokenizer, largest context the policy holds or None)."""
+    from strop.data.tokenizer import load_tokenizer
+    from strop.env.policy import EndpointClient
+
+    if args.checkpoint:
+        from strop.engine.engine import Engine
+
+        if not Path(args.checkpoint).is_dir():
+            raise UserError(f"--checkpoint {args.checkpoint!r} is not a directory")
+        engine = Engine.from_checkpoint(args.checkpoint, max_batch=1)
+        tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else engine.tokenizer
+        return EngineClient(engine), tokenizer, engine.max_len
+    if not args.tokenizer:
+        raise UserError("--endpoint needs --tokenizer DIR (the policy's tokenizer, for the chat format's token ids)")
+    return EndpointClient(args.endpoint, model=args.model), load_tokenizer(args.tokenizer), None
+
+
+def _show(message: dict) -> None:
+    from strop.env.tools import describe_call
+
+    if message["role"] == "assistant":
+        if message.get("content"):
+            print(f"agent: {message['content'][:500]}")
+        for call in message.get("tool_calls") or []:
+            args = call["function"]["arguments"]
+            print(f"  -> {describe_call(call['function']['name'], json.loads(args))}")
+    else:
+        lines = (message.get("content") or "").splitlines() or [""]
+        print("     " + "\n     ".join(lines[:6]) + (f"\n     ... ({len(lines) - 6} more lines)" if len(lines) > 6 else ""))
+    sys.stdout.flush()
+
+
+def _unified(world: Path, path: str, new: bytes | None) -> str:
+    old_path = world / path
+    old = old_path.read_bytes() if old_path.is_file() else b""
+    try:
+        a, b = old.decode().splitlines(keepends=True), (new or b"").decode().splitlines(keepends=True)
+    except UnicodeDecodeError:
+        return f"Binary file {path} {'deleted' if new is None else 'differs'}\n"
+    src = f"a/{path}" if old_path.is_file() else "/dev/null"
+    return "".join(difflib.unified_diff(a, b, src, "/dev/null" if new is None else f"b/{path}"))
+
+
+def _apply(world: Path, changes: dict[str, bytes | None]) -> None:
+    root = world.resolve()
+    for path, data in changes.items():
+        target = (root / path).resolve()
+        assert target.is_relative_to(root), f"change outside the world: {path}"
+        if data is None:
+            if target.is_file() or target.is_symlink():
+                target.unlink()
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+
+
+def run(args: argparse.Namespace) -> int:
+    from strop.threads import set_threads
+
+    set_threads(1)
+    from strop.env.harness import Harness, HarnessConfig
+    from strop.env.sandbox import Limits, open_sandbox
+
+    world = Path(args.world)
+    if not world.is_dir():
+        raise UserError(f"--world {args.world!r} is not a directory")
+    policy, tokenizer, max_len = _policy(args)
+    config = HarnessConfig(max_turns=args.max_turns, max_context=min(args.max_context, max_len or args.max_context),
+                           temperature=args.temperature)
+    sandbox = open_sandbox(world, Limits(timeout_s=args.timeout))
+    try:
+        episode = Harness(tokenizer, config, on_message=_show).run(policy, sandbox, args.instruction)
+        changes = sandbox.diff()
+    finally:
+        sandbox.close()
+    detail = f" ({episode.detail})" if episode.detail else ""
+    print(f"\nstopped: {episode.stop_reason}{detail} after {episode.turns} turns, {episode.generated_tokens} "
+          f"generated tokens, {episode.timings['total_s']:.1f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(episode.to_dict()))
+    changes = {p: d for p, d in changes.items() if not set(Path(p).parts) & set(CACHE_DIRS)}
+    if not changes:
+        print("no changes")
+    else:
+        print("".join(_unified(world, p, d) for p, d in sorted(changes.items())), end="")
+        apply = args.apply
+        if not apply and sys.stdin.isatty():
+            apply = input(f"apply {len(changes)} changed file(s) to {world}? [y/N] ").strip().lower() == "y"
+        if apply:
+            _apply(world, changes)
+            print(f"applied {len(changes)} file(s) to {world}")
+        else:
+            print(f"not applied (rerun with --apply to write them to {world})")
+    return 1 if episode.stop_reason in ("policy_error", "error") else 0
