@@ -156,7 +156,8 @@ class Engine:
         return upd
 
     def named_tensors(self) -> dict[str, torch.Tensor]:
-        return {**dict(self.model.named_parameters()), **dict(self.model.named_buffers())}
+        # remove_duplicate=False: tied weights are reachable under every name (lm_head.weight too)
+        return {**dict(self.model.named_parameters(remove_duplicate=False)), **dict(self.model.named_buffers(remove_duplicate=False))}
 
     def _apply_updates(self) -> None:
         while True:
@@ -176,7 +177,7 @@ class Engine:
                         upd.apply_fn(named)
                 self.version = upd.version
             except Exception as e:  # reported to the caller; the engine keeps serving
-                upd.error = f"{type(e).__name__}: {e}"
+                upd.error = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
             upd.pause_s = time.perf_counter() - t0
             self.pauses.append(upd.pause_s)
             upd.done.set()
