@@ -381,8 +381,11 @@ class BwrapSandbox:
                 if self._over_workspace():
                     why = "workspace"
                     break
-            ready, _, _ = select.select([fd for fd in fds if fd not in done], [], [],
-                                        min(deadline, next_check) - now)
+            poller = select.poll()  # not select(): a process holding 1000 sandboxes has fds above 1024
+            for fd in fds:
+                if fd not in done:
+                    poller.register(fd, select.POLLIN)
+            ready = [fd for fd, _ in poller.poll(max(0.0, min(deadline, next_check) - now) * 1000)]
             for fd in ready:
                 chunk = os.read(fd, 1 << 16)
                 if not chunk:

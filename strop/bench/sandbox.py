@@ -1,0 +1,174 @@
+"""`strop bench sandbox`: what a sandbox costs on this machine.
+
+- start+exit: `open_sandbox` + the first command (`true`) + `close`, cold (a new bwrap each time),
+  and from a warm `SandboxPool` (acquire + `true` + release: what a rollout worker pays);
+- exec: one more command in a live sandbox, as an argv (`exec_p50_ms`) and as a shell string
+  (which runs under `bash -lc`: `exec_shell_p50_ms`);
+- idle footprint: sandboxes started and left idle up to `--max` (1000) or until the time budget is
+  spent; `mib_per_sandbox` is the proportional set size (PSS) of their processes (bwrap and the
+  in-sandbox shell), `kernel_mib_per_sandbox` the drop in MemAvailable per sandbox (kernel objects:
+  namespaces, mounts, page tables; noisy on a shared machine);
+- oracle episodes/s from `strop.env.oracle.run_oracle_episodes` when that module exists.
+
+Latencies on a shared machine depend on its load; the load average is recorded with the results.
+"""
+
+import argparse
+import os
+import resource
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true", help="under a minute: 200 start+exit runs, a 12 s idle-footprint budget")
+    p.add_argument("--runs", type=int, default=None, help="start+exit runs (default 1000, --quick 200)")
+    p.add_argument("--max", type=int, default=1000, help="most idle sandboxes to hold at once (default 1000)")
+    p.add_argument("--oracle-episodes", type=int, default=None, help="oracle episodes to time (default 30, --quick 6)")
+    p.add_argument("--json", help="write results to this JSON file")
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] * 1e3
+
+
+def _pss_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _mem_available_kib() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _start_exit(world: Path, runs: int) -> list[float]:
+    from strop.env.sandbox import open_sandbox
+
+    ts = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        sb = open_sandbox(world)
+        sb.exec(["true"])
+        sb.close()
+        ts.append(time.perf_counter() - t)
+    return ts
+
+
+def _pool_start_exit(world: Path, runs: int) -> list[float]:
+    from strop.env.pool import SandboxPool
+
+    ts = []
+    with SandboxPool(world, warm=4) as pool:
+        time.sleep(0.5)  # let it warm up
+        for _ in range(runs):
+            t = time.perf_counter()
+            sb = pool.acquire()
+            sb.exec(["true"])
+            pool.release(sb)
+            ts.append(time.perf_counter() - t)
+            time.sleep(0.01)  # a rollout does work between sandboxes; the pool refills meanwhile
+    return ts
+
+
+def _exec(world: Path, runs: int) -> tuple[list[float], list[float]]:
+    from strop.env.sandbox import open_sandbox
+
+    argv, shell = [], []
+    with open_sandbox(world) as sb:
+        sb.exec(["true"])
+        for _ in range(runs):
+            t = time.perf_counter()
+            sb.exec(["true"])
+            argv.append(time.perf_counter() - t)
+        for _ in range(max(20, runs // 5)):
+            t = time.perf_counter()
+            sb.exec("true")
+            shell.append(time.perf_counter() - t)
+    return argv, shell
+
+
+def _idle(world: Path, most: int, budget_s: float) -> dict:
+    from strop.env.sandbox import open_sandbox
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # ~4 fds per sandbox on our side
+    boxes = []
+    mem0 = _mem_available_kib()
+    t0 = time.perf_counter()
+    try:
+        while len(boxes) < most and time.perf_counter() - t0 < budget_s:
+            sb = open_sandbox(world)
+            sb.exec(["true"])
+            boxes.append(sb)
+        time.sleep(0.5)
+        alive = sum(sb.exec(["true"]).exit_code == 0 for sb in boxes)  # every one still answers
+        pss = sum(_pss_kib(sb.proc.pid) + _pss_kib(sb._server_pid()) for sb in boxes)
+        mem1 = _mem_available_kib()
+        start_s = time.perf_counter() - t0
+    finally:
+        for sb in boxes:
+            sb.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    n = max(len(boxes), 1)
+    return {"max_concurrent": alive, "mib_per_sandbox": pss / n / 1024,
+            "kernel_mib_per_sandbox": max(0, mem0 - mem1) / n / 1024, "idle_fill_s": start_s}
+
+
+def _oracle(n: int) -> tuple[float | None, str]:
+    try:
+        from strop.env.oracle import run_oracle_episodes
+    except ImportError as e:
+        return None, f"strop.env.oracle not available ({e})"
+    return float(run_oracle_episodes(n)), f"{n} oracle episodes"
+
+
+def run(args: argparse.Namespace) -> int:
+    from strop.threads import set_threads
+
+    set_threads(1)
+    from strop.bench.table import format_table, write_json
+
+    runs = args.runs or (200 if args.quick else 1000)
+    t_all = time.perf_counter()
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="strop-bench-world-") as d:
+        world = Path(d)
+        (world / "main.py").write_text("print('hello')\n")
+        _start_exit(world, 10)  # warm: per-process setup, the sandbox python cache
+        start = _start_exit(world, runs)
+        pool = _pool_start_exit(world, min(runs, 200))
+        ex, sh = _exec(world, runs)
+        idle = _idle(world, args.max, 12.0 if args.quick else 300.0)
+    oracle, oracle_note = _oracle(args.oracle_episodes or (6 if args.quick else 30))
+    res = {
+        "start_p50_ms": _pct(start, 0.5), "start_p99_ms": _pct(start, 0.99),
+        "pool_start_p50_ms": _pct(pool, 0.5), "pool_start_p99_ms": _pct(pool, 0.99),
+        "exec_p50_ms": _pct(ex, 0.5), "exec_p99_ms": _pct(ex, 0.99), "exec_shell_p50_ms": _pct(sh, 0.5),
+        **idle, "oracle_episodes_per_s": oracle,
+        "start_runs": runs, "loadavg_1m": load, "cpus": os.cpu_count(), "wall_s": time.perf_counter() - t_all,
+    }
+    rows = [
+        {"measure": "start+exit, cold (open + true + close)", "p50": res["start_p50_ms"], "p99": res["start_p99_ms"], "unit": "ms", "n": runs},
+        {"measure": "start+exit from a warm pool", "p50": res["pool_start_p50_ms"], "p99": res["pool_start_p99_ms"], "unit": "ms", "n": len(pool)},
+        {"measure": "exec argv in a live sandbox", "p50": res["exec_p50_ms"], "p99": res["exec_p99_ms"], "unit": "ms", "n": runs},
+        {"measure": "exec shell string (bash -lc)", "p50": res["exec_shell_p50_ms"], "unit": "ms", "n": len(sh)},
+        {"measure": "idle sandboxes held at once", "p50": res["max_concurrent"], "unit": "sandboxes"},
+        {"measure": "memory per idle sandbox (PSS)", "p50": res["mib_per_sandbox"], "unit": "MiB"},
+        {"measure": "kernel memory per idle sandbox", "p50": res["kernel_mib_per_sandbox"], "unit": "MiB"},
+        {"measure": "oracle episodes/s", "p50": oracle, "unit": "episodes/s"},
+    ]
+    print(format_table(rows, ["measure", "p50", "p99", "unit", "n"]))
+    print(f"load average {load:.2f} on {os.cpu_count()} CPUs; oracle: {oracle_note}; {res['wall_s']:.1f} s")
+    write_json(args.json, res)
+    return 0
