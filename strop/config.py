@@ -94,12 +94,50 @@ class SFTSection:
 
 
 @dataclass
+class RLSection:
+    group_size: int = opt(8, "samples per task (G); advantages are relative to the group", ge=2)
+    batch_groups: int = opt(4, "groups per optimizer step", ge=1)
+    steps: int = opt(200, "optimizer steps (policy versions published)", ge=1)
+    max_staleness: int = opt(2, "never train on a sample whose oldest token is more than this many versions behind the trainer; 0 = on-policy", ge=0)
+    max_inflight: int = opt(0, "samples admitted but not yet trained (running + buffered); 0 = batch_groups * group_size * (max_staleness + 1)", ge=0)
+    lr: float = opt(1e-4, "AdamW learning rate (constant)", gt=0)
+    weight_decay: float = opt(0.0, "AdamW weight decay", ge=0)
+    grad_clip: float = opt(1.0, "gradient norm clip; 0 = off", ge=0)
+    micro_batch: int = opt(8, "segments per forward/backward; gradients accumulate over the step", ge=1)
+    clip_low: float = opt(0.2, "PPO clip: no gradient pushing the ratio to behavior below 1 - clip_low", ge=0, le=1)
+    clip_high: float = opt(0.28, "PPO clip: no gradient pushing the ratio to behavior above 1 + clip_high", ge=0)
+    correction: Literal["none", "tis", "icepop", "geo_mask"] = opt(
+        "tis", "off-policy correction: truncated importance sampling, token masking, or geometric sequence masking")
+    tis_cap: float = opt(2.0, "tis: importance weights are capped at this value", gt=0)
+    mask_low: float = opt(0.5, "icepop: tokens whose ratio to behavior is below this are masked", ge=0)
+    mask_high: float = opt(5.0, "icepop: tokens whose ratio to behavior is above this are masked", gt=0)
+    geo_low: float = opt(0.8, "geo_mask: a segment whose geometric-mean ratio is below this is masked", ge=0)
+    geo_high: float = opt(1.25, "geo_mask: a segment whose geometric-mean ratio is above this is masked", gt=0)
+    dr_grpo: bool = opt(False, "Dr.GRPO: no std normalisation of advantages, no per-sample length normalisation")
+    dr_grpo_norm_tokens: int = opt(1024, "Dr.GRPO: the constant per-sample token normaliser (the generation budget)", ge=1)
+    kl_coef: float = opt(0.0, "weight of the k3 KL to the behavior policy in the loss", ge=0)
+    hack_penalty: float = opt(1.0, "subtracted from the reward of a hack-flagged trajectory", ge=0)
+
+    def __post_init__(self) -> None:
+        if self.mask_low >= self.mask_high:
+            raise UserError(f"config key 'rl.mask_low' ({self.mask_low}) must be below rl.mask_high ({self.mask_high})")
+        if self.geo_low >= self.geo_high:
+            raise UserError(f"config key 'rl.geo_low' ({self.geo_low}) must be below rl.geo_high ({self.geo_high})")
+
+    @property
+    def inflight_limit(self) -> int:
+        """Samples allowed ahead of the trainer: beyond this, new work would outrun the staleness bound."""
+        return self.max_inflight or self.batch_groups * self.group_size * (self.max_staleness + 1)
+
+
+@dataclass
 class Config:
     run: RunSection = field(default_factory=RunSection)
     model: ModelSection = field(default_factory=ModelSection)
     data: DataSection = field(default_factory=DataSection)
     midtrain: MidtrainSection = field(default_factory=MidtrainSection)
     sft: SFTSection = field(default_factory=SFTSection)
+    rl: RLSection = field(default_factory=RLSection)
 
     @property
     def run_dir(self) -> Path:
