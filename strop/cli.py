@@ -26,6 +26,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("tasks",): ("strop.env.tasks_cmd", "task suites: list, export a task's repo, check a workspace, build mutated"),
     ("bench", "hacks"): ("strop.bench.hacks", "hack monitor: seeded hack catalogue detected, honest references flagged"),
     ("agent",): ("strop.env.agent_cmd", "the coding agent on a real directory (sandboxed); prints its diff, --apply writes it"),
+    ("bench", "oracle"): ("strop.bench.oracle", "scripted oracle through the real harness and checker: solve rate, episodes/s"),
 }
 
 

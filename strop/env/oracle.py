@@ -12,6 +12,7 @@ import functools
 import itertools
 import re
 import time
+from typing import Callable
 
 from strop.data.chat import GENERATION_PROMPT, IM_END, render_message
 from strop.env.harness import Harness, HarnessConfig, run_task
@@ -96,34 +97,34 @@ def oracle_episode(task: Task, tokenizer, config: HarnessConfig = HarnessConfig(
 
 
 def solve(tasks: list[Task], tokenizer, config: HarnessConfig = HarnessConfig(), check: bool = True,
-          progress=None) -> dict:
-    """Run the oracle on `tasks`, score each episode with the real checker (unless `check` is
-    False) and report: tasks, solved, rate, episodes_per_s (episodes alone, checking excluded),
-    stop_reasons, failures (task ids with reasons), episodes (task id -> Episode, solved only
-    when checking)."""
+          progress: Callable[[int, dict], None] | None = None) -> dict:
+    """Run the oracle on `tasks` and score each episode with the real checker (unless `check` is
+    False; then "solved" means submitted). Returns tasks, solved, rate, episodes_per_s (episodes
+    alone, checking excluded), stop_reasons, results (one dict per task: id, difficulty,
+    stop_reason, reward, reason, episode_s) and episodes (task id -> Episode, solved ones only)."""
     from strop.env.checker import check as check_changes
 
-    report = {"tasks": len(tasks), "solved": 0, "stop_reasons": {}, "failures": [], "episodes": {}}
-    episode_s = 0.0
+    report: dict = {"tasks": len(tasks), "solved": 0, "stop_reasons": {}, "results": [], "episodes": {}}
     for i, task in enumerate(tasks):
         t = time.perf_counter()
         episode, changes = oracle_episode(task, tokenizer, config)
-        episode_s += time.perf_counter() - t
-        report["stop_reasons"][episode.stop_reason] = report["stop_reasons"].get(episode.stop_reason, 0) + 1
-        if check:
+        episode_s = time.perf_counter() - t
+        reason = episode.stop_reason + (f": {episode.detail}" if episode.detail else "")
+        reward = 1.0 if episode.stop_reason == "submitted" else 0.0
+        if check and reward:
             score = check_changes(task, changes, perturbed=False)
-            ok = episode.stop_reason == "submitted" and score.reward == 1.0
-            if not ok:
-                report["failures"].append(f"{task.id}: {episode.stop_reason} {episode.detail} / {score.reason}")
-        else:
-            ok = episode.stop_reason == "submitted"
-        report["solved"] += ok
-        if ok or not check:
+            reward, reason = score.reward, score.reason
+        report["stop_reasons"][episode.stop_reason] = report["stop_reasons"].get(episode.stop_reason, 0) + 1
+        report["results"].append({"id": task.id, "difficulty": task.metadata.get("difficulty"), "reward": reward,
+                                  "stop_reason": episode.stop_reason, "reason": reason, "episode_s": episode_s})
+        if reward == 1.0:
+            report["solved"] += 1
             report["episodes"][task.id] = episode
         if progress:
-            progress(i + 1, len(tasks), report)
+            progress(i + 1, report)
     report["rate"] = report["solved"] / max(len(tasks), 1)
-    report["episodes_per_s"] = len(tasks) / episode_s if episode_s else 0.0
+    total_s = sum(r["episode_s"] for r in report["results"])
+    report["episodes_per_s"] = len(tasks) / total_s if total_s else 0.0
     return report
 
 
