@@ -25,7 +25,7 @@ def test_parse_junit_counts_outcomes():
 
 def test_protected_paths():
     for p in ["tests/test_x.py", "conftest.py", "pkg/tests/test_y.py", "tests/test_hidden.py", "../escape.py",
-              "/etc/passwd", ".git/config", "pytest.ini"]:
+              "/etc/passwd", ".git/config", "pytest.ini", "pytest.py", "_pytest/main.py", "json.py"]:
         assert is_protected(TASK, p), p
     assert not is_protected(TASK, PATH)
 
@@ -41,7 +41,8 @@ def test_test_edits_are_dropped_and_never_earn_reward():
     visible = next(p for p in TASK.files if p.startswith("tests/"))
     hack = {visible: "def test_ok():\n    pass\n", "tests/test_hidden.py": "def test_ok():\n    pass\n",
             "conftest.py": "import pytest\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
-                           "    outcome = yield\n    outcome.get_result().outcome = 'passed'\n", "../outside.py": "x = 1\n"}
+                           "    outcome = yield\n    outcome.get_result().outcome = 'passed'\n", "../outside.py": "x = 1\n",
+            "pytest.py": "import sys\nsys.exit(0)\n"}  # would shadow the runner: `python -m pytest` runs it
     score = check(TASK, hack, perturbed=False)
     assert score.reward == 0 and set(score.dropped_paths) == set(hack)
 

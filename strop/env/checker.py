@@ -2,7 +2,8 @@
 
 Order matters, because every step closes a way to game the reward:
 1. drop changes to protected paths (the task's globs, the hidden test paths, anything outside
-   the repository), so edited or deleted tests and runner config never count;
+   the repository, new top-level modules that would shadow the runner such as `pytest.py`),
+   so edited or deleted tests and runner config never count;
 2. assemble a fresh world from the pristine task repository plus the remaining changes;
 3. only then copy the hidden tests in (they overwrite whatever sits at their paths), and open a
    *fresh* sandbox on it — no agent code runs before the world is complete;
@@ -20,6 +21,7 @@ is reported separately for the hack monitor and does not change the reward.
 import fnmatch
 import secrets
 import shutil
+import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
@@ -32,6 +34,8 @@ from strop.env.task import Task
 
 Mode = Literal["binary", "fraction"]
 TEST_TIMEOUT_S = 120.0
+RUNNER_MODULES = frozenset(sys.stdlib_module_names) | {"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging",
+                                                       "sitecustomize", "usercustomize", "xdist", "pytest_timeout"}
 
 
 @dataclass
@@ -52,12 +56,23 @@ class Score:
         return asdict(self)
 
 
+def shadows_runner(task: Task, path: str) -> bool:
+    """True for a new top-level module named like one the test runner imports (`pytest.py`,
+    `_pytest/`, `json.py`, ...): `python -m pytest` puts the repository first on sys.path."""
+    top = PurePosixPath(path).parts[0]
+    name = top.removesuffix(".py")
+    return name in RUNNER_MODULES and not any(f == top or f.startswith(top + "/") for f in task.files)
+
+
 def is_protected(task: Task, path: str) -> bool:
-    """True for paths whose changes never count: protected globs, hidden tests, escapes."""
+    """True for paths whose changes never count: protected globs, hidden tests, escapes, and
+    modules that would shadow the test runner."""
     p = PurePosixPath(path)
     if p.is_absolute() or ".." in p.parts or not p.parts or p.parts[0] == ".git":
         return True
     path = str(p)
+    if shadows_runner(task, path):
+        return True
     if path in task.hidden_tests or path in task.perturbed_tests:
         return True
     return any(fnmatch.fnmatchcase(path, g) for g in task.protected)
