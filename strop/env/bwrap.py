@@ -198,6 +198,10 @@ class BwrapSandbox:
                 "--perms", "0644", "--file", str(profile), f"{HOME}/.profile",
                 "--overlay-src", str(self.world), "--overlay", str(self.dir / "upper"), str(self.dir / "work"), WORKDIR,
                 "--chdir", WORKDIR, "--info-fd", str(info_w), "/bin/sh"]
+        if _host(self.image)["cgroup"] is not None:
+            # join the sandbox's pids cgroup before bwrap forks: the limit holds from the start, and
+            # the cgroup namespace bwrap creates is rooted there (the agent sees "/", not our path)
+            argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self._pids_cgroup() / "cgroup.procs"), *argv]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      pass_fds=(info_w, profile), start_new_session=True, bufsize=0)
         os.close(info_w)
@@ -218,16 +222,14 @@ class BwrapSandbox:
                 err = self.proc.stderr.read().decode(errors="replace") if self.proc.wait() is not None else ""
                 raise RuntimeError(f"bwrap failed to start the sandbox: {err.strip()}")
             self._pid = json.loads(data)["child-pid"]
-            if _host(self.image)["cgroup"] is not None:
-                self._join_cgroup(self._pid)
         return self._pid
 
-    def _join_cgroup(self, pid: int) -> None:
+    def _pids_cgroup(self) -> Path:
         if self._cgroup is None:
             self._cgroup = _host(self.image)["cgroup"] / self.dir.name
             self._cgroup.mkdir(exist_ok=True)
-            (self._cgroup / "pids.max").write_text(str(self.limits.max_procs + 4))  # + server and helpers
-        (self._cgroup / "cgroup.procs").write_text(str(pid))
+            (self._cgroup / "pids.max").write_text(str(self.limits.max_procs + 4))  # + bwrap, server, helpers
+        return self._cgroup
 
     def _kill(self) -> None:
         """Kill the server (pid 1 inside: the kernel then kills the rest of its pid namespace), let
