@@ -85,6 +85,8 @@ def test_every_error_path_is_an_observation(tiny_tokenizer, sandbox):
              call("run", command="yes | head -c 2000000"),  # huge output
              call("run", command="python -c 'import os; os.abort()'"),  # crashing command
              call("run", command="exit 0") + call("grep", pattern="("),  # one good, one bad call
+             call("write_file", path="test_crash.py", content="import os\nos.abort()\n"),
+             call("run", command="python -m pytest -q test_crash.py"),  # the test runner crashes
              SUBMIT]
     episode = play(tiny_tokenizer, sandbox, turns, observation_chars=400, max_invalid_turns=100, max_context=8192)
     assert episode.stop_reason == "submitted" and episode.turns == len(turns)
@@ -96,6 +98,7 @@ def test_every_error_path_is_an_observation(tiny_tokenizer, sandbox):
     assert len(episode.tool_calls[6]["output"]) < 500
     assert episode.tool_calls[7]["output"].startswith("exit code 134")
     assert errors[8] is None and errors[9] is not None
+    assert episode.tool_calls[11]["output"].startswith("exit code 134")
 
 
 @pytest.mark.parametrize("config, turns, reason", [
