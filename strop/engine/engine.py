@@ -82,6 +82,22 @@ class WeightUpdate:
         return self.pause_s
 
 
+def load_weights_file(path: str) -> dict[str, torch.Tensor]:
+    """Tensors by name from a safetensors file or every *.safetensors in a directory."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    p = Path(path)
+    files = sorted(p.glob("*.safetensors")) if p.is_dir() else [p]
+    if not files or not all(f.is_file() for f in files):
+        raise ValueError(f"no safetensors weights at {path!r}")
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        out.update(load_file(str(f)))
+    return out
+
+
 class Engine:
     def __init__(self, model, tokenizer, max_batch: int = 64, max_len: int | None = None,
                  deterministic: bool = False, seed: int = 0, version: int = 0):
@@ -101,6 +117,7 @@ class Engine:
         self._stop = False
         self.pauses: list[float] = []
         self.tokens_generated = 0
+        self.peak_batch = 0  # most sequences in one step so far
 
     @classmethod
     def from_checkpoint(cls, path: str, **kwargs) -> "Engine":
@@ -196,6 +213,7 @@ class Engine:
         batch = self._running + new
         if not batch:
             return False
+        self.peak_batch = max(self.peak_batch, len(batch))
         segments = [Segment(r.slot, len(r.prompt_ids) + len(r.token_ids) - 1, [r.token_ids[-1]]) for r in self._running]
         segments += [Segment(r.slot, 0, r.prompt_ids) for r in new]
         try:

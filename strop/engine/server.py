@@ -1,0 +1,283 @@
+"""The engine behind an OpenAI-compatible HTTP API (FastAPI + uvicorn), plus weight endpoints.
+
+    GET  /health              {"status": "ok", "version": v}
+    GET  /v1/models           the served model
+    POST /v1/completions      prompt: text or token ids; logprobs; stream
+    POST /v1/chat/completions messages + tools (strop.data.chat renders and parses); logprobs; stream
+    GET  /weights/version     {"version": v}
+    POST /weights/update      {"path": safetensors file or model dir, "version": v?} -> {"version", "pause_s"}
+
+Every choice carries what RL needs beyond the OpenAI fields: `token_ids` and `prompt_token_ids`
+(vLLM's names), `routed_experts` when the request asks `return_routed_experts` (vLLM's field:
+[positions, MoE layers, top_k], every position the model read), and `policy_versions` (one per
+token). Requests from all connections meet in one engine loop thread, so concurrent requests
+are batched together. Malformed requests get a 4xx with an OpenAI-style error body; nothing a
+client sends can stop the server.
+"""
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from strop.data.chat import IM_END, parse_assistant, render
+from strop.engine.engine import Engine, SamplingParams, load_weights_file
+
+
+class _Sampling(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # unknown OpenAI fields (user, presence_penalty, ...) are ignored
+
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0, le=10)
+    top_p: float = Field(1.0, gt=0, le=1)
+    n: int = Field(1, ge=1, le=16)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    return_routed_experts: bool = False
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = Field(None, ge=0, le=1)
+
+
+class ChatRequest(_Sampling):
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["auto", "none"] | dict | None = None
+    logprobs: bool = False
+
+
+class WeightsRequest(BaseModel):
+    path: str
+    version: int | None = None
+
+
+def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+
+
+class ClientError(Exception):
+    def __init__(self, status: int, message: str):
+        self.status, self.message = status, message
+
+
+def create_app(engine: Engine, model_name: str) -> FastAPI:
+    """The app around an engine whose loop thread is running."""
+    app = FastAPI(title="strop engine")
+    tok = engine.tokenizer
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        parts = [f"{'.'.join(str(p) for p in e['loc'] if p != 'body') or 'body'}: {e['msg']}" for e in exc.errors()[:5]]
+        return _error(400, "invalid request: " + "; ".join(parts))
+
+    @app.exception_handler(ClientError)
+    async def _client_error(request: Request, exc: ClientError):
+        return _error(exc.status, exc.message)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "version": engine.version}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "strop"}]}
+
+    @app.get("/weights/version")
+    async def weights_version():
+        return {"version": engine.version}
+
+    @app.post("/weights/update")
+    async def weights_update(req: WeightsRequest):
+        try:
+            tensors = await asyncio.to_thread(load_weights_file, req.path)
+            pause = await asyncio.to_thread(engine.update_weights(tensors=tensors, version=req.version).wait, 300)
+        except ValueError as e:
+            raise ClientError(400, str(e)) from None
+        return {"version": engine.version, "pause_s": pause}
+
+    def params(req: _Sampling, default_max: int, stop_ids: list[int] | None) -> SamplingParams:
+        if req.model != model_name:
+            raise ClientError(404, f"model {req.model!r} does not exist; this server serves {model_name!r}")
+        stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+        max_tokens = req.max_completion_tokens or req.max_tokens or default_max
+        return SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, stop=stop,
+                              stop_token_ids=stop_ids, seed=req.seed)
+
+    async def run(prompt_ids: list[int], sp: SamplingParams, n: int, stream_cb=None):
+        """Submit n samples and await them; raises ClientError for requests the engine refuses."""
+        loop = asyncio.get_running_loop()
+        futures = []
+        for i in range(n):
+            fut = loop.create_future()
+            spi = sp if sp.seed is None or i == 0 else SamplingParams(**{**sp.__dict__, "seed": sp.seed + i})
+            on_token = (lambda r, i=i: loop.call_soon_threadsafe(stream_cb, i, r)) if stream_cb else None
+            try:
+                engine.submit(prompt_ids, spi, on_token=on_token,
+                              on_done=lambda r, f=fut: loop.call_soon_threadsafe(_resolve, f, r.result))
+            except ValueError as e:
+                raise ClientError(400, str(e)) from None
+            futures.append(fut)
+        return await asyncio.gather(*futures)
+
+    def extras(c, routed: bool) -> dict:
+        out = {"token_ids": c.token_ids, "prompt_token_ids": c.prompt_ids, "policy_versions": c.versions}
+        if routed and c.routing is not None:
+            out["routed_experts"] = c.routing.tolist()
+        return out
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest):
+        prompts = req.prompt if isinstance(req.prompt, list) and req.prompt and isinstance(req.prompt[0], (str, list)) else [req.prompt]
+        if len(prompts) != 1:
+            raise ClientError(400, "one prompt per request (send concurrent requests instead; they are batched together)")
+        prompt = prompts[0]
+        ids = tok.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        sp = params(req, 16, [])  # plain completion: no implicit stop token
+        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        if req.stream:
+            return _stream(run, ids, sp, req.n, lambda i, delta, fin: {
+                "id": rid, "object": "text_completion", "created": created, "model": model_name,
+                "choices": [{"index": i, "text": delta or "", "logprobs": None, "finish_reason": fin}]}, tok.decode)
+        outs = await run(ids, sp, req.n)
+        choices = []
+        for i, c in enumerate(outs):
+            _raise_if_failed(c)
+            lp = None
+            if req.logprobs is not None:
+                toks = [tok.decode([t]) for t in c.token_ids]
+                lp = {"tokens": toks, "token_logprobs": c.logprobs, "top_logprobs": None,
+                      "text_offset": _offsets(toks)}
+            choices.append({"index": i, "text": c.text, "logprobs": lp, "finish_reason": c.finish_reason,
+                            **extras(c, req.return_routed_experts)})
+        return {"id": rid, "object": "text_completion", "created": created, "model": model_name,
+                "choices": choices, "usage": _usage(ids, outs)}
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: ChatRequest):
+        for i, m in enumerate(req.messages):
+            if m.get("role") not in ("system", "user", "assistant", "tool") or not isinstance(m.get("content", ""), (str, type(None))):
+                raise ClientError(400, f"messages[{i}]: needs a role in system/user/assistant/tool and string content")
+        tools = None if req.tool_choice == "none" else req.tools
+        try:
+            text = render(req.messages, tools, add_generation_prompt=True)
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ClientError(400, f"messages or tools are malformed: {type(e).__name__}: {e}") from None
+        ids = tok.encode(text)
+        sp = params(req, 512, [tok.convert_tokens_to_ids(IM_END)])
+        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        if req.stream:
+            return _stream(run, ids, sp, req.n, lambda i, delta, fin: {
+                "id": rid, "object": "chat.completion.chunk", "created": created, "model": model_name,
+                "choices": [{"index": i, "delta": ({"role": "assistant", "content": delta} if delta is not None else {}),
+                             "logprobs": None, "finish_reason": fin}]},
+                lambda ids: tok.decode([t for t in ids if t not in sp.stop_token_ids]))
+        outs = await run(ids, sp, req.n)
+        choices = []
+        for i, c in enumerate(outs):
+            _raise_if_failed(c)
+            turn = parse_assistant(c.text)
+            message = {"role": "assistant", "content": turn.content or None}
+            if turn.tool_calls:
+                message["tool_calls"] = [dict(tc.to_openai(), id=f"call_{uuid.uuid4().hex[:12]}") for tc in turn.tool_calls]
+            finish = "tool_calls" if turn.tool_calls and c.finish_reason == "stop" else c.finish_reason
+            lp = None
+            if req.logprobs:
+                lp = {"content": [{"token": tok.decode([t]), "logprob": l, "bytes": list(tok.decode([t]).encode()),
+                                   "top_logprobs": []} for t, l in zip(c.token_ids, c.logprobs)]}
+            choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": finish,
+                            **extras(c, req.return_routed_experts)})
+        return {"id": rid, "object": "chat.completion", "created": created, "model": model_name,
+                "choices": choices, "usage": _usage(ids, outs)}
+
+    return app
+
+
+def _resolve(fut: asyncio.Future, result) -> None:
+    if not fut.done():
+        fut.set_result(result)
+
+
+def _raise_if_failed(c) -> None:
+    if c.finish_reason == "error":
+        raise ClientError(500, f"generation failed: {c.error}")
+
+
+def _usage(prompt_ids: list[int], outs) -> dict:
+    n = sum(len(c.token_ids) for c in outs)
+    return {"prompt_tokens": len(prompt_ids), "completion_tokens": n, "total_tokens": len(prompt_ids) + n}
+
+
+def _offsets(tokens: list[str]) -> list[int]:
+    out, at = [], 0
+    for t in tokens:
+        out.append(at)
+        at += len(t)
+    return out
+
+
+def _stream(run, ids, sp, n, chunk, decode) -> StreamingResponse:
+    """Server-sent events: a chunk per new piece of text, a last chunk with finish_reason, [DONE].
+    (Text streamed before a stop string is recognised is not taken back.)"""
+    queue: asyncio.Queue = asyncio.Queue()
+    sent = [""] * n
+
+    async def events():
+        task = asyncio.ensure_future(run(ids, sp, n, stream_cb=lambda i, r: queue.put_nowait((i, list(r.token_ids)))))
+        while True:
+            get = asyncio.ensure_future(queue.get())
+            done, _ = await asyncio.wait({get, task}, return_when=asyncio.FIRST_COMPLETED)
+            if get in done:
+                i, token_ids = get.result()
+                text = decode(token_ids)
+                if len(text) > len(sent[i]) and text.startswith(sent[i]) and not text.endswith("\ufffd"):
+                    yield f"data: {json.dumps(chunk(i, text[len(sent[i]):], None))}\n\n"  # (split UTF-8 waits)
+                    sent[i] = text
+                continue
+            get.cancel()
+            try:
+                outs = task.result()
+            except ClientError as e:
+                yield f"data: {json.dumps({'error': {'message': e.message, 'code': e.status}})}\n\n"
+                break
+            for i, c in enumerate(outs):
+                if len(c.text) > len(sent[i]) and c.text.startswith(sent[i]):
+                    yield f"data: {json.dumps(chunk(i, c.text[len(sent[i]):], None))}\n\n"
+                yield f"data: {json.dumps(chunk(i, None, c.finish_reason))}\n\n"
+            break
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def serve_in_thread(engine: Engine, model_name: str, host: str = "127.0.0.1", port: int = 0):
+    """Start the engine loop and a uvicorn server on a thread; returns (base_url, stop_fn)."""
+    import uvicorn
+
+    engine.start()
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, model_name), host=host, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started and time.time() < deadline:
+        time.sleep(0.01)
+    assert server.started, "uvicorn did not start"
+    bound = server.servers[0].sockets[0].getsockname()[1]
+
+    def stop():
+        server.should_exit = True
+        thread.join(timeout=10)
+        engine.stop()
+
+    return f"http://{host}:{bound}", stop
