@@ -247,11 +247,16 @@ class BwrapSandbox:
                 os.kill(self._pid, signal.SIGKILL)  # still bwrap's unreaped child: the pid cannot be recycled
             except ProcessLookupError:
                 pass
+        # wait on a pidfd: Popen.wait(timeout) polls with sleeps of up to 50 ms
+        pidfd = os.pidfd_open(self.proc.pid)
         try:
-            self.proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+            poller = select.poll()
+            poller.register(pidfd, select.POLLIN)
+            if not poller.poll(2000):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        finally:
+            os.close(pidfd)
+        self.proc.wait()
         for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             f.close()
         if self._pid is None:
@@ -266,12 +271,12 @@ class BwrapSandbox:
         self._closed = True
         self._kill()
         if self._cgroup is not None:
-            for _ in range(200):
+            for _ in range(2000):  # the exited tasks leave the cgroup a moment after they are reaped
                 try:
                     self._cgroup.rmdir()
                     break
                 except OSError:
-                    time.sleep(0.005)
+                    time.sleep(0.0005)
         _rmtree(self.dir)
 
     def __enter__(self) -> "BwrapSandbox":
