@@ -16,7 +16,9 @@ def tasks():
 def test_plan_locates_reads_edits_tests_and_submits(tasks):
     names = [[c["function"]["name"] for c in m["tool_calls"]][0] for m in plan(tasks[0])]
     assert names == ["read_file", "edit_file", "run", "submit"]  # difficulty 1 names the file
-    assert [m["tool_calls"][0]["function"]["name"] for m in plan(tasks[2])][0] == "grep"
+    first = [m["tool_calls"][0]["function"] for m in plan(tasks[1])][0]  # difficulty 2 names a failing test file
+    assert first["name"] == "run" and "--tb=no tests/test_" in first["arguments"]["command"]
+    assert [m["tool_calls"][0]["function"]["name"] for m in plan(tasks[2])][0] == "grep"  # 3 quotes a call
 
 
 def test_oracle_solves_each_difficulty(tiny_tokenizer, tasks):

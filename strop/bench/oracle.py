@@ -1,6 +1,7 @@
 """`strop bench oracle`: the scripted oracle through the real harness, tools, sandbox and reward
-checker on a suite split. Reports the solve rate (overall and per difficulty) and oracle
-episodes/s (sandbox start, every tool call, diff and close; checking excluded)."""
+checker on a suite split. Reports the solve rate (overall and per difficulty), oracle episodes/s
+(sandbox start, every tool call, diff and close; checking excluded) and the longest context window
+in tokens (the demonstrations must fit the policy's window)."""
 
 import argparse
 import time
@@ -42,11 +43,13 @@ def run(args: argparse.Namespace) -> int:
         mine = [r for r in report["results"] if r["difficulty"] == d]
         solved = sum(r["reward"] == 1.0 for r in mine)
         rows.append({"difficulty": d, "tasks": len(mine), "solved": solved, "rate": solved / len(mine),
-                     "episode_s": sum(r["episode_s"] for r in mine) / len(mine)})
+                     "episode_s": sum(r["episode_s"] for r in mine) / len(mine),
+                     "max_tokens": max(r["tokens"] for r in mine)})
     rows.append({"difficulty": "all", "tasks": report["tasks"], "solved": report["solved"], "rate": report["rate"],
-                 "episode_s": 1 / report["episodes_per_s"] if report["episodes_per_s"] else None})
+                 "episode_s": 1 / report["episodes_per_s"] if report["episodes_per_s"] else None,
+                 "max_tokens": max((r["tokens"] for r in report["results"]), default=0)})
     print(f"oracle on {args.suite}/{args.split} through the real harness and checker ({time.perf_counter() - start:.0f} s)")
-    print(format_table(rows, ["difficulty", "tasks", "solved", "rate", "episode_s"]))
+    print(format_table(rows, ["difficulty", "tasks", "solved", "rate", "episode_s", "max_tokens"]))
     failures = [f"{r['id']}: {r['reason']}" for r in report["results"] if r["reward"] != 1.0]
     for line in failures[:20]:
         print("  failed", line)

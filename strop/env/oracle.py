@@ -1,11 +1,12 @@
 """The scripted oracle: a `PolicyClient` that solves a task through the real harness and tools
 with the task's reference solution (`metadata["reference_edits"]`).
 
-It behaves like a careful agent — locate the code (read the named file, or grep for the named
-function, or list the repository), read around the bug, apply each edit with `edit_file`, run the
-visible tests, submit — and its turns are real token ids (its intended assistant text, rendered in
-the chat format and encoded once by the tokenizer), so its episodes are demonstration data for the
-SFT warm start and exercise exactly the code path a trained policy does.
+It behaves like a careful agent — locate the code (read the named file; or grep for the function
+that the instruction, or the failing tests it names, point to; or list the repository), read
+around the bug, apply each edit with `edit_file`, run the visible tests, submit — and its turns
+are real token ids (its intended assistant text, rendered in the chat format and encoded once by
+the tokenizer), so its episodes are demonstration data for the SFT warm start and exercise exactly
+the code path a trained policy does.
 """
 
 import functools
@@ -37,7 +38,11 @@ def plan(task: Task, run_tests: bool = True) -> list[dict]:
     turns = []
     first = edits[0]["path"]
     function = task.metadata.get("function")
+    named_tests = [p for p in task.files if _TEST_FILE.search(p) and p in task.instruction]
     if first not in task.instruction:
+        if function and function not in task.instruction and named_tests:  # the failing test names it
+            turns.append(_call("Let me run the failing tests.", "run",
+                               command=f"python -m pytest -q --tb=no {named_tests[0]}"))
         if function:
             turns.append(_call(f"Let me find `{function}`.", "grep", pattern=f"def {function}\\("))
         else:
@@ -116,7 +121,8 @@ def solve(tasks: list[Task], tokenizer, config: HarnessConfig = HarnessConfig(),
             reward, reason = score.reward, score.reason
         report["stop_reasons"][episode.stop_reason] = report["stop_reasons"].get(episode.stop_reason, 0) + 1
         report["results"].append({"id": task.id, "difficulty": task.metadata.get("difficulty"), "reward": reward,
-                                  "stop_reason": episode.stop_reason, "reason": reason, "episode_s": episode_s})
+                                  "stop_reason": episode.stop_reason, "reason": reason, "episode_s": episode_s,
+                                  "tokens": max(len(s) for s in episode.segments)})
         if reward == 1.0:
             report["solved"] += 1
             report["episodes"][task.id] = episode
