@@ -1,0 +1,62 @@
+"""Group-relative advantages and per-token loss weights: the algorithm side of the policy gradient.
+
+The orchestrator turns complete `TrajectoryGroup`s into `Sample`s — each trajectory with one
+advantage and one per-token weight — and ships those to the trainer, which only computes
+sum over generated tokens of weight * clipped objective(advantage). Choosing the algorithm is
+choosing these two numbers:
+
+- GRPO: A_i = (r_i - mean(r)) / (std(r) + eps) within the group; each sample's tokens are
+  averaged (weight 1 / (N * n_i) for a sample with n_i generated tokens in a batch of N samples).
+- Dr.GRPO (arXiv:2503.20783): A_i = r_i - mean(r), and a constant normaliser instead of n_i
+  (weight 1 / (N * norm_tokens)), removing the biases toward long wrong and short right answers.
+
+The reward is the checker's, minus `hack_penalty` when the hack monitor flagged the episode.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from strop.rl.trajectory import Trajectory, TrajectoryGroup
+
+
+@dataclass
+class Sample:
+    trajectory: Trajectory
+    advantage: float  # applies to every generated token of every segment of the trajectory
+    weight: float  # per-token loss weight; weights over a batch sum to ~1 (GRPO) or below (Dr.GRPO)
+
+
+def training_reward(traj: Trajectory, hack_penalty: float) -> float:
+    """The rule of `strop.env.hacks.penalized`: any flag costs the whole penalty."""
+    return traj.reward - hack_penalty if traj.hack_flags else traj.reward
+
+
+def group_advantages(rewards_G: torch.Tensor, *, std_normalize: bool = True, eps: float = 1e-6) -> torch.Tensor:
+    """[G] rewards -> [G] advantages; zero everywhere when all rewards are equal (no signal)."""
+    centred = rewards_G - rewards_G.mean()
+    if not std_normalize:
+        return centred
+    return centred / (rewards_G.std() + eps)  # unbiased std, as in the GRPO paper's implementations
+
+
+def token_weights(gen_tokens_N: torch.Tensor, *, length_normalize: bool = True, norm_tokens: int = 1) -> torch.Tensor:
+    """[N] generated-token counts -> [N] per-token weights (batch mean of per-sample token means,
+    or of per-sample token sums over a constant)."""
+    n = gen_tokens_N.numel()
+    if length_normalize:
+        return 1.0 / (n * gen_tokens_N.clamp(min=1).double())
+    return torch.full((n,), 1.0 / (n * norm_tokens), dtype=torch.float64)
+
+
+def make_samples(groups: list[TrajectoryGroup], *, dr_grpo: bool = False, norm_tokens: int = 1024,
+                 hack_penalty: float = 1.0) -> list[Sample]:
+    """Advantages and weights for one optimizer step's groups (see the module docstring)."""
+    trajs, advs = [], []
+    for g in groups:
+        rewards = torch.tensor([training_reward(t, hack_penalty) for t in g.trajectories], dtype=torch.float64)
+        advs += group_advantages(rewards, std_normalize=not dr_grpo).tolist()
+        trajs += g.trajectories
+    counts = torch.tensor([t.generated_tokens for t in trajs])
+    weights = token_weights(counts, length_normalize=not dr_grpo, norm_tokens=norm_tokens).tolist()
+    return [Sample(t, a, w) for t, a, w in zip(trajs, advs, weights)]
