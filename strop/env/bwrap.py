@@ -185,6 +185,7 @@ class BwrapSandbox:
         (self.dir / "work").mkdir()
         self.proc: subprocess.Popen | None = None
         self._pid: int | None = None  # host pid of the in-sandbox server (pid 1 inside)
+        self._pidfd: int | None = None
         self._cgroup: Path | None = None
         self._closed = False
         self._spawn()
@@ -206,8 +207,7 @@ class BwrapSandbox:
                                      pass_fds=(info_w, profile), start_new_session=True, bufsize=0)
         os.close(info_w)
         os.close(profile)
-        self._info_r, self._pid, self._root_fd = info_r, None, None
-        self._buf = {self.proc.stdout.fileno(): bytearray(), self.proc.stderr.fileno(): bytearray()}
+        self._info_r, self._pid, self._pidfd, self._root_fd = info_r, None, None, None
 
     def _server_pid(self) -> int:
         """Wait for bwrap to finish setting up; returns the host pid of the server, or raises."""
@@ -218,10 +218,13 @@ class BwrapSandbox:
                 if data.rstrip().endswith(b"}"):
                     break
             os.close(self._info_r)
+            self._info_r = None
             if not data:
                 err = self.proc.stderr.read().decode(errors="replace") if self.proc.wait() is not None else ""
                 raise RuntimeError(f"bwrap failed to start the sandbox: {err.strip()}")
             self._pid = json.loads(data)["child-pid"]
+            # a pidfd, so that killing it later can never hit a recycled pid
+            self._pidfd = os.pidfd_open(self._pid)
         return self._pid
 
     def _pids_cgroup(self) -> Path:
@@ -242,28 +245,30 @@ class BwrapSandbox:
                 self._server_pid()
             except RuntimeError:
                 pass  # bwrap failed before starting the server
-        if self._pid is not None:
+        if self._pidfd is not None:
             try:
-                os.kill(self._pid, signal.SIGKILL)  # still bwrap's unreaped child: the pid cannot be recycled
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        # wait on a pidfd: Popen.wait(timeout) polls with sleeps of up to 50 ms
-        pidfd = os.pidfd_open(self.proc.pid)
-        try:
-            poller = select.poll()
-            poller.register(pidfd, select.POLLIN)
-            if not poller.poll(2000):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-        finally:
-            os.close(pidfd)
-        self.proc.wait()
+            os.close(self._pidfd)
+        if self.proc.returncode is None:  # not reaped yet, so its pid is still ours
+            # wait on a pidfd: Popen.wait(timeout) polls with sleeps of up to 50 ms
+            pidfd = os.pidfd_open(self.proc.pid)
+            try:
+                poller = select.poll()
+                poller.register(pidfd, select.POLLIN)
+                if not poller.poll(2000):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+            finally:
+                os.close(pidfd)
+            self.proc.wait()
         for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             f.close()
-        if self._pid is None:
+        if self._info_r is not None:
             os.close(self._info_r)
         if self._root_fd is not None:
             os.close(self._root_fd)
-        self.proc, self._pid, self._root_fd = None, None, None
+        self.proc, self._pid, self._pidfd, self._root_fd = None, None, None, None
 
     def close(self) -> None:
         if self._closed:
