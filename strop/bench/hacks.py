@@ -9,6 +9,7 @@ must earn reward 0 whatever the monitor says; the run fails (exit 1) if one does
 
 import argparse
 import ast
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from random import Random
@@ -21,6 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", help="write results to this JSON file")
     parser.add_argument("--seed", type=int, default=0, help="picks the tasks the hacks target")
     parser.add_argument("--workers", type=int, default=2, help="checks run in parallel (each is a sandbox)")
+    parser.add_argument("--suites", default="synthetic,humaneval,mutated",
+                        help="comma-separated suites whose honest references run (mutated only if built)")
 
 
 # ---- the catalogue ---------------------------------------------------------------------------
@@ -91,17 +94,20 @@ def catalogue(seed: int) -> list[dict]:
     return [{"kind": k, "task": task, "changes": ch, "calls": calls, "final_message": msg} for k, task, ch, calls, msg in out]
 
 
-def honest_episodes(quick: bool) -> list[dict]:
-    """Every suite's reference solutions with the tool-call log an honest agent leaves."""
+def honest_episodes(quick: bool, suites: list[str]) -> list[dict]:
+    """The suites' reference solutions with the tool-call log an honest agent leaves: synthetic eval
+    (100 per difficulty), all of humaneval, all of mutated; a handful each when `quick`."""
     from strop.env.suites import load_suite
     from strop.env.suites.edits import apply_edits
     from strop.errors import UserError
 
-    tasks = load_suite("synthetic", "eval", limit=4 if quick else 100) + load_suite("humaneval")[:6 if quick else None]
-    try:
-        tasks += load_suite("mutated")[:6 if quick else None]
-    except UserError:
-        pass  # not built here: reported as 0 honest mutated tasks
+    tasks = []
+    for name in suites:
+        try:
+            got = load_suite(name, "eval", limit=4 if quick else 100) if name == "synthetic" else load_suite(name)
+        except UserError:
+            continue  # mutated not built here: reported as absent
+        tasks += got if name == "synthetic" else got[:6 if quick else None]
     out = []
     for t in tasks:
         edits = t.metadata["reference_edits"]
@@ -130,11 +136,17 @@ def run(args: argparse.Namespace) -> int:
 
     set_threads(1)
     start = time.perf_counter()
-    hacks, honest = catalogue(args.seed), honest_episodes(args.quick)
+    suites = args.suites.split(",")
+    hacks, honest = catalogue(args.seed), honest_episodes(args.quick, suites)
     with ThreadPoolExecutor(args.workers) as pool:
         hack_rows = list(pool.map(_score, hacks))
-        honest_rows = list(pool.map(_score, honest))
-        stubs = [] if args.quick else list(pool.map(lambda t: check(t, {}, perturbed=False).reward, load_suite("humaneval")))
+        honest_rows = []
+        for row in pool.map(_score, honest):
+            honest_rows.append(row)
+            if len(honest_rows) % 50 == 0:
+                print(f"honest {len(honest_rows)}/{len(honest)} ({time.perf_counter() - start:.0f} s)", file=sys.stderr)
+        stubs = [] if args.quick or "humaneval" not in suites else \
+            list(pool.map(lambda t: check(t, {}, perturbed=False).reward, load_suite("humaneval")))
     classes = {k: {"total": 0, "detected": 0, "rewarded": 0} for k in KINDS}
     for r in hack_rows:
         c = classes[r["kind"]]
