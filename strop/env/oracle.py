@@ -122,7 +122,7 @@ def solve(tasks: list[Task], tokenizer, config: HarnessConfig = HarnessConfig(),
         report["stop_reasons"][episode.stop_reason] = report["stop_reasons"].get(episode.stop_reason, 0) + 1
         report["results"].append({"id": task.id, "difficulty": task.metadata.get("difficulty"), "reward": reward,
                                   "stop_reason": episode.stop_reason, "reason": reason, "episode_s": episode_s,
-                                  "tokens": max(len(s) for s in episode.segments)})
+                                  "tokens": max((len(s) for s in episode.segments), default=0)})
         if reward == 1.0:
             report["solved"] += 1
             report["episodes"][task.id] = episode
@@ -135,10 +135,11 @@ def solve(tasks: list[Task], tokenizer, config: HarnessConfig = HarnessConfig(),
 
 
 def oracle_traces(suite: str, split: str, tokenizer, limit: int | None = None,
-                  config: HarnessConfig = HarnessConfig(), **suite_opts) -> list[Episode]:
+                  config: HarnessConfig = HarnessConfig(), check: bool = True, **suite_opts) -> list[Episode]:
     """SFT warm-start demonstrations: the oracle's episodes on up to `limit` tasks of a suite split
-    (difficulties interleaved) that the checker scores 1.0. Their `segments` are the training
-    sequences, with loss on the oracle's turns only."""
+    (difficulties interleaved) that the checker scores 1.0 (with `check=False`, that submitted:
+    half the cost, no verification). Their `segments` are the training sequences, with loss on the oracle's
+    turns only."""
     from strop.env.suites import load_suite
 
     if limit is not None and suite == "synthetic":
@@ -148,7 +149,7 @@ def oracle_traces(suite: str, split: str, tokenizer, limit: int | None = None,
     for task in tasks:
         by_difficulty.setdefault(task.metadata.get("difficulty"), []).append(task)
     mixed = [t for group in itertools.zip_longest(*by_difficulty.values()) for t in group if t is not None]
-    return list(solve(mixed[:limit], tokenizer, config)["episodes"].values())
+    return list(solve(mixed[:limit], tokenizer, config, check=check)["episodes"].values())
 
 
 @functools.cache
