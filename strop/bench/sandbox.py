@@ -23,10 +23,10 @@ from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quick", action="store_true", help="under a minute: 200 start+exit runs, a 12 s idle-footprint budget")
+    p.add_argument("--quick", action="store_true", help="under a minute: 200 start+exit runs, 100 pooled, an 8 s idle-footprint budget, 2 oracle episodes")
     p.add_argument("--runs", type=int, default=None, help="start+exit runs (default 1000, --quick 200)")
     p.add_argument("--max", type=int, default=1000, help="most idle sandboxes to hold at once (default 1000)")
-    p.add_argument("--oracle-episodes", type=int, default=None, help="oracle episodes to time (default 30, --quick 6)")
+    p.add_argument("--oracle-episodes", type=int, default=None, help="oracle episodes to time (default 30, --quick 2)")
     p.add_argument("--json", help="write results to this JSON file")
 
 
@@ -77,7 +77,7 @@ def _pool_start_exit(world: Path, runs: int) -> list[float]:
             sb.exec(["true"])
             pool.release(sb)
             ts.append(time.perf_counter() - t)
-            time.sleep(0.01)  # a rollout does work between sandboxes; the pool refills meanwhile
+            time.sleep(0.03)  # a rollout works for seconds between sandboxes; the pool refills meanwhile
     return ts
 
 
@@ -147,10 +147,10 @@ def run(args: argparse.Namespace) -> int:
         (world / "main.py").write_text("print('hello')\n")
         _start_exit(world, 10)  # warm: per-process setup, the sandbox python cache
         start = _start_exit(world, runs)
-        pool = _pool_start_exit(world, min(runs, 200))
+        pool = _pool_start_exit(world, 100 if args.quick else 200)
         ex, sh = _exec(world, runs)
-        idle = _idle(world, args.max, 12.0 if args.quick else 300.0)
-    oracle, oracle_note = _oracle(args.oracle_episodes or (6 if args.quick else 30))
+        idle = _idle(world, args.max, 8.0 if args.quick else 300.0)
+    oracle, oracle_note = _oracle(args.oracle_episodes or (2 if args.quick else 30))
     res = {
         "start_p50_ms": _pct(start, 0.5), "start_p99_ms": _pct(start, 0.99),
         "pool_start_p50_ms": _pct(pool, 0.5), "pool_start_p99_ms": _pct(pool, 0.99),

@@ -27,8 +27,10 @@ root), so there a pids cgroup (v1 or v2, when writable) bounds processes instead
 the sandbox may read /proc/1/fd/0 and so disturb its own sandbox's protocol (only its own).
 """
 
+import atexit
 import functools
 import json
+import weakref
 import os
 import select
 import shlex
@@ -56,6 +58,7 @@ SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "var")
 EMPTY_DIRS = ("boot", "media", "mnt", "opt", "root", "run", "srv", "sys")  # the host sysfs shows host devices
 _SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _CHECK_EVERY_S = 0.2  # workspace-size poll period while a command runs
+_OPEN: "weakref.WeakSet[BwrapSandbox]" = weakref.WeakSet()  # closed at exit if the caller did not
 
 
 # files of the image's /etc the sandbox does not get (host secrets)
@@ -67,8 +70,12 @@ def _host(image: str = "/") -> dict:
     """Per-process setup shared by all sandboxes: a copy of the image's /etc with the `dev` user,
     the hostname and without host secrets (one bind mount instead of one per file), ~/.profile,
     and the temp root the sandboxes' copy-on-write layers live under."""
+    if not (Path(image) / "usr").is_dir() or not (Path(image) / "etc").is_dir():
+        raise ValueError(f"image {image} is not a system root (no /usr or /etc)")
     root = Path(tempfile.mkdtemp(prefix="strop-sbx-", dir=_temp_base()))
     os.chmod(root, 0o755)
+    cgroup = _pids_cgroup_root()
+    atexit.register(_cleanup, root, cgroup)
     etc = root / "etc"
     shutil.copytree(Path(image) / "etc", etc, symlinks=True, ignore=shutil.ignore_patterns(*_ETC_SECRETS),
                     copy_function=_copy_readable)
@@ -80,7 +87,19 @@ def _host(image: str = "/") -> dict:
     (etc / "hosts").write_text(f"127.0.0.1\tlocalhost\n127.0.1.1\t{HOSTNAME}\n::1\tlocalhost ip6-localhost ip6-loopback\n")
     venv_bin = f"{sys.prefix}/bin"
     (root / "profile").write_text(f'# ~/.profile\nPATH="{venv_bin}:$PATH"\n[ -f "$HOME/.bashrc" ] && . "$HOME/.bashrc"\n')
-    return {"root": root, "etc": etc, "path": f"{venv_bin}:{_SYSTEM_PATH}", "cgroup": _pids_cgroup_root()}
+    return {"root": root, "etc": etc, "path": f"{venv_bin}:{_SYSTEM_PATH}", "cgroup": cgroup}
+
+
+def _cleanup(root: Path, cgroup: Path | None) -> None:
+    """At exit: remove the per-process temp root and cgroup (sandboxes still open are killed first)."""
+    for sb in list(_OPEN):
+        sb.close()
+    _rmtree(root)
+    if cgroup is not None:
+        try:
+            cgroup.rmdir()
+        except OSError:
+            pass  # a child cgroup is still busy; nothing more to do at exit
 
 
 def _temp_base() -> str | None:
@@ -188,6 +207,7 @@ class BwrapSandbox:
         self._pidfd: int | None = None
         self._cgroup: Path | None = None
         self._closed = False
+        _OPEN.add(self)
         self._spawn()
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -299,7 +319,7 @@ class BwrapSandbox:
         if self.proc is None or self.proc.poll() is not None:
             self._kill()
             self._spawn()
-        self._server_pid()
+        # the server's pid is not needed to exec (the pipes suffice): it is read when needed
 
     def _root(self) -> int:
         """An O_PATH fd of the sandbox's root directory, opened only after a protocol round trip:
@@ -350,9 +370,10 @@ class BwrapSandbox:
         t0 = time.perf_counter()
         try:
             self.proc.stdin.write(script)
-        except BrokenPipeError:
-            self._kill()  # server died between the check and the write; report, respawn next time
-            return ExecResult(126, "", "sandbox server died", time.perf_counter() - t0)
+        except BrokenPipeError:  # bwrap failed to start, or the server died: report, respawn next time
+            why = self.proc.stderr.read(self.limits.output_bytes).decode(errors="replace").strip()
+            self._kill()
+            return ExecResult(126, "", f"sandbox server died: {why}", time.perf_counter() - t0)
         out, err, rc, why = self._collect(nonce, t0 + timeout, on_output)
         dur = time.perf_counter() - t0
         cap = self.limits.output_bytes
