@@ -63,6 +63,11 @@ def test_no_network(sb):
     assert sb.exec("ls /sys/class/net; cat /proc/net/dev").stdout.count("eth") == 0
 
 
+def test_no_capabilities_and_no_nested_namespaces(sb):
+    r = sb.exec("grep CapEff /proc/self/status; unshare -Ur true && echo NESTED")
+    assert "0000000000000000" in r.stdout and "NESTED" not in r.stdout
+
+
 def test_writes_outside_workspace_never_reach_host(sb, world):
     marker = f"/tmp/strop-escape-{os.getpid()}"
     r = sb.exec(f"echo x > {marker}; echo y > /usr/evil; echo z > /etc/evil; echo w > ~/x; echo v > README.md")

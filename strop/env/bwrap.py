@@ -172,7 +172,9 @@ def _static_argv(image: str, limits: Limits) -> tuple[str, ...]:
           "--proc", "/proc"]
     a += sandbox_python.binds()
     a += ["--remount-ro", "/"]  # after every directory on the root tmpfs exists
-    a += ["--unshare-all", "--hostname", HOSTNAME, "--uid", str(UID), "--gid", str(GID), "--cap-drop", "ALL",
+    # --disable-userns: no nested user namespaces, which would hand the agent capabilities (over
+    # its own namespaces only, but that is kernel attack surface a coding task never needs)
+    a += ["--unshare-all", "--unshare-user", "--disable-userns", "--hostname", HOSTNAME, "--uid", str(UID), "--gid", str(GID), "--cap-drop", "ALL",
           "--die-with-parent", "--new-session", "--as-pid-1", "--clearenv"]
     env = {"PATH": h["path"], "HOME": HOME, "USER": USER, "LOGNAME": USER, "SHELL": "/bin/bash",
            "LANG": os.environ.get("LANG", "C.UTF-8")}
@@ -441,6 +443,11 @@ class BwrapSandbox:
                         sent[fd] = upto
             if why:
                 break
+        if why == "died":  # bwrap or the server exited: keep what it said (bwrap's errors go to stderr)
+            err_fd = self.proc.stderr.fileno()
+            while len(kept[err_fd]) < cap and (chunk := os.read(err_fd, 1 << 16)):
+                kept[err_fd] += chunk
+                total[err_fd] += len(chunk)
         if why is not None:
             self._kill()
         if on_output is not None:
