@@ -63,38 +63,33 @@ def varint(x: int) -> bytes:
             return bytes(out)
 
 
-def rice_cost(values: np.ndarray, k: int) -> int:
-    """Exact size in bits of `values` Rice-coded with parameter k."""
-    return int((values >> k).sum()) + len(values) * (k + 1)
-
-
-def best_rice_k(values: np.ndarray) -> int:
-    """The cheapest parameter, searched around log2 of the mean (the optimum for a geometric)."""
-    if len(values) == 0:
+def rice_k(values: np.ndarray) -> int:
+    """Rice parameter for values distributed about geometrically, from their mean alone:
+    k = max(0, 1 + floor(log2(log(phi - 1) / log(theta)))), theta = mean / (mean + 1)
+    (Kiely, "Selecting the Golomb parameter in Rice coding", IPN 42-159, 2004)."""
+    mean = float(values.mean()) if len(values) else 0.0
+    if mean < 0.5:
         return 0
-    mean = float(values.mean())
-    guess = max(0, int(np.log2(mean + 1)))
-    cands = range(max(0, guess - 1), min(guess + 2, 31))
-    return min(cands, key=lambda k: rice_cost(values, k))
+    theta = mean / (mean + 1)
+    return int(min(30, max(0, 1 + np.floor(np.log2(np.log(0.6180339887) / np.log(theta))))))
 
 
 def rice_encode(values: np.ndarray) -> bytes:
     """Rice-code non-negative integers: header (count, k, unary length), unary quotients as a
     bitmap with a 1 ending each quotient, then the k-bit remainders as bit planes."""
-    values = np.asarray(values, dtype=np.uint64)
+    values = np.asarray(values, dtype=np.int64)
     m = len(values)
     if m == 0:
         return varint(0)
-    k = best_rice_k(values)
-    q = (values >> np.uint64(k)).astype(np.int64)
-    ends = np.cumsum(q + 1) - 1
+    k = rice_k(values)
+    ends = np.cumsum((values >> k) + 1) - 1
     unary = np.zeros(int(ends[-1]) + 1, dtype=bool)
     unary[ends] = True
     unary_b = np.packbits(unary)
     parts = [varint(m), varint(k), varint(len(unary)), unary_b.tobytes()]
     if k:
         # remainders as k bit planes, MSB first: k cheap passes instead of shuffling bits per value
-        r = values.astype(np.uint32)
+        r = values.astype(np.uint32) if k > 16 else values.astype(np.uint16)
         for b in reversed(range(k)):
             parts.append(np.packbits((r >> b) & 1).tobytes())
     return b"".join(parts)
@@ -126,14 +121,14 @@ CHUNK = 1 << 16  # elements per step of the packing loop: temporaries stay in L2
 
 def pack_below(u: np.ndarray, thresholds: list[int]) -> list[np.ndarray]:
     """For each threshold t, a packed bitmap (uint64 words, bit i = bit i%64 of word i//64) of
-    the elements whose bits without the sign are < t, i.e. |x| < t. Chunked so each element is
-    read from memory once, however many thresholds."""
+    the elements whose bits without the sign are < t, i.e. |x| < t. Chunked so that each
+    element is read from memory once, however many thresholds."""
     n = len(u)
     nwords = (n + 63) // 64
     outs = [np.zeros(nwords * 8, dtype=np.uint8) for _ in thresholds]
     a2 = np.empty(min(CHUNK, n), dtype=u.dtype)
     tmp = np.empty(min(CHUNK, n), dtype=bool)
-    for s in range(0, n, CHUNK):
+    for s in range(0, n, CHUNK) if thresholds else ():
         k = min(CHUNK, n - s)
         np.left_shift(u[s : s + k], 1, out=a2[:k])  # drop the sign bit: compare |x| << 1
         for out, t in zip(outs, thresholds):
@@ -185,7 +180,13 @@ class NestedClasses:
     def select(self, c: int, ranks: np.ndarray) -> np.ndarray:
         """Position of the class-c element with each rank; ranks must be < count(c)."""
         before = self.before[c + 1] - self.before[c] if c else self.before[1]
-        w = np.searchsorted(before, ranks, side="right") - 1
+        if len(ranks) > len(before):
+            # more queries than words: search the words among the queries instead (sorted
+            # ranks make per-word query counts; repeating word ids gives each query its word)
+            per_word = np.diff(np.searchsorted(ranks, before[1:]), prepend=0)
+            w = np.repeat(np.arange(len(before) - 1), per_word)
+        else:
+            w = np.searchsorted(before, ranks, side="right") - 1
         j = (ranks - before[w]).astype(np.uint64)
         return (w << 6) + select_in_word(self._words(c + 1, w) & ~self._words(c, w), j)
 

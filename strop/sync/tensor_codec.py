@@ -41,16 +41,33 @@ def _signed(u: type) -> type:
 
 
 def to_ordinal(u: np.ndarray) -> np.ndarray:
-    """Map float bit patterns to unsigned integers whose order is the float order (-0 < +0)."""
-    top = u.dtype.type(1 << (u.itemsize * 8 - 1))
-    ones = u.dtype.type(~np.zeros((), u.dtype))
-    return u ^ np.where(u & top, ones, top)
+    """Map float bit patterns to unsigned integers whose order is the float order (-0 < +0):
+    flip the sign bit of positives, all bits of negatives."""
+    shift = u.itemsize * 8 - 1
+    flip = u >> shift
+    flip *= u.dtype.type((1 << shift) - 1)  # 0 or 0x7F..F
+    flip |= u.dtype.type(1 << shift)  # 0x80..0 or 0xFF..F
+    flip ^= u
+    return flip
 
 
 def from_ordinal(k: np.ndarray) -> np.ndarray:
-    top = k.dtype.type(1 << (k.itemsize * 8 - 1))
-    ones = k.dtype.type(~np.zeros((), k.dtype))
-    return k ^ np.where(k & top, top, ones)
+    shift = k.itemsize * 8 - 1
+    flip = (k >> shift) ^ k.dtype.type(1)  # 1 for negatives
+    flip *= k.dtype.type((1 << shift) - 1)
+    flip |= k.dtype.type(1 << shift)
+    flip ^= k
+    return flip
+
+
+def sample_blocks(a: np.ndarray, block: int = 4096) -> np.ndarray:
+    """About SAMPLE elements in evenly spaced contiguous blocks (a strided sample would touch
+    every cache line of the tensor)."""
+    nblocks = len(a) // block
+    if len(a) <= SAMPLE or nblocks < 2:
+        return a
+    take = np.linspace(0, nblocks - 1, max(1, SAMPLE // block)).astype(np.int64)
+    return a[: nblocks * block].reshape(nblocks, block)[take].ravel()
 
 
 def _mask_bits(n: np.ndarray, m: np.ndarray) -> np.ndarray:
@@ -62,15 +79,17 @@ def _mask_bits(n: np.ndarray, m: np.ndarray) -> np.ndarray:
     return np.where((m > 0) & (m < n), n * h, 0.0)
 
 
-def choose_bounds(old: np.ndarray, changed_exp: np.ndarray, mant: int, exp_bits: int) -> list[int]:
+def choose_bounds(old: np.ndarray, new: np.ndarray, mant: int, exp_bits: int) -> list[int]:
     """Exponent boundaries b_1 < ... splitting elements into classes [b_j, b_j+1) that minimise
-    the estimated bits of the change mask (sum of n_c·H(p_c)) plus a per-class price."""
+    the estimated bits of the change mask (sum of n_c·H(p_c)) plus a per-class price. The
+    histograms come from an evenly strided sample, so this costs nothing on big tensors."""
     n_exp = 1 << exp_bits
-    step = max(1, len(old) // SAMPLE)
-    sample = old[::step]
+    sample, sample_new = sample_blocks(old), sample_blocks(new)
     absmask = sample.dtype.type((1 << (sample.itemsize * 8 - 1)) - 1)
-    counts = np.bincount((sample & absmask) >> mant, minlength=n_exp) * (len(old) / len(sample))
-    changes = np.bincount(changed_exp, minlength=n_exp).astype(np.float64)
+    exps = (sample & absmask) >> mant
+    scale = len(old) / len(sample)
+    counts = np.bincount(exps, minlength=n_exp) * scale
+    changes = np.bincount(exps[sample != sample_new], minlength=n_exp) * scale
     live = np.flatnonzero((counts > 0) | (changes > 0))
     if len(live) < 2:
         return []
@@ -104,24 +123,23 @@ def _classes(old: np.ndarray, bounds: list[int], mant: int) -> NestedClasses:
 
 def encode_delta(old: np.ndarray, new: np.ndarray, dtype: str, idx: np.ndarray | None = None) -> bytes:
     """Delta payload turning `old` into `new` (flat unsigned views of one float dtype).
-
-    `idx` (sorted changed positions) may be passed when the caller already computed it."""
+    `idx` (the sorted changed positions) may be passed when the caller has computed it."""
     _, mant, exp_bits = FLOATS[dtype]
     if idx is None:
         idx = np.flatnonzero(old != new)
+    bounds = choose_bounds(old, new, mant, exp_bits)
+    classes = _classes(old, bounds, mant)
     ov, nv = old[idx], new[idx]
     sdt = _signed(old.dtype.type)
     step = (to_ordinal(nv) - to_ordinal(ov)).view(sdt).astype(np.int64)
     absmask = old.dtype.type((1 << (old.itemsize * 8 - 1)) - 1)
     exp = (ov & absmask) >> mant
-    bounds = choose_bounds(old, exp, mant, exp_bits)
     class_of_exp = np.zeros(1 << exp_bits, dtype=np.uint8)
     for b in bounds:
         class_of_exp[b:] += 1
     cls = class_of_exp[exp]
     order = np.argsort(cls, kind="stable")  # groups changes by class, positions stay sorted
     ends = np.cumsum(np.bincount(cls, minlength=len(bounds) + 1))
-    classes = _classes(old, bounds, mant)
     parts = [varint(len(bounds))] + [varint(b) for b in bounds]
     for c in range(len(bounds) + 1):
         sel = order[(ends[c - 1] if c else 0) : ends[c]]
