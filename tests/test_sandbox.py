@@ -201,6 +201,13 @@ def test_file_ops_cannot_escape_through_symlinks(sb, tmp_path):
     sb.write_file("up", "x")  # lands in the sandbox's own /tmp
     assert not os.path.exists(planted) and sb.exec(f"cat {planted}").stdout == "x"
     assert sorted(sb.list_dir(".")) == sorted(["README.md", "hn", "link", "old", "pkg", "up"])
+    sb.exec("mkfifo fifo; ln -s /dev/zero zero; ln -s /proc/kcore core")
+    for planted in ("fifo", "zero", "core"):  # must neither block nor flood the host
+        with pytest.raises(OSError):
+            sb.read_file(planted)
+    with pytest.raises(OSError):
+        sb.write_file("fifo", "x")
+    sb.exec("rm fifo zero core")
     sb.write_file("deep/er/file.txt", "made")
     assert sb.exec("cat deep/er/file.txt").stdout == "made"
 

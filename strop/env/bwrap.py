@@ -480,7 +480,9 @@ class BwrapSandbox:
         return RootView(self._root(), WORKDIR)
 
     def read_file(self, path: str) -> bytes:
-        return self._view().read(path)
+        """Bytes of a regular file; larger than Limits.file_size_mb (no command can write such a
+        file) or not a regular file (fifo, device, /proc) raises OSError."""
+        return self._view().read(path, self.limits.file_size_mb << 20)
 
     def write_file(self, path: str, data: bytes | str) -> None:
         self._view().write(path, data.encode() if isinstance(data, str) else data)

@@ -9,11 +9,13 @@ host). The diff reads the overlay upper directory directly (it is a host directo
 files are additions or edits, character devices 0:0 are whiteouts (deletions), and an opaque
 directory hides everything below it in the image.
 
-Not covered: special files (fifos, devices) and xattrs are not reported by the diff; symlinks
-are reported as their target path; files are read whole (callers bound sizes).
+Reads and writes refuse anything but regular files (a planted fifo or device cannot block or
+flood the host) and reads are bounded. Not covered: special files and xattrs are not reported by
+the diff; symlinks are reported as their target path.
 """
 
 import ctypes
+import errno
 import os
 import stat
 from pathlib import Path
@@ -51,14 +53,24 @@ class RootView:
     def _rootfd(self) -> int:
         return os.dup(self.root_fd)
 
-    def read(self, path: str) -> bytes:
+    def read(self, path: str, max_bytes: int) -> bytes:
+        """Bytes of a regular file of at most `max_bytes`. Anything else raises OSError: a fifo or
+        device the agent planted must not block or flood the host (O_NONBLOCK, then fstat)."""
         rfd = self._rootfd()
         try:
-            fd = open_in_root(rfd, self._abs(path), os.O_RDONLY)
+            fd = open_in_root(rfd, self._abs(path), os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
         finally:
             os.close(rfd)
         with os.fdopen(fd, "rb") as f:
-            return f.read()
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError(errno.EINVAL, "not a regular file", path)
+            data = f.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise OSError(errno.EFBIG, f"larger than {max_bytes} bytes", path)
+        return data
 
     def write(self, path: str, data: bytes) -> None:
         full = self._abs(path)
@@ -67,13 +79,18 @@ class RootView:
         try:
             pfd = self._makedirs(rfd, parent or "/")
             try:
-                # the final component is opened confined too (it may be a symlink the agent planted)
-                fd = open_in_root(rfd, full, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                # the final component is opened confined too (it may be a symlink the agent planted);
+                # O_NONBLOCK: a planted fifo fails (ENXIO) instead of blocking
+                fd = open_in_root(rfd, full, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY, 0o644)
             finally:
                 os.close(pfd)
         finally:
             os.close(rfd)
         with os.fdopen(fd, "wb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(errno.EINVAL, "not a regular file", path)
+            os.set_blocking(fd, True)
+            os.ftruncate(fd, 0)
             f.write(data)
 
     def _makedirs(self, rfd: int, path: str) -> int:
