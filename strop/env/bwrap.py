@@ -465,9 +465,10 @@ class BwrapSandbox:
         limit = self.limits.workspace_mb << 20
         used = 0
         for dirpath, dirnames, filenames in os.walk(self.dir / "upper"):
+            used += 1024 * len(dirnames)  # entries cost inodes even when empty: bound their number too
             for n in filenames:
                 try:
-                    used += os.lstat(os.path.join(dirpath, n)).st_blocks * 512
+                    used += os.lstat(os.path.join(dirpath, n)).st_blocks * 512 + 1024
                 except OSError:
                     pass
             if used > limit:
