@@ -131,6 +131,25 @@ class RLSection:
 
 
 @dataclass
+class RolloutSection:
+    suite: str = opt("synthetic", "task suite: RL samples its train split, evaluation its eval split")
+    difficulties: list[int] = opt([1], "task difficulties RL trains on")
+    train_tasks: int = opt(500, "train tasks per difficulty", ge=1)
+    workers: int = opt(4, "rollouts in flight at once (threads inline, actors on Ray)", ge=1)
+    engines: int = opt(1, "inference engines", ge=1)
+    engine_batch: int = opt(16, "sequences one engine decodes together", ge=1)
+    max_turns: int = opt(6, "assistant turns per episode", ge=1)
+    max_context: int = opt(1024, "tokens per context window", ge=64)
+    max_turn_tokens: int = opt(160, "tokens per assistant turn", ge=8)
+    temperature: float = opt(1.0, "sampling temperature of rollouts", gt=0)
+    command_timeout_s: float = opt(10.0, "wall-clock limit per sandbox command", gt=0)
+    retries: int = opt(2, "times a rollout lost with its engine or worker is relaunched elsewhere", ge=0)
+    ckpt_every: int = opt(1, "checkpoint the whole run every N steps", ge=1)
+    eval_difficulties: list[int] = opt([1, 2], "held-out difficulties evaluated")
+    eval_episodes: int = opt(200, "held-out episodes per evaluated difficulty", ge=1)
+
+
+@dataclass
 class Config:
     run: RunSection = field(default_factory=RunSection)
     model: ModelSection = field(default_factory=ModelSection)
@@ -138,6 +157,7 @@ class Config:
     midtrain: MidtrainSection = field(default_factory=MidtrainSection)
     sft: SFTSection = field(default_factory=SFTSection)
     rl: RLSection = field(default_factory=RLSection)
+    rollout: RolloutSection = field(default_factory=RolloutSection)
 
     @property
     def run_dir(self) -> Path:
