@@ -25,7 +25,7 @@ from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quick", action="store_true", help="under a minute: 200 start+exit runs, 100 pooled, an 8 s idle-footprint budget, 2 oracle episodes")
+    p.add_argument("--quick", action="store_true", help="under a minute: 200 start+exit runs, 100 pooled, a 5 s idle-footprint budget, 2 oracle episodes")
     p.add_argument("--runs", type=int, default=None, help="start+exit runs (default 1000, --quick 200)")
     p.add_argument("--max", type=int, default=1000, help="most idle sandboxes to hold at once (default 1000)")
     p.add_argument("--oracle-episodes", type=int, default=None, help="oracle episodes to time (default 30, --quick 2)")
@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         start, start_cpu = _start_exit(world, runs)
         pool = _pool_start_exit(world, 100 if args.quick else 200)
         ex, sh = _exec(world, runs)
-        idle = _idle(world, args.max, 8.0 if args.quick else 300.0)
+        idle = _idle(world, args.max, 5.0 if args.quick else 300.0)
     oracle, oracle_note = _oracle(args.oracle_episodes or (2 if args.quick else 30))
     res = {
         "start_p50_ms": _pct(start, 0.5), "start_p99_ms": _pct(start, 0.99), "start_min_ms": min(start) * 1e3,
