@@ -63,6 +63,25 @@ def varint(x: int) -> bytes:
             return bytes(out)
 
 
+def gaps(positions: np.ndarray) -> np.ndarray:
+    """Zeros skipped before each of a sorted run of distinct positions (np.diff with a prepend
+    allocates and broadcasts; this runs per class on every tensor)."""
+    out = np.empty(len(positions), dtype=np.int64)
+    if len(positions):
+        out[0] = positions[0]
+        np.subtract(positions[1:], positions[:-1], out=out[1:])
+        out[1:] -= 1
+    return out
+
+
+def positions(gaps: np.ndarray) -> np.ndarray:
+    """Inverse of `gaps`."""
+    out = np.cumsum(gaps)
+    out += np.arange(1, len(gaps) + 1)
+    out -= 1
+    return out
+
+
 def rice_k(values: np.ndarray) -> int:
     """Rice parameter for values distributed about geometrically, from their mean alone:
     k = max(0, 1 + floor(log2(log(phi - 1) / log(theta)))), theta = mean / (mean + 1)
@@ -106,7 +125,7 @@ def rice_decode(reader: BitReader) -> np.ndarray:
     ends = np.flatnonzero(unary)
     if len(ends) != m or k > 32:
         raise ValueError("corrupt Rice stream")
-    q = np.diff(ends, prepend=-1) - 1
+    q = gaps(ends)
     if not k:
         return q
     plane_bytes = (m + 7) // 8

@@ -22,7 +22,7 @@ Tensors that change densely fall back to a zstd'd byte-shuffled full copy (`enco
 import numpy as np
 import zstandard
 
-from strop.sync.bits import BitReader, NestedClasses, pack_below, rice_decode, rice_encode, varint
+from strop.sync.bits import BitReader, NestedClasses, gaps, pack_below, positions, rice_decode, rice_encode, varint
 
 # safetensors dtype -> (unsigned view, mantissa bits, exponent bits); only these get deltas
 FLOATS: dict[str, tuple[type, int, int]] = {
@@ -147,12 +147,12 @@ def encode_delta(old: np.ndarray, new: np.ndarray, dtype: str, idx: np.ndarray |
             parts.append(rice_encode(sel))
             continue
         ranks = classes.rank(c, idx[sel])
-        parts.append(rice_encode(np.diff(ranks, prepend=-1) - 1))
+        parts.append(rice_encode(gaps(ranks)))
         s = step[sel]
         parts.append(np.packbits(s < 0).tobytes())
         mag = np.abs(s) - 1
         esc = np.flatnonzero(mag)
-        parts.append(rice_encode(np.diff(esc, prepend=-1) - 1))
+        parts.append(rice_encode(gaps(esc)))
         parts.append(rice_encode(mag[esc] - 1))
     return b"".join(parts)
 
@@ -172,17 +172,15 @@ def decode_delta(old: np.ndarray, payload: bytes | memoryview, dtype: str) -> tu
     classes = _classes(old, bounds, mant)
     pos_parts, step_parts = [], []
     for c in range(nb + 1):
-        gaps = rice_decode(r)
-        m = len(gaps)
+        ranks = positions(rice_decode(r))
+        m = len(ranks)
         if not m:
             continue
-        ranks = np.cumsum(gaps + 1) - 1
         if ranks[-1] >= classes.count(c):
             raise ValueError("corrupt delta: change outside its class")
         pos_parts.append(classes.select(c, ranks))
         neg = np.unpackbits(np.frombuffer(r.take((m + 7) // 8), dtype=np.uint8), count=m).astype(bool)
-        esc_gaps = rice_decode(r)
-        esc = np.cumsum(esc_gaps + 1) - 1
+        esc = positions(rice_decode(r))
         big = rice_decode(r)
         if len(big) != len(esc) or (len(esc) and esc[-1] >= m):
             raise ValueError("corrupt delta: bad step stream")
