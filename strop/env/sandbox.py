@@ -8,7 +8,7 @@ plug in behind `open_sandbox`.
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 WORKDIR = "/home/dev/repo"  # where the repository appears inside the sandbox (the production path)
 
@@ -38,8 +38,10 @@ class ExecResult:
 
 class Sandbox(Protocol):
     def exec(self, cmd: str | list[str], timeout: float | None = None, stdin: str | None = None,
-             env: dict[str, str] | None = None) -> ExecResult:
-        """Run `cmd` (a shell string runs under `bash -lc`) in WORKDIR."""
+             env: dict[str, str] | None = None,
+             on_output: Callable[[int, bytes], None] | None = None) -> ExecResult:
+        """Run `cmd` (a shell string runs under `bash -lc`) in WORKDIR. `on_output(stream, data)`
+        (stream 1 or 2), if given, also receives the output as it arrives, within the same cap."""
         ...
 
     def read_file(self, path: str) -> bytes: ...  # relative paths are relative to WORKDIR
