@@ -178,7 +178,8 @@ class Store:
         self.set_head(head["latest"], keep_from)
         for w in range(old, keep_from):
             self.fs.rm(self._manifest_path(w))
-            self.fs.rm(self._delta_path(w + 1)) if self.fs.exists(self._delta_path(w + 1)) else None
+            if self.fs.exists(self._delta_path(w + 1)):  # a lost delta is simply already gone
+                self.fs.rm(self._delta_path(w + 1))
         self.fs.rm(self._snapshot_path(old))
 
 

@@ -24,12 +24,8 @@ import zstandard
 
 from strop.sync.bits import BitReader, NestedClasses, gaps, pack_below, positions, rice_decode, rice_encode, varint
 
-# safetensors dtype -> (unsigned view, mantissa bits, exponent bits); only these get deltas
-FLOATS: dict[str, tuple[type, int, int]] = {
-    "BF16": (np.uint16, 7, 8),
-    "F16": (np.uint16, 10, 5),
-    "F32": (np.uint32, 23, 8),
-}
+# safetensors dtype -> (mantissa bits, exponent bits); only these get deltas
+FLOATS: dict[str, tuple[int, int]] = {"BF16": (7, 8), "F16": (10, 5), "F32": (23, 8)}
 MAX_CLASSES = 4  # 6 gains ~3% in size but costs two more passes over the tensor
 CLASS_COST_BITS = 256  # header bytes plus one extra pass over the tensor, priced as bits
 SAMPLE = 1 << 18  # elements sampled to estimate the exponent histogram
@@ -124,7 +120,7 @@ def _classes(old: np.ndarray, bounds: list[int], mant: int) -> NestedClasses:
 def encode_delta(old: np.ndarray, new: np.ndarray, dtype: str, idx: np.ndarray | None = None) -> bytes:
     """Delta payload turning `old` into `new` (flat unsigned views of one float dtype).
     `idx` (the sorted changed positions) may be passed when the caller has computed it."""
-    _, mant, exp_bits = FLOATS[dtype]
+    mant, exp_bits = FLOATS[dtype]
     if idx is None:
         idx = np.flatnonzero(old != new)
     bounds = choose_bounds(old, new, mant, exp_bits)
@@ -161,7 +157,7 @@ def decode_delta(old: np.ndarray, payload: bytes | memoryview, dtype: str) -> tu
     """Changed positions (int64) and their new bit patterns, from `old` and a delta payload.
 
     Raises ValueError when the payload is malformed (the caller's checksums catch the rest)."""
-    _, mant, exp_bits = FLOATS[dtype]
+    mant, exp_bits = FLOATS[dtype]
     r = BitReader(payload)
     nb = r.varint()
     if nb >= MAX_CLASSES:
