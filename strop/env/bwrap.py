@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -132,6 +133,9 @@ def _pids_cgroup_root() -> Path | None:
                 return parent
             except OSError:
                 continue
+    warnings.warn("strop runs as root and no pids cgroup is writable: the sandbox user maps to root, "
+                  "for whom RLIMIT_NPROC does not apply, so Limits.max_procs is not enforced (run as "
+                  "a regular user, or make a pids cgroup writable)", stacklevel=2)
     return None
 
 
