@@ -362,8 +362,10 @@ class BwrapSandbox:
         else:
             line = f"printf '%s' {shlex.quote(stdin)} | {body}"
         # rc first, then kill leftovers (pid 1 is spared by kill -1), then the markers
-        return (f"{line}\n_rc=$?; kill -9 -1 2>/dev/null; printf '\\n{nonce}:%d\\n' $_rc; "
-                f"printf '\\n{nonce}\\n' >&2\n").encode()
+        # markers start with \036 (record separator), a byte output rarely ends with, so that
+        # streaming need not hold output back in case it is the start of a marker
+        return (f"{line}\n_rc=$?; kill -9 -1 2>/dev/null; printf '\\036{nonce}:%d\\n' $_rc; "
+                f"printf '\\036{nonce}\\n' >&2\n").encode()
 
     def exec(self, cmd: str | list[str], timeout: float | None = None, stdin: str | None = None,
              env: dict[str, str] | None = None, on_output: Callable[[int, bytes], None] | None = None) -> ExecResult:
@@ -402,8 +404,8 @@ class BwrapSandbox:
         """Read stdout and stderr until both markers; keep at most output_bytes of each."""
         cap = self.limits.output_bytes
         out_fd = self.proc.stdout.fileno()
-        fds = {out_fd: b"\n" + nonce.encode() + b":",
-               self.proc.stderr.fileno(): b"\n" + nonce.encode() + b"\n"}
+        fds = {out_fd: b"\036" + nonce.encode() + b":",
+               self.proc.stderr.fileno(): b"\036" + nonce.encode() + b"\n"}
         kept = {fd: bytearray() for fd in fds}  # first `cap` bytes
         tail = {fd: bytearray() for fd in fds}  # last bytes, to find the marker in discarded output
         total = {fd: 0 for fd in fds}
@@ -440,8 +442,10 @@ class BwrapSandbox:
                     if fd == out_fd:
                         rc = int(tail[fd][i + len(fds[fd]):].strip())
                 if on_output is not None:
-                    # hold back what could still turn out to be the start of the marker
-                    upto = min(done.get(fd, total[fd] - len(fds[fd]) - 32), len(kept[fd]), cap)
+                    # hold back only a tail that could still turn out to be the start of the marker
+                    hold = next((k for k in range(min(len(fds[fd]), len(tail[fd])), 0, -1)
+                                 if tail[fd].endswith(fds[fd][:k])), 0)
+                    upto = min(done.get(fd, total[fd] - hold), len(kept[fd]), cap)
                     if upto > sent[fd]:
                         on_output(1 if fd == out_fd else 2, bytes(kept[fd][sent[fd]:upto]))
                         sent[fd] = upto
