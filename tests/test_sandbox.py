@@ -100,7 +100,7 @@ def test_fork_bomb_is_bounded(world):
     with open_sandbox(world, Limits(max_procs=32, timeout_s=3)) as s:
         t = time.monotonic()
         r = s.exec("bomb() { bomb | bomb & }; bomb; sleep 1; ps -e --no-headers | wc -l", timeout=3)
-        assert time.monotonic() - t < 6
+        assert time.monotonic() - t < 10
         assert r.timed_out or int(r.stdout.split()[-1]) <= 40
         assert s.exec("echo ok").stdout == "ok\n"  # usable again afterwards
 
@@ -114,7 +114,7 @@ def test_memory_hog_is_stopped(world):
 def test_infinite_loop_times_out(sb):
     t = time.monotonic()
     r = sb.exec("while :; do :; done", timeout=0.5)
-    assert r.timed_out and r.exit_code == 124 and 0.5 <= r.duration_s < 2 and time.monotonic() - t < 3
+    assert r.timed_out and r.exit_code == 124 and 0.5 <= r.duration_s < 3 and time.monotonic() - t < 6
     assert sb.exec("echo back").stdout == "back\n"  # a fresh server took over the same workspace
 
 
