@@ -33,11 +33,11 @@ def test_attention_ignores_keys_past_the_query():
 
 def test_engine_equals_trainer_bitwise(tiny_model, tiny_tokenizer):
     rng = random.Random(0)
-    texts = ["def f(x):\n    return x", "import os", "class A:\n", "x = [1, 2, 3]\nprint(x)", "while True:", "# note"]
+    texts = ["def f(x):\n    return x", "import os", "class A:\n", "x = [1, 2, 3]\nprint(x)", "while True:", "# note " * 40]  # the last prefills >64 rows: grouped experts
     prompts = [tiny_tokenizer.encode(t) for t in texts]
     order = list(range(len(prompts)))
     rng.shuffle(order)
-    eng = Engine(tiny_model, tiny_tokenizer, max_batch=3, max_len=128, deterministic=True)
+    eng = Engine(tiny_model, tiny_tokenizer, max_batch=3, max_len=256, deterministic=True)
     params = [SamplingParams(max_tokens=8 + 3 * i, seed=i, stop_token_ids=[]) for i in order]
     outs = eng.generate([prompts[i] for i in order], params)  # 6 requests through 3 slots: joins mid-decode
     for o in outs:

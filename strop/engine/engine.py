@@ -246,29 +246,31 @@ class Engine:
         return True
 
     def _sample(self, logits: torch.Tensor, batch: list[Request]) -> tuple[list[int], list[float]]:
-        """One token per row and its logprob under the distribution sampled from."""
+        """One token per row and its logprob under the distribution sampled from (temperature, then
+        top-p renormalised); temperature 0 takes the argmax."""
         temps = torch.tensor([r.params.temperature or 1.0 for r in batch], dtype=logits.dtype)[:, None]
         lp = torch.log_softmax(logits / temps, dim=-1)
-        tokens, out = [], []
+        top_p = torch.tensor([r.params.top_p for r in batch], dtype=lp.dtype)
+        if bool((top_p < 1).any()):  # sort once for the whole batch; keep the smallest prefix reaching top_p
+            lp, order = torch.sort(lp, dim=-1, descending=True)
+            probs = lp.exp()
+            nucleus = top_p[:, None] < 1  # rows with top_p = 1 keep their exact log-softmax bits
+            cut = lp.masked_fill(nucleus & (probs.cumsum(-1) - probs >= top_p[:, None]), float("-inf"))
+            lp = torch.where(nucleus, cut - torch.logsumexp(cut, dim=-1, keepdim=True), lp)
+        else:
+            order = None
+        choice = torch.empty(len(batch), dtype=torch.long)
+        shared = [i for i, r in enumerate(batch) if r.generator is None and r.params.temperature > 0]
+        if shared:
+            choice[shared] = torch.multinomial(lp[shared].exp(), 1, generator=self.generator)[:, 0]
         for i, r in enumerate(batch):
-            p = r.params
-            if p.temperature == 0:
-                tok = int(torch.argmax(lp[i]))
-                tokens.append(tok)
-                out.append(float(lp[i, tok]))
-                continue
-            row = lp[i]
-            if p.top_p < 1.0:
-                sorted_lp, idx = torch.sort(row, descending=True)
-                probs = sorted_lp.exp()
-                keep = (probs.cumsum(0) - probs) < p.top_p  # the smallest prefix reaching top_p
-                kept = torch.full_like(row, float("-inf"))
-                kept[idx[keep]] = row[idx[keep]]
-                row = kept - torch.logsumexp(kept, dim=0)
-            tok = int(torch.multinomial(row.exp(), 1, generator=r.generator or self.generator))
-            tokens.append(tok)
-            out.append(float(row[tok]))
-        return tokens, out
+            if r.params.temperature == 0:
+                choice[i] = torch.argmax(lp[i])  # after top-p the argmax is still at sorted index 0
+            elif r.generator is not None:
+                choice[i] = torch.multinomial(lp[i].exp(), 1, generator=r.generator)[0]
+        chosen_lp = lp.gather(1, choice[:, None])[:, 0].tolist()
+        tokens = (choice if order is None else order.gather(1, choice[:, None])[:, 0]).tolist()
+        return tokens, chosen_lp
 
     def _stopped(self, r: Request) -> str | None:
         p = r.params

@@ -22,12 +22,28 @@ import torch.nn.functional as F
 from strop.model import deterministic as det
 from strop.model.routing import moe_blocks, route, router_logits, routing_dtype
 
+DENSE_MAX_TOKENS = 64  # deterministic mode: up to this many rows, every expert runs on every row (see `_experts`)
+
 
 @dataclass
 class Segment:
     slot: int  # KV-cache row of the sequence
     start: int  # position of the first token
     tokens: list[int]
+
+
+@dataclass
+class _Plan:
+    """Index tensors for one call, built once and shared by every layer."""
+
+    positions: torch.Tensor  # [N]
+    slots: torch.Tensor  # [N]
+    decode_rows: torch.Tensor | None  # rows that are one-token segments, or None
+    decode_slots: torch.Tensor | slice | None  # their cache rows (a slice when contiguous: no copy)
+    decode_pos: torch.Tensor | None  # [B, 1]
+    decode_len: int
+    all_decode: bool  # every row is a decode row, in order
+    prefills: list[tuple[int, int, int, int]]  # (first row, tokens, slot, start position)
 
 
 class Forward:
@@ -41,6 +57,8 @@ class Forward:
         self.deterministic = deterministic
         self.lin = det.linear if deterministic else F.linear
         self.max_slots, self.max_len = max_slots, max_len
+        # Deterministic attention reads whole blocks of keys; rows past a query are masked anyway.
+        self.cache_len = -(-max_len // det.BLOCK) * det.BLOCK
         self.blocks = moe_blocks(model)
         self.moe_index = {id(b): i for i, b in enumerate(self.blocks)}
         self.num_experts = self.blocks[0].gate.num_experts if self.blocks else 0
@@ -48,8 +66,8 @@ class Forward:
         self.k_cache, self.v_cache = [], []
         for layer in model.model.layers:
             heads, dk, dv = self._kv_shape(layer.self_attn)
-            self.k_cache.append(torch.zeros(max_slots, heads, max_len, dk, dtype=dtype))
-            self.v_cache.append(torch.zeros(max_slots, heads, max_len, dv, dtype=dtype))
+            self.k_cache.append(torch.zeros(max_slots, heads, self.cache_len, dk, dtype=dtype))
+            self.v_cache.append(torch.zeros(max_slots, heads, self.cache_len, dv, dtype=dtype))
         if self.arch == "deepseek_v3":
             from transformers.models.deepseek_v3 import modeling_deepseek_v3 as m
 
@@ -64,24 +82,48 @@ class Forward:
             return attn.num_heads, attn.qk_head_dim, attn.v_head_dim
         return self.cfg.num_key_value_heads, attn.head_dim, attn.head_dim
 
+    def _key_len(self, n: int) -> int:
+        """Keys to read for queries up to position n - 1: whole BLOCKs in deterministic mode."""
+        return -(-n // det.BLOCK) * det.BLOCK if self.deterministic else n
+
+    def _plan(self, segments: list[Segment]) -> _Plan:
+        lens = [len(s.tokens) for s in segments]
+        for s, n in zip(segments, lens):
+            assert s.start + n <= self.max_len, "sequence longer than the KV cache"
+        positions = torch.cat([torch.arange(s.start, s.start + n) for s, n in zip(segments, lens)])
+        slots = torch.cat([torch.full((n,), s.slot) for s, n in zip(segments, lens)])
+        firsts = [0]
+        for n in lens[:-1]:
+            firsts.append(firsts[-1] + n)
+        dec = [i for i, n in enumerate(lens) if n == 1]
+        rows = dsl = dpos = None
+        dlen = 0
+        if dec:
+            rows = torch.tensor([firsts[i] for i in dec])
+            slot_list = [segments[i].slot for i in dec]
+            s0 = slot_list[0]
+            contiguous = slot_list == list(range(s0, s0 + len(dec)))
+            dsl = slice(s0, s0 + len(dec)) if contiguous else torch.tensor(slot_list)
+            dpos = positions[rows][:, None]
+            dlen = self._key_len(int(dpos.max()) + 1)
+        prefills = [(firsts[i], n, segments[i].slot, segments[i].start) for i, n in enumerate(lens) if n > 1]
+        return _Plan(positions, slots, rows, dsl, dpos, dlen, len(dec) == len(segments), prefills)
+
     @torch.no_grad()
     def __call__(self, segments: list[Segment]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        for s in segments:
-            assert s.start + len(s.tokens) <= self.max_len, "sequence longer than the KV cache"
+        plan = self._plan(segments)
         tokens = torch.tensor([t for s in segments for t in s.tokens])
-        positions = torch.cat([torch.arange(s.start, s.start + len(s.tokens)) for s in segments])
-        slots = torch.cat([torch.full((len(s.tokens),), s.slot) for s in segments])
         inner = self.model.model
         h = inner.embed_tokens(tokens)
-        cos, sin = inner.rotary_emb(h[None], positions[None])
+        cos, sin = inner.rotary_emb(h[None], plan.positions[None])
         routing: list[torch.Tensor] = []
         for li, layer in enumerate(inner.layers):
             x = layer.input_layernorm(h)
-            h = h + self._attention(li, layer.self_attn, x, cos, sin, segments, positions, slots)
+            h = h + self._attention(li, layer.self_attn, x, cos, sin, plan)
             x = layer.post_attention_layernorm(h)
             h = h + self._mlp(layer.mlp, x, routing)
         ends = torch.tensor([len(s.tokens) for s in segments]).cumsum(0) - 1
-        last = inner.norm(h[ends])
+        last = inner.norm(h if plan.all_decode else h[ends])
         logits = self.lin(last, self.model.lm_head.weight)
         ids = torch.stack(routing, dim=1).to(routing_dtype(self.num_experts)) if routing else None
         return logits, ids
@@ -116,35 +158,24 @@ class Forward:
         q, k = self._rope(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
         return q[0].transpose(0, 1), k[0].transpose(0, 1), v
 
-    def _attention(self, li, attn, x, cos, sin, segments, positions, slots):
+    def _attention(self, li, attn, x, cos, sin, plan: _Plan):
         q, k, v = self._qkv(attn, x, cos, sin)
         kc, vc = self.k_cache[li], self.v_cache[li]
-        kc[slots, :, positions] = k
-        vc[slots, :, positions] = v
+        kc[plan.slots, :, plan.positions] = k
+        vc[plan.slots, :, plan.positions] = v
+        if plan.all_decode:
+            out = self._attend(attn, q[:, :, None], kc[plan.decode_slots, :, : plan.decode_len],
+                               vc[plan.decode_slots, :, : plan.decode_len], plan.decode_pos)[:, :, 0]
+            return self.lin(out.reshape(out.shape[0], -1), attn.o_proj.weight, attn.o_proj.bias)
         out = torch.empty(q.shape[0], q.shape[1], vc.shape[-1], dtype=q.dtype)
-        decode = [i for i, s in enumerate(segments) if len(s.tokens) == 1]
-        row = 0
-        rows_of = []
-        for s in segments:
-            rows_of.append(row)
-            row += len(s.tokens)
-        if decode:
-            rows = torch.tensor([rows_of[i] for i in decode])
-            sl = torch.tensor([segments[i].slot for i in decode])
-            pos = positions[rows]
-            L = int(pos.max()) + 1
-            if torch.equal(sl, torch.arange(len(decode))):  # slots 0..B-1 in order: a view, no copy
-                K, V = kc[: len(decode), :, :L], vc[: len(decode), :, :L]
-            else:
-                K, V = kc[sl, :, :L], vc[sl, :, :L]
-            out[rows] = self._attend(attn, q[rows][:, :, None], K, V, pos[:, None])[:, :, 0]
-        for i, s in enumerate(segments):
-            if len(s.tokens) == 1:
-                continue
-            r0, n = rows_of[i], len(s.tokens)
-            L = s.start + n
+        if plan.decode_rows is not None:
+            rows, L = plan.decode_rows, plan.decode_len
+            K, V = kc[plan.decode_slots, :, :L], vc[plan.decode_slots, :, :L]
+            out[rows] = self._attend(attn, q[rows][:, :, None], K, V, plan.decode_pos)[:, :, 0]
+        for r0, n, slot, start in plan.prefills:
+            L = self._key_len(start + n)
             qs = q[r0 : r0 + n].transpose(0, 1)[None]
-            o = self._attend(attn, qs, kc[s.slot : s.slot + 1, :, :L], vc[s.slot : s.slot + 1, :, :L], positions[None, r0 : r0 + n])
+            o = self._attend(attn, qs, kc[slot : slot + 1, :, :L], vc[slot : slot + 1, :, :L], plan.positions[None, r0 : r0 + n])
             out[r0 : r0 + n] = o[0].transpose(0, 1)
         return self.lin(out.reshape(out.shape[0], -1), attn.o_proj.weight, attn.o_proj.bias)
 
@@ -173,27 +204,66 @@ class Forward:
         return out
 
     def _experts(self, experts, x, ids, weights):
-        """Sum of weighted expert outputs per token, added in ascending expert id (the HF eager order)."""
+        """Sum of weighted expert outputs per token, added in ascending expert id (the HF eager order).
+
+        Default mode groups tokens by expert for `F.grouped_mm` (one native call per projection).
+        Deterministic mode needs every (rows, expert) product to be a fixed-shape GEMM: with few
+        tokens (decode) every expert runs on every token in batched (TILE, K) @ (K, N) problems —
+        more flops but no per-expert Python loop; with many (prefill) a loop over experts calls
+        `det.linear` on each expert's tokens. A row gets the same bits either way."""
         N, k = ids.shape
         ids_sorted, perm = ids.sort(dim=1)
         w_sorted = weights.gather(1, perm)
+        if not self.deterministic:
+            contrib = self._experts_grouped_mm(experts, x, ids_sorted)
+        elif N <= DENSE_MAX_TOKENS:
+            contrib = self._experts_dense(experts, x)[ids_sorted, torch.arange(N)[:, None]]  # [N, k, H]
+        else:
+            contrib = self._experts_grouped(experts, x, ids_sorted)
+        contrib = contrib * w_sorted[..., None]
+        out = torch.zeros_like(x)
+        for j in range(k):
+            out = out + contrib[:, j]
+        return out
+
+    def _experts_grouped_mm(self, experts, x, ids_sorted):
+        N, k = ids_sorted.shape
+        flat = ids_sorted.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        offs = torch.cumsum(torch.bincount(flat, minlength=experts.num_experts), 0, dtype=torch.int32)
+        gate, up = F.grouped_mm(x[order // k], experts.gate_up_proj.transpose(-2, -1), offs=offs).chunk(2, dim=-1)
+        y = F.grouped_mm(experts.act_fn(gate) * up, experts.down_proj.transpose(-2, -1), offs=offs)
+        contrib = torch.empty_like(y)
+        contrib[order] = y
+        return contrib.view(N, k, -1)
+
+    def _experts_dense(self, experts, x):
+        """[E, N, H]: every expert on every row, as the fixed-shape tile problems of `det.linear`."""
+        E, N, H = experts.num_experts, x.shape[0], x.shape[1]
+        gu_w, dn_w = experts.gate_up_proj.transpose(1, 2), experts.down_proj.transpose(1, 2)  # [E, H, 2I], [E, I, H]
+        nt = -(-N // det.TILE)
+        xp = x.new_zeros(nt * det.TILE, H)
+        xp[:N] = x
+        tiles = []
+        for t in range(nt):
+            gate, up = torch.bmm(xp[t * det.TILE : (t + 1) * det.TILE].expand(E, det.TILE, H), gu_w).chunk(2, dim=-1)
+            tiles.append(torch.bmm(experts.act_fn(gate) * up, dn_w))
+        return torch.cat(tiles, dim=1)[:, :N]
+
+    def _experts_grouped(self, experts, x, ids_sorted):
+        """[N, k, H] unweighted outputs of each token's experts (ascending id), tokens grouped by expert."""
+        N, k = ids_sorted.shape
         flat = ids_sorted.reshape(-1)
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=experts.num_experts).tolist()
         xs = x[order // k]
-        ws = w_sorted.reshape(-1)[order]
         parts, start = [], 0
         for e, c in enumerate(counts):
             if c == 0:
                 continue
             gate, up = self.lin(xs[start : start + c], experts.gate_up_proj[e]).chunk(2, dim=-1)
-            y = self.lin(experts.act_fn(gate) * up, experts.down_proj[e])
-            parts.append(y * ws[start : start + c, None])
+            parts.append(self.lin(experts.act_fn(gate) * up, experts.down_proj[e]))
             start += c
         contrib = torch.empty(N * k, x.shape[1], dtype=x.dtype)
         contrib[order] = torch.cat(parts)
-        contrib = contrib.view(N, k, -1)
-        out = torch.zeros_like(x)
-        for j in range(k):
-            out = out + contrib[:, j]
-        return out
+        return contrib.view(N, k, -1)

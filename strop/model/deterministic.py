@@ -38,9 +38,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     x2 = x.reshape(-1, K)
     M = x2.shape[0]
     n = max(1, -(-M // TILE))
-    # A fresh buffer also fixes alignment, which MKL's results may depend on.
-    buf = x2.new_zeros(n * TILE, K)
-    buf[:M] = x2
+    if M == n * TILE and x2.is_contiguous() and x2.data_ptr() % 64 == 0:
+        buf = x2  # already whole tiles, cache-line aligned like a fresh buffer
+    else:  # a fresh buffer also fixes alignment, which MKL's results may depend on
+        buf = x2.new_zeros(n * TILE, K)
+        buf[:M] = x2
     out = torch.bmm(buf.view(n, TILE, K), weight.t().unsqueeze(0).expand(n, K, N)).reshape(n * TILE, N)[:M]
     if bias is not None:
         out = out + bias
@@ -50,14 +52,18 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, scaling: float) -> torch.Tensor:
     """Causal attention with a fixed reduction order per query.
 
-    q [B, H, Tq, d], k [B, Hk, Lk, d], v [B, Hk, Lk, dv] (key j sits at position j; H a multiple
-    of Hk), q_pos [B, Tq] the position of each query (it sees keys 0..q_pos). Returns [B, H, Tq, dv].
-    Keys past a query's position may hold anything finite (an engine's stale cache rows).
+    q [B, H, Tq, d], k [B, Hk, Lk, d], v [B, Hk, Lk, dv] (key j sits at position j; query head h
+    reads key head h // (H / Hk)), q_pos [B, Tq] the position of each query (it sees keys
+    0..q_pos). Returns [B, H, Tq, dv]. Keys past a query's position may hold anything finite (an
+    engine's stale cache rows); an Lk that is a multiple of BLOCK saves a padding copy.
     """
-    B, H, Tq, _ = q.shape
+    B, H, Tq, d = q.shape
     Hk, Lk = k.shape[1], k.shape[2]
-    if H != Hk:
-        k, v = k.repeat_interleave(H // Hk, dim=1), v.repeat_interleave(H // Hk, dim=1)
+    rep = H // Hk
+    # Grouped-query heads share their key head's rows: fold them into the query axis instead of
+    # copying keys per head (the per-element arithmetic is the same either way).
+    q = q.reshape(B, Hk, rep * Tq, d)
+    q_pos = q_pos.repeat(1, rep)
     nb = -(-Lk // BLOCK)
     Lp = nb * BLOCK
     if Lp != Lk:
@@ -65,20 +71,20 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Te
         v = torch.nn.functional.pad(v, (0, 0, 0, Lp - Lk))
     key_pos = torch.arange(Lp, device=q.device)
     outs = []
-    for c in range(0, Tq, QUERY_CHUNK):
+    for c in range(0, rep * Tq, QUERY_CHUNK):
         qc, pc = q[:, :, c : c + QUERY_CHUNK], q_pos[:, c : c + QUERY_CHUNK]
         tc = qc.shape[2]
-        s = (qc[:, :, :, None, :] * k[:, :, None, :, :]).sum(-1) * scaling  # [B, H, tc, Lp]
+        s = (qc[:, :, :, None, :] * k[:, :, None, :, :]).sum(-1) * scaling  # [B, Hk, tc, Lp]
         s = s.masked_fill(key_pos[None, None, None, :] > pc[:, None, :, None], float("-inf"))
         p = torch.exp(s - s.amax(-1, keepdim=True))
-        den_blocks = p.view(B, H, tc, nb, BLOCK).sum(-1)
-        num_blocks = (p[..., None] * v[:, :, None, :, :]).view(B, H, tc, nb, BLOCK, -1).sum(-2)
+        den_blocks = p.view(B, Hk, tc, nb, BLOCK).sum(-1)
+        num_blocks = (p[..., None] * v[:, :, None, :, :]).view(B, Hk, tc, nb, BLOCK, -1).sum(-2)
         den, num = den_blocks[..., 0], num_blocks[..., 0, :]
         for i in range(1, nb):  # left to right; blocks past the query add exact zeros
             den = den + den_blocks[..., i]
             num = num + num_blocks[..., i, :]
         outs.append(num / den[..., None])
-    return torch.cat(outs, dim=2)
+    return torch.cat(outs, dim=2).view(B, H, Tq, -1)
 
 
 def _hf_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):

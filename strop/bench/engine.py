@@ -1,0 +1,117 @@
+"""`strop bench engine`: generation tokens/s of the strop engine vs Hugging Face `generate`.
+
+Same model, same prompts (windows of held-out stdlib code), same sampling (temperature 1,
+top-p 0.95, a fixed number of new tokens with end tokens ignored), batch sizes 1, 16 and 64;
+both timings include prefill. The demo-size model comes from `--checkpoint` or is randomly
+initialised at the `ModelSection` defaults (speed does not depend on the weights' values).
+The deterministic engine is timed as well, which is the cost of batch invariance.
+"""
+
+import argparse
+import platform
+import time
+
+from strop.bench.table import format_table, write_json
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--checkpoint", help="model directory; default: a random demo-size qwen3_moe")
+    parser.add_argument("--quick", action="store_true", help="fewer new tokens (under a minute)")
+    parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per sequence")
+    parser.add_argument("--prompt-len", type=int, default=32, help="prompt tokens per sequence")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: STROP_THREADS or all cores)")
+    parser.add_argument("--json", help="write results to this JSON file")
+
+
+def setup(checkpoint: str | None, seed: int = 0):
+    """(model, tokenizer, held-out token stream): the checkpoint, or a random demo-size policy with a
+    tokenizer trained here on a slice of the standard library."""
+    import numpy as np
+
+    from strop.config import DataSection, ModelSection
+    from strop.data.corpus import load_corpus
+    from strop.data.packing import tokenize_documents
+
+    corpus = load_corpus(DataSection())
+    if checkpoint:
+        from strop.data.tokenizer import load_tokenizer
+        from strop.model.policy import load_model
+
+        model, tok = load_model(checkpoint), load_tokenizer(checkpoint)
+    else:
+        from strop.data.tokenizer import train_tokenizer
+        from strop.model.policy import build_model
+
+        tok = train_tokenizer(corpus.train[:300], DataSection().vocab_size, 1_500_000)
+        model = build_model(ModelSection(), tok, seed=seed)
+    held_out = tokenize_documents(tok, corpus.val)
+    return model.eval(), tok, np.asarray(held_out)
+
+
+def prompts_from(stream, n: int, length: int, seed: int) -> list[list[int]]:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    starts = rng.integers(0, len(stream) - length, n)
+    return [stream[s : s + length].tolist() for s in starts]
+
+
+def time_hf(model, tok, prompts: list[list[int]], new_tokens: int) -> float:
+    import torch
+
+    ids = torch.tensor(prompts)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_p=0.95,
+                             top_k=0, max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=tok.pad_token_id)
+    dt = time.perf_counter() - t0
+    assert out.shape[1] == ids.shape[1] + new_tokens
+    return dt
+
+
+def time_engine(engine, prompts: list[list[int]], new_tokens: int) -> float:
+    from strop.engine.engine import SamplingParams
+
+    sp = SamplingParams(max_tokens=new_tokens, temperature=1.0, top_p=0.95, stop_token_ids=[])
+    t0 = time.perf_counter()
+    outs = engine.generate(prompts, sp)
+    dt = time.perf_counter() - t0
+    assert all(len(o.token_ids) == new_tokens for o in outs)
+    return dt
+
+
+def run(args: argparse.Namespace) -> int:
+    from strop.threads import set_threads
+
+    threads = set_threads(args.threads)
+    import torch
+
+    from strop.engine.engine import Engine
+
+    torch.manual_seed(0)
+    new_tokens = 8 if args.quick else args.new_tokens
+    model, tok, stream = setup(args.checkpoint)
+    max_len = args.prompt_len + new_tokens + 8
+    engines = {"engine": Engine(model, tok, max_batch=64, max_len=max_len),
+               "deterministic": Engine(model, tok, max_batch=64, max_len=max_len, deterministic=True)}
+    warm = prompts_from(stream, 2, args.prompt_len, 99)
+    time_hf(model, tok, warm, 2)
+    for e in engines.values():
+        time_engine(e, warm, 2)
+    rows, result = [], {"threads": threads, "new_tokens": new_tokens, "prompt_len": args.prompt_len,
+                        "model": args.checkpoint or "random demo-size qwen3_moe", "cpu": platform.processor() or platform.machine()}
+    for bs in (1, 16, 64):
+        prompts = prompts_from(stream, bs, args.prompt_len, bs)
+        n = bs * new_tokens
+        hf = n / time_hf(model, tok, prompts, new_tokens)
+        eng = n / time_engine(engines["engine"], prompts, new_tokens)
+        det = n / time_engine(engines["deterministic"], prompts, new_tokens)
+        rows.append({"batch": bs, "hf_tok_s": hf, "engine_tok_s": eng, "ratio": eng / hf,
+                     "det_tok_s": det, "det_slowdown": eng / det})
+        result.update({f"hf_tok_s_bs{bs}": hf, f"engine_tok_s_bs{bs}": eng, f"ratio_bs{bs}": eng / hf,
+                       f"deterministic_tok_s_bs{bs}": det})
+    print(f"engine vs HF generate: {result['model']}, {new_tokens} new tokens after {args.prompt_len}-token prompts, "
+          f"T=1 top-p 0.95, {threads} threads, {result['cpu']}")
+    print(format_table(rows, ["batch", "hf_tok_s", "engine_tok_s", "ratio", "det_tok_s", "det_slowdown"]))
+    write_json(args.json, result | {"rows": rows})
+    return 0
