@@ -30,6 +30,8 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "hacks"): ("strop.bench.hacks", "hack monitor: seeded hack catalogue detected, honest references flagged"),
     ("agent",): ("strop.env.agent_cmd", "the coding agent on a real directory (sandboxed); prints its diff, --apply writes it"),
     ("bench", "oracle"): ("strop.bench.oracle", "scripted oracle through the real harness and checker: solve rate, episodes/s"),
+    ("train",): ("strop.rl.train_cmd", "RL from the warm-started policy: async or sync, inline or on Ray; resumes"),
+    ("bench", "async"): ("strop.bench.async_rl", "async vs sync RL on the same placement: steps/hour, busy fractions, drops"),
 }
 
 

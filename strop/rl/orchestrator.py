@@ -1,0 +1,277 @@
+"""The RL orchestrator: one main loop that keeps rollouts flowing into the staleness-bounded buffer
+and groups flowing into the trainer, in `async` or `sync` mode, on any runtime.
+
+    loop until rl.steps:
+        admit + launch   new work items (task, group, sample) while the buffer has room
+        collect          finished rollouts -> buffer (a lost one is relaunched, or given up on)
+        train            once rl.batch_groups complete groups are ready: advantages -> trainer
+                         step -> new version published to the engines -> buffer.set_version
+        checkpoint       every rollout.ckpt_every steps, atomically
+
+The two modes differ in one place, when work may be launched:
+- `async`: whenever the buffer admits it, so rollouts always run on the newest weights the
+  engines hold while the trainer consumes groups as they complete; the per-sample staleness bound
+  is the buffer's (asserted when it hands groups out), producers are paced by its admission
+  control, and anything that still went stale is dropped and counted.
+- `sync`: only when the pipeline is drained (nothing in flight or buffered), and then exactly one
+  step's worth; the trainer steps, the engines are synced, and only then does generation resume.
+
+The runtime places the pieces (`strop.runtime.inline`: threads; `strop.runtime.ray_runtime`:
+actors) behind five calls — `submit`, `results`, `train`, `wait_synced`, `state_dict` — and the
+orchestrator never reaches into it. Components never call back into the orchestrator.
+
+Exactly-once: every work item is keyed (group_id, sample). A lost rollout (its engine or worker
+died) is relaunched under the same key with its reservation kept; the buffer refuses a second
+delivery of a key, and a group handed to the trainer is never handed out again. A checkpoint holds
+the trainer state, the buffer contents, the items in flight (relaunched on resume), the task
+sampler position and the RNG state; rerunning the command resumes from it.
+"""
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Callable, ContextManager, Literal, Protocol
+
+import torch
+
+from strop.config import Config
+from strop.rl.advantages import Sample, make_samples
+from strop.rl.buffer import StalenessBuffer
+from strop.rl.rollout import WorkItem
+from strop.rl.trajectory import Trajectory, TrajectoryGroup
+
+Mode = Literal["sync", "async"]
+
+
+class Runtime(Protocol):
+    bytes_synced: int
+
+    def submit(self, item: WorkItem) -> None: ...
+    def results(self, timeout: float) -> list[tuple[WorkItem, Trajectory | None, str | None]]: ...
+    def train(self, samples: list[Sample]) -> dict: ...
+    def wait_synced(self) -> None: ...
+    @property
+    def version(self) -> int: ...
+    def state_dict(self) -> dict: ...
+    def load_state_dict(self, state: dict) -> None: ...
+    def engine_busy_s(self) -> float: ...
+    def close(self) -> None: ...
+
+
+def router_replay(model, batch) -> ContextManager:
+    """The trainer's `replay_ctx` for MoE policies: each forward routes through the experts the
+    engine used. A segment records, on each generated token, the routing of the position that
+    produced it, i.e. the routing input position t used is on token t + 1 — which is where the
+    trainer's `batch.routing[b][t + 1]` points (it holds `segment.routing[:-1]`). Positions with
+    nothing recorded (forced tokens, and the last input position, whose record the batch cuts off)
+    keep the trainer's own choice, taken from a no-grad capture pass."""
+    from strop.model.routing import capture_routing, replay_routing, stack_routing
+
+    if not any(r is not None for row in batch.routing for r in row):
+        return contextlib.nullcontext()
+    with torch.no_grad(), capture_routing(model) as records:
+        model(input_ids=batch.input_ids_BT, use_cache=False)
+    ids = stack_routing(records, tuple(batch.input_ids_BT.shape), 256).long()  # wide dtype while filling
+    for b, row in enumerate(batch.routing):
+        for t in range(len(row) - 1):
+            if row[t + 1] is not None:
+                ids[b, t] = torch.tensor(row[t + 1])
+    return replay_routing(model, ids)
+
+
+class TaskSampler:
+    """An endless, seeded stream of task ids: a fresh permutation of the tasks every epoch.
+    Its whole state is `position`, so a resumed run draws exactly the tasks it would have."""
+
+    def __init__(self, task_ids: list[str], seed: int, position: int = 0):
+        assert task_ids, "no tasks to sample"
+        self.task_ids, self.seed, self.position = sorted(task_ids), seed, position
+
+    def next(self) -> tuple[int, str]:
+        epoch, i = divmod(self.position, len(self.task_ids))
+        order = random.Random(f"{self.seed}/{epoch}").sample(range(len(self.task_ids)), len(self.task_ids))
+        drawn = self.position, self.task_ids[order[i]]
+        self.position += 1
+        return drawn
+
+
+class Orchestrator:
+    def __init__(self, cfg: Config, runtime: Runtime, task_ids: list[str], mode: Mode, out_dir: Path,
+                 log: Callable[[dict], None] = lambda row: None):
+        rl = cfg.rl
+        self.cfg, self.runtime, self.mode, self.out_dir, self.log = cfg, runtime, mode, Path(out_dir), log
+        # sync trains on exactly what it just generated: one step's worth, staleness 0
+        staleness = 0 if mode == "sync" else rl.max_staleness
+        capacity = rl.batch_groups * rl.group_size if mode == "sync" else rl.inflight_limit
+        self.buffer = StalenessBuffer(rl.group_size, staleness, capacity)
+        self.sampler = TaskSampler(task_ids, cfg.run.seed)
+        self.rng = random.Random(cfg.run.seed)
+        self.inflight: dict[tuple[str, int], WorkItem] = {}
+        self.counts: Counter = Counter()  # relaunched, lost, hacked, trained
+        self.step = 0
+        self.elapsed_s = 0.0  # wall time of previous sessions of this run (resume)
+        self.trainer_s = 0.0
+        self.metrics_path = self.out_dir / "metrics.jsonl"
+        self.ckpt_dir = self.out_dir / "checkpoint"
+
+    # ---- launching and collecting ----------------------------------------------------------
+
+    def _launch(self, item: WorkItem) -> None:
+        self.inflight[item.key] = item
+        self.runtime.submit(item)
+
+    def _fill(self) -> None:
+        rl = self.cfg.rl
+        if self.mode == "sync":
+            stats = self.buffer.stats()
+            if self.inflight or stats["buffered"]:
+                return
+            n_groups = rl.batch_groups
+        else:
+            n_groups = None
+        version = self.runtime.version
+        launched = 0
+        while n_groups is None or launched < n_groups:
+            if not self.buffer.admit(version, rl.group_size):
+                break  # paced: the buffer has no room for a whole group at this version
+            position, task_id = self.sampler.next()
+            group_id = f"g{position}"
+            for s in range(rl.group_size):
+                self._launch(WorkItem(task_id, group_id, s, self.rng.randrange(2**31), version))
+            launched += 1
+
+    def _collect(self, timeout: float) -> None:
+        for item, traj, lost in self.runtime.results(timeout):
+            if self.inflight.get(item.key) != item:
+                continue  # a superseded attempt (relaunched after a resume): its successor owns the key
+            del self.inflight[item.key]
+            if traj is not None:
+                self.buffer.put(traj)
+            elif item.attempt < self.cfg.rollout.retries:
+                self.counts["relaunched"] += 1
+                relaunched = WorkItem(item.task_id, item.group_id, item.sample, item.seed, self.runtime.version, item.attempt + 1)
+                self._launch(relaunched)  # keeps the reservation; another engine takes it (round robin)
+            else:
+                self.counts["lost"] += 1
+                self.buffer.cancel(item.group_id, item.sample, "lost")
+                print(f"[rl] gave up on {item.key}: {lost}", flush=True)
+
+    def _ready_groups(self) -> list[TrajectoryGroup]:
+        rl = self.cfg.rl
+        if self.mode == "sync" and not self.inflight:
+            # everything generated is in: train on what survived even if a group was given up on
+            n = self.buffer.stats()["ready_groups"]
+            return self.buffer.get(n, timeout=0) if n else []
+        return self.buffer.get(rl.batch_groups, timeout=0)
+
+    # ---- training --------------------------------------------------------------------------
+
+    def _train(self, groups: list[TrajectoryGroup], t_run: float, t_last: float) -> float:
+        rl = self.cfg.rl
+        samples = make_samples(groups, dr_grpo=rl.dr_grpo, norm_tokens=rl.dr_grpo_norm_tokens, hack_penalty=rl.hack_penalty)
+        t0 = time.perf_counter()
+        row = self.runtime.train(samples)
+        self.trainer_s += time.perf_counter() - t0
+        if self.mode == "sync":
+            self.runtime.wait_synced()  # generation resumes only on the new weights
+        self.buffer.set_version(self.runtime.version)
+        self.step += 1
+        now = time.perf_counter()
+        wall = self.elapsed_s + now - t_run
+        trajs = [s.trajectory for s in samples]
+        self.counts["hacked"] += sum(bool(t.hack_flags) for t in trajs)
+        self.counts["trained"] += len(trajs)
+        stats = self.buffer.stats()
+        row = {
+            "step": self.step, "mode": self.mode, **row,
+            "groups": len(groups),
+            "hack_kinds": dict(Counter(f["kind"] for t in trajs for f in t.hack_flags)),
+            "hacked_total": self.counts["hacked"],
+            "dropped": stats["dropped"],
+            "dropped_stale": stats["dropped"].get("stale", 0),
+            "relaunched": self.counts["relaunched"], "lost": self.counts["lost"],
+            "rollout_tokens_per_s": sum(t.generated_tokens for t in trajs) / max(now - t_last, 1e-9),
+            "trainer_busy": self.trainer_s / wall,
+            "engine_busy": self.runtime.engine_busy_s() / wall,
+            "bytes_synced": self.runtime.bytes_synced,
+            "wall_s": wall,
+        }
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        self.log(row)
+        if self.step % self.cfg.rollout.ckpt_every == 0 or self.step == rl.steps:
+            self.save(wall)
+        return now
+
+    def run(self) -> dict:
+        """Train until `rl.steps`; returns the last metrics row's key figures."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        t_run = t_last = time.perf_counter()
+        while self.step < self.cfg.rl.steps:
+            self._fill()
+            self._collect(timeout=0.02)
+            groups = self._ready_groups()
+            if groups:
+                t_last = self._train(groups, t_run, t_last)
+        return {"steps": self.step, "wall_s": self.elapsed_s + time.perf_counter() - t_run,
+                "trainer_s": self.trainer_s, "engine_busy_s": self.runtime.engine_busy_s(),
+                "buffer": self.buffer.stats(), **dict(self.counts)}
+
+    # ---- checkpoint / resume ---------------------------------------------------------------
+
+    def save(self, wall_s: float) -> None:
+        """Everything a rerun needs, written to a temporary directory and renamed into place, so a
+        kill at any point leaves the previous checkpoint or this one, never half of one."""
+        tmp = self.ckpt_dir.with_name("checkpoint.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        torch.save(self.runtime.state_dict(), tmp / "trainer.pt")
+        state = {"step": self.step, "mode": self.mode, "wall_s": wall_s, "trainer_s": self.trainer_s,
+                 "sampler_position": self.sampler.position, "rng": _rng_to_json(self.rng.getstate()),
+                 "counts": dict(self.counts), "buffer": self.buffer.state_dict(),
+                 "inflight": [i.to_dict() for i in self.inflight.values()]}
+        (tmp / "run.json").write_text(json.dumps(state))
+        old = self.ckpt_dir.with_name("checkpoint.old")
+        shutil.rmtree(old, ignore_errors=True)
+        if self.ckpt_dir.exists():
+            os.rename(self.ckpt_dir, old)
+        os.rename(tmp, self.ckpt_dir)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def resume(self) -> bool:
+        """Load the last checkpoint if there is one (relaunching the work that was in flight)."""
+        ckpt = self.ckpt_dir if self.ckpt_dir.exists() else self.ckpt_dir.with_name("checkpoint.old")
+        if not (ckpt / "run.json").is_file():
+            return False
+        state = json.loads((ckpt / "run.json").read_text())
+        assert state["mode"] == self.mode, f"checkpoint is of a {state['mode']} run, not {self.mode}"
+        self.runtime.load_state_dict(torch.load(ckpt / "trainer.pt", weights_only=False))
+        self.buffer.load_state_dict(state["buffer"])
+        assert self.buffer.version == self.runtime.version, "buffer and trainer checkpoints disagree on the version"
+        self.step, self.elapsed_s, self.trainer_s = state["step"], state["wall_s"], state["trainer_s"]
+        self.sampler.position = state["sampler_position"]
+        self.rng.setstate(_rng_from_json(state["rng"]))
+        self.counts = Counter(state["counts"])
+        # metrics rows past the checkpoint belong to steps that will be redone
+        if self.metrics_path.is_file():
+            rows = [ln for ln in self.metrics_path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= self.step]
+            self.metrics_path.write_text("".join(r + "\n" for r in rows))
+        for d in state["inflight"]:
+            item = WorkItem(**{**d, "version": self.runtime.version})
+            assert self.buffer.admit(item.version, 1), "no room to relaunch in-flight work on resume"
+            self._launch(item)
+        return True
+
+
+def _rng_to_json(state: tuple) -> list:
+    version, internal, gauss = state
+    return [version, list(internal), gauss]
+
+
+def _rng_from_json(state: list) -> tuple:
+    return state[0], tuple(state[1]), state[2]

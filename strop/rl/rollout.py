@@ -1,0 +1,102 @@
+"""Rollout: one task, one policy, one sandboxed episode -> one scored `Trajectory`.
+
+A rollout worker is handed a `WorkItem` (task, group, sample index, seed, the version it was
+admitted under) and a `PolicyClient`. It runs the production harness against that client in a
+fresh sandbox (`run_task`), scores the workspace changes with the checker in another fresh
+sandbox, runs the hack monitor, and returns the `Trajectory` with the reward breakdown and the
+hack flags. The G samples of a group are G work items with the same `group_id`; the buffer puts
+them back together.
+
+An episode whose policy failed (`stop_reason == "policy_error"`: the engine died or was taken
+away mid-episode) is not a sample of the policy's behaviour but of the infrastructure, so it
+raises `RolloutLost` and the runtime relaunches the item on another engine.
+
+`EnginePolicy` adapts the in-process `Engine` to the harness's `PolicyClient` protocol. Plain data
+in and out, so a worker can live in a thread or a Ray actor.
+"""
+
+from dataclasses import asdict, dataclass
+
+from strop.config import RolloutSection
+from strop.env.checker import Score, check
+from strop.env.hacks import detect
+from strop.env.harness import Harness, HarnessConfig, run_task
+from strop.env.policy import Generation, PolicyClient, SamplingParams
+from strop.env.sandbox import Limits
+from strop.env.task import Task
+from strop.rl.trajectory import Trajectory
+
+
+class RolloutLost(RuntimeError):
+    """The episode was cut short by the infrastructure (engine gone), not by the policy."""
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    task_id: str
+    group_id: str
+    sample: int  # index within the group
+    seed: int  # sampling seed of the episode: a relaunch samples the same way
+    version: int  # policy version the item was admitted under (Trajectory.start_version)
+    attempt: int = 0  # relaunches so far
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.group_id, self.sample
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class EnginePolicy:
+    """The in-process `Engine` as a `PolicyClient`. Thread-safe: many workers share one engine,
+    whose loop thread batches their turns together (or, without a loop thread, `generate` steps
+    the engine itself)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        from strop.engine.engine import SamplingParams as EngineParams
+
+        c = self.engine.generate([prompt_ids], EngineParams(
+            max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p,
+            stop_token_ids=list(params.stop_token_ids), seed=params.seed))[0]
+        if c.finish_reason == "error":
+            raise RuntimeError(c.error)
+        # engine routing covers every position it read; generated token j came out of position P - 1 + j
+        routing = None if c.routing is None else c.routing[len(prompt_ids) - 1:].tolist()
+        text = self.engine.tokenizer.decode(c.token_ids, skip_special_tokens=False)
+        return Generation(c.token_ids, c.logprobs, c.versions, text, routing, c.finish_reason)
+
+
+def harness_config(r: RolloutSection) -> HarnessConfig:
+    return HarnessConfig(max_turns=r.max_turns, max_context=r.max_context, max_turn_tokens=r.max_turn_tokens,
+                         temperature=r.temperature)
+
+
+def sandbox_limits(r: RolloutSection) -> Limits:
+    return Limits(timeout_s=r.command_timeout_s)
+
+
+def _final_message(messages: list[dict]) -> str | None:
+    return next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "assistant"), None)
+
+
+def score_changes(task: Task, changes: dict) -> Score:
+    """The checker's score. Every task starts from a repository that fails its hidden tests (that
+    is what makes it a task), so an episode that changed nothing scores 0 without a test run."""
+    if not changes:
+        return Score(0.0, reason="no changes")
+    return check(task, changes)
+
+
+def rollout(task: Task, policy: PolicyClient, harness: Harness, item: WorkItem, limits: Limits = Limits()) -> Trajectory:
+    """One episode of `task` scored and flagged; raises `RolloutLost` when the policy failed."""
+    episode, changes = run_task(harness, policy, task, limits, seed=item.seed)
+    if episode.stop_reason == "policy_error":
+        raise RolloutLost(f"{item.key}: {episode.detail}")
+    score = score_changes(task, changes)
+    flags = detect(task, changes, episode.tool_calls, score, _final_message(episode.messages))
+    return Trajectory.from_episode(episode, task_id=task.id, group_id=item.group_id, sample=item.sample, score=score,
+                                   hack_flags=flags, start_version=item.version)

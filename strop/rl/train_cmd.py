@@ -1,0 +1,99 @@
+"""`strop train --config F [--mode sync|async] [--runtime inline|ray]`: RL from a warm-started policy.
+
+Starts from `--policy DIR` (default `<run_dir>/sft/model`), trains on the train split of
+`rollout.suite`, and writes `<run_dir>/rl/`: `metrics.jsonl` (one row per step), `checkpoint/`
+(the whole run, every `rollout.ckpt_every` steps), `model/` (the final policy) and `result.json`.
+Rerunning the same command resumes from the checkpoint; a finished run only reports.
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+from strop.config import Config, add_config_arguments, config_from_args, to_dict
+from strop.errors import UserError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser)
+    parser.add_argument("--mode", choices=["sync", "async"], default="async",
+                        help="async: rollouts on the newest weights while the trainer steps; sync: generate, train, sync")
+    parser.add_argument("--runtime", choices=["inline", "ray"], default="inline",
+                        help="inline: one process with threads; ray: trainer, engines and rollout workers as Ray actors")
+    parser.add_argument("--ray-address", help="join this Ray cluster (default: start a local Ray instance)")
+    parser.add_argument("--policy", help="model directory to start from (default: <run_dir>/sft/model)")
+    parser.add_argument("--out", help="output directory (default: <run_dir>/rl)")
+
+
+def train_tasks(cfg: Config) -> list:
+    from strop.env.suites import load_suite
+
+    r = cfg.rollout
+    return [t for d in r.difficulties for t in load_suite(r.suite, "train", difficulty=d, limit=r.train_tasks)]
+
+
+def start_runtime(cfg: Config, runtime: str, policy_dir: str, tasks: dict, *, ray_address: str | None = None, cpus=None):
+    from strop.model.policy import is_moe, load_model
+    from strop.rl.orchestrator import router_replay
+    from strop.rl.trainer import no_replay
+
+    import transformers
+
+    replay = router_replay if is_moe(load_model(policy_dir)) else no_replay
+    transformers.logging.set_verbosity_error()
+    if runtime == "inline":
+        from strop.runtime.inline import start_inline
+
+        return start_inline(cfg, policy_dir, tasks, replay, cpus=cpus)
+    from strop.runtime.ray_runtime import start_ray
+
+    return start_ray(cfg, policy_dir, tasks, replay, address=ray_address, cpus=cpus)
+
+
+def train_rl(cfg: Config, *, mode: str = "async", runtime: str = "inline", policy_dir: str | Path | None = None,
+             out_dir: str | Path | None = None, ray_address: str | None = None, cpus=None, quiet: bool = False) -> dict:
+    """Run (or resume) RL; returns the run's figures and writes `out_dir/model` at the end."""
+    from strop.model.policy import is_model_dir, load_model, save_model
+    from strop.rl.orchestrator import Orchestrator
+
+    policy_dir = Path(policy_dir or cfg.run_dir / "sft" / "model")
+    out = Path(out_dir or cfg.run_dir / "rl")
+    if not is_model_dir(policy_dir):
+        raise UserError(f"no policy at {str(policy_dir)!r}; run `strop sft` first or pass --policy DIR")
+    if (out / "result.json").is_file():
+        return json.loads((out / "result.json").read_text())
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+    tasks = {t.id: t for t in train_tasks(cfg)}
+    rt = start_runtime(cfg, runtime, str(policy_dir), tasks, ray_address=ray_address, cpus=cpus)
+    try:
+        orch = Orchestrator(cfg, rt, list(tasks), mode, out, log=(lambda row: None) if quiet else _print_row)
+        if orch.resume():
+            print(f"[rl] resumed at step {orch.step} (version {rt.version})", flush=True)
+        result = orch.run()
+        model = load_model(policy_dir)
+        model.load_state_dict(rt.state_dict()["model"])
+        save_model(model, rt.tokenizer, out / "model", extra={"config": to_dict(cfg), "rl": {"mode": mode, "steps": orch.step}})
+    finally:
+        rt.close()
+    result = {"mode": mode, "runtime": runtime, **result}
+    (out / "result.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def _print_row(row: dict) -> None:
+    print(f"[rl] step {row['step']} v{row['version']} reward {row['reward']:.3f} solve {row['solve_rate']:.3f} "
+          f"k3 {row['k3']:.4f} clip {row['clip_frac']:.3f} stale<= {row['staleness_max']} dropped {row['dropped_stale']} "
+          f"hacked {row['hacked']} trainer {row['trainer_busy']:.2f} engine {row['engine_busy']:.2f} "
+          f"{row['rollout_tokens_per_s']:.0f} tok/s {row['wall_s']:.0f} s", flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from strop.threads import set_threads
+
+    cfg = config_from_args(args)
+    set_threads(cfg.run.threads or None)
+    result = train_rl(cfg, mode=args.mode, runtime=args.runtime, policy_dir=args.policy, out_dir=args.out,
+                      ray_address=args.ray_address)
+    print(json.dumps(result, indent=2))
+    return 0

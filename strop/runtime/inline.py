@@ -1,0 +1,160 @@
+"""The `inline` runtime: trainer, engines and rollout workers in one process, on threads.
+
+Placement only; what happens is the orchestrator's. The trainer runs on the caller's thread
+(the orchestrator's main loop), each engine on its own loop thread (continuous batching across
+all the workers that share it), and rollouts on a thread pool — their sandboxes and checker runs
+are child processes, so most of a rollout's time is spent outside the GIL.
+
+`cpus` splits the machine the way a cluster is split: the trainer's thread is pinned to
+`cpus.trainer`, engine loop and rollout threads (and the sandboxes they fork) to `cpus.rollout`,
+so a busy fraction measures a component against the hardware it was given.
+"""
+
+import os
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from strop.config import Config
+from strop.engine.engine import Engine
+from strop.env.harness import Harness
+from strop.env.task import Task
+from strop.rl.advantages import Sample
+from strop.rl.rollout import EnginePolicy, RolloutLost, WorkItem, harness_config, rollout, sandbox_limits
+from strop.rl.trainer import RLTrainer
+from strop.rl.trajectory import Trajectory
+from strop.threads import set_threads
+
+Result = tuple[WorkItem, Trajectory | None, str | None]  # (item, trajectory, why it was lost)
+
+
+@dataclass(frozen=True)
+class CpuSplit:
+    trainer: frozenset[int]
+    rollout: frozenset[int]
+
+
+def pin(cpus: frozenset[int] | None) -> None:
+    """Pin the calling thread (not the process: Linux affinity is per thread) to `cpus`."""
+    if cpus:
+        os.sched_setaffinity(threading.get_native_id(), cpus)
+
+
+class TimedEngine(Engine):
+    """An `Engine` that counts the seconds its steps did work (its busy time) and pins its loop
+    thread on the first step."""
+
+    def __init__(self, *args, cpus: frozenset[int] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.busy_s = 0.0
+        self._cpus, self._pinned = cpus, False
+
+    def step(self) -> bool:
+        if not self._pinned:
+            pin(self._cpus)
+            self._pinned = True
+        t0 = time.perf_counter()
+        worked = super().step()
+        if worked:
+            self.busy_s += time.perf_counter() - t0
+        return worked
+
+
+def snapshot_bytes(state: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in state.values())
+
+
+class InlineRuntime:
+    def __init__(self, cfg: Config, policy_dir: str, tasks: dict[str, Task], replay_ctx, *, cpus: CpuSplit | None = None):
+        from strop.data.tokenizer import load_tokenizer
+        from strop.model.policy import load_model
+
+        r = cfg.rollout
+        self.tasks, self.cpus = tasks, cpus
+        self.tokenizer = load_tokenizer(policy_dir)
+        pin(cpus.trainer if cpus else None)
+        self.trainer = RLTrainer(load_model(policy_dir), cfg.rl, pad_id=self.tokenizer.pad_token_id or 0,
+                                 publish=self._publish, replay_ctx=replay_ctx)
+        start = self.trainer.bf16_state_dict()
+        self.engines: list[TimedEngine] = []
+        for i in range(r.engines):
+            engine = TimedEngine(load_model(policy_dir), self.tokenizer, max_batch=r.engine_batch, max_len=r.max_context,
+                                 seed=cfg.run.seed + i, cpus=cpus.rollout if cpus else None)
+            engine.update_weights(tensors=start, version=0)  # engines serve exactly the bf16 weights the trainer publishes
+            engine.start()
+            self.engines.append(engine)
+        self.harness = Harness(self.tokenizer, harness_config(r))
+        self.limits = sandbox_limits(r)
+        self.pool = ThreadPoolExecutor(r.workers, thread_name_prefix="strop-rollout",
+                                       initializer=pin, initargs=(cpus.rollout if cpus else None,))
+        self.done: queue.Queue[Result] = queue.Queue()
+        self.bytes_synced = 0
+        self._next = 0
+        self._updates: list = []
+
+    # ---- rollouts --------------------------------------------------------------------------
+
+    def submit(self, item: WorkItem) -> None:
+        engine = self.engines[self._next % len(self.engines)]  # round robin: a relaunch lands elsewhere
+        self._next += 1
+        self.pool.submit(self._run, item, engine)
+
+    def _run(self, item: WorkItem, engine: Engine) -> None:
+        try:
+            self.done.put((item, rollout(self.tasks[item.task_id], EnginePolicy(engine), self.harness, item, self.limits), None))
+        except RolloutLost as e:
+            self.done.put((item, None, str(e)))
+
+    def results(self, timeout: float) -> list[Result]:
+        """Whatever finished, waiting up to `timeout` seconds for the first one."""
+        try:
+            out = [self.done.get(timeout=timeout)]
+        except queue.Empty:
+            return []
+        while not self.done.empty():
+            out.append(self.done.get_nowait())
+        return out
+
+    # ---- training and weights --------------------------------------------------------------
+
+    def train(self, samples: list[Sample]) -> dict:
+        return self.trainer.step(samples)
+
+    def _publish(self, version: int, state: dict[str, torch.Tensor]) -> None:
+        self._updates = [e.update_weights(tensors=state, version=version) for e in self.engines]
+        self.bytes_synced += snapshot_bytes(state) * len(self.engines)
+
+    def wait_synced(self) -> None:
+        """Block until every engine serves the last published version."""
+        for u in self._updates:
+            u.wait()
+
+    @property
+    def version(self) -> int:
+        return self.trainer.version
+
+    def state_dict(self) -> dict:
+        return self.trainer.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.trainer.load_state_dict(state)
+        self._publish(self.trainer.version, self.trainer.bf16_state_dict())
+        self.wait_synced()
+
+    def engine_busy_s(self) -> float:
+        """Busy seconds of the average engine."""
+        return sum(e.busy_s for e in self.engines) / len(self.engines)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        for e in self.engines:
+            e.stop()
+
+
+def start_inline(cfg: Config, policy_dir: str, tasks: dict[str, Task], replay_ctx, cpus: CpuSplit | None = None) -> InlineRuntime:
+    set_threads(cfg.run.threads or None)
+    return InlineRuntime(cfg, policy_dir, tasks, replay_ctx, cpus=cpus)
