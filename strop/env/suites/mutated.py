@@ -9,7 +9,7 @@ the sandbox (keeping those that pass fully and quickly), enumerates mutation sit
 named by some kept test file, and verifies mutants through `checker.check` in a seeded order,
 round-robin over packages, at most `PER_FUNCTION` per function. The cache holds one base
 repository per package (`mutated-bases.json`) and one JSON line per task with only its
-mutated file (`mutated.jsonl`), under `$STROP_CACHE/suites` (default `~/.cache/strop/suites`).
+mutated file (`mutated.jsonl`, streamed to `mutated.jsonl.partial` while building), under `$STROP_CACHE/suites` (default `~/.cache/strop/suites`).
 The split is by function (hash of package, module, function): eval bugs sit in functions
 that train never mutates.
 """
@@ -178,33 +178,34 @@ def build(out_dir: Path | None = None, target: int = 240, packages: tuple[str, .
                  and "/tests/" not in p for m in mutations(p, text)]
         rng.shuffle(sites)
         queues[pkg] = sites
-    tasks, per_fn, tried = [], {}, 0
-    while len(tasks) < target and any(queues.values()):
-        for pkg in list(queues):
-            if not queues[pkg] or len(tasks) >= target:
-                continue
-            m = queues[pkg].pop()
-            key = (m.path, m.function)
-            word = re.compile(rf"\b{re.escape(m.function)}\b")
-            tests = sorted((t for t, text in bases[pkg].items() if t in baseline[pkg] and word.search(text)),
-                           key=lambda t: len(bases[pkg][t]))[:2]
-            if per_fn.get(key, 0) >= PER_FUNCTION or not tests or m.function.startswith("__"):
-                continue
-            tried += 1
-            task = _task(pkg, bases[pkg], len(tasks), m, tests, sum(baseline[pkg][t] for t in tests))
-            score = check(task, {}, perturbed=False)
-            if score.reward == 0.0 and (score.failed or score.errors) and "timeout" not in score.reason:
-                per_fn[key] = per_fn.get(key, 0) + 1
-                tasks.append(task)
-                log(f"mutated: {len(tasks)}/{target} kept ({tried} tried): {task.id} {m.family} in {m.path}:{m.function}")
     with open(out_dir / "mutated-bases.json", "w") as f:
         json.dump(bases, f)
-    with open(out_dir / "mutated.jsonl", "w") as f:
-        for t in tasks:
-            d = t.to_dict()
-            path = t.metadata["path"]
-            d["files"] = {path: t.files[path]}  # the rest is the package base
-            f.write(json.dumps(d) + "\n")
+    partial = out_dir / "mutated.jsonl.partial"  # streamed, so an interrupted build keeps its work
+    tasks, per_fn, tried = [], {}, 0
+    with open(partial, "w") as out:
+        while len(tasks) < target and any(queues.values()):
+            for pkg in list(queues):
+                if not queues[pkg] or len(tasks) >= target:
+                    continue
+                m = queues[pkg].pop()
+                key = (m.path, m.function)
+                word = re.compile(rf"\b{re.escape(m.function)}\b")
+                tests = sorted((t for t, text in bases[pkg].items() if t in baseline[pkg] and word.search(text)),
+                               key=lambda t: len(bases[pkg][t]))[:2]
+                if per_fn.get(key, 0) >= PER_FUNCTION or not tests or m.function.startswith("__"):
+                    continue
+                tried += 1
+                task = _task(pkg, bases[pkg], len(tasks), m, tests, sum(baseline[pkg][t] for t in tests))
+                score = check(task, {}, perturbed=False)
+                if score.reward == 0.0 and (score.failed or score.errors) and "timeout" not in score.reason:
+                    per_fn[key] = per_fn.get(key, 0) + 1
+                    tasks.append(task)
+                    d = task.to_dict()
+                    d["files"] = {m.path: task.files[m.path]}  # the rest is the package base
+                    out.write(json.dumps(d) + "\n")
+                    out.flush()
+                    log(f"mutated: {len(tasks)}/{target} kept ({tried} tried): {task.id} {m.family} in {m.path}:{m.function}")
+    partial.rename(out_dir / "mutated.jsonl")
     log(f"mutated: wrote {len(tasks)} tasks from {len({t.metadata['source'] for t in tasks})} packages "
         f"({tried} mutants tried) to {out_dir}")
     return out_dir
