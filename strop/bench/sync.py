@@ -109,13 +109,14 @@ def _synthetic(n: int, repeat: int) -> list[dict]:
     from strop.sync.synthetic import adamw_snapshots
     from strop.sync.tensors import Tensor
 
+    t0 = time.perf_counter()
     rows = []
     for lr, tag in ((1e-6, "lr1e-6"), (3e-6, "lr3e-6"), (1e-5, "lr1e-5")):
         snaps = adamw_snapshots(n, lr, keep=(15, 19, 20) if lr == 1e-6 else (19, 20))
         pairs = [(tag, 19)] + ([("stale5-lr1e-6", 15)] if lr == 1e-6 else [])
         for case, a in pairs:
             rows += _rows(case, {"w": Tensor("BF16", (n,), snaps[a])}, {"w": Tensor("BF16", (n,), snaps[20])}, repeat)
-        print(f"  synthetic lr {lr:g} done", flush=True)
+        print(f"  synthetic lr {lr:g} done ({time.perf_counter() - t0:.0f} s)", flush=True)
     return rows
 
 
@@ -201,6 +202,7 @@ def run(args: argparse.Namespace) -> int:
     demo, info = _load_demo_run(args.demo_run) if args.demo_run else _capture_demo(args.quick)
     rows += _rows("demo", demo[0], demo[1], repeat)
     pause = _engine_pause_ms(demo[0], demo[1])
+    print(f"  demo done ({time.perf_counter() - t0:.0f} s)", flush=True)
     fanout = None
     if not args.no_fanout:
         from dataclasses import asdict
