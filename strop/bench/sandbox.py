@@ -25,10 +25,10 @@ from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quick", action="store_true", help="under a minute: 200 start+exit runs, 100 pooled, a 5 s idle-footprint budget, 2 oracle episodes")
+    p.add_argument("--quick", action="store_true", help="under a minute: 200 start+exit runs, 50 pooled, 100 execs, a 5 s idle-footprint budget, 1 oracle episode")
     p.add_argument("--runs", type=int, default=None, help="start+exit runs (default 1000, --quick 200)")
     p.add_argument("--max", type=int, default=1000, help="most idle sandboxes to hold at once (default 1000)")
-    p.add_argument("--oracle-episodes", type=int, default=None, help="oracle episodes to time (default 30, --quick 2)")
+    p.add_argument("--oracle-episodes", type=int, default=None, help="oracle episodes to time (default 30, --quick 1)")
     p.add_argument("--json", help="write results to this JSON file")
 
 
@@ -156,12 +156,12 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="strop-bench-world-") as d:
         world = Path(d)
         (world / "main.py").write_text("print('hello')\n")
-        _start_exit(world, 10)  # warm: per-process setup, the sandbox python cache
+        _start_exit(world, 3)  # warm: per-process setup, the sandbox python cache
         start, start_cpu = _start_exit(world, runs)
-        pool = _pool_start_exit(world, 100 if args.quick else 200)
-        ex, sh = _exec(world, runs)
+        pool = _pool_start_exit(world, 50 if args.quick else 200)
+        ex, sh = _exec(world, 100 if args.quick else runs)
         idle = _idle(world, args.max, 5.0 if args.quick else 300.0)
-    oracle, oracle_note = _oracle(args.oracle_episodes or (2 if args.quick else 30))
+    oracle, oracle_note = _oracle(args.oracle_episodes or (1 if args.quick else 30))
     res = {
         "start_p50_ms": _pct(start, 0.5), "start_p99_ms": _pct(start, 0.99), "start_min_ms": min(start) * 1e3,
         "start_cpu_ms": start_cpu * 1e3,
@@ -175,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
         {"measure": "start+exit, cold: fastest run", "p50": res["start_min_ms"], "unit": "ms", "n": runs},
         {"measure": "start+exit, cold: CPU time per run", "p50": res["start_cpu_ms"], "unit": "CPU ms", "n": runs},
         {"measure": "start+exit from a warm pool", "p50": res["pool_start_p50_ms"], "p99": res["pool_start_p99_ms"], "unit": "ms", "n": len(pool)},
-        {"measure": "exec argv in a live sandbox", "p50": res["exec_p50_ms"], "p99": res["exec_p99_ms"], "unit": "ms", "n": runs},
+        {"measure": "exec argv in a live sandbox", "p50": res["exec_p50_ms"], "p99": res["exec_p99_ms"], "unit": "ms", "n": len(ex)},
         {"measure": "exec shell string (bash -lc)", "p50": res["exec_shell_p50_ms"], "unit": "ms", "n": len(sh)},
         {"measure": "idle sandboxes held at once", "p50": res["max_concurrent"], "unit": "sandboxes"},
         {"measure": "memory per idle sandbox (PSS)", "p50": res["mib_per_sandbox"], "unit": "MiB"},
