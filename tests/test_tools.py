@@ -50,6 +50,9 @@ def test_read_file_numbers_lines_and_pages(sandbox):
     assert err(sandbox, "read_file", {"path": "missing.py"}) == "no such file: missing.py"
     assert "is a directory" in err(sandbox, "read_file", {"path": "pkg"})
     assert "not a UTF-8 text file" in err(sandbox, "read_file", {"path": "blob.bin"})
+    assert err(sandbox, "read_file", {"path": "pkg/mod.py/x"}) == "pkg/mod.py/x: Not a directory"
+    ok(sandbox, "run", command="ln -s loop loop")
+    assert "symbolic links" in err(sandbox, "read_file", {"path": "loop"})
 
 
 def test_edit_file_exact_unique_replace(sandbox):

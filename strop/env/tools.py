@@ -86,15 +86,38 @@ def _check_arguments(name: str, arguments: dict) -> str | None:
     return None
 
 
-def _decode(data: bytes, path: str) -> str:
+class _Rejected(Exception):
+    """A call the model got wrong (a missing file, a directory, binary data): its message is the observation."""
+
+
+def _os_error(e: OSError, path: str) -> _Rejected:
+    if isinstance(e, FileNotFoundError):
+        return _Rejected(f"no such file: {path}")
+    if isinstance(e, IsADirectoryError):
+        return _Rejected(f"{path} is a directory")
+    return _Rejected(f"{path}: {e.strerror or e}")  # permissions, symlink loops, not a directory
+
+
+def _read_text(sb: Sandbox, path: str) -> str:
+    try:
+        data = sb.read_file(path)
+    except OSError as e:
+        raise _os_error(e, path) from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
-        raise ValueError(f"{path} is not a UTF-8 text file ({len(data)} bytes)") from None
+        raise _Rejected(f"{path} is not a UTF-8 text file ({len(data)} bytes)") from None
+
+
+def _write_text(sb: Sandbox, path: str, text: str) -> None:
+    try:
+        sb.write_file(path, text)
+    except OSError as e:
+        raise _os_error(e, path) from None
 
 
 def _read_file(sb: Sandbox, path: str, start: int = 1, end: int | None = None, *, limit: int) -> ToolResult:
-    lines = _decode(sb.read_file(path), path).splitlines()
+    lines = _read_text(sb, path).splitlines()
     if not lines:
         return ToolResult(f"({path} is empty)")
     if start < 1 or (end is not None and end < start):
@@ -113,20 +136,20 @@ def _edit_file(sb: Sandbox, path: str, old: str, new: str, *, limit: int) -> Too
         return _error("old must not be empty (use write_file to create a file)")
     if old == new:
         return _error("old and new are the same")
-    text = _decode(sb.read_file(path), path)
+    text = _read_text(sb, path)
     count = text.count(old)
     if count == 0:
         return _error(f"old text not found in {path}")
     if count > 1:
         return _error(f"old text occurs {count} times in {path}; add context to make it unique")
     at = text.index(old)
-    sb.write_file(path, text[:at] + new + text[at + len(old):])
+    _write_text(sb, path, text[:at] + new + text[at + len(old):])
     first = text.count("\n", 0, at) + 1
     return ToolResult(f"edited {path} (line {first})")
 
 
 def _write_file(sb: Sandbox, path: str, content: str, *, limit: int) -> ToolResult:
-    sb.write_file(path, content)
+    _write_text(sb, path, content)
     return ToolResult(f"wrote {path} ({len(content.splitlines())} lines)")
 
 
@@ -188,12 +211,8 @@ def execute(sandbox: Sandbox, name: str, arguments: dict | str, limit: int = 200
         return _error(problem)
     try:
         return _IMPL[name](sandbox, **arguments, limit=limit)
-    except FileNotFoundError:
-        return _error(f"no such file: {arguments.get('path')}")
-    except IsADirectoryError:
-        return _error(f"{arguments.get('path')} is a directory")
-    except (OSError, ValueError) as e:  # permissions, symlink loops, non-UTF-8 files: the model's to fix
-        return _error(str(e) if isinstance(e, ValueError) else f"{arguments.get('path')}: {e.strerror or e}")
+    except _Rejected as e:
+        return _error(str(e))
 
 
 def describe_call(name: str, arguments: dict | str) -> str:
