@@ -1,0 +1,1 @@
+"""Where components run: `inline` (one process, threads) or `ray` (actors)."""
