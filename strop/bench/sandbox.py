@@ -133,7 +133,8 @@ def _idle(world: Path, most: int, budget_s: float) -> dict:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     n = max(len(boxes), 1)
     return {"max_concurrent": alive, "mib_per_sandbox": pss / n / 1024,
-            "kernel_mib_per_sandbox": max(0, mem0 - mem1) / n / 1024, "idle_fill_s": start_s}
+            # None when other processes freed more memory meanwhile than the sandboxes took
+            "kernel_mib_per_sandbox": (mem0 - mem1) / n / 1024 if mem0 > mem1 else None, "idle_fill_s": start_s}
 
 
 def _oracle(n: int) -> tuple[float | None, str]:
