@@ -192,6 +192,7 @@ class Engine:
                         named[name].copy_(t)
                     if upd.apply_fn is not None:
                         upd.apply_fn(named)
+                self.forward.refresh()
                 self.version = upd.version
             except Exception as e:  # reported to the caller; the engine keeps serving
                 upd.error = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"

@@ -76,11 +76,32 @@ class Forward:
             from transformers.models.qwen3_moe.modeling_qwen3_moe import apply_rotary_pos_emb
 
             self._rope = apply_rotary_pos_emb
+        self.refresh()
 
     def _kv_shape(self, attn) -> tuple[int, int, int]:
         if self.arch == "deepseek_v3":  # MLA: cache the expanded per-head keys and values
             return attn.num_heads, attn.qk_head_dim, attn.v_head_dim
         return self.cfg.num_key_value_heads, attn.head_dim, attn.head_dim
+
+    def refresh(self) -> None:
+        """Rebuild the weights derived from the model's (fused q/k/v); call after changing weights."""
+        self._fused, self._qkv_sizes = {}, {}
+        if self.deterministic or self.arch == "deepseek_v3":
+            return
+        with torch.no_grad():
+            for layer in self.model.model.layers:
+                a = layer.self_attn
+                projs = (a.q_proj, a.k_proj, a.v_proj)
+                w = torch.cat([p.weight for p in projs])
+                b = torch.cat([p.bias for p in projs]) if a.q_proj.bias is not None else None
+                self._fused[id(a)] = (w, b)
+                self._qkv_sizes[id(a)] = [p.weight.shape[0] for p in projs]
+
+    def _norm(self, mod, x):
+        """An HF RMSNorm module: itself in deterministic mode (the trainer's exact ops), else fused."""
+        if self.deterministic:
+            return mod(x)
+        return F.rms_norm(x, mod.weight.shape, mod.weight, mod.variance_epsilon)
 
     def _key_len(self, n: int) -> int:
         """Keys to read for queries up to position n - 1: whole BLOCKs in deterministic mode."""
@@ -118,12 +139,12 @@ class Forward:
         cos, sin = inner.rotary_emb(h[None], plan.positions[None])
         routing: list[torch.Tensor] = []
         for li, layer in enumerate(inner.layers):
-            x = layer.input_layernorm(h)
+            x = self._norm(layer.input_layernorm, h)
             h = h + self._attention(li, layer.self_attn, x, cos, sin, plan)
-            x = layer.post_attention_layernorm(h)
+            x = self._norm(layer.post_attention_layernorm, h)
             h = h + self._mlp(layer.mlp, x, routing)
         ends = torch.tensor([len(s.tokens) for s in segments]).cumsum(0) - 1
-        last = inner.norm(h if plan.all_decode else h[ends])
+        last = self._norm(inner.norm, h if plan.all_decode else h[ends])
         logits = self.lin(last, self.model.lm_head.weight)
         ids = torch.stack(routing, dim=1).to(routing_dtype(self.num_experts)) if routing else None
         return logits, ids
@@ -137,12 +158,12 @@ class Forward:
             if attn.q_lora_rank is None:
                 q = lin(x, attn.q_proj.weight)
             else:
-                q = lin(attn.q_a_layernorm(lin(x, attn.q_a_proj.weight, attn.q_a_proj.bias)), attn.q_b_proj.weight)
+                q = lin(self._norm(attn.q_a_layernorm, lin(x, attn.q_a_proj.weight, attn.q_a_proj.bias)), attn.q_b_proj.weight)
             q = q.view(1, N, -1, attn.qk_head_dim).transpose(1, 2)
             q_pass, q_rot = torch.split(q, [attn.qk_nope_head_dim, attn.qk_rope_head_dim], dim=-1)
             ckv = lin(x, attn.kv_a_proj_with_mqa.weight, attn.kv_a_proj_with_mqa.bias)
             kv_nope, k_rot = torch.split(ckv, [attn.kv_lora_rank, attn.qk_rope_head_dim], dim=-1)
-            kv_nope = attn.kv_a_layernorm(kv_nope)
+            kv_nope = self._norm(attn.kv_a_layernorm, kv_nope)
             q_rot, k_rot = self._rope(q_rot, k_rot.view(1, 1, N, -1), cos, sin)
             q = torch.cat((q_pass, q_rot), dim=-1)[0].transpose(0, 1)
             kv = lin(kv_nope, attn.kv_b_proj.weight).view(N, -1, attn.qk_nope_head_dim + attn.v_head_dim)
@@ -152,9 +173,15 @@ class Forward:
             k[..., attn.qk_nope_head_dim :] = k_rot[0, 0][:, None, :]
             return q, k, v
         d = attn.head_dim
-        q = attn.q_norm(lin(x, attn.q_proj.weight, attn.q_proj.bias).view(N, -1, d))
-        k = attn.k_norm(lin(x, attn.k_proj.weight, attn.k_proj.bias).view(N, -1, d))
-        v = lin(x, attn.v_proj.weight, attn.v_proj.bias).view(N, -1, d)
+        if self.deterministic:
+            q = lin(x, attn.q_proj.weight, attn.q_proj.bias)
+            k = lin(x, attn.k_proj.weight, attn.k_proj.bias)
+            v = lin(x, attn.v_proj.weight, attn.v_proj.bias)
+        else:  # one GEMM for q, k and v
+            q, k, v = F.linear(x, *self._fused[id(attn)]).split(self._qkv_sizes[id(attn)], dim=-1)
+        q = self._norm(attn.q_norm, q.view(N, -1, d))
+        k = self._norm(attn.k_norm, k.view(N, -1, d))
+        v = v.reshape(N, -1, d)
         q, k = self._rope(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
         return q[0].transpose(0, 1), k[0].transpose(0, 1), v
 
@@ -221,6 +248,8 @@ class Forward:
         else:
             contrib = self._experts_grouped(experts, x, ids_sorted)
         contrib = contrib * w_sorted[..., None]
+        if not self.deterministic:
+            return contrib.sum(dim=1)
         out = torch.zeros_like(x)
         for j in range(k):
             out = out + contrib[:, j]
