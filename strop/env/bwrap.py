@@ -73,7 +73,8 @@ def _host(image: str = "/") -> dict:
     and the temp root the sandboxes' copy-on-write layers live under."""
     if not (Path(image) / "usr").is_dir() or not (Path(image) / "etc").is_dir():
         raise ValueError(f"image {image} is not a system root (no /usr or /etc)")
-    root = Path(tempfile.mkdtemp(prefix="strop-sbx-", dir=_temp_base()))
+    _sweep_dead(Path(_temp_base() or tempfile.gettempdir()))
+    root = Path(tempfile.mkdtemp(prefix=f"strop-sbx-{os.getpid()}-", dir=_temp_base()))
     os.chmod(root, 0o755)
     cgroup = _pids_cgroup_root()
     atexit.register(_cleanup, root, cgroup)
@@ -101,6 +102,24 @@ def _cleanup(root: Path, cgroup: Path | None) -> None:
             cgroup.rmdir()
         except OSError:
             pass  # a child cgroup is still busy; nothing more to do at exit
+
+
+def _sweep_dead(base: Path) -> None:
+    """Remove what processes killed before their exit handlers ran left behind (temp roots named
+    strop-sbx-<pid>-*, cgroups strop-<pid>): a crashed rollout worker must not leak RAM in /dev/shm."""
+    for d in base.glob("strop-sbx-*-*"):
+        pid = d.name.split("-")[2]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            _rmtree(d)
+    for cg in (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup")) if os.geteuid() == 0 else ():
+        for d in cg.glob("strop-*"):
+            pid = d.name.split("-")[1]
+            if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                for child in [c for c in d.iterdir() if c.is_dir()] + [d]:
+                    try:
+                        child.rmdir()  # only succeeds once no process is left in it
+                    except OSError:
+                        pass
 
 
 def _temp_base() -> str | None:
