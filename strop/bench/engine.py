@@ -44,7 +44,7 @@ def setup(checkpoint: str | None, seed: int = 0):
 
         tok = train_tokenizer(corpus.train[:300], DataSection().vocab_size, 1_500_000)
         model = build_model(ModelSection(), tok, seed=seed)
-    held_out = tokenize_documents(tok, corpus.val)
+    held_out = tokenize_documents(tok, corpus.val[:12])  # prompts only need a few thousand tokens
     return model.eval(), tok, np.asarray(held_out)
 
 

@@ -27,7 +27,7 @@ from strop.bench.table import format_table, write_json
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", help="mid-trained model directory; default: mid-train a random demo model here")
-    parser.add_argument("--quick", action="store_true", help="~1.5k response tokens, 15 mid-training steps (under a minute)")
+    parser.add_argument("--quick", action="store_true", help="~1.2k response tokens, 12 mid-training steps (under a minute)")
     parser.add_argument("--tokens", type=int, default=10_000, help="response tokens to compare (at least)")
     parser.add_argument("--midtrain-steps", type=int, default=60, help="mid-training steps when no checkpoint is given")
     parser.add_argument("--max-batch", type=int, default=16, help="engine slots")
@@ -45,7 +45,7 @@ def quick_midtrain(model, tokenizer, steps: int, seed: int = 0) -> float:
     from strop.train.midtrain import lm_loss
 
     corpus = load_corpus(DataSection())
-    data = PackedBatches(tokenize_documents(tokenizer, corpus.train[:200]), 128, 8, seed)
+    data = PackedBatches(tokenize_documents(tokenizer, corpus.train[:120]), 128, 8, seed)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     model.train()
     loss = float("nan")
@@ -54,7 +54,7 @@ def quick_midtrain(model, tokenizer, steps: int, seed: int = 0) -> float:
         (ce + 0.01 * aux).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        loss = float(ce)
+        loss = float(ce.detach())
     model.eval()
     return loss
 
@@ -103,8 +103,8 @@ def run(args: argparse.Namespace) -> int:
     model, tok, stream = setup(args.checkpoint)
     loss = None
     if not args.checkpoint:
-        loss = quick_midtrain(model, tok, 15 if args.quick else args.midtrain_steps)
-    target = 1500 if args.quick else args.tokens
+        loss = quick_midtrain(model, tok, 12 if args.quick else args.midtrain_steps)
+    target = 1200 if args.quick else args.tokens
     lo, hi = (16, 48) if args.quick else (48, 160)
     prompts, lengths = [], []
     while sum(lengths) < target:
