@@ -18,6 +18,7 @@ import os
 import shutil
 import sys
 import tempfile
+import warnings
 from importlib import metadata
 from pathlib import Path
 
@@ -31,9 +32,12 @@ def requirement_closure(names: tuple[str, ...]) -> list[metadata.Distribution]:
     seen: dict[str, metadata.Distribution] = {}
     todo = list(names)
     while todo:
+        name = todo.pop()
         try:
-            dist = metadata.distribution(todo.pop())
+            dist = metadata.distribution(name)
         except metadata.PackageNotFoundError:
+            if name in names:
+                warnings.warn(f"{name} is not installed: sandboxes will not have it", stacklevel=2)
             continue
         key = dist.metadata["Name"].lower().replace("-", "_")
         if key in seen:
