@@ -83,6 +83,15 @@ def _final_message(messages: list[dict]) -> str | None:
     return next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "assistant"), None)
 
 
+CACHE_DIRS = frozenset({"__pycache__", ".pytest_cache"})
+
+
+def source_changes(changes: dict) -> dict:
+    """The agent's changes without the caches that running code leaves behind (an honest
+    `pytest` run writes tests/__pycache__/*.pyc, which the monitor would read as a test edit)."""
+    return {p: v for p, v in changes.items() if not CACHE_DIRS.intersection(p.split("/"))}
+
+
 def score_changes(task: Task, changes: dict) -> Score:
     """The checker's score. Every task starts from a repository that fails its hidden tests (that
     is what makes it a task), so an episode that changed nothing scores 0 without a test run."""
@@ -94,6 +103,7 @@ def score_changes(task: Task, changes: dict) -> Score:
 def rollout(task: Task, policy: PolicyClient, harness: Harness, item: WorkItem, limits: Limits = Limits()) -> Trajectory:
     """One episode of `task` scored and flagged; raises `RolloutLost` when the policy failed."""
     episode, changes = run_task(harness, policy, task, limits, seed=item.seed)
+    changes = source_changes(changes)
     if episode.stop_reason == "policy_error":
         raise RolloutLost(f"{item.key}: {episode.detail}")
     score = score_changes(task, changes)
