@@ -12,16 +12,16 @@ from strop.sync.store import Publisher, Store
 
 
 def _model_versions(steps: int) -> list[dict[str, torch.Tensor]]:
-    torch.manual_seed(0)
+    """bf16 snapshots of a small MLP whose fp32 weights drift by small random steps (an
+    optimizer's first step costs seconds of lazy imports, and only the deltas matter here)."""
+    g = torch.Generator().manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     out = []
-    for _ in range(steps + 1):
-        out.append({k: v.detach().to(torch.bfloat16).clone() for k, v in model.state_dict().items()})
-        loss = model(torch.randn(32, 64)).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    with torch.no_grad():
+        for _ in range(steps + 1):
+            out.append({k: v.detach().to(torch.bfloat16).clone() for k, v in model.state_dict().items()})
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=g) * 3e-5)
     return out
 
 
