@@ -1,0 +1,171 @@
+"""The RL trainer: owns the policy (fp32 master weights, AdamW), turns `Sample`s into padded
+token batches, recomputes the policy's logprobs of the sampled tokens, runs the loss, steps, and
+publishes the new version as a bf16 snapshot.
+
+It is algorithm-blind: advantages and per-token weights come in with the samples
+(`strop.rl.advantages`), the objective is `strop.rl.loss.policy_loss`. Two things come from
+outside as plain callables, so the trainer runs before they exist and never imports them:
+
+- `replay_ctx(model, batch)` -> context manager around each forward; router replay for MoE passes
+  a function that makes the forward route through the experts the engine recorded
+  (`batch.routing`). The default does nothing.
+- `publish(version, bf16_state_dict)` after every step: the weight-sync interface (full
+  snapshots; a delta encoder can sit behind the same call).
+
+`state_dict()` / `load_state_dict()` cover the model, the optimizer, the version and torch's RNG:
+restoring one and repeating a step gives bitwise the same weights (with the same threads).
+"""
+
+import contextlib
+import copy
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager
+
+import torch
+import torch.nn.functional as F
+
+from strop.config import RLSection
+from strop.env.segment import Segment
+from strop.rl.advantages import Sample, training_reward
+from strop.rl.loss import policy_loss
+
+
+@dataclass
+class TrainBatch:
+    """One micro-batch, right-padded. Position t of a row reads input_ids_BT[t] and is scored on
+    predicting targets_BT[t] (the segment shifted by one)."""
+
+    input_ids_BT: torch.Tensor  # long
+    targets_BT: torch.Tensor  # long
+    mask_BT: torch.Tensor  # bool: the target is a policy-generated token
+    behavior_BT: torch.Tensor  # float32: the engine's logprob of the target
+    advantages_BT: torch.Tensor  # float32
+    weights_BT: torch.Tensor  # float32 per-token loss weights
+    lengths_B: torch.Tensor  # long: unpadded input length of each row
+    routing: list[list]  # per row, per input position: Segment.routing of that token (None where not recorded)
+
+
+ReplayContext = Callable[[Any, TrainBatch], ContextManager]
+
+
+def no_replay(model, batch: TrainBatch) -> ContextManager:
+    return contextlib.nullcontext()
+
+
+def build_batch(rows: list[tuple[Segment, float, float]], pad_id: int) -> TrainBatch:
+    """(segment, advantage, weight) rows -> a padded `TrainBatch` (advantage and weight apply to
+    the segment's generated tokens)."""
+    width = max(len(seg) for seg, _, _ in rows) - 1
+    B = len(rows)
+    ids = torch.full((B, width + 1), pad_id, dtype=torch.long)
+    mask = torch.zeros(B, width + 1, dtype=torch.bool)
+    behavior = torch.zeros(B, width + 1)
+    for r, (seg, _, _) in enumerate(rows):
+        n = len(seg)
+        ids[r, :n] = torch.tensor(seg.input_ids)
+        mask[r, :n] = torch.tensor(seg.loss_mask, dtype=torch.bool)
+        behavior[r, :n] = torch.tensor(seg.behavior_logprobs, dtype=torch.float32)
+    mask = mask[:, 1:]
+    adv = torch.tensor([a for _, a, _ in rows], dtype=torch.float32)[:, None] * mask
+    weights = torch.tensor([w for _, _, w in rows], dtype=torch.float32)[:, None] * mask
+    return TrainBatch(
+        input_ids_BT=ids[:, :-1],
+        targets_BT=ids[:, 1:],
+        mask_BT=mask,
+        behavior_BT=behavior[:, 1:],
+        advantages_BT=adv,
+        weights_BT=weights,
+        lengths_B=torch.tensor([len(seg) - 1 for seg, _, _ in rows]),
+        routing=[list(seg.routing[:-1]) for seg, _, _ in rows],
+    )
+
+
+def token_logprobs(model, batch: TrainBatch) -> torch.Tensor:
+    """[B, T] logprobs of the targets under the model (fp32), differentiable."""
+    logits = model(input_ids=batch.input_ids_BT, use_cache=False).logits.float()
+    return -F.cross_entropy(logits.flatten(0, 1), batch.targets_BT.flatten(), reduction="none").view_as(batch.targets_BT)
+
+
+class RLTrainer:
+    def __init__(self, model, rl: RLSection, *, pad_id: int,
+                 publish: Callable[[int, dict[str, torch.Tensor]], None] = lambda version, state: None,
+                 replay_ctx: ReplayContext = no_replay, log: Callable[[dict], None] = lambda row: None,
+                 version: int = 0):
+        self.model = model.float().train()  # fp32 master weights; engines get bf16 copies
+        self.rl = rl
+        self.pad_id = pad_id
+        self.publish = publish
+        self.replay_ctx = replay_ctx
+        self.log = log
+        self.version = version
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=rl.lr, betas=(0.9, 0.95), weight_decay=rl.weight_decay)
+
+    def step(self, samples: list[Sample]) -> dict:
+        """One optimizer step on `samples` (normally all samples of `rl.batch_groups` groups);
+        bumps `version`, publishes it, logs and returns the step's metrics."""
+        assert samples, "a step needs samples"
+        t0 = time.perf_counter()
+        rows = [(seg, s.advantage, s.weight) for s in samples for seg in s.trajectory.segments if any(seg.loss_mask)]
+        rows.sort(key=lambda row: len(row[0]))  # similar lengths share a micro-batch: less padding
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: Counter = Counter()
+        loss_total, tokens = 0.0, 0
+        for i in range(0, len(rows), self.rl.micro_batch):
+            batch = build_batch(rows[i : i + self.rl.micro_batch], self.pad_id)
+            with self.replay_ctx(self.model, batch):
+                logprobs = token_logprobs(self.model, batch)
+            loss, m = policy_loss(logprobs, batch.behavior_BT, batch.advantages_BT, batch.weights_BT, batch.mask_BT, self.rl)
+            loss.backward()  # weights carry the normalisation: micro-batch losses add up to the batch loss
+            loss_total += loss.item()
+            tokens += int(batch.lengths_B.sum())
+            for k, v in m.items():
+                sums[k] += v * m["tokens"] if k != "tokens" else v
+        clip = self.rl.grad_clip if self.rl.grad_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        self.optimizer.step()
+        trained_version = self.version
+        self.version += 1
+        self.publish(self.version, self.bf16_state_dict())
+        seconds = time.perf_counter() - t0
+
+        trajs = [s.trajectory for s in samples]
+        staleness = Counter(trained_version - t.min_version for t in trajs)
+        n_tok = max(sums["tokens"], 1.0)
+        row = {
+            "version": self.version,
+            "loss": loss_total,
+            "grad_norm": float(grad_norm),
+            "samples": len(trajs),
+            "reward": sum(t.reward for t in trajs) / len(trajs),
+            "train_reward": sum(training_reward(t, self.rl.hack_penalty) for t in trajs) / len(trajs),
+            "solve_rate": sum(t.solved for t in trajs) / len(trajs),
+            "hacked": sum(bool(t.hack_flags) for t in trajs),
+            **{k: sums[k] / n_tok for k in ("k3", "clip_frac", "mask_frac", "trunc_frac", "ratio_mean")},
+            "gen_tokens": int(sums["tokens"]),
+            "tokens_per_s": tokens / seconds,
+            "staleness_max": max(staleness),
+            "staleness_hist": {str(k): staleness[k] for k in sorted(staleness)},
+            "step_s": seconds,
+        }
+        self.log(row)
+        return row
+
+    def bf16_state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().to(torch.bfloat16) for k, v in self.model.state_dict().items()}
+
+    def state_dict(self) -> dict:
+        """A deep copy: later steps do not change it."""
+        return copy.deepcopy({
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "version": self.version,
+            "rng": torch.get_rng_state(),
+        })
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = state["version"]
+        torch.set_rng_state(state["rng"])
