@@ -120,6 +120,23 @@ def _synthetic(n: int, repeat: int) -> list[dict]:
     return rows
 
 
+def _adamw_step(params: list, moments: list, t: int, lr: float = DEMO_LR, wd: float = 0.1,
+                betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
+    """torch.optim.AdamW's update, written out: constructing the torch optimizer imports
+    torch._dynamo, seconds that `--quick` cannot spare on a busy machine."""
+    import torch
+
+    b1, b2 = betas
+    with torch.no_grad():
+        for p, (m, v) in zip(params, moments):
+            m.mul_(b1).add_(p.grad, alpha=1 - b1)
+            v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+            p.mul_(1 - lr * wd)
+            denom = (v.sqrt() / (1 - b2**t) ** 0.5).add_(eps)
+            p.addcdiv_(m, denom, value=-lr / (1 - b1**t))
+            p.grad = None
+
+
 def _capture_demo(quick: bool) -> tuple[list[dict], dict]:
     """bf16 snapshots after real AdamW steps of a tiny Qwen3-MoE on random tokens."""
     import torch
@@ -134,15 +151,17 @@ def _capture_demo(quick: bool) -> tuple[list[dict], dict]:
                          num_attention_heads=4, num_key_value_heads=2, head_dim=size["hidden_size"] // 4,
                          num_experts_per_tok=2, max_position_embeddings=256, **size)
     model = Qwen3MoeForCausalLM(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=DEMO_LR, weight_decay=0.1)
+    params = [p for p in model.parameters() if p.requires_grad]
+    moments = [(torch.zeros_like(p), torch.zeros_like(p)) for p in params]
     steps = 3 if quick else 5
     snaps = []
-    for _ in range(steps + 1):
+    for t in range(1, steps + 2):
         snaps.append({k: bits_view(v.detach().to(torch.bfloat16).contiguous()) for k, v in model.state_dict().items()})
+        if t > steps:
+            break
         x = torch.randint(0, cfg.vocab_size, (2, 64))
         model(input_ids=x, labels=x).loss.backward()
-        opt.step()
-        opt.zero_grad()
+        _adamw_step(params, moments, t)
     params = sum(p.numel() for p in model.parameters())
     info = {"source": f"captured here: {steps} AdamW steps (lr {DEMO_LR:g}, wd 0.1) of a tiny Qwen3-MoE, random init, "
                       f"random tokens; delta of the last step", "params": params}
