@@ -106,6 +106,7 @@ def test_policy_learns_a_toy_reward(tiny_moe, tiny_tokenizer):
     # on-policy samples: the recomputed logprobs match the sampling ones
     assert rows[0]["k3"] < 1e-6 and rows[0]["clip_frac"] == 0.0 and rows[0]["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
     assert rows[0]["staleness_hist"] == {"0": 64} and rows[0]["tokens_per_s"] > 0
+    assert rows[0]["mismatch_mean_abs_dlogp"] < 1e-4
 
 
 def test_stale_samples_are_importance_corrected(tiny_moe, tiny_tokenizer):

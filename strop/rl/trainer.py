@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from strop.config import RLSection
 from strop.env.segment import Segment
+from strop.model.mismatch import mismatch_metrics
 from strop.rl.advantages import Sample, training_reward
 from strop.rl.loss import policy_loss
 
@@ -112,6 +113,7 @@ class RLTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         sums: Counter = Counter()
         loss_total, tokens = 0.0, 0
+        behavior_lp, trainer_lp = [], []  # on generated tokens, for the mismatch metrics
         for i in range(0, len(rows), self.rl.micro_batch):
             batch = build_batch(rows[i : i + self.rl.micro_batch], self.pad_id)
             with self.replay_ctx(self.model, batch):
@@ -119,6 +121,8 @@ class RLTrainer:
             loss, m = policy_loss(logprobs, batch.behavior_BT, batch.advantages_BT, batch.weights_BT, batch.mask_BT, self.rl)
             loss.backward()  # weights carry the normalisation: micro-batch losses add up to the batch loss
             loss_total += loss.item()
+            behavior_lp.append(batch.behavior_BT[batch.mask_BT])
+            trainer_lp.append(logprobs.detach()[batch.mask_BT])
             tokens += int(batch.lengths_B.sum())
             for k, v in m.items():
                 sums[k] += v * m["tokens"] if k != "tokens" else v
@@ -131,6 +135,8 @@ class RLTrainer:
         seconds = time.perf_counter() - t0
 
         trajs = [s.trajectory for s in samples]
+        # Behavior vs trainer logprobs: engine/trainer mismatch, plus policy drift for stale samples.
+        mismatch = mismatch_metrics(torch.cat(behavior_lp), torch.cat(trainer_lp)) if behavior_lp else {}
         staleness = Counter(trained_version - t.min_version for t in trajs)
         n_tok = max(sums["tokens"], 1.0)
         row = {
@@ -143,6 +149,7 @@ class RLTrainer:
             "solve_rate": sum(t.solved for t in trajs) / len(trajs),
             "hacked": sum(bool(t.hack_flags) for t in trajs),
             **{k: sums[k] / n_tok for k in ("k3", "clip_frac", "mask_frac", "trunc_frac", "ratio_mean")},
+            **{f"mismatch_{k}": v for k, v in mismatch.items() if k not in ("tokens", "k3")},
             "gen_tokens": int(sums["tokens"]),
             "tokens_per_s": tokens / seconds,
             "staleness_max": max(staleness),
