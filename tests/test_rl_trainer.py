@@ -110,7 +110,8 @@ def test_policy_learns_a_toy_reward(tiny_moe, tiny_tokenizer):
 
 
 def test_stale_samples_are_importance_corrected(tiny_moe, tiny_tokenizer):
-    """Samples from version 0 trained at version 2: ratios move off 1, staleness is reported."""
+    """Samples from version 0 trained at version 2: ratios move off 1, staleness is reported; one
+    version later they are past the bound and the trainer refuses them."""
     rl = RLSection(lr=2e-2, correction="icepop", mask_low=0.9, mask_high=1.1)
     trainer = RLTrainer(tiny_moe, rl, pad_id=tiny_tokenizer.pad_token_id)
     torch.manual_seed(0)
@@ -120,6 +121,8 @@ def test_stale_samples_are_importance_corrected(tiny_moe, tiny_tokenizer):
     row = trainer.step(make_samples(old))
     assert row["staleness_hist"] == {"2": 8} and row["staleness_max"] == 2
     assert row["k3"] > 1e-4 and row["mask_frac"] > 0
+    with pytest.raises(AssertionError, match="staleness 3 > rl.max_staleness"):  # now 3 behind
+        trainer.step(make_samples(old))
 
 
 def test_router_replay_plugs_in_as_a_context(tiny_moe, tiny_tokenizer):

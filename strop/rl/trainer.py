@@ -12,6 +12,7 @@ outside as plain callables, so the trainer runs before they exist and never impo
 - `publish(version, bf16_state_dict)` after every step: the weight-sync interface (full
   snapshots; a delta encoder can sit behind the same call).
 
+The staleness bound is checked once more where it matters, on the samples a step is given.
 `state_dict()` / `load_state_dict()` cover the model, the optimizer, the version and torch's RNG:
 restoring one and repeating a step gives bitwise the same weights (with the same threads).
 """
@@ -107,6 +108,9 @@ class RLTrainer:
         """One optimizer step on `samples` (normally all samples of `rl.batch_groups` groups);
         bumps `version`, publishes it, logs and returns the step's metrics."""
         assert samples, "a step needs samples"
+        trajs = [s.trajectory for s in samples]
+        staleness = Counter(self.version - t.min_version for t in trajs)
+        assert max(staleness) <= self.rl.max_staleness, f"staleness {max(staleness)} > rl.max_staleness at version {self.version}"
         t0 = time.perf_counter()
         rows = [(seg, s.advantage, s.weight) for s in samples for seg in s.trajectory.segments if any(seg.loss_mask)]
         rows.sort(key=lambda row: len(row[0]))  # similar lengths share a micro-batch: less padding
@@ -129,15 +133,14 @@ class RLTrainer:
         clip = self.rl.grad_clip if self.rl.grad_clip > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         self.optimizer.step()
-        trained_version = self.version
-        self.version += 1
-        self.publish(self.version, self.bf16_state_dict())
         seconds = time.perf_counter() - t0
+        self.version += 1
+        t1 = time.perf_counter()
+        self.publish(self.version, self.bf16_state_dict())
+        publish_s = time.perf_counter() - t1
 
-        trajs = [s.trajectory for s in samples]
         # Behavior vs trainer logprobs: engine/trainer mismatch, plus policy drift for stale samples.
         mismatch = mismatch_metrics(torch.cat(behavior_lp), torch.cat(trainer_lp)) if behavior_lp else {}
-        staleness = Counter(trained_version - t.min_version for t in trajs)
         n_tok = max(sums["tokens"], 1.0)
         row = {
             "version": self.version,
@@ -155,6 +158,7 @@ class RLTrainer:
             "staleness_max": max(staleness),
             "staleness_hist": {str(k): staleness[k] for k in sorted(staleness)},
             "step_s": seconds,
+            "publish_s": publish_s,
         }
         self.log(row)
         return row
