@@ -32,7 +32,8 @@ def train_tasks(cfg: Config) -> list:
     return [t for d in r.difficulties for t in load_suite(r.suite, "train", difficulty=d, limit=r.train_tasks)]
 
 
-def start_runtime(cfg: Config, runtime: str, policy_dir: str, tasks: dict, *, ray_address: str | None = None, cpus=None):
+def start_runtime(cfg: Config, runtime: str, policy_dir: str, tasks: dict, *, ray_address: str | None = None, cpus=None,
+                  trainer_process: bool = False):
     from strop.model.policy import is_moe, load_model
     from strop.rl.orchestrator import router_replay
     from strop.rl.trainer import no_replay
@@ -44,15 +45,17 @@ def start_runtime(cfg: Config, runtime: str, policy_dir: str, tasks: dict, *, ra
     if runtime == "inline":
         from strop.runtime.inline import start_inline
 
-        return start_inline(cfg, policy_dir, tasks, replay, cpus=cpus)
+        return start_inline(cfg, policy_dir, tasks, replay, cpus=cpus, trainer_process=trainer_process)
     from strop.runtime.ray_runtime import start_ray
 
     return start_ray(cfg, policy_dir, tasks, replay, address=ray_address, cpus=cpus)
 
 
 def train_rl(cfg: Config, *, mode: str = "async", runtime: str = "inline", policy_dir: str | Path | None = None,
-             out_dir: str | Path | None = None, ray_address: str | None = None, cpus=None, quiet: bool = False) -> dict:
-    """Run (or resume) RL; returns the run's figures and writes `out_dir/model` at the end."""
+             out_dir: str | Path | None = None, ray_address: str | None = None, cpus=None, trainer_process: bool = False,
+             quiet: bool = False) -> dict:
+    """Run (or resume) RL; returns the run's figures and writes `out_dir/model` at the end. `cpus` and
+    `trainer_process` place the inline runtime (see `strop.runtime.inline`)."""
     from strop.model.policy import is_model_dir, load_model, save_model
     from strop.rl.orchestrator import Orchestrator
 
@@ -65,7 +68,8 @@ def train_rl(cfg: Config, *, mode: str = "async", runtime: str = "inline", polic
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
     tasks = {t.id: t for t in train_tasks(cfg)}
-    rt = start_runtime(cfg, runtime, str(policy_dir), tasks, ray_address=ray_address, cpus=cpus)
+    rt = start_runtime(cfg, runtime, str(policy_dir), tasks, ray_address=ray_address, cpus=cpus,
+                       trainer_process=trainer_process)
     try:
         orch = Orchestrator(cfg, rt, list(tasks), mode, out, log=(lambda row: None) if quiet else _print_row)
         if orch.resume():

@@ -5,11 +5,15 @@ Placement only; what happens is the orchestrator's. The trainer runs on the call
 all the workers that share it), and rollouts on a thread pool — their sandboxes and checker runs
 are child processes, so most of a rollout's time is spent outside the GIL.
 
-`cpus` splits the machine the way a cluster is split: the trainer's thread is pinned to
-`cpus.trainer`, engine loop and rollout threads (and the sandboxes they fork) to `cpus.rollout`,
-so a busy fraction measures a component against the hardware it was given.
+`cpus` splits the machine the way a cluster is split: the trainer is pinned to `cpus.trainer`,
+engine loop and rollout threads (and the sandboxes they fork) to `cpus.rollout`, so a busy
+fraction measures a component against the hardware it was given. Threads of one process share
+the GIL, and a tiny model's forward is mostly Python, so a trainer thread and an engine thread
+slow each other down by about half; `trainer_process=True` moves the trainer into a child
+process (`TrainerProcess`, same calls over a pipe) so the split is real.
 """
 
+import multiprocessing
 import os
 import queue
 import threading
@@ -19,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from strop.config import Config
+from strop.config import Config, from_dict, to_dict
 from strop.engine.engine import Engine
 from strop.env.harness import Harness
 from strop.env.task import Task
@@ -64,21 +68,82 @@ class TimedEngine(Engine):
         return worked
 
 
+def _trainer_main(conn, cfg: dict, policy_dir: str, replay_ctx, pad_id: int, cpus: frozenset[int] | None) -> None:
+    """The child process of `TrainerProcess`: an `RLTrainer` answering (call, argument) messages."""
+    from strop.model.policy import load_model
+
+    set_threads(1)
+    pin(cpus)
+    published: dict = {}
+    trainer = RLTrainer(load_model(policy_dir), from_dict(cfg).rl, pad_id=pad_id, replay_ctx=replay_ctx,
+                        publish=lambda version, state: published.update(state=state))
+    calls = {"step": lambda samples: (trainer.step(samples), published.pop("state")),
+             "state_dict": lambda _: trainer.state_dict(),
+             "load_state_dict": lambda state: trainer.load_state_dict(state),
+             "bf16_state_dict": lambda _: trainer.bf16_state_dict()}
+    conn.send("ready")
+    while (msg := conn.recv()) is not None:
+        call, arg = msg
+        conn.send((calls[call](arg), trainer.version))
+
+
+class TrainerProcess:
+    """An `RLTrainer` in a child process, with the calls the runtime makes; `step` returns the
+    metrics row and hands the published bf16 snapshot to `publish`, as the in-process trainer does."""
+
+    def __init__(self, cfg: Config, policy_dir: str, replay_ctx, pad_id: int, publish, cpus: frozenset[int] | None):
+        ctx = multiprocessing.get_context("spawn")  # never fork a process that runs torch threads
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_trainer_main, args=(child, to_dict(cfg), policy_dir, replay_ctx, pad_id, cpus),
+                                name="strop-trainer", daemon=True)
+        self.proc.start()
+        assert self.conn.recv() == "ready"
+        self.publish, self.version = publish, 0
+
+    def _call(self, call: str, arg=None):
+        self.conn.send((call, arg))
+        result, self.version = self.conn.recv()
+        return result
+
+    def step(self, samples: list[Sample]) -> dict:
+        row, state = self._call("step", samples)
+        self.publish(self.version, state)
+        return row
+
+    def state_dict(self) -> dict:
+        return self._call("state_dict")
+
+    def load_state_dict(self, state: dict) -> None:
+        self._call("load_state_dict", state)
+
+    def bf16_state_dict(self) -> dict[str, torch.Tensor]:
+        return self._call("bf16_state_dict")
+
+    def close(self) -> None:
+        self.conn.send(None)
+        self.proc.join(timeout=30)
+
+
 def snapshot_bytes(state: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in state.values())
 
 
 class InlineRuntime:
-    def __init__(self, cfg: Config, policy_dir: str, tasks: dict[str, Task], replay_ctx, *, cpus: CpuSplit | None = None):
+    def __init__(self, cfg: Config, policy_dir: str, tasks: dict[str, Task], replay_ctx, *, cpus: CpuSplit | None = None,
+                 trainer_process: bool = False):
         from strop.data.tokenizer import load_tokenizer
         from strop.model.policy import load_model
 
         r = cfg.rollout
         self.tasks, self.cpus = tasks, cpus
         self.tokenizer = load_tokenizer(policy_dir)
-        pin(cpus.trainer if cpus else None)
-        self.trainer = RLTrainer(load_model(policy_dir), cfg.rl, pad_id=self.tokenizer.pad_token_id or 0,
-                                 publish=self._publish, replay_ctx=replay_ctx)
+        self._caller_cpus = os.sched_getaffinity(threading.get_native_id())  # restored by close()
+        pad_id = self.tokenizer.pad_token_id or 0
+        if trainer_process:
+            self.trainer = TrainerProcess(cfg, policy_dir, replay_ctx, pad_id, self._publish, cpus.trainer if cpus else None)
+        else:
+            pin(cpus.trainer if cpus else None)
+            self.trainer = RLTrainer(load_model(policy_dir), cfg.rl, pad_id=pad_id, publish=self._publish, replay_ctx=replay_ctx)
         start = self.trainer.bf16_state_dict()
         self.engines: list[TimedEngine] = []
         for i in range(r.engines):
@@ -153,8 +218,12 @@ class InlineRuntime:
         self.pool.shutdown(wait=True, cancel_futures=True)
         for e in self.engines:
             e.stop()
+        if isinstance(self.trainer, TrainerProcess):
+            self.trainer.close()
+        pin(frozenset(self._caller_cpus))
 
 
-def start_inline(cfg: Config, policy_dir: str, tasks: dict[str, Task], replay_ctx, cpus: CpuSplit | None = None) -> InlineRuntime:
+def start_inline(cfg: Config, policy_dir: str, tasks: dict[str, Task], replay_ctx, cpus: CpuSplit | None = None,
+                 trainer_process: bool = False) -> InlineRuntime:
     set_threads(cfg.run.threads or None)
-    return InlineRuntime(cfg, policy_dir, tasks, replay_ctx, cpus=cpus)
+    return InlineRuntime(cfg, policy_dir, tasks, replay_ctx, cpus=cpus, trainer_process=trainer_process)

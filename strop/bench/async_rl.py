@@ -1,0 +1,111 @@
+"""`strop bench async [--quick] --json F`: what asynchrony buys. The same RL configuration runs in
+`sync` mode (generate, train, sync, repeat) and in `async` mode (rollouts on the newest weights
+while the trainer consumes groups as they complete) on the same machine with the same
+disaggregated placement: the trainer in its own process pinned to the first core, the engine and
+rollout threads (and their sandboxes) to the rest — at scale the trainer cluster and the inference
+clusters are disjoint too.
+
+Reports steps/hour (the orchestrator's loop wall time; model loading excluded), trainer and engine
+busy fractions (seconds spent stepping / loop wall time), samples dropped for staleness, and the
+held-out solve rate of each run's final policy with its 95% interval. JSON: `speedup` (async
+steps/hour over sync) and objects `sync` and `async` with `steps_per_hour`, `trainer_busy`,
+`engine_busy`, `dropped`, `solve_rate` (+ `solve_rate_ci95`, `eval_episodes`, `steps`, `wall_s`).
+
+The policy is `--policy DIR`, else the demo's SFT model when it exists, else a tiny MoE built here
+(cached in the output directory).
+"""
+
+import argparse
+import os
+import shutil
+import time
+from pathlib import Path
+
+DEMO_POLICY = "runs/demo/sft/model"
+BENCH = ["rl.group_size=4", "rl.batch_groups=2", "rl.max_staleness=2", "rollout.workers=8", "rollout.engine_batch=16",
+         "rollout.max_turns=2", "rollout.max_turn_tokens=48", "rollout.max_context=1536", "rollout.ckpt_every=1000",
+         "rollout.eval_difficulties=[1]"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from strop.config import add_config_arguments
+
+    add_config_arguments(parser)
+    parser.add_argument("--quick", action="store_true", help="a few steps and a small eval (under a minute)")
+    parser.add_argument("--steps", type=int, help="optimizer steps per mode (default 12, quick 3)")
+    parser.add_argument("--eval-episodes", type=int, help="held-out episodes per mode (default 100, quick 4)")
+    parser.add_argument("--policy", help=f"model directory to train (default {DEMO_POLICY} if present, else a tiny MoE)")
+    parser.add_argument("--out", default="runs/bench-async", help="working directory")
+    parser.add_argument("--json", help="write results to this JSON file")
+
+
+def tiny_policy(out: Path) -> Path:
+    """A tiny random Qwen3-MoE with the small corpus tokenizer, built once."""
+    from strop.config import ModelSection
+    from strop.env.oracle import default_tokenizer
+    from strop.model.policy import build_model, is_model_dir, save_model
+
+    path = out / "tiny-policy"
+    if not is_model_dir(path):
+        tok = default_tokenizer()
+        section = ModelSection(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16, num_experts=8,
+                               experts_per_token=2, expert_size=16, dense_size=64, max_positions=2048)
+        save_model(build_model(section, tok, seed=0), tok, path)
+    return path
+
+
+def cpu_split():
+    """Trainer on the first allowed core, engines and rollouts on the others (None on one core)."""
+    from strop.runtime.inline import CpuSplit
+
+    cpus = sorted(os.sched_getaffinity(0))
+    return CpuSplit(frozenset(cpus[:1]), frozenset(cpus[1:])) if len(cpus) >= 2 else None
+
+
+def measure(cfg, mode: str, policy: Path, out: Path, eval_tasks: list, cpus) -> dict:
+    from strop.rl.evaluate import evaluate
+    from strop.rl.train_cmd import train_rl
+
+    shutil.rmtree(out / mode, ignore_errors=True)
+    r = train_rl(cfg, mode=mode, policy_dir=policy, out_dir=out / mode, cpus=cpus, trainer_process=True,
+                 quiet=True)
+    held_out = evaluate(cfg, str(out / mode / "model"), eval_tasks)
+    wall = r["wall_s"]
+    return {"steps": r["steps"], "wall_s": round(wall, 1), "steps_per_hour": round(r["steps"] * 3600 / wall, 1),
+            "trainer_busy": round(r["trainer_s"] / wall, 3), "engine_busy": round(r["engine_busy_s"] / wall, 3),
+            "dropped": r["buffer"]["dropped"].get("stale", 0), "solve_rate": held_out["solve_rate"],
+            "solve_rate_ci95": held_out["solve_rate_ci95"], "eval_episodes": held_out["eval_episodes"]}
+
+
+def run(args: argparse.Namespace) -> int:
+    from strop.threads import set_threads
+
+    set_threads(1)  # one core per role: the placement, not torch's pool, decides who runs where
+    from strop.bench.table import format_table, write_json
+    from strop.config import load_config
+    from strop.rl.evaluate import eval_tasks
+
+    steps = args.steps or (3 if args.quick else 12)
+    episodes = args.eval_episodes or (4 if args.quick else 100)
+    cfg = load_config(args.config, BENCH + [f"rl.steps={steps}", f"rollout.eval_episodes={episodes}"] + args.overrides)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    policy = Path(args.policy) if args.policy else Path(DEMO_POLICY) if Path(DEMO_POLICY).is_dir() else tiny_policy(out)
+    tasks = eval_tasks(cfg)
+    cpus = cpu_split()
+    results = {}
+    for mode in ("sync", "async"):
+        results[mode] = measure(cfg, mode, policy, out, tasks, cpus)
+        print(f"[bench async] {mode}: {results[mode]}", flush=True)
+    speedup = results["async"]["steps_per_hour"] / results["sync"]["steps_per_hour"]
+    rows = [{"mode": m, **{k: v for k, v in r.items() if k != "solve_rate_ci95"}} for m, r in results.items()]
+    print(f"sync vs async RL, {steps} steps each, policy {policy}, placement {cpus} ({time.perf_counter() - t0:.0f} s)")
+    print(format_table(rows, ["mode", "steps", "wall_s", "steps_per_hour", "trainer_busy", "engine_busy", "dropped",
+                              "solve_rate", "eval_episodes"]))
+    print(f"speedup (async / sync steps per hour): {speedup:.2f}x")
+    write_json(args.json, {"speedup": round(speedup, 3), **results, "policy": str(policy), "steps": steps,
+                           "group_size": cfg.rl.group_size, "batch_groups": cfg.rl.batch_groups,
+                           "max_staleness": cfg.rl.max_staleness, "cpus": os.cpu_count(),
+                           "load_avg_1m": round(os.getloadavg()[0], 2)})  # a shared machine's load skews every figure
+    return 0
