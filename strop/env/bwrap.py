@@ -112,7 +112,10 @@ def _sweep_dead(base: Path) -> None:
     for d in base.glob("strop-sbx-*-*"):
         pid = d.name.split("-")[2]
         if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
-            _rmtree(d)
+            try:
+                _rmtree(d)
+            except FileNotFoundError:
+                pass  # another process starting at the same time swept it first (parallel rollout workers)
     for cg in (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup")) if os.geteuid() == 0 else ():
         for d in cg.glob("strop-*"):
             pid = d.name.split("-")[1]
