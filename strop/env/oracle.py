@@ -42,7 +42,7 @@ def plan(task: Task, run_tests: bool = True) -> list[dict]:
     if first not in task.instruction:
         if function and function not in task.instruction and named_tests:  # the failing test names it
             turns.append(_call("Let me run the failing tests.", "run",
-                               command=f"python -m pytest -q --tb=no {named_tests[0]}"))
+                               command=f"python -m pytest -q --tb=no {named_tests[0]} | grep FAILED"))
         if function:
             turns.append(_call(f"Let me find `{function}`.", "grep", pattern=f"def {function}\\("))
         else:
@@ -154,12 +154,14 @@ def oracle_traces(suite: str, split: str, tokenizer, limit: int | None = None,
 
 @functools.cache
 def default_tokenizer():
-    """A small tokenizer trained on a slice of the corpus (seconds), for benchmarks run without one."""
+    """A tokenizer of the configured default vocabulary trained on a 2 MB slice of the corpus
+    (seconds), for benchmarks run without one."""
     from strop.config import DataSection
     from strop.data.corpus import load_corpus
     from strop.data.tokenizer import train_tokenizer
 
-    return train_tokenizer(load_corpus(DataSection(val_files=5)).train[:200], vocab_size=512, sample_bytes=400_000)
+    data = DataSection()
+    return train_tokenizer(load_corpus(data).train, vocab_size=data.vocab_size, sample_bytes=2_000_000)
 
 
 def run_oracle_episodes(n: int, tokenizer=None, suite: str = "synthetic", split: str = "eval") -> float:

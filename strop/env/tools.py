@@ -25,21 +25,21 @@ RUN_TIMEOUT_S = 30.0  # default (and, times 4, the largest) timeout of the run t
 
 
 def _schema(name: str, description: str, properties: dict, required: list[str]) -> dict:
-    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
-        "type": "object", "properties": properties, "required": required}}}
+    parameters = {"type": "object", "properties": properties} | ({"required": required} if required else {})
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": parameters}}
 
 
 _S, _I = {"type": "string"}, {"type": "integer"}
 TOOLS: list[dict] = [
-    _schema("read_file", "Show a file with line numbers (lines start..end).",
+    _schema("read_file", "Show lines start..end of a file, numbered.",
             {"path": _S, "start": _I, "end": _I}, ["path"]),
-    _schema("edit_file", "Replace the exact text old (must occur once) by new.",
+    _schema("edit_file", "Replace exact text old (must be unique) by new.",
             {"path": _S, "old": _S, "new": _S}, ["path", "old", "new"]),
     _schema("write_file", "Create or overwrite a file.", {"path": _S, "content": _S}, ["path", "content"]),
     _schema("list_dir", "List files (2 levels).", {"path": _S}, []),
     _schema("grep", "Search files for a regex.", {"pattern": _S, "path": _S}, ["pattern"]),
     _schema("run", "Run a shell command.", {"command": _S, "timeout": _I}, ["command"]),
-    _schema("submit", "Finish: your changes are final.", {}, []),
+    _schema("submit", "Finish; your changes are final.", {}, []),
 ]
 _PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
@@ -71,7 +71,7 @@ def clip(text: str, limit: int) -> str:
 def _check_arguments(name: str, arguments: dict) -> str | None:
     """Why `arguments` do not fit the schema of `name`, or None."""
     params = _PARAMS[name]
-    missing = [k for k in params["required"] if k not in arguments]
+    missing = [k for k in params.get("required", []) if k not in arguments]
     if missing:
         return f"{name} needs argument(s) {', '.join(missing)}"
     for key, value in arguments.items():
