@@ -8,9 +8,8 @@ decode rows together, each prefill on its own). There are no HF cache objects or
 
 Two modes. Default: fused q/k/v GEMM, fused RMSNorm, SDPA, `F.grouped_mm` experts — close to
 the trainer (~1e-6 in logprob, fp32) but not bitwise. Deterministic: the HF modules' own
-arithmetic (HF RMSNorm and rotary code, `strop.model.routing` routers, expert outputs added per
-token in ascending expert id like the eager HF experts loop) on `strop.model.deterministic`
-ops; it then equals the trainer's `deterministic_mode` forward bit for bit.
+arithmetic (HF RMSNorm and rotary code, `strop.model.routing` routers) on
+`strop.model.deterministic` ops (linear, attention, experts); it then equals the trainer's `deterministic_mode` forward bit for bit.
 """
 
 from dataclasses import dataclass
@@ -20,8 +19,6 @@ import torch.nn.functional as F
 
 from strop.model import deterministic as det
 from strop.model.routing import moe_blocks, route, router_logits, routing_dtype
-
-DENSE_MAX_TOKENS = 64  # deterministic mode: up to this many rows, every expert runs on every row (see `_experts`)
 
 
 @dataclass
@@ -230,68 +227,19 @@ class Forward:
         return out
 
     def _experts(self, experts, x, ids, weights):
-        """Sum of weighted expert outputs per token, added in ascending expert id (the HF eager order).
+        """Weighted sum of each token's expert outputs: `det.experts` in deterministic mode, else
+        tokens grouped by expert through `F.grouped_mm` (one native call per projection)."""
+        if self.deterministic:
+            return det.experts(experts, x, ids, weights)
+        return (self._experts_grouped_mm(experts, x, ids) * weights[..., None]).sum(dim=1)
 
-        Default mode groups tokens by expert for `F.grouped_mm` (one native call per projection).
-        Deterministic mode needs every (rows, expert) product to be a fixed-shape GEMM: with few
-        tokens (decode) every expert runs on every token in batched (TILE, K) @ (K, N) problems —
-        more flops but no per-expert Python loop; with many (prefill) a loop over experts calls
-        `det.linear` on each expert's tokens. A row gets the same bits either way."""
+    def _experts_grouped_mm(self, experts, x, ids):
+        """[N, k, H] unweighted outputs of each token's experts."""
         N, k = ids.shape
-        ids_sorted, perm = ids.sort(dim=1)
-        w_sorted = weights.gather(1, perm)
-        if not self.deterministic:
-            contrib = self._experts_grouped_mm(experts, x, ids_sorted)
-        elif N <= DENSE_MAX_TOKENS:
-            contrib = self._experts_dense(experts, x)[ids_sorted, torch.arange(N)[:, None]]  # [N, k, H]
-        else:
-            contrib = self._experts_grouped(experts, x, ids_sorted)
-        contrib = contrib * w_sorted[..., None]
-        if not self.deterministic:
-            return contrib.sum(dim=1)
-        out = torch.zeros_like(x)
-        for j in range(k):
-            out = out + contrib[:, j]
-        return out
-
-    def _experts_grouped_mm(self, experts, x, ids_sorted):
-        N, k = ids_sorted.shape
-        flat = ids_sorted.reshape(-1)
+        flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)
         offs = torch.cumsum(torch.bincount(flat, minlength=experts.num_experts), 0, dtype=torch.int32)
-        gate, up = F.grouped_mm(x[order // k], experts.gate_up_proj.transpose(-2, -1), offs=offs).chunk(2, dim=-1)
+        xs = x.index_select(0, order // k)
+        gate, up = F.grouped_mm(xs, experts.gate_up_proj.transpose(-2, -1), offs=offs).chunk(2, dim=-1)
         y = F.grouped_mm(experts.act_fn(gate) * up, experts.down_proj.transpose(-2, -1), offs=offs)
-        contrib = torch.empty_like(y)
-        contrib[order] = y
-        return contrib.view(N, k, -1)
-
-    def _experts_dense(self, experts, x):
-        """[E, N, H]: every expert on every row, as the fixed-shape tile problems of `det.linear`."""
-        E, N, H = experts.num_experts, x.shape[0], x.shape[1]
-        gu_w, dn_w = experts.gate_up_proj.transpose(1, 2), experts.down_proj.transpose(1, 2)  # [E, H, 2I], [E, I, H]
-        nt = -(-N // det.TILE)
-        xp = x.new_zeros(nt * det.TILE, H)
-        xp[:N] = x
-        tiles = []
-        for t in range(nt):
-            gate, up = torch.bmm(xp[t * det.TILE : (t + 1) * det.TILE].expand(E, det.TILE, H), gu_w).chunk(2, dim=-1)
-            tiles.append(torch.bmm(experts.act_fn(gate) * up, dn_w))
-        return torch.cat(tiles, dim=1)[:, :N]
-
-    def _experts_grouped(self, experts, x, ids_sorted):
-        """[N, k, H] unweighted outputs of each token's experts (ascending id), tokens grouped by expert."""
-        N, k = ids_sorted.shape
-        flat = ids_sorted.reshape(-1)
-        order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=experts.num_experts).tolist()
-        xs = x[order // k]
-        parts, start = [], 0
-        for e, c in enumerate(counts):
-            if c == 0:
-                continue
-            gate, up = self.lin(xs[start : start + c], experts.gate_up_proj[e]).chunk(2, dim=-1)
-            parts.append(self.lin(experts.act_fn(gate) * up, experts.down_proj[e]))
-            start += c
-        contrib = torch.empty(N * k, x.shape[1], dtype=x.dtype)
-        contrib[order] = torch.cat(parts)
-        return contrib.view(N, k, -1)
+        return torch.empty_like(y).index_copy_(0, order, y).view(N, k, -1)
