@@ -28,7 +28,7 @@ from strop.sync.bits import BitReader, NestedClasses, gaps, pack_below, position
 FLOATS: dict[str, tuple[int, int]] = {"BF16": (7, 8), "F16": (10, 5), "F32": (23, 8)}
 MAX_CLASSES = 3  # each more class saves ~1-2% in size and costs one more pass over the tensor
 CLASS_COST_BITS = 256  # header bytes plus one extra pass over the tensor, priced as bits
-SAMPLE = 1 << 18  # elements sampled to estimate the exponent histogram
+SAMPLE = 1 << 16  # elements sampled to estimate the exponent histograms (plenty to place 2 bounds)
 DENSE = 0.4  # above this fraction of changed elements a full copy is usually smaller
 
 
