@@ -1,12 +1,16 @@
 """Set torch/BLAS thread counts deliberately: every process strop starts calls `set_threads` first."""
 
 import os
+import sys
 
 
 def set_threads(n: int | None = None) -> int:
     """Pin intra-op threads to `n` (default: STROP_THREADS or all cores) and inter-op threads to 1.
 
-    Env vars are set too so that child processes and BLAS libraries loaded later agree.
+    Env vars are set too, so child processes and libraries loaded later agree. Torch is configured
+    only if this process already imported it: a process that never needs torch (a sandbox command,
+    a benchmark of the world) should not pay seconds to import it, and a later import reads
+    OMP_NUM_THREADS.
     """
     if n is None:
         n = int(os.environ.get("STROP_THREADS", os.cpu_count() or 1))
@@ -14,11 +18,11 @@ def set_threads(n: int | None = None) -> int:
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = str(n)
     os.environ["STROP_THREADS"] = str(n)
-    import torch
-
-    torch.set_num_threads(n)
-    try:
-        torch.set_num_interop_threads(1)
-    except RuntimeError:
-        pass  # already set once in this process; torch only allows it before first parallel work
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(n)
+        try:
+            torch.set_num_interop_threads(1)
+        except RuntimeError:
+            pass  # torch allows this only before its first parallel work; the default then stands
     return n
