@@ -11,7 +11,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--suite", default="synthetic", help="task suite")
     parser.add_argument("--split", default="eval", choices=["train", "eval"], help="suite split")
     parser.add_argument("--limit", type=int, help="tasks per difficulty (synthetic) or in all (other suites)")
-    parser.add_argument("--tokenizer", help="tokenizer directory (default: a small one trained on the corpus)")
+    parser.add_argument("--tokenizer", help="tokenizer directory (default: the configured vocabulary, trained on 2 MB of the corpus)")
     parser.add_argument("--json", help="write results to this JSON file")
 
 
