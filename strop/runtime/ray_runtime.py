@@ -152,7 +152,7 @@ class RayRuntime:
         per_actor = -(-cfg.rollout.workers // rollout_actors)
         self.workers = [self._new_worker(per_actor) for _ in range(rollout_actors)]
         self.per_actor = per_actor
-        self.inflight: dict = {}  # object ref -> (item, worker index, engine name)
+        self.inflight: dict = {}  # object ref -> (item, worker index, worker handle, engine name)
         self.bytes_synced = 0
         self._updates: list = []
         self._busy_lost = 0.0  # busy seconds of engines that left
@@ -190,8 +190,9 @@ class RayRuntime:
         name = names[self._next % len(names)]
         w = self._next % len(self.workers)
         self._next += 1
-        ref = self.workers[w].run.remote(item, self.tasks[item.task_id], self.engines[name])
-        self.inflight[ref] = (item, w, name)
+        worker = self.workers[w]
+        ref = worker.run.remote(item, self.tasks[item.task_id], self.engines[name])
+        self.inflight[ref] = (item, w, worker, name)
 
     def results(self, timeout: float) -> list[tuple[WorkItem, Trajectory | None, str | None]]:
         if not self.inflight:
@@ -200,12 +201,13 @@ class RayRuntime:
         ready, _ = ray.wait(list(self.inflight), num_returns=len(self.inflight), timeout=timeout)
         out = []
         for ref in ready:
-            item, w, name = self.inflight.pop(ref)
+            item, w, worker, name = self.inflight.pop(ref)
             try:
                 traj, lost = ray.get(ref)
-            except LOST as e:  # the rollout worker died: replace it
+            except LOST as e:  # the rollout worker died: replace it (once, for all its lost episodes)
                 traj, lost = None, f"rollout worker lost: {type(e).__name__}"
-                self.workers[w] = self._new_worker(self.per_actor)
+                if self.workers[w] is worker:
+                    self.workers[w] = self._new_worker(self.per_actor)
             if lost is not None and name in self.engines and not self._alive(self.engines[name]):
                 self.engines.pop(name)
                 self._busy_lost += self._last_busy.pop(name, 0.0)
