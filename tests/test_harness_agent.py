@@ -12,7 +12,7 @@ from strop.env.harness import STOP_REASONS
 
 @pytest.mark.slow  # ~15 s here: model build, save, load and a 1k-token prefill
 def test_agent_runs_a_local_checkpoint(tiny_tokenizer, tmp_path, capsys):
-    from conftest import tiny_model_section
+    from tests.conftest import tiny_model_section
     from strop.cli import main
     from strop.model.policy import build_model, save_model
 
@@ -33,3 +33,30 @@ def test_agent_runs_a_local_checkpoint(tiny_tokenizer, tmp_path, capsys):
     assert all(seg["behavior_logprobs"][i] <= 0 and seg["versions"][i] == 0 for i in generated)
     assert all(len(seg["routing"][i]) == section.num_layers for i in generated)  # one expert set per MoE layer
     assert (world / "a.py").read_text() == "x = 1\n"  # nothing applied without --apply
+
+
+@pytest.mark.slow  # ~15 s here: a 1k-token prefill on a tiny model
+def test_harness_through_strop_engine_server(tiny_tokenizer, tmp_path):
+    from tests.conftest import tiny_model_section
+    from strop.engine.engine import Engine
+    from strop.engine.server import serve_in_thread
+    from strop.env.harness import Harness, HarnessConfig
+    from strop.env.policy import EndpointClient
+    from strop.env.sandbox import open_sandbox
+    from strop.model.policy import build_model
+
+    section = dataclasses.replace(tiny_model_section("qwen3_moe"), max_positions=2048)
+    engine = Engine(build_model(section, tiny_tokenizer, seed=0), tiny_tokenizer, max_batch=2)
+    url, stop = serve_in_thread(engine, "tiny")
+    sandbox = open_sandbox(tmp_path)
+    try:
+        episode = Harness(tiny_tokenizer, HarnessConfig(max_turns=1, max_context=1100)).run(
+            EndpointClient(url), sandbox, "Fix it.")
+    finally:
+        sandbox.close()
+        stop()
+    assert episode.stop_reason in STOP_REASONS and episode.stop_reason not in ("error", "policy_error"), episode.detail
+    seg = episode.segments[0]
+    generated = [i for i, m in enumerate(seg.loss_mask) if m]
+    assert generated and all(seg.behavior_logprobs[i] <= 0 and seg.versions[i] == 0 for i in generated)
+    assert all(len(seg.routing[i]) == section.num_layers for i in generated)

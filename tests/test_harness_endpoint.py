@@ -23,6 +23,17 @@ def server(tiny_tokenizer):
     requests = []
 
     class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self._reply({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
+
+        def _reply(self, payload: dict):
+            data = json.dumps(payload).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             requests.append(body)
@@ -30,15 +41,14 @@ def server(tiny_tokenizer):
                 self.send_error(400, "bad request")
                 return
             gen = script[0].generate(body["prompt"], SamplingParams(body["max_tokens"]))
-            n = len(gen.token_ids)
+            n, p = len(gen.token_ids), len(body["prompt"])
+            # as strop's server: routing for every position read (prompt and output but the last);
+            # here position k "routes" to experts [k, k]
+            routing = [[[k, k]] for k in range(p + n - 1)]
             choice = {"text": gen.text, "finish_reason": "stop", "token_ids": gen.token_ids,
-                      "logprobs": {"token_logprobs": [-0.5] * n}, "routed_experts": [[[1, 2]]] * n}
-            data = json.dumps({"choices": [choice], "policy_version": 7}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+                      "logprobs": {"token_logprobs": [-0.5] * n}, "policy_versions": [7] * n,
+                      "routed_experts": routing}
+            self._reply({"choices": [choice]})
 
         def log_message(self, *args):
             pass
@@ -63,9 +73,9 @@ def test_endpoint_episode_keeps_engine_token_data(tiny_tokenizer, server, tmp_pa
     seg = episode.segments[0]
     gen = [i for i, m in enumerate(seg.loss_mask) if m]
     assert {seg.behavior_logprobs[i] for i in gen} == {-0.5} and {seg.versions[i] for i in gen} == {7}
-    assert all(seg.routing[i] == [[1, 2]] for i in gen)
+    assert all(seg.routing[i] == [[i - 1, i - 1]] for i in gen)  # the position that sampled token i
     assert requests[1]["prompt"] == seg.input_ids[: len(requests[1]["prompt"])]  # the prompt is the window so far
-    assert requests[0]["stop_token_ids"] and requests[0]["logprobs"] == 0
+    assert requests[0]["stop_token_ids"] and requests[0]["logprobs"] == 0 and requests[0]["model"] == "tiny"
 
 
 def test_endpoint_failure_is_a_policy_error(tiny_tokenizer, server, tmp_path):
@@ -83,7 +93,7 @@ def test_endpoint_failure_is_a_policy_error(tiny_tokenizer, server, tmp_path):
 def test_parse_completion_reads_vllm_token_strings():
     reply = {"choices": [{"text": "ab", "finish_reason": "length",
                           "logprobs": {"tokens": ["token_id:5", "token_id:9"], "token_logprobs": [-1.0, -2.0]}}]}
-    gen = parse_completion(reply)
+    gen = parse_completion(reply, prompt_len=3)
     assert gen.token_ids == [5, 9] and gen.logprobs == [-1.0, -2.0] and gen.versions == [0, 0]
     assert gen.finish_reason == "length" and gen.routing is None
 

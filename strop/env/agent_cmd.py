@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--endpoint", help="URL of an OpenAI-compatible server with /v1/completions")
     source.add_argument("--checkpoint", help="a strop checkpoint directory, run by the in-process engine")
     parser.add_argument("--tokenizer", help="tokenizer directory (default: the checkpoint's; needed with --endpoint)")
-    parser.add_argument("--model", default="default", help="model name sent to the endpoint")
+    parser.add_argument("--model", help="model name sent to the endpoint (default: the first one it lists)")
     parser.add_argument("--max-turns", type=int, default=30, help="assistant turns before the episode stops")
     parser.add_argument("--max-context", type=int, default=2048, help="context window in tokens")
     parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")

@@ -41,36 +41,44 @@ class PolicyClient(Protocol):
 class EndpointClient:
     """A `PolicyClient` over an OpenAI-compatible `/v1/completions` endpoint given token ids.
 
-    The request sends the prompt as a list of token ids and asks for per-token logprobs and the
-    sampled ids (`return_token_ids`, as vLLM; vLLM's older `return_tokens_as_token_ids` form of
-    `logprobs.tokens`, "token_id:N", is read too). Optional response fields strop's engine server
-    adds: `choices[0].versions` (per token) or a top-level `policy_version`, and
-    `choices[0].routed_experts` (per token, per MoE layer).
+    The request sends the prompt as token ids and asks for per-token logprobs, the sampled ids
+    (`return_token_ids`; vLLM's older `logprobs.tokens` form "token_id:N" is read too) and routed
+    experts (`return_routed_experts`). Beyond the OpenAI fields it reads what strop's engine server
+    and vLLM add: `choices[0].token_ids`, `choices[0].policy_versions` (per token) and
+    `choices[0].routed_experts` ([positions read, MoE layers, top_k], every position of prompt and
+    output but the last, of which the generated tokens' rows are kept). With `model` None the
+    first model `/v1/models` lists is used.
     """
 
     url: str  # the server root, e.g. http://127.0.0.1:8000
-    model: str = "default"
+    model: str | None = None
     timeout_s: float = 600.0
     headers: dict[str, str] = field(default_factory=dict)
 
-    def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        body = {"model": self.model, "prompt": prompt_ids, "max_tokens": params.max_tokens,
-                "temperature": params.temperature, "top_p": params.top_p, "logprobs": 0,
-                "stop_token_ids": list(params.stop_token_ids), "skip_special_tokens": False,
-                "include_stop_str_in_output": True, "return_token_ids": True, "return_tokens_as_token_ids": True}
-        if params.seed is not None:
-            body["seed"] = params.seed
-        request = urllib.request.Request(self.url.rstrip("/") + "/v1/completions", data=json.dumps(body).encode(),
+    def _request(self, path: str, body: dict | None = None) -> dict:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url.rstrip("/").removesuffix("/v1") + path, data=data,
                                          headers={"Content-Type": "application/json", **self.headers})
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                reply = json.load(response)
+                return json.load(response)
         except urllib.error.HTTPError as e:
             raise RuntimeError(f"{self.url}: HTTP {e.code}: {e.read()[:300].decode(errors='replace')}") from None
-        return parse_completion(reply)
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        if self.model is None:
+            self.model = self._request("/v1/models")["data"][0]["id"]
+        body = {"model": self.model, "prompt": prompt_ids, "max_tokens": params.max_tokens,
+                "temperature": params.temperature, "top_p": params.top_p, "logprobs": 0,
+                "stop_token_ids": list(params.stop_token_ids), "skip_special_tokens": False,
+                "include_stop_str_in_output": True, "return_token_ids": True, "return_tokens_as_token_ids": True,
+                "return_routed_experts": True}
+        if params.seed is not None:
+            body["seed"] = params.seed
+        return parse_completion(self._request("/v1/completions", body), len(prompt_ids))
 
 
-def parse_completion(reply: dict) -> Generation:
+def parse_completion(reply: dict, prompt_len: int) -> Generation:
     """A `/v1/completions` response (one choice) to a Generation."""
     choice = reply["choices"][0]
     lp = choice.get("logprobs") or {}
@@ -80,6 +88,9 @@ def parse_completion(reply: dict) -> Generation:
     logprobs = [float(x) for x in lp.get("token_logprobs") or []]
     if len(logprobs) != len(ids):
         raise RuntimeError(f"endpoint returned {len(ids)} token ids but {len(logprobs)} logprobs")
-    versions = choice.get("versions") or [int(reply.get("policy_version", 0))] * len(ids)
+    versions = choice.get("policy_versions") or [0] * len(ids)
+    routing = choice.get("routed_experts")
+    if routing is not None:  # generated token j was sampled reading position prompt_len - 1 + j
+        routing = routing[prompt_len - 1: prompt_len - 1 + len(ids)]
     finish = "length" if choice.get("finish_reason") == "length" else "stop"
-    return Generation(list(ids), logprobs, list(versions), choice.get("text", ""), choice.get("routed_experts"), finish)
+    return Generation(list(ids), logprobs, list(versions), choice.get("text", ""), routing, finish)
