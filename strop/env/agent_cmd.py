@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", help="write the episode (tokens, messages, tool calls) to this JSON file")
 
 
-class EngineClient:
+class InProcessPolicy:
     """The in-process engine as a `PolicyClient`."""
 
     def __init__(self, engine):
@@ -67,7 +67,7 @@ def _policy(args):
             raise UserError(f"--checkpoint {args.checkpoint!r} is not a directory")
         engine = Engine.from_checkpoint(args.checkpoint, max_batch=1)
         tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else engine.tokenizer
-        return EngineClient(engine), tokenizer, engine.max_len
+        return InProcessPolicy(engine), tokenizer, engine.max_len
     if not args.tokenizer:
         raise UserError("--endpoint needs --tokenizer DIR (the policy's tokenizer, for the chat format's token ids)")
     return EndpointClient(args.endpoint, model=args.model), load_tokenizer(args.tokenizer), None
