@@ -14,8 +14,8 @@ full-sequence forward. Four rows:
 
 Metrics are `strop.model.mismatch.mismatch_metrics` over all response tokens; routing flips
 compare the engine's recorded experts with those the trainer's forward chose, over every
-position. `slowdown` is engine + trainer time against the default row (`engine_slowdown` and
-`trainer_slowdown` split it).
+position. `slowdown` is engine + trainer process CPU time against the default row (`engine_slowdown`
+and `trainer_slowdown` split it).
 """
 
 import argparse
@@ -60,13 +60,14 @@ def quick_midtrain(model, tokenizer, steps: int, seed: int = 0) -> float:
 
 
 def sample(model, tokenizer, prompts, lengths, max_batch: int, deterministic: bool, seed: int):
+    """Engine outputs and the process CPU seconds they took (steadier than wall time on a shared machine)."""
     from strop.engine.engine import Engine, SamplingParams
 
     engine = Engine(model, tokenizer, max_batch=max_batch, max_len=512, deterministic=deterministic, seed=seed)
     params = [SamplingParams(max_tokens=n, temperature=1.0, top_p=1.0, stop_token_ids=[]) for n in lengths]
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     outs = engine.generate(prompts, params)
-    return outs, time.perf_counter() - t0
+    return outs, time.process_time() - t0
 
 
 def compare(model, outs, replay: bool, deterministic: bool) -> tuple[dict, float]:
@@ -76,7 +77,7 @@ def compare(model, outs, replay: bool, deterministic: bool) -> tuple[dict, float
     from strop.model.mismatch import mismatch_metrics, recompute
 
     e_lp, t_lp, e_route, t_route = [], [], [], []
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     for o in outs:
         lp, routing = recompute(model, o.prompt_ids, o.token_ids, routing=o.routing if replay else None,
                                 deterministic=deterministic)
@@ -84,7 +85,7 @@ def compare(model, outs, replay: bool, deterministic: bool) -> tuple[dict, float
         t_lp.append(lp)
         e_route.append(o.routing)
         t_route.append(routing.numpy())
-    dt = time.perf_counter() - t0
+    dt = time.process_time() - t0
     m = mismatch_metrics(torch.cat(e_lp), torch.cat(t_lp), engine_routing=np.concatenate(e_route),
                          trainer_routing=np.concatenate(t_route))
     return m, dt

@@ -92,24 +92,19 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Te
 def experts(module, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """MoE experts with a fixed order: x [N, H], ids/weights [N, k] -> [N, H].
 
-    Each expert's rows are packed into tiles of TILE (zero-padded) and all (tile, expert) GEMMs
-    of a projection run as one batched matmul of identical (TILE, K) @ (K, N) problems, so a
-    row's expert output never depends on which rows share its tile. Per token the k weighted
-    outputs are added to zero in ascending expert id. `module` is an HF experts module
-    (gate_up_proj [E, 2I, H], down_proj [E, H, I], act_fn).
+    Every product is a batch of identical (TILE, K) @ (K, N) problems, so a row's expert output
+    never depends on which rows share its tile; only the grouping into calls changes with N: for
+    a decode batch that hits most experts every expert runs on one tile of all rows; otherwise
+    each expert's rows are packed into zero-padded tiles, gathered into one bmm per projection
+    when there are few tiles or looped per expert when there are many (prefill). Per token the k weighted outputs are
+    added to zero in ascending expert id. `module` is an HF experts module (gate_up_proj
+    [E, 2I, H], down_proj [E, H, I], act_fn).
     """
     N, k = ids.shape
     E, H = module.num_experts, x.shape[1]
     ids_sorted, perm = ids.sort(dim=1)
     w_sorted = weights.gather(1, perm)
     gu_w, down_w = module.gate_up_proj.transpose(1, 2), module.down_proj.transpose(1, 2)  # [E, H, 2I], [E, I, H]
-    if N <= TILE:  # one tile holds every row: run each expert on it, no weight gather (decode)
-        buf = x.new_zeros(TILE, H)
-        buf[:N] = x
-        gate, up = torch.bmm(buf.expand(E, TILE, H), gu_w).chunk(2, dim=-1)
-        y = torch.bmm(module.act_fn(gate) * up, down_w)  # [E, TILE, H]
-        rows = (ids_sorted * TILE + torch.arange(N)[:, None]).reshape(-1)
-        return _ordered_sum(y.reshape(-1, H).index_select(0, rows).view(N, k, H) * w_sorted[..., None])
     flat = ids_sorted.reshape(-1)
     order = torch.argsort(flat, stable=True)  # pairs grouped by expert, tokens ascending within
     counts = torch.bincount(flat, minlength=E)
@@ -118,13 +113,28 @@ def experts(module, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -
     rank = torch.arange(N * k) - (counts.cumsum(0) - counts)[expert_of_pair]
     dest = ((tiles.cumsum(0) - tiles)[expert_of_pair] * TILE + rank)  # row of each pair in the tiles
     n_tiles = int(tiles.sum())
+    if N <= TILE and n_tiles > E // 2:  # decode with most experts hit: every expert on the one tile of all rows
+        buf = x.new_zeros(TILE, H)
+        buf[:N] = x
+        gate, up = torch.bmm(buf.expand(E, TILE, H), gu_w).chunk(2, dim=-1)
+        y = torch.bmm(module.act_fn(gate) * up, down_w)  # [E, TILE, H]
+        rows = (ids_sorted * TILE + torch.arange(N)[:, None]).reshape(-1)
+        return _ordered_sum(y.reshape(-1, H).index_select(0, rows).view(N, k, H) * w_sorted[..., None])
     tile_expert = torch.repeat_interleave(torch.arange(E), tiles)
     buf = x.new_zeros(n_tiles * TILE, H).index_copy(0, dest, x.index_select(0, order // k))
-    # gather contiguous expert matrices (index_select: ~5x faster than indexing), viewed transposed
-    # as det.linear sees its weight
-    gu = module.gate_up_proj.index_select(0, tile_expert).transpose(1, 2)
-    gate, up = torch.bmm(buf.view(n_tiles, TILE, H), gu).chunk(2, dim=-1)
-    y = torch.bmm(module.act_fn(gate) * up, module.down_proj.index_select(0, tile_expert).transpose(1, 2))
+    tiles_x = buf.view(n_tiles, TILE, H)
+    if n_tiles <= 2 * E:  # few tiles per expert: gather their (contiguous) matrices, one bmm per projection
+        gu_t = module.gate_up_proj.index_select(0, tile_expert).transpose(1, 2)  # as det.linear sees a weight
+        gate, up = torch.bmm(tiles_x, gu_t).chunk(2, dim=-1)
+        y = torch.bmm(module.act_fn(gate) * up, module.down_proj.index_select(0, tile_expert).transpose(1, 2))
+    else:  # many (prefill): per expert, its tiles against the weight broadcast, no copies
+        ys, at = [], 0
+        for e, t in enumerate(tiles.tolist()):
+            if t:
+                gate, up = torch.bmm(tiles_x[at : at + t], gu_w[e].expand(t, -1, -1)).chunk(2, dim=-1)
+                ys.append(torch.bmm(module.act_fn(gate) * up, down_w[e].expand(t, -1, -1)))
+                at += t
+        y = torch.cat(ys)
     contrib = torch.empty(N * k, H, dtype=x.dtype).index_copy(0, order, y.reshape(-1, H).index_select(0, dest))
     return _ordered_sum(contrib.view(N, k, H) * w_sorted[..., None])
 
