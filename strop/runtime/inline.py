@@ -141,6 +141,7 @@ class InlineRuntime:
         pad_id = self.tokenizer.pad_token_id or 0
         if trainer_process:
             self.trainer = TrainerProcess(cfg, policy_dir, replay_ctx, pad_id, self._publish, cpus.trainer if cpus else None)
+            pin(cpus.rollout if cpus else None)  # the orchestrator loop stays off the trainer's core
         else:
             pin(cpus.trainer if cpus else None)
             self.trainer = RLTrainer(load_model(policy_dir), cfg.rl, pad_id=pad_id, publish=self._publish, replay_ctx=replay_ctx)
