@@ -98,6 +98,18 @@ def load_weights_file(path: str) -> dict[str, torch.Tensor]:
     return out
 
 
+def _notify(callback: Callable | None, req: Request) -> None:
+    """Run a caller's callback on the engine thread; its failure is reported, never the engine's."""
+    if callback is None:
+        return
+    try:
+        callback(req)
+    except Exception:
+        import traceback
+
+        traceback.print_exc()
+
+
 class Engine:
     def __init__(self, model, tokenizer, max_batch: int = 64, max_len: int | None = None,
                  deterministic: bool = False, seed: int = 0, version: int = 0):
@@ -238,12 +250,12 @@ class Engine:
             r.versions.append(self.version)
             self.tokens_generated += 1
             reason = self._stopped(r)
-            if r.on_token is not None:
-                r.on_token(r)
+            _notify(r.on_token, r)
             if reason:
                 self._finish(r, reason)
             else:
                 self._running.append(r)
+        self._running.sort(key=lambda r: r.slot)  # decode rows in slot order read the cache without a gather
         return True
 
     def _sample(self, logits: torch.Tensor, batch: list[Request]) -> tuple[list[int], list[float]]:
@@ -298,8 +310,7 @@ class Engine:
         routing = torch.cat(r.routing).numpy() if r.routing else None
         r.result = Completion(r.prompt_ids, r.token_ids, r.logprobs, r.versions, r.text, reason, routing, error)
         r.done.set()
-        if r.on_done is not None:
-            r.on_done(r)
+        _notify(r.on_done, r)
 
     def start(self) -> None:
         """Run `step` on a background thread until `stop`."""
