@@ -91,3 +91,15 @@ def test_weight_update_in_flight(tiny_moe, tiny_tokenizer):
     assert any(o.versions[0] == 0 and o.versions[-1] == 2 for o in outs)  # updated mid-request, not dropped
     with pytest.raises(ValueError):
         eng.update_weights(tensors={"nope": torch.zeros(1)}).wait(5)
+
+
+def test_failing_callback_does_not_break_the_engine(tiny_moe, tiny_tokenizer, capsys):
+    eng = Engine(tiny_moe, tiny_tokenizer, max_batch=2, max_len=64)
+
+    def boom(req):
+        raise RuntimeError("caller bug")
+
+    bad = eng.submit(tiny_tokenizer.encode("x = 1"), SamplingParams(max_tokens=3, stop_token_ids=[]), on_token=boom)
+    good = eng.generate([tiny_tokenizer.encode("y = 2")], SamplingParams(max_tokens=3, stop_token_ids=[]))[0]
+    assert bad.done.is_set() and len(bad.result.token_ids) == 3 and len(good.token_ids) == 3
+    assert "caller bug" in capsys.readouterr().err
