@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
     parser.add_argument("--quick", action="store_true", help="a few steps and a small eval (under a minute)")
     parser.add_argument("--steps", type=int, help="optimizer steps per mode (default 12, quick 3)")
-    parser.add_argument("--eval-episodes", type=int, help="held-out episodes per mode (default 100, quick 4)")
+    parser.add_argument("--eval-episodes", type=int, help="held-out episodes per mode (default 100, quick 2)")
     parser.add_argument("--policy", help=f"model directory to train (default {DEMO_POLICY} if present, else a tiny MoE)")
     parser.add_argument("--out", default="runs/bench-async", help="working directory")
     parser.add_argument("--json", help="write results to this JSON file")
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     from strop.rl.evaluate import eval_tasks
 
     steps = args.steps or (3 if args.quick else 12)
-    episodes = args.eval_episodes or (4 if args.quick else 100)
+    episodes = args.eval_episodes or (2 if args.quick else 100)
     cfg = load_config(args.config, BENCH + [f"rl.steps={steps}", f"rollout.eval_episodes={episodes}"] + args.overrides)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from strop.config import Config, from_dict, to_dict
+from strop.config import Config, RLSection
 from strop.engine.engine import Engine
 from strop.env.harness import Harness
 from strop.env.task import Task
@@ -68,14 +68,14 @@ class TimedEngine(Engine):
         return worked
 
 
-def _trainer_main(conn, cfg: dict, policy_dir: str, replay_ctx, pad_id: int, cpus: frozenset[int] | None) -> None:
+def _trainer_main(conn, rl: RLSection, policy_dir: str, replay_ctx, pad_id: int, cpus: frozenset[int] | None) -> None:
     """The child process of `TrainerProcess`: an `RLTrainer` answering (call, argument) messages."""
     from strop.model.policy import load_model
 
     set_threads(1)
     pin(cpus)
     published: dict = {}
-    trainer = RLTrainer(load_model(policy_dir), from_dict(cfg).rl, pad_id=pad_id, replay_ctx=replay_ctx,
+    trainer = RLTrainer(load_model(policy_dir), rl, pad_id=pad_id, replay_ctx=replay_ctx,
                         publish=lambda version, state: published.update(state=state))
     calls = {"step": lambda samples: (trainer.step(samples), published.pop("state")),
              "state_dict": lambda _: trainer.state_dict(),
@@ -94,7 +94,7 @@ class TrainerProcess:
     def __init__(self, cfg: Config, policy_dir: str, replay_ctx, pad_id: int, publish, cpus: frozenset[int] | None):
         ctx = multiprocessing.get_context("spawn")  # never fork a process that runs torch threads
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_trainer_main, args=(child, to_dict(cfg), policy_dir, replay_ctx, pad_id, cpus),
+        self.proc = ctx.Process(target=_trainer_main, args=(child, cfg.rl, policy_dir, replay_ctx, pad_id, cpus),
                                 name="strop-trainer", daemon=True)
         self.proc.start()
         assert self.conn.recv() == "ready"

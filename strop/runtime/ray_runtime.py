@@ -21,7 +21,7 @@ import time
 
 import ray
 
-from strop.config import Config, from_dict, to_dict
+from strop.config import Config, RLSection, RolloutSection
 from strop.env.policy import Generation, SamplingParams
 from strop.env.task import Task
 from strop.rl.advantages import Sample
@@ -43,13 +43,13 @@ def _start_process(cpus: frozenset[int] | None) -> None:
 
 @ray.remote(num_cpus=0)
 class TrainerActor:
-    def __init__(self, cfg: dict, policy_dir: str, replay_ctx, pad_id: int, cpus: frozenset[int] | None):
+    def __init__(self, rl: RLSection, policy_dir: str, replay_ctx, pad_id: int, cpus: frozenset[int] | None):
         _start_process(cpus)
         from strop.model.policy import load_model
         from strop.rl.trainer import RLTrainer
 
         self.published: dict = {}
-        self.trainer = RLTrainer(load_model(policy_dir), from_dict(cfg).rl, pad_id=pad_id, replay_ctx=replay_ctx,
+        self.trainer = RLTrainer(load_model(policy_dir), rl, pad_id=pad_id, replay_ctx=replay_ctx,
                                  publish=lambda version, state: self.published.update(state=state))
 
     def step(self, samples: list[Sample]) -> dict:
@@ -74,13 +74,12 @@ class TrainerActor:
 class EngineActor:
     """One engine; its loop thread batches the turns of every rollout thread calling `generate`."""
 
-    def __init__(self, cfg: dict, policy_dir: str, label: str, seed: int, cpus: frozenset[int] | None):
+    def __init__(self, r: RolloutSection, policy_dir: str, label: str, seed: int, cpus: frozenset[int] | None):
         _start_process(cpus)
         from strop.model.policy import load_model
         from strop.data.tokenizer import load_tokenizer
         from strop.runtime.inline import TimedEngine
 
-        r = from_dict(cfg).rollout
         self.label = label
         self.engine = TimedEngine(load_model(policy_dir), load_tokenizer(policy_dir), max_batch=r.engine_batch,
                                   max_len=r.max_context, seed=seed, cpus=cpus)
@@ -110,13 +109,12 @@ class RayPolicy:
 
 @ray.remote(num_cpus=0, max_concurrency=64)
 class RolloutActor:
-    def __init__(self, cfg: dict, policy_dir: str, cpus: frozenset[int] | None):
+    def __init__(self, r: RolloutSection, policy_dir: str, cpus: frozenset[int] | None):
         _start_process(cpus)
         from strop.data.tokenizer import load_tokenizer
         from strop.env.harness import Harness
         from strop.rl.rollout import harness_config, sandbox_limits
 
-        r = from_dict(cfg).rollout
         self.harness = Harness(load_tokenizer(policy_dir), harness_config(r))
         self.limits = sandbox_limits(r)
 
@@ -137,10 +135,10 @@ class RayRuntime:
                  cpus: CpuSplit | None = None, rollout_actors: int = ROLLOUT_ACTORS):
         from strop.data.tokenizer import load_tokenizer
 
-        self.cfg, self.cfg_dict, self.policy_dir, self.tasks = cfg, to_dict(cfg), policy_dir, tasks
+        self.cfg, self.policy_dir, self.tasks = cfg, policy_dir, tasks
         self.cpus = cpus
         self.tokenizer = load_tokenizer(policy_dir)
-        self.trainer = TrainerActor.remote(self.cfg_dict, policy_dir, replay_ctx, self.tokenizer.pad_token_id or 0,
+        self.trainer = TrainerActor.remote(cfg.rl, policy_dir, replay_ctx, self.tokenizer.pad_token_id or 0,
                                            cpus.trainer if cpus else None)
         self.snapshot = self.trainer.snapshot.remote()
         self.snapshot_nbytes = snapshot_bytes(ray.get(self.snapshot))
@@ -161,7 +159,7 @@ class RayRuntime:
 
     def _new_worker(self, concurrency: int):
         return RolloutActor.options(max_concurrency=concurrency).remote(
-            self.cfg_dict, self.policy_dir, self.cpus.rollout if self.cpus else None)
+            self.cfg.rollout, self.policy_dir, self.cpus.rollout if self.cpus else None)
 
     # ---- engines joining and leaving -------------------------------------------------------
 
@@ -169,7 +167,7 @@ class RayRuntime:
         """Start an engine on the current weights; it takes work from the next `submit` on."""
         name = f"engine-{self._engine_seq}"
         self._engine_seq += 1
-        engine = EngineActor.remote(self.cfg_dict, self.policy_dir, label,
+        engine = EngineActor.remote(self.cfg.rollout, self.policy_dir, label,
                                                        self.cfg.run.seed + self._engine_seq,
                                                        self.cpus.rollout if self.cpus else None)
         ray.get(engine.update.remote(self._version, self.snapshot))
