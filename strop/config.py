@@ -65,7 +65,7 @@ class DataSection:
 
 @dataclass
 class MidtrainSection:
-    steps: int = opt(2000, "optimizer steps", ge=1)
+    steps: int = opt(2000, "optimizer steps (an upper bound when budget_s is set)", ge=1)
     batch_size: int = opt(16, "sequences per step", ge=1)
     lr: float = opt(3e-3, "peak learning rate", gt=0)
     min_lr_ratio: float = opt(0.1, "final lr as a fraction of peak (cosine)", ge=0, le=1)
@@ -75,7 +75,9 @@ class MidtrainSection:
     ckpt_every: int = opt(200, "save a resumable checkpoint every N steps", ge=1)
     eval_every: int = opt(200, "held-out loss every N steps", ge=1)
     eval_batches: int = opt(8, "batches per held-out evaluation", ge=1)
-    time_budget_s: float = opt(0.0, "stop early (with a final checkpoint) after this many seconds; 0 = off", ge=0)
+    budget_s: float = opt(0.0, "fit the run into this many seconds: the step count is chosen from the speed of the "
+                          "first steps (and kept on resume), so the schedule still anneals; 0 = use steps", ge=0)
+    probe_steps: int = opt(4, "steps timed to choose the step count under budget_s", ge=2)
 
 
 @dataclass

@@ -82,3 +82,18 @@ def test_killed_run_resumes_bit_for_bit(tmp_path):
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+def test_budget_fits_the_step_count(tmp_path):
+    from strop.config import load_config
+    from strop.train.midtrain import midtrain, steps_for_budget
+
+    cfg = load_config(None, ["midtrain.steps=1000", "midtrain.budget_s=60", "midtrain.probe_steps=4"])
+    assert steps_for_budget(cfg, step_s=0.5, spent_s=2.0) == 4 + 116
+    assert steps_for_budget(cfg, step_s=0.001, spent_s=2.0) == 1000  # steps stays an upper bound
+    assert steps_for_budget(cfg, step_s=100.0, spent_s=2.0) == 4
+
+    f = tmp_path / "b.toml"
+    f.write_text(tiny_run_toml(tmp_path, "b", steps=500).replace("warmup_steps = 3", "warmup_steps = 4\nbudget_s = 3"))
+    result = midtrain(load_config(f))
+    assert 4 <= result["steps"] < 500 and result["train_s"] < 30

@@ -8,14 +8,23 @@ from strop.data.corpus import Document
 from strop.data.tokenizer import document_separator_id
 
 
-def tokenize_documents(tokenizer, docs: list[Document]) -> np.ndarray:
-    """All documents as one int32 stream, each followed by the separator token."""
+def tokenize_documents(tokenizer, docs: list[Document], limit: int | None = None, seed: int = 0) -> np.ndarray:
+    """Documents as one int32 stream, each followed by the separator token.
+
+    With `limit`, documents are taken in a seeded random order until the stream holds at least
+    `limit` tokens: a short run tokenizes only the part of a large corpus it can use.
+    """
     sep = document_separator_id(tokenizer)
-    ids = tokenizer([d.text for d in docs], add_special_tokens=False)["input_ids"]
-    out = []
-    for seq in ids:
-        out.extend(seq)
-        out.append(sep)
+    order = range(len(docs)) if limit is None else np.random.default_rng(seed).permutation(len(docs))
+    out: list[int] = []
+    chunk = 64
+    order = list(order)
+    for i in range(0, len(order), chunk):
+        for seq in tokenizer([docs[j].text for j in order[i : i + chunk]], add_special_tokens=False)["input_ids"]:
+            out.extend(seq)
+            out.append(sep)
+        if limit is not None and len(out) >= limit:
+            break
     return np.asarray(out, dtype=np.int32)
 
 

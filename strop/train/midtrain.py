@@ -14,6 +14,7 @@ import json
 import math
 import time
 from pathlib import Path
+from typing import Callable
 
 from strop.config import Config, add_config_arguments, config_from_args, to_dict, to_toml
 
@@ -43,16 +44,24 @@ def prepare_tokenizer(cfg: Config, corpus, run_dir: Path):
     return tokenizer
 
 
-def lr_lambda(cfg: Config):
+def lr_lambda(cfg: Config, total: Callable[[], int]):
+    """Linear warmup then cosine to min_lr_ratio over `total()` steps (read at each step, since
+    under a time budget the total is chosen after the first steps; warmup does not depend on it)."""
     m = cfg.midtrain
 
     def f(step: int) -> float:
         if step < m.warmup_steps:
             return (step + 1) / m.warmup_steps
-        progress = min(1.0, (step - m.warmup_steps) / max(1, m.steps - m.warmup_steps))
+        progress = min(1.0, (step - m.warmup_steps) / max(1, total() - m.warmup_steps))
         return m.min_lr_ratio + (1 - m.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return f
+
+
+def steps_for_budget(cfg: Config, step_s: float, spent_s: float) -> int:
+    """How many steps fit in midtrain.budget_s, given the measured step time and what is spent."""
+    m = cfg.midtrain
+    return max(m.probe_steps, min(m.steps, m.probe_steps + int((m.budget_s - spent_s) / step_s)))
 
 
 def lm_loss(model, batch, aux_coef: float):
@@ -95,10 +104,11 @@ def midtrain(cfg: Config, stop_after: int | None = None) -> dict:
     corpus = load_corpus(cfg.data)
     tokenizer = prepare_tokenizer(cfg, corpus, run_dir)
     tok_cache = run_dir / "tokens.npy"
+    tokens_per_step = m.batch_size * cfg.data.seq_len
     if tok_cache.is_file():
         tokens = np.load(tok_cache)
-    else:
-        tokens = tokenize_documents(tokenizer, corpus.train)
+    else:  # a margin over what the run can consume, so windows are rarely seen twice
+        tokens = tokenize_documents(tokenizer, corpus.train, limit=2 * m.steps * tokens_per_step, seed=cfg.run.seed)
         np.save(tok_cache, tokens)
     val_tokens = tokenize_documents(tokenizer, corpus.val)
     data = PackedBatches(tokens, cfg.data.seq_len, m.batch_size, cfg.run.seed)
@@ -112,7 +122,8 @@ def midtrain(cfg: Config, stop_after: int | None = None) -> dict:
         [{"params": decay, "weight_decay": m.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=m.lr, betas=(0.9, 0.95), eps=1e-8,
     )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+    total = {"steps": m.steps, "chosen": m.budget_s == 0}
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, lambda: total["steps"]))
 
     ckpt = run_dir / "ckpt"
     step, elapsed_before = 0, 0.0
@@ -120,6 +131,7 @@ def midtrain(cfg: Config, stop_after: int | None = None) -> dict:
     if ckpt.is_dir():
         state = load_checkpoint(ckpt, model, optimizer, scheduler)
         step, elapsed_before = state["step"], state.get("elapsed_s", 0.0)
+        total.update(steps=state.get("total_steps", m.steps), chosen=state.get("total_chosen", True))
         log.truncate_after(step)
     else:
         log.reset()
@@ -132,10 +144,9 @@ def midtrain(cfg: Config, stop_after: int | None = None) -> dict:
         model.train()
         return float(np.mean(losses))
 
-    tokens_per_step = m.batch_size * cfg.data.seq_len
-    bar = tqdm(total=m.steps, initial=step, desc="midtrain", unit="step", dynamic_ncols=True)
-    t_start, steps_here = time.perf_counter(), 0
-    while step < m.steps:
+    bar = tqdm(total=total["steps"], initial=step, desc="midtrain", unit="step", dynamic_ncols=True)
+    t_start, steps_here, step_times = time.perf_counter(), 0, []
+    while step < total["steps"]:
         if stop_after is not None and steps_here >= stop_after:
             bar.close()
             return {"stopped_at": step}
@@ -151,19 +162,23 @@ def midtrain(cfg: Config, stop_after: int | None = None) -> dict:
         step += 1
         steps_here += 1
         dt = time.perf_counter() - t0
+        step_times.append(dt)
+        if not total["chosen"] and step >= m.probe_steps and len(step_times) >= 2:
+            # the first step pays one-off costs; time the later probe steps
+            step_s = float(np.median(step_times[1:]))
+            total.update(steps=steps_for_budget(cfg, step_s, elapsed_before + time.perf_counter() - t_start), chosen=True)
+            bar.total = total["steps"]
         row = {"step": step, "loss": ce.item(), "aux": aux.item(), "grad_norm": grad_norm.item(),
                "lr": scheduler.get_last_lr()[0], "tok_s": tokens_per_step / dt}
-        if step % m.eval_every == 0 or step == m.steps:
+        if step % m.eval_every == 0 or step == total["steps"]:
             row["val_loss"] = evaluate()
         log.write(row)
         bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tok_s']:.0f}")
         bar.update(1)
-        elapsed = elapsed_before + time.perf_counter() - t_start
-        budget_hit = m.time_budget_s > 0 and elapsed >= m.time_budget_s
-        if step % m.ckpt_every == 0 or step == m.steps or budget_hit:
-            save_checkpoint(ckpt, model, optimizer, scheduler, step, {"elapsed_s": elapsed})
-        if budget_hit:
-            break
+        if step % m.ckpt_every == 0 or step == total["steps"]:
+            elapsed = elapsed_before + time.perf_counter() - t_start
+            save_checkpoint(ckpt, model, optimizer, scheduler, step,
+                            {"elapsed_s": elapsed, "total_steps": total["steps"], "total_chosen": total["chosen"]})
     bar.close()
 
     rows = log.read()
@@ -172,6 +187,7 @@ def midtrain(cfg: Config, stop_after: int | None = None) -> dict:
     result = {
         "steps": step,
         "tokens": step * tokens_per_step,
+        "train_s": round(elapsed_before + time.perf_counter() - t_start, 1),
         "train_loss": float(np.mean([r["loss"] for r in rows[-20:]])) if rows else None,
         "val_loss": val_rows[-1]["val_loss"] if val_rows else None,
         "tok_s": float(np.median([r["tok_s"] for r in rows])) if rows else None,
