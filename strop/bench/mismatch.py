@@ -2,7 +2,8 @@
 
 The demo-size qwen3_moe (from `--checkpoint`, or randomly initialised and mid-trained here for a
 few dozen steps of next-token loss on stdlib code so routing is not random) samples responses
-to held-out code prompts at temperature 1 in fp32, the serving dtype on CPU, with continuous
+to held-out code prompts at temperature 1 in the serving dtype (bf16 by default: strop ships
+bf16 weights to engines; the trainer's forward runs on the same bf16 weights), with continuous
 batching (more requests than slots, shuffled, random prompt and response lengths: prefill and
 decode rows mix in every step). The trainer then recomputes every response token with a
 full-sequence forward. Four rows:
@@ -31,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=int, default=10_000, help="response tokens to compare (at least)")
     parser.add_argument("--midtrain-steps", type=int, default=60, help="mid-training steps when no checkpoint is given")
     parser.add_argument("--max-batch", type=int, default=16, help="engine slots")
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                        help="serving dtype of engine and trainer (strop ships bf16 weights to engines)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: STROP_THREADS or all cores)")
     parser.add_argument("--json", help="write results to this JSON file")
 
@@ -105,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     loss = None
     if not args.checkpoint:
         loss = quick_midtrain(model, tok, 12 if args.quick else args.midtrain_steps)
+    model = model.to(getattr(torch, args.dtype))
     target = 1200 if args.quick else args.tokens
     lo, hi = (16, 48) if args.quick else (48, 160)
     prompts, lengths = [], []
@@ -131,8 +135,8 @@ def run(args: argparse.Namespace) -> int:
             "bitwise_equal_frac", "engine_slowdown", "trainer_slowdown", "slowdown"]
     model_desc = args.checkpoint or f"random demo-size qwen3_moe mid-trained here (final loss {loss:.3f})"
     print(f"engine vs trainer mismatch: {model_desc}; {len(prompts)} requests, {max_batch} slots, "
-          f"T=1, fp32, {threads} threads")
+          f"T=1, {args.dtype}, {threads} threads")
     print(format_table(rows, cols))
-    write_json(args.json, {"model": model_desc, "dtype": "float32", "threads": threads, "requests": len(prompts),
+    write_json(args.json, {"model": model_desc, "dtype": args.dtype, "threads": threads, "requests": len(prompts),
                            "max_batch": max_batch, "midtrain_loss": loss, "rows": rows})
     return 0

@@ -261,7 +261,8 @@ class Engine:
     def _sample(self, logits: torch.Tensor, batch: list[Request]) -> tuple[list[int], list[float]]:
         """One token per row and its logprob under the distribution sampled from (temperature, then
         top-p renormalised); temperature 0 takes the argmax."""
-        temps = torch.tensor([r.params.temperature or 1.0 for r in batch], dtype=logits.dtype)[:, None]
+        logits = logits.float()  # sampling math in fp32 whatever the serving dtype (as the trainer's logprobs)
+        temps = torch.tensor([r.params.temperature or 1.0 for r in batch])[:, None]
         lp = torch.log_softmax(logits / temps, dim=-1)
         top_p = torch.tensor([r.params.top_p for r in batch], dtype=lp.dtype)
         if bool((top_p < 1).any()):  # sort once for the whole batch; keep the smallest prefix reaching top_p
