@@ -58,3 +58,12 @@ def test_deterministic_trainer_forward_trains(tiny_moe):
     block = tiny_moe.model.layers[0].mlp
     assert block.gate.weight.grad.abs().sum() > 0 and block.experts.gate_up_proj.grad.abs().sum() > 0
     assert torch.nn.functional.linear is not det.linear  # the patch is undone on exit
+
+
+def test_bitwise_in_bf16_serving_dtype(tiny_moe, tiny_tokenizer):
+    model = tiny_moe.to(torch.bfloat16)
+    eng = Engine(model, tiny_tokenizer, max_batch=2, max_len=128, deterministic=True)
+    prompts = [tiny_tokenizer.encode(t) for t in ("def f(x):", "import os\nimport sys", "x = 1")]
+    for o in eng.generate(prompts, SamplingParams(max_tokens=10, seed=0, stop_token_ids=[])):
+        lp, routing = recompute(model, o.prompt_ids, o.token_ids, routing=o.routing, deterministic=True)
+        assert torch.equal(lp, torch.tensor(o.logprobs)) and (routing.numpy() == o.routing).all()
