@@ -6,8 +6,8 @@ Build (slow, once): `strop tasks build --suite mutated` copies each source packa
 pure-Python dependencies it needs, vendored into the repository, since the sandbox exposes
 only pytest) out of the installed site-packages, runs every test file on the pristine copy in
 the sandbox (keeping those that pass fully and quickly), enumerates mutation sites in functions
-named by some kept test file, and verifies mutants through `checker.check` in a seeded order,
-round-robin over packages, at most `PER_FUNCTION` per function. The cache holds one base
+named by some kept test file, and verifies mutants through `checker.check` (in parallel) in a
+seeded order, round-robin over packages, at most `PER_FUNCTION` tried per function. The cache holds one base
 repository per package (`mutated-bases.json`) and one JSON line per task with only its
 mutated file (`mutated.jsonl`, streamed to `mutated.jsonl.partial` while building), under `$STROP_CACHE/suites` (default `~/.cache/strop/suites`).
 The split is by function (hash of package, module, function): eval bugs sit in functions
@@ -20,7 +20,7 @@ import json
 import os
 import re
 import sys
-import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from random import Random
@@ -34,9 +34,9 @@ PACKAGES: dict[str, tuple[str, ...]] = {"toolz": (), "fire": ("termcolor",), "mp
 SKIP_TESTS = ("_fuzz_test.py", "test_referencing_suite.py", "torture.py", "runtests.py", "extratest_")
 PROTECTED = ["test_*.py", "*_test.py", "**/test_*.py", "**/*_test.py", "tests/**", "**/tests/**", "conftest.py",
              "**/conftest.py", "pytest.ini", "setup.cfg", "tox.ini", "pyproject.toml"]
-PER_FUNCTION = 2
+PER_FUNCTION = 3
 TEST_TIMEOUT_S = 30.0  # a task's test run; baseline files slower than BASELINE_MAX_S are not used
-BASELINE_MAX_S = 8.0
+BASELINE_MAX_S = 15.0
 EVAL_FRACTION = 0.2
 
 CMP_FLIP = {ast.Lt: "<=", ast.LtE: "<", ast.Gt: ">=", ast.GtE: ">", ast.Eq: "!=", ast.NotEq: "==",
@@ -151,8 +151,28 @@ def _task(pkg: str, base: dict[str, str], index: int, m: Mutation | None, tests:
                 files=files, hidden_tests={t: base[t] for t in tests}, protected=list(PROTECTED), metadata=meta)
 
 
+def _candidates(bases: dict, baseline: dict, queues: dict) -> list[tuple[str, Mutation, list[str]]]:
+    """(package, mutation, test files) in verification order: round-robin over packages, at most
+    PER_FUNCTION per function, each with the smallest passing test file that names the function."""
+    out, per_fn, named = [], {}, {}
+    while any(queues.values()):
+        for pkg, queue in queues.items():
+            if not queue:
+                continue
+            m = queue.pop()
+            if (pkg, m.function) not in named:  # a regex scan of every test file: once per function
+                word = re.compile(rf"\b{re.escape(m.function)}\b")
+                named[pkg, m.function] = sorted((t for t in baseline[pkg] if word.search(bases[pkg][t])),
+                                                key=lambda t: len(bases[pkg][t]))[:1]
+            tests = named[pkg, m.function]
+            if per_fn.get((m.path, m.function), 0) < PER_FUNCTION and tests and not m.function.startswith("__"):
+                per_fn[(m.path, m.function)] = per_fn.get((m.path, m.function), 0) + 1
+                out.append((pkg, m, tests))
+    return out
+
+
 def build(out_dir: Path | None = None, target: int = 240, packages: tuple[str, ...] | None = None,
-          seed: int = 0, log=print) -> Path:
+          seed: int = 0, workers: int = 2, log=print) -> Path:
     """Build and cache the suite; returns the cache directory. Progress goes to `log`."""
     from strop.env.checker import check  # the build runs the checker; loading the suite does not
 
@@ -165,13 +185,11 @@ def build(out_dir: Path | None = None, target: int = 240, packages: tuple[str, .
         for dep in PACKAGES.get(pkg, ()):
             base.update(_package_files(dep))
         bases[pkg] = base
-        kept = {}
-        for t in [p for p in base if p.startswith(pkg + "/") and _is_test(p) and not any(s in p for s in SKIP_TESTS)]:
-            start = time.perf_counter()
-            score = check(_task(pkg, base, 0, None, [t], 0), {}, perturbed=False)
-            took = time.perf_counter() - start
-            if score.reward == 1.0 and score.skipped == 0 and took < BASELINE_MAX_S:
-                kept[t] = score.passed
+        files = [p for p in base if p.startswith(pkg + "/") and _is_test(p) and not any(s in p for s in SKIP_TESTS)]
+        with ThreadPoolExecutor(workers) as pool:
+            scores = pool.map(lambda t: check(_task(pkg, base, 0, None, [t], 0), {}, perturbed=False), files)
+            kept = {t: s.passed for t, s in zip(files, scores)
+                    if s.reward == 1.0 and s.skipped == 0 and s.duration < BASELINE_MAX_S}
         baseline[pkg] = kept
         log(f"mutated: {pkg}: {len(kept)} test files pass on the pristine copy")
         sites = [m for p, text in base.items() if p.startswith(pkg + "/") and p.endswith(".py") and not _is_test(p)
@@ -180,25 +198,16 @@ def build(out_dir: Path | None = None, target: int = 240, packages: tuple[str, .
         queues[pkg] = sites
     with open(out_dir / "mutated-bases.json", "w") as f:
         json.dump(bases, f)
+    candidates = _candidates(bases, baseline, queues)
     partial = out_dir / "mutated.jsonl.partial"  # streamed, so an interrupted build keeps its work
-    tasks, per_fn, tried = [], {}, 0
-    with open(partial, "w") as out:
-        while len(tasks) < target and any(queues.values()):
-            for pkg in list(queues):
-                if not queues[pkg] or len(tasks) >= target:
-                    continue
-                m = queues[pkg].pop()
-                key = (m.path, m.function)
-                word = re.compile(rf"\b{re.escape(m.function)}\b")
-                tests = sorted((t for t, text in bases[pkg].items() if t in baseline[pkg] and word.search(text)),
-                               key=lambda t: len(bases[pkg][t]))[:2]
-                if per_fn.get(key, 0) >= PER_FUNCTION or not tests or m.function.startswith("__"):
-                    continue
-                tried += 1
-                task = _task(pkg, bases[pkg], len(tasks), m, tests, sum(baseline[pkg][t] for t in tests))
-                score = check(task, {}, perturbed=False)
-                if score.reward == 0.0 and (score.failed or score.errors) and "timeout" not in score.reason:
-                    per_fn[key] = per_fn.get(key, 0) + 1
+    tasks, tried = [], 0
+    with open(partial, "w") as out, ThreadPoolExecutor(workers) as pool:
+        while len(tasks) < target and tried < len(candidates):
+            batch = candidates[tried:tried + 4 * workers]  # verified in parallel, kept in candidate order
+            tried += len(batch)
+            for (pkg, m, tests), score in zip(batch, pool.map(lambda c: check(_task(c[0], bases[c[0]], 0, c[1], c[2], 0), {}, perturbed=False), batch)):
+                if len(tasks) < target and score.reward == 0.0 and (score.failed or score.errors) and "timeout" not in score.reason:
+                    task = _task(pkg, bases[pkg], len(tasks), m, tests, sum(baseline[pkg][t] for t in tests))
                     tasks.append(task)
                     d = task.to_dict()
                     d["files"] = {m.path: task.files[m.path]}  # the rest is the package base
