@@ -28,7 +28,7 @@ from strop.bench.table import format_table, write_json
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", help="mid-trained model directory; default: mid-train a random demo model here")
-    parser.add_argument("--quick", action="store_true", help="~1.2k response tokens, 12 mid-training steps (under a minute)")
+    parser.add_argument("--quick", action="store_true", help="~800 response tokens, 8 mid-training steps (under a minute)")
     parser.add_argument("--tokens", type=int, default=10_000, help="response tokens to compare (at least)")
     parser.add_argument("--midtrain-steps", type=int, default=60, help="mid-training steps when no checkpoint is given")
     parser.add_argument("--max-batch", type=int, default=16, help="engine slots")
@@ -107,9 +107,9 @@ def run(args: argparse.Namespace) -> int:
     model, tok, stream = setup(args.checkpoint)
     loss = None
     if not args.checkpoint:
-        loss = quick_midtrain(model, tok, 12 if args.quick else args.midtrain_steps)
+        loss = quick_midtrain(model, tok, 8 if args.quick else args.midtrain_steps)
     model = model.to(getattr(torch, args.dtype))
-    target = 1200 if args.quick else args.tokens
+    target = 800 if args.quick else args.tokens
     lo, hi = (16, 48) if args.quick else (48, 160)
     prompts, lengths = [], []
     while sum(lengths) < target:
