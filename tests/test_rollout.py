@@ -14,7 +14,8 @@ from strop.env.oracle import ScriptedClient, _call, assistant_text, oracle_clien
 from strop.env.suites import load_suite
 from strop.rl.advantages import make_samples, training_reward
 from strop.rl.evaluate import wilson
-from strop.rl.rollout import EnginePolicy, RolloutLost, WorkItem, harness_config, rollout, sandbox_limits
+from strop.engine.policy_client import EnginePolicy
+from strop.rl.rollout import RolloutLost, WorkItem, harness_config, rollout, sandbox_limits
 from strop.rl.trajectory import Trajectory, TrajectoryGroup
 
 ROLLOUT = RolloutSection(max_context=1536, max_turns=1, max_turn_tokens=32)  # a tiny random policy

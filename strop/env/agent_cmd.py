@@ -34,27 +34,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", help="write the episode (tokens, messages, tool calls) to this JSON file")
 
 
-class InProcessPolicy:
-    """The in-process engine as a `PolicyClient`."""
-
-    def __init__(self, engine):
-        self.engine = engine
-
-    def generate(self, prompt_ids, params):
-        from strop.engine.engine import SamplingParams
-        from strop.env.policy import Generation
-
-        c = self.engine.generate([prompt_ids], SamplingParams(
-            max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p,
-            stop_token_ids=list(params.stop_token_ids), seed=params.seed))[0]
-        if c.finish_reason == "error":
-            raise RuntimeError(c.error)
-        # engine routing covers every position read; generated token j came from position P - 1 + j
-        routing = None if c.routing is None else c.routing[len(prompt_ids) - 1:].tolist()
-        text = self.engine.tokenizer.decode(c.token_ids, skip_special_tokens=False)
-        return Generation(c.token_ids, c.logprobs, c.versions, text, routing, c.finish_reason)
-
-
 def _policy(args):
     """(policy client, tokenizer, largest context the policy holds or None)."""
     from strop.data.tokenizer import load_tokenizer
@@ -62,12 +41,13 @@ def _policy(args):
 
     if args.checkpoint:
         from strop.engine.engine import Engine
+        from strop.engine.policy_client import EnginePolicy
 
         if not Path(args.checkpoint).is_dir():
             raise UserError(f"--checkpoint {args.checkpoint!r} is not a directory")
         engine = Engine.from_checkpoint(args.checkpoint, max_batch=1)
         tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else engine.tokenizer
-        return InProcessPolicy(engine), tokenizer, engine.max_len
+        return EnginePolicy(engine), tokenizer, engine.max_len
     if not args.tokenizer:
         raise UserError("--endpoint needs --tokenizer DIR (the policy's tokenizer, for the chat format's token ids)")
     return EndpointClient(args.endpoint, model=args.model), load_tokenizer(args.tokenizer), None

@@ -15,7 +15,8 @@ from strop.config import Config
 from strop.env.harness import Harness
 from strop.env.suites import load_suite
 from strop.env.task import Task
-from strop.rl.rollout import EnginePolicy, WorkItem, harness_config, rollout, sandbox_limits
+from strop.engine.policy_client import EnginePolicy
+from strop.rl.rollout import WorkItem, harness_config, rollout, sandbox_limits
 
 Z95 = 1.959964
 

@@ -11,8 +11,7 @@ An episode whose policy failed (`stop_reason == "policy_error"`: the engine died
 away mid-episode) is not a sample of the policy's behaviour but of the infrastructure, so it
 raises `RolloutLost` and the runtime relaunches the item on another engine.
 
-`EnginePolicy` adapts the in-process `Engine` to the harness's `PolicyClient` protocol. Plain data
-in and out, so a worker can live in a thread or a Ray actor.
+Plain data in and out, so a worker can live in a thread or a Ray actor.
 """
 
 from dataclasses import asdict, dataclass
@@ -21,7 +20,7 @@ from strop.config import RolloutSection
 from strop.env.checker import Score, check
 from strop.env.hacks import detect
 from strop.env.harness import Harness, HarnessConfig, run_task
-from strop.env.policy import Generation, PolicyClient, SamplingParams
+from strop.env.policy import PolicyClient
 from strop.env.sandbox import Limits
 from strop.env.task import Task
 from strop.rl.trajectory import Trajectory
@@ -46,28 +45,6 @@ class WorkItem:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-class EnginePolicy:
-    """The in-process `Engine` as a `PolicyClient`. Thread-safe: many workers share one engine,
-    whose loop thread batches their turns together (or, without a loop thread, `generate` steps
-    the engine itself)."""
-
-    def __init__(self, engine):
-        self.engine = engine
-
-    def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        from strop.engine.engine import SamplingParams as EngineParams
-
-        c = self.engine.generate([prompt_ids], EngineParams(
-            max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p,
-            stop_token_ids=list(params.stop_token_ids), seed=params.seed))[0]
-        if c.finish_reason == "error":
-            raise RuntimeError(c.error)
-        # engine routing covers every position it read; generated token j came out of position P - 1 + j
-        routing = None if c.routing is None else c.routing[len(prompt_ids) - 1:].tolist()
-        text = self.engine.tokenizer.decode(c.token_ids, skip_special_tokens=False)
-        return Generation(c.token_ids, c.logprobs, c.versions, text, routing, c.finish_reason)
 
 
 def harness_config(r: RolloutSection) -> HarnessConfig:

@@ -28,7 +28,8 @@ from strop.engine.engine import Engine
 from strop.env.harness import Harness
 from strop.env.task import Task
 from strop.rl.advantages import Sample
-from strop.rl.rollout import EnginePolicy, RolloutLost, WorkItem, harness_config, rollout, sandbox_limits
+from strop.engine.policy_client import EnginePolicy
+from strop.rl.rollout import RolloutLost, WorkItem, harness_config, rollout, sandbox_limits
 from strop.rl.trainer import RLTrainer
 from strop.rl.trajectory import Trajectory
 from strop.threads import set_threads

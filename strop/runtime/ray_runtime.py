@@ -86,7 +86,7 @@ class EngineActor:
         self.engine.start()
 
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        from strop.rl.rollout import EnginePolicy
+        from strop.engine.policy_client import EnginePolicy
 
         return EnginePolicy(self.engine).generate(prompt_ids, params)
 
