@@ -4,6 +4,7 @@ checker, and its episodes are valid demonstration data."""
 import pytest
 
 from strop.env.checker import check
+from strop.env.harness import HarnessConfig
 from strop.env.oracle import oracle_episode, plan, run_oracle_episodes, solve
 from strop.env.suites import load_suite
 
@@ -22,14 +23,16 @@ def test_plan_locates_reads_edits_tests_and_submits(tasks):
 
 
 def test_oracle_solves_each_difficulty(tiny_tokenizer, tasks):
+    # the test tokenizer has a 512-token vocabulary, so its windows run longer than the demo's
+    config = HarnessConfig(max_context=4096)
     for task in tasks:
-        episode, changes = oracle_episode(task, tiny_tokenizer)
+        episode, changes = oracle_episode(task, tiny_tokenizer, config)
         assert episode.stop_reason == "submitted", (task.id, episode.detail)
         assert all(c["error"] is None for c in episode.tool_calls), episode.tool_calls
         score = check(task, changes, perturbed=False)
         assert score.reward == 1.0, (task.id, score.reason)
         seg = episode.segments[0]
-        assert len(episode.segments) == 1 and len(seg) <= 2048 and 0 < sum(seg.loss_mask) < len(seg)
+        assert len(episode.segments) == 1 and len(seg) <= 4096 and 0 < sum(seg.loss_mask) < len(seg)
 
 
 def test_run_oracle_episodes_reports_a_rate(tiny_tokenizer):

@@ -440,7 +440,8 @@ class BwrapSandbox:
             res.stderr += f"\nstrop: workspace exceeds {self.limits.workspace_mb} MB; command killed"
         elif why == "died":
             res.exit_code = 126
-        if why is None and dur > _CHECK_EVERY_S / 4 and self._over_workspace():
+        # checked after every command too: a fast one can fill the layer between two polls
+        if why is None and self._over_workspace():
             res.workspace_exceeded = True
             res.stderr += f"\nstrop: workspace exceeds {self.limits.workspace_mb} MB"
         return res
