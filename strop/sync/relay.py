@@ -13,6 +13,7 @@ keeps the last few in memory and serves them to its engines. Every response can 
 by a token bucket, so a topology on 127.0.0.1 behaves like links of a chosen bandwidth.
 """
 
+import abc
 import threading
 import time
 import urllib.request
@@ -50,7 +51,7 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
 
 
-class _Node:
+class _Node(abc.ABC):
     """An HTTP endpoint serving /head and /delta from `latest()` and `delta(v)`; each
     connection (one link to one downstream node) gets its own token bucket."""
 
@@ -96,11 +97,13 @@ class _Node:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
+    @abc.abstractmethod
     def latest(self) -> int:
-        raise NotImplementedError
+        """The newest version this node can serve."""
 
+    @abc.abstractmethod
     def delta(self, v: int) -> bytes:
-        raise NotImplementedError
+        """The delta that produces version `v` from `v - 1`."""
 
     def wait_newer(self, after: int, timeout: float = LONG_POLL_S) -> int:
         with self.cond:
