@@ -16,6 +16,7 @@ from strop.env.segment import Segment
 from strop.rl.orchestrator import Orchestrator, TaskSampler
 from strop.rl.rollout import WorkItem
 from strop.rl.trajectory import Trajectory
+from strop.runtime.inline import drain
 
 
 class SimRuntime:
@@ -58,13 +59,7 @@ class SimRuntime:
                                         start_version=item.version), None))
 
     def results(self, timeout: float):
-        try:
-            out = [self.done.get(timeout=timeout)]
-        except queue.Empty:
-            return []
-        while not self.done.empty():
-            out.append(self.done.get_nowait())
-        return out
+        return drain(self.done, timeout)
 
     def train(self, samples) -> dict:
         time.sleep(self.train_s)

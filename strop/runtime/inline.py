@@ -37,6 +37,17 @@ from strop.threads import set_threads
 Result = tuple[WorkItem, Trajectory | None, str | None]  # (item, trajectory, why it was lost)
 
 
+def drain(q: queue.Queue, timeout: float) -> list:
+    """Everything in `q`, waiting up to `timeout` seconds for the first item ([] if none came)."""
+    try:
+        out = [q.get(timeout=timeout)]
+    except queue.Empty:
+        return []
+    while not q.empty():
+        out.append(q.get_nowait())
+    return out
+
+
 @dataclass(frozen=True)
 class CpuSplit:
     trainer: frozenset[int]
@@ -178,13 +189,7 @@ class InlineRuntime:
 
     def results(self, timeout: float) -> list[Result]:
         """Whatever finished, waiting up to `timeout` seconds for the first one."""
-        try:
-            out = [self.done.get(timeout=timeout)]
-        except queue.Empty:
-            return []
-        while not self.done.empty():
-            out.append(self.done.get_nowait())
-        return out
+        return drain(self.done, timeout)
 
     # ---- training and weights --------------------------------------------------------------
 
