@@ -5,13 +5,17 @@ One format, two renderers that agree character for character (a test checks it):
 which the harness uses piece by piece so token ids are never re-tokenized, and `CHAT_TEMPLATE`,
 the Jinja twin saved with the tokenizer so plain `AutoTokenizer.apply_chat_template` works.
 
-    <|im_start|>system\n{system}\n\n# Tools\n{one JSON schema per line}<|im_end|>\n
+    <|im_start|>system\n{system}\n\n# Tools\n{one signature per line}<|im_end|>\n
     <|im_start|>user\n{content}<|im_end|>\n
     <|im_start|>assistant\n{content}<tool_call>{"name": ..., "arguments": {...}}</tool_call><|im_end|>\n
     <|im_start|>tool\n{content}<|im_end|>\n
 
 A generated assistant turn ends with `<|im_end|>` (the stop token, which the policy learns to
 emit); the "\n" after it belongs to the separator the harness appends.
+
+A tool is listed as one signature line, `name(arg: type, optional?: type) - description`, rather
+than its whole JSON schema: the same information in about a third of the tokens, which every
+prompt, rollout and training step pays for.
 """
 
 import json
@@ -30,7 +34,13 @@ CHAT_TEMPLATE = (
     "{% if loop.first and tools %}"
     "{% if m.role == 'system' %}<|im_start|>system\n{{ m.content }}\n\n# Tools\n"
     "{% else %}<|im_start|>system\n# Tools\n{% endif %}"
-    "{% for t in tools %}{{ (t.function if t.function is defined else t) | tojson }}\n{% endfor %}"
+    "{% for t in tools %}{% set f = t.function if t.function is defined else t %}"
+    "{% set p = f.parameters if f.parameters is defined else {} %}"
+    "{% set req = p.required if p.required is defined else [] %}"
+    "{{ f.name }}("
+    "{% for k, v in (p.properties.items() if p.properties is defined else []) %}"
+    "{% if not loop.first %}, {% endif %}{{ k }}{% if k not in req %}?{% endif %}: {{ v.type }}"
+    "{% endfor %}) - {{ f.description if f.description is defined else '' }}\n{% endfor %}"
     "<|im_end|>\n"
     "{% if m.role != 'system' %}<|im_start|>{{ m.role }}\n{{ m.content or '' }}<|im_end|>\n{% endif %}"
     "{% elif m.role == 'assistant' %}<|im_start|>assistant\n{{ m.content or '' }}"
@@ -73,12 +83,21 @@ def _tool_call_json(call: dict) -> str:
     return json.dumps({"name": fn.get("name", ""), "arguments": args}, ensure_ascii=False)
 
 
+def tool_signature(tool: dict) -> str:
+    """`name(arg: type, optional?: type) - description` for an OpenAI function-calling schema."""
+    fn = tool.get("function", tool)
+    params = fn.get("parameters", {})
+    required = params.get("required", [])
+    args = ", ".join(f"{k}{'' if k in required else '?'}: {v.get('type')}" for k, v in params.get("properties", {}).items())
+    return f"{fn['name']}({args}) - {fn.get('description', '')}"
+
+
 def render_system(tools: list[dict] | None, system: str | None) -> str:
-    """The system block; with tools it lists one JSON function schema per line."""
+    """The system block; with tools it lists one signature per tool."""
     if not tools:
         return f"{IM_START}system\n{system or ''}{IM_END}\n"
     head = f"{system}\n\n# Tools\n" if system is not None else "# Tools\n"
-    lines = "".join(json.dumps(t.get("function", t), ensure_ascii=False) + "\n" for t in tools)
+    lines = "".join(tool_signature(t) + "\n" for t in tools)
     return f"{IM_START}system\n{head}{lines}{IM_END}\n"
 
 
