@@ -84,6 +84,9 @@ class MidtrainSection:
 class SFTSection:
     suite: str = opt("synthetic", "task suite whose oracle demonstrations are the warm-start data")
     episodes: int = opt(400, "oracle demonstration episodes (the last val_fraction are held out)", ge=2)
+    demo_tests: bool = opt(True, "demonstrations run the visible tests before submitting (one pytest run per episode)")
+    demo_check: bool = opt(True, "keep only demonstrations the checker scores 1.0 (else: those that submitted)")
+    demo_workers: int = opt(4, "oracle episodes run at once while producing demonstrations", ge=1)
     val_fraction: float = opt(0.1, "fraction of demonstrations held out for early stopping", gt=0, le=0.5)
     batch_size: int = opt(8, "segments per step", ge=1)
     lr: float = opt(1e-3, "peak learning rate", gt=0)

@@ -106,8 +106,8 @@ def test_every_error_path_is_an_observation(tiny_tokenizer, sandbox):
     ({"max_invalid_turns": 3}, ["<tool_call>{bad}</tool_call>"], "invalid_calls"),
     ({}, ["I am not sure what to do. Could you help?"], "no_tool_call"),
     ({"max_turn_tokens": 20}, ["x" * 400 + SUBMIT], "turn_too_long"),
-    ({"max_context": 1200}, ["x" * 4000 + SUBMIT], "context_full"),  # the turn overruns the window
-    ({"max_context": 1200, "observation_chars": 3000}, [call("run", command="seq 1 2000")], "context_full"),
+    ({"max_context": 600}, ["x" * 4000 + SUBMIT], "context_full"),  # the turn overruns the window
+    ({"max_context": 600, "observation_chars": 3000}, [call("run", command="seq 1 2000")], "context_full"),
 ])
 def test_limits_end_the_episode_with_a_reason(tiny_tokenizer, sandbox, config, turns, reason):
     episode = play(tiny_tokenizer, sandbox, turns, **config)

@@ -13,7 +13,10 @@ import functools
 import itertools
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
+
+from tqdm import tqdm
 
 from strop.data.chat import GENERATION_PROMPT, IM_END, render_message
 from strop.env.harness import Harness, HarnessConfig, run_task
@@ -95,47 +98,53 @@ def oracle_client(task: Task, tokenizer, run_tests: bool = True) -> ScriptedClie
     return ScriptedClient([assistant_text(m) for m in plan(task, run_tests)], tokenizer)
 
 
-def oracle_episode(task: Task, tokenizer, config: HarnessConfig = HarnessConfig(),
-                   limits: Limits = Limits()) -> tuple[Episode, dict[str, bytes | None]]:
+def oracle_episode(task: Task, tokenizer, config: HarnessConfig = HarnessConfig(), limits: Limits = Limits(),
+                   run_tests: bool = True) -> tuple[Episode, dict[str, bytes | None]]:
     """The oracle's episode on `task` through the real harness, tools and sandbox, and its changes."""
-    return run_task(Harness(tokenizer, config), oracle_client(task, tokenizer), task, limits)
+    return run_task(Harness(tokenizer, config), oracle_client(task, tokenizer, run_tests), task, limits)
 
 
 def solve(tasks: list[Task], tokenizer, config: HarnessConfig = HarnessConfig(), check: bool = True,
-          progress: Callable[[int, dict], None] | None = None) -> dict:
+          progress: Callable[[int, dict], None] | None = None, run_tests: bool = True, workers: int = 1) -> dict:
     """Run the oracle on `tasks` and score each episode with the real checker (unless `check` is
-    False; then "solved" means submitted). Returns tasks, solved, rate, episodes_per_s (episodes
-    alone, checking excluded), stop_reasons, results (one dict per task: id, difficulty,
+    False; then "solved" means submitted); with `run_tests` False the oracle submits without running
+    the visible tests. `workers` episodes run at once (threads: their sandboxes and checker runs
+    are child processes). Returns tasks, solved, rate, episodes_per_s (episodes alone, checking
+    excluded, per worker), stop_reasons, results (one dict per task, in order: id, difficulty,
     stop_reason, reward, reason, episode_s) and episodes (task id -> Episode, solved ones only)."""
     from strop.env.checker import check as check_changes
 
-    report: dict = {"tasks": len(tasks), "solved": 0, "stop_reasons": {}, "results": [], "episodes": {}}
-    for i, task in enumerate(tasks):
+    def one(task: Task) -> tuple[Task, Episode, dict]:
         t = time.perf_counter()
-        episode, changes = oracle_episode(task, tokenizer, config)
+        episode, changes = oracle_episode(task, tokenizer, config, run_tests=run_tests)
         episode_s = time.perf_counter() - t
         reason = episode.stop_reason + (f": {episode.detail}" if episode.detail else "")
         reward = 1.0 if episode.stop_reason == "submitted" else 0.0
         if check and reward:
             score = check_changes(task, changes, perturbed=False)
             reward, reason = score.reward, score.reason
-        report["stop_reasons"][episode.stop_reason] = report["stop_reasons"].get(episode.stop_reason, 0) + 1
-        report["results"].append({"id": task.id, "difficulty": task.metadata.get("difficulty"), "reward": reward,
-                                  "stop_reason": episode.stop_reason, "reason": reason, "episode_s": episode_s,
-                                  "tokens": max((len(s) for s in episode.segments), default=0)})
-        if reward == 1.0:
-            report["solved"] += 1
-            report["episodes"][task.id] = episode
-        if progress:
-            progress(i + 1, report)
+        return task, episode, {"id": task.id, "difficulty": task.metadata.get("difficulty"), "reward": reward,
+                               "stop_reason": episode.stop_reason, "reason": reason, "episode_s": episode_s,
+                               "tokens": max((len(s) for s in episode.segments), default=0)}
+
+    report: dict = {"tasks": len(tasks), "solved": 0, "stop_reasons": {}, "results": [], "episodes": {}}
+    with ThreadPoolExecutor(workers) as pool:
+        for i, (task, episode, result) in enumerate(pool.map(one, tasks)):
+            report["stop_reasons"][episode.stop_reason] = report["stop_reasons"].get(episode.stop_reason, 0) + 1
+            report["results"].append(result)
+            if result["reward"] == 1.0:
+                report["solved"] += 1
+                report["episodes"][task.id] = episode
+            if progress:
+                progress(i + 1, report)
     report["rate"] = report["solved"] / max(len(tasks), 1)
     total_s = sum(r["episode_s"] for r in report["results"])
     report["episodes_per_s"] = len(tasks) / total_s if total_s else 0.0
     return report
 
 
-def oracle_traces(suite: str, split: str, tokenizer, limit: int | None = None,
-                  config: HarnessConfig = HarnessConfig(), check: bool = True, **suite_opts) -> list[Episode]:
+def oracle_traces(suite: str, split: str, tokenizer, limit: int | None = None, config: HarnessConfig = HarnessConfig(),
+                  check: bool = True, run_tests: bool = True, workers: int = 1, **suite_opts) -> list[Episode]:
     """SFT warm-start demonstrations: the oracle's episodes on up to `limit` tasks of a suite split
     (difficulties interleaved) that the checker scores 1.0 (with `check=False`, that submitted:
     half the cost, no verification). Their `segments` are the training sequences, with loss on the oracle's
@@ -149,7 +158,11 @@ def oracle_traces(suite: str, split: str, tokenizer, limit: int | None = None,
     for task in tasks:
         by_difficulty.setdefault(task.metadata.get("difficulty"), []).append(task)
     mixed = [t for group in itertools.zip_longest(*by_difficulty.values()) for t in group if t is not None]
-    return list(solve(mixed[:limit], tokenizer, config, check=check)["episodes"].values())
+    tasks = mixed[:limit]
+    with tqdm(total=len(tasks), desc="oracle demonstrations", unit="ep", dynamic_ncols=True) as bar:
+        report = solve(tasks, tokenizer, config, check=check, run_tests=run_tests, workers=workers,
+                       progress=lambda done, _: bar.update(done - bar.n))
+    return list(report["episodes"].values())
 
 
 @functools.cache

@@ -85,26 +85,6 @@ def train_rl(cfg: Config, *, mode: str = "async", runtime: str = "inline", polic
     return result
 
 
-def stage_rl(cfg: Config, mode: str = "async", runtime: str = "inline") -> dict:
-    """The demo's RL stage: held-out evaluation of the SFT policy, RL from it, held-out evaluation
-    of the result. Returns {"sft": eval, "rl": eval, "train": figures}, each eval with solve_rate,
-    solve_rate_ci95, eval_episodes and by_difficulty. Each part is cached under <run_dir>/rl."""
-    from strop.rl.evaluate import evaluate
-
-    out = cfg.run_dir / "rl"
-    out.mkdir(parents=True, exist_ok=True)
-
-    def cached_eval(name: str, policy: Path) -> dict:
-        path = out / f"eval_{name}.json"
-        if not path.is_file():
-            path.write_text(json.dumps(evaluate(cfg, str(policy), progress=True), indent=2))
-        return json.loads(path.read_text())
-
-    sft = cached_eval("sft", cfg.run_dir / "sft" / "model")
-    train = train_rl(cfg, mode=mode, runtime=runtime)
-    return {"sft": sft, "rl": cached_eval("rl", out / "model"), "train": train}
-
-
 def _print_row(row: dict) -> None:
     print(f"[rl] step {row['step']} v{row['version']} reward {row['reward']:.3f} solve {row['solve_rate']:.3f} "
           f"k3 {row['k3']:.4f} clip {row['clip_frac']:.3f} stale<= {row['staleness_max']} dropped {row['dropped_stale']} "

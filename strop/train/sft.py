@@ -37,7 +37,8 @@ def load_demonstrations(cfg: Config, tokenizer, path: Path) -> list:
     if path.is_file():
         return [Episode.from_dict(json.loads(line)) for line in path.read_text().splitlines()]
     harness = HarnessConfig(max_context=cfg.model.max_positions)
-    episodes = oracle_traces(cfg.sft.suite, "train", tokenizer, limit=cfg.sft.episodes, config=harness)
+    episodes = oracle_traces(cfg.sft.suite, "train", tokenizer, limit=cfg.sft.episodes, config=harness,
+                             check=cfg.sft.demo_check, run_tests=cfg.sft.demo_tests, workers=cfg.sft.demo_workers)
     if len(episodes) < 2:
         raise UserError(f"only {len(episodes)} oracle demonstrations on suite {cfg.sft.suite!r}; need at least 2")
     path.write_text("".join(json.dumps(ep.to_dict()) + "\n" for ep in episodes))
@@ -85,6 +86,8 @@ def sft(cfg: Config, base: str | None = None) -> dict:
     s = cfg.sft
     base_dir = Path(base) if base else cfg.run_dir / "midtrain" / "model"
     out = cfg.run_dir / "sft"
+    if (out / "result.json").is_file():  # finished: the model is in out/model
+        return json.loads((out / "result.json").read_text())
     out.mkdir(parents=True, exist_ok=True)
     model = load_model(base_dir)
     tokenizer = load_tokenizer(base_dir)
@@ -152,4 +155,5 @@ def sft(cfg: Config, base: str | None = None) -> dict:
         "val_ppl": math.exp(best_loss),
     }
     save_model(model, tokenizer, out / "model", extra={"config": to_dict(cfg), "sft": result})
+    (out / "result.json").write_text(json.dumps(result, indent=2))
     return result

@@ -1,0 +1,111 @@
+"""The RL run report: `report.md` with PNG plots, made from an RL run's `metrics.jsonl` and the
+held-out evaluations before and after RL — what a person looks at to see whether a run learned.
+
+Plots: training reward and solve rate per step (with the held-out solve rates and their 95%
+intervals), the staleness histogram over all trained samples, bytes synced to the engines,
+engine/trainer mismatch, and trainer/engine busy fractions.
+"""
+
+import json
+from collections import Counter
+from pathlib import Path
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> str:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _plt().close(fig)
+    return path.name
+
+
+def _line(rows: list[dict], keys: list[str], path: Path, title: str, ylabel: str = "", x: str = "step",
+          evals: dict[str, dict] | None = None) -> str:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for key in keys:
+        pts = [(r[x], r[key]) for r in rows if r.get(key) is not None]
+        if pts:
+            xs, ys = zip(*pts)
+            ax.plot(xs, ys, label=key, marker="o" if len(pts) < 30 else None, markersize=3)
+    last = max((r[x] for r in rows), default=1)
+    for (name, ev), at, color in zip((evals or {}).items(), (0, last), ("tab:gray", "tab:green")):
+        lo, hi = ev["solve_rate_ci95"]
+        ax.errorbar([at], [ev["solve_rate"]], yerr=[[ev["solve_rate"] - lo], [hi - ev["solve_rate"]]], fmt="s",
+                    color=color, capsize=4, label=f"held-out solve rate, {name}")
+    ax.set_xlabel(x)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def _staleness(rows: list[dict], path: Path) -> str:
+    plt = _plt()
+    hist: Counter = Counter()
+    for r in rows:
+        hist.update({int(k): v for k, v in r.get("staleness_hist", {}).items()})
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ks = sorted(hist) or [0]
+    ax.bar(ks, [hist[k] for k in ks])
+    ax.set_xticks(ks)
+    ax.set_xlabel("staleness (versions behind the trainer, oldest token)")
+    ax.set_ylabel("trained samples")
+    ax.set_title("Staleness of trained samples")
+    return _save(fig, path)
+
+
+def _eval_row(name: str, ev: dict) -> str:
+    lo, hi = ev["solve_rate_ci95"]
+    by_d = ", ".join(f"d{d}: {v['solve_rate']:.3f} [{v['solve_rate_ci95'][0]:.3f}, {v['solve_rate_ci95'][1]:.3f}] "
+                     f"(n={v['eval_episodes']})" for d, v in ev.get("by_difficulty", {}).items())
+    return f"| {name} | {ev['solve_rate']:.3f} | [{lo:.3f}, {hi:.3f}] | {ev['eval_episodes']} | {by_d} |"
+
+
+def write_report(out_dir: Path, metrics_path: Path, evals: dict[str, dict], summary: dict | None = None) -> Path:
+    """Write `out_dir/report.md` and its plots; `evals` maps a stage name ("sft", "rl") to its
+    held-out evaluation (`strop.rl.evaluate.evaluate`)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = [json.loads(ln) for ln in Path(metrics_path).read_text().splitlines() if ln.strip()]
+    for r in rows:
+        r["bytes_synced_mb"] = r.get("bytes_synced", 0) / 1e6
+    plots = [
+        ("Reward and solve rate", _line(rows, ["reward", "solve_rate"], out_dir / "reward.png",
+                                        "Training reward and solve rate per step", evals=evals)),
+        ("Staleness", _staleness(rows, out_dir / "staleness.png")),
+        ("Weight sync", _line(rows, ["bytes_synced_mb"], out_dir / "bytes_synced.png",
+                              "Bytes synced to engines (cumulative)", "MB")),
+        ("Mismatch", _line(rows, ["k3", "mismatch_mean_abs_dlogp", "mismatch_ratio_outside_frac"],
+                           out_dir / "mismatch.png", "Engine vs trainer (incl. staleness drift)")),
+        ("Utilisation", _line(rows, ["trainer_busy", "engine_busy"], out_dir / "busy.png",
+                              "Busy fraction of trainer and engine", "fraction")),
+    ]
+    last = rows[-1] if rows else {}
+    lines = ["# strop run report", ""]
+    if evals:
+        lines += ["## Held-out evaluation", "", "| policy | solve rate | 95% interval | episodes | by difficulty |",
+                  "|---|---|---|---|---|", *[_eval_row(k, v) for k, v in evals.items()], ""]
+        if {"sft", "rl"} <= evals.keys():
+            gain = evals["rl"]["solve_rate"] - evals["sft"]["solve_rate"]
+            lines += [f"RL changed the held-out solve rate by **{gain * 100:+.1f} points**.", ""]
+    if last:
+        lines += ["## Training", "", f"{last['step']} steps ({last.get('mode', '')}), {last.get('wall_s', 0):.0f} s; "
+                  f"dropped for staleness: {last.get('dropped_stale', 0)}; hack-flagged samples: "
+                  f"{last.get('hacked_total', 0)}; trainer busy {last.get('trainer_busy', 0):.2f}, engine busy "
+                  f"{last.get('engine_busy', 0):.2f}; bytes synced {last.get('bytes_synced', 0) / 1e6:.1f} MB.", ""]
+    for title, name in plots:
+        lines += [f"### {title}", "", f"![{title}]({name})", ""]
+    if summary:
+        lines += ["## Stages", "", "```json", json.dumps(summary, indent=2), "```", ""]
+    path = out_dir / "report.md"
+    path.write_text("\n".join(lines))
+    return path
