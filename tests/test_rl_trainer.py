@@ -37,7 +37,7 @@ def sample_groups(model, version: int, n_groups: int, G: int, new_tokens: int, s
         ids = torch.cat([ids, tok], 1)
     logps = torch.cat(logps, 1)
     routes = None
-    if routing:  # what an engine records: the experts each position's token was routed through
+    if routing:  # the experts each position was routed through; a token records its producing position's
         with capture_routing(model) as records:
             model(input_ids=ids, use_cache=False)
         routes = stack_routing(records, tuple(ids.shape), model.config.num_experts).tolist()
@@ -51,7 +51,7 @@ def sample_groups(model, version: int, n_groups: int, G: int, new_tokens: int, s
             gen = ids[r, len(PROMPT):].tolist()
             seg.add_generated(gen, logps[r].tolist(), [version] * new_tokens, None)
             if routes is not None:
-                seg.routing = routes[r]
+                seg.routing = [None] + routes[r][:-1]
             reward = sum(t in TARGET for t in gen) / new_tokens
             trajs.append(Trajectory("toy", f"s{step}g{g}", s, [seg], reward, start_version=version))
         groups.append(TrajectoryGroup("toy", f"s{step}g{g}", G, trajs))

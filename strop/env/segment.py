@@ -4,7 +4,9 @@ exchange them as files or messages.
 
 All per-token lists of a Segment are aligned with `input_ids`. On forced tokens (prompt, tool
 observations, separators) `loss_mask` is 0, `behavior_logprobs` 0.0, `versions` -1 and `routing`
-None; on tokens the policy generated they hold what the engine reported when it sampled them.
+None; on tokens the policy generated they hold what the engine reported when it sampled them —
+for `routing`, the experts of the position whose output the token was sampled from (token j's
+entry is position j - 1's routing).
 """
 
 from dataclasses import asdict, dataclass, field

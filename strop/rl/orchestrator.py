@@ -65,11 +65,9 @@ class Runtime(Protocol):
 
 def router_replay(model, batch) -> ContextManager:
     """The trainer's `replay_ctx` for MoE policies: each forward routes through the experts the
-    engine used. A segment records, on each generated token, the routing of the position that
-    produced it, i.e. the routing input position t used is on token t + 1 — which is where the
-    trainer's `batch.routing[b][t + 1]` points (it holds `segment.routing[:-1]`). Positions with
-    nothing recorded (forced tokens, and the last input position, whose record the batch cuts off)
-    keep the trainer's own choice, taken from a no-grad capture pass."""
+    engine used (`batch.routing[b][t]` for input position t). Positions with nothing recorded
+    (those whose next token was forced: prompt and tool observations) keep the trainer's own
+    choice, taken from a no-grad capture pass."""
     from strop.model.routing import capture_routing, replay_routing, stack_routing
 
     if not any(r is not None for row in batch.routing for r in row):
@@ -78,9 +76,9 @@ def router_replay(model, batch) -> ContextManager:
         model(input_ids=batch.input_ids_BT, use_cache=False)
     ids = stack_routing(records, tuple(batch.input_ids_BT.shape), 256).long()  # wide dtype while filling
     for b, row in enumerate(batch.routing):
-        for t in range(len(row) - 1):
-            if row[t + 1] is not None:
-                ids[b, t] = torch.tensor(row[t + 1])
+        for t, r in enumerate(row):
+            if r is not None:
+                ids[b, t] = torch.tensor(r)
     return replay_routing(model, ids)
 
 

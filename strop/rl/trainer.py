@@ -46,7 +46,7 @@ class TrainBatch:
     advantages_BT: torch.Tensor  # float32
     weights_BT: torch.Tensor  # float32 per-token loss weights
     lengths_B: torch.Tensor  # long: unpadded input length of each row
-    routing: list[list]  # per row, per input position: Segment.routing of that token (None where not recorded)
+    routing: list[list]  # per row, per input position: the experts it was routed through (None where not recorded)
 
 
 ReplayContext = Callable[[Any, TrainBatch], ContextManager]
@@ -80,7 +80,8 @@ def build_batch(rows: list[tuple[Segment, float, float]], pad_id: int) -> TrainB
         advantages_BT=adv,
         weights_BT=weights,
         lengths_B=torch.tensor([len(seg) - 1 for seg, _, _ in rows]),
-        routing=[list(seg.routing[:-1]) for seg, _, _ in rows],
+        # Segment.routing[j] belongs to the position that produced token j, i.e. input position j - 1
+        routing=[list(seg.routing[1:]) for seg, _, _ in rows],
     )
 
 
