@@ -2,7 +2,7 @@
 through a versioned store and one relay per cluster, into engines' live weights in place.
 The codec knows nothing of training; trainers publish and engines apply through it.
 
-    bits.py          Rice codes, rank/select over packed bitmaps (vectorised numpy)
+    bits.py          Rice codes, fast set-bit positions (vectorised numpy)
     tensor_codec.py  one tensor's delta: exponent-class change masks + ordinal steps
     codec.py         the delta file: checksummed header, per-tensor payload/base/result crc32
     tensors.py       raw tensors as bit patterns; safetensors read/write without torch

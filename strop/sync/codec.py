@@ -26,10 +26,11 @@ import numpy as np
 import zstandard
 
 from strop.sync import tensor_codec as tc
+from strop.sync.bits import mask_buffer
 from strop.sync.tensors import StateDict, Tensor, bits_dtype, crc32
 
 MAGIC = b"STRPDLT1"
-FORMAT = 1
+FORMAT = 2  # 2: one low exponent class coded by rank, the top class by position
 _PREFIX = struct.Struct("<8sII")
 PREFIX_SIZE = _PREFIX.size
 
@@ -76,12 +77,14 @@ def encode_tensor(old: Tensor | None, new: Tensor) -> tuple[str, bytes]:
     """(method, payload) for one tensor: the smallest of same / delta / full that applies."""
     if old is None or old.dtype != new.dtype or old.shape != new.shape or new.dtype not in tc.FLOATS:
         return "full", tc.encode_full(new.data)
-    idx = np.flatnonzero(old.data != new.data)
-    if not len(idx):
+    n = len(new.data)
+    changed = mask_buffer(n)
+    m = int(np.count_nonzero(np.not_equal(old.data, new.data, out=changed[:n])))
+    if not m:
         return "same", b""
-    if len(idx) > tc.DENSE * len(new.data):
+    if m > tc.DENSE * n:
         return "full", tc.encode_full(new.data)
-    payload = tc.encode_delta(old.data, new.data, new.dtype, idx)
+    payload = tc.encode_delta(old.data, new.data, new.dtype, changed, m)
     if len(payload) > new.nbytes // 4:  # rarely worth it, so only then pay for a full copy too
         full = tc.encode_full(new.data)
         if len(full) < len(payload):

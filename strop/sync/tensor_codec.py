@@ -8,9 +8,12 @@ changed and *by how much*, in terms the receiver can predict from what it holds:
   each halving of |w|, so small weights change far more often. The elements are split into a
   few classes by old exponent range (the boundaries are chosen per tensor by a small dynamic
   program and sent in the payload); within each class, changes are close to independent
-  coin flips, so the gaps between changed *class ranks* are geometric and Rice-coded. Class
-  ranks come from rank/select over nested packed bitmaps (`bits.NestedClasses`): one
-  compare-and-pack per class boundary on each chunk of the tensor, no sort.
+  coin flips, so the gaps between changes are geometric and Rice-coded. In the low classes
+  (small weights: a few percent of the elements, changing often) gaps count class members
+  only: both sides list the members' positions with one compare and one `nonzero` over the
+  tensor. The top class (large weights: most of the elements, changing rarely) is coded by
+  plain position, which costs log2(1/its share) ≈ 0.1-0.3 bits a change and spares a
+  member list of most of the tensor.
 - **By how much.** Each change is a signed step in the monotone integer order of the float
   format ("ordinal space"): almost all steps are ±1 ulp. Per class: a sign bit per change,
   the positions of the rare |step| > 1 as Rice-coded gaps, and their sizes Rice-coded.
@@ -22,18 +25,13 @@ Tensors that change densely fall back to a zstd'd byte-shuffled full copy (`enco
 import numpy as np
 import zstandard
 
-from strop.sync.bits import BitReader, NestedClasses, gaps, pack_below, positions, rice_decode, rice_encode, varint
+from strop.sync.bits import BitReader, gaps, mask_buffer, nonzero, positions, rice_decode, rice_encode, varint
 
 # safetensors dtype -> (mantissa bits, exponent bits); only these get deltas
 FLOATS: dict[str, tuple[int, int]] = {"BF16": (7, 8), "F16": (10, 5), "F32": (23, 8)}
-MAX_CLASSES = 3  # each more class saves ~1-2% in size and costs one more pass over the tensor
-CLASS_COST_BITS = 256  # header bytes plus one extra pass over the tensor, priced as bits
+CLASS_COST_BITS = 256  # header bytes plus the extra passes, priced as bits
 SAMPLE = 1 << 16  # elements sampled to estimate the exponent histograms (plenty to place 2 bounds)
 DENSE = 0.4  # above this fraction of changed elements a full copy is usually smaller
-
-
-def _signed(u: type) -> type:
-    return np.int16 if u is np.uint16 else np.int32
 
 
 def to_ordinal(u: np.ndarray) -> np.ndarray:
@@ -75,121 +73,130 @@ def _mask_bits(n: np.ndarray, m: np.ndarray) -> np.ndarray:
     return np.where((m > 0) & (m < n), n * h, 0.0)
 
 
-def choose_bounds(old: np.ndarray, new: np.ndarray, mant: int, exp_bits: int) -> list[int]:
-    """Exponent boundaries b_1 < ... splitting elements into classes [b_j, b_j+1) that minimise
-    the estimated bits of the change mask (sum of n_c·H(p_c)) plus a per-class price. The
-    histograms come from an evenly strided sample, so this costs nothing on big tensors."""
-    n_exp = 1 << exp_bits
+def choose_bound(old: np.ndarray, new: np.ndarray, mant: int, exp_bits: int) -> int | None:
+    """The exponent b splitting the elements into a low class (old exponent < b, coded by rank
+    among its members) and a top class (coded by position), or None for one class. Minimises
+    the estimated bits of the change mask, n_low·H(p_low) + N·H(m_top/N), plus a price for
+    the extra class. The histograms come from a block sample: cheap on big tensors."""
     sample, sample_new = sample_blocks(old), sample_blocks(new)
-    absmask = sample.dtype.type((1 << (sample.itemsize * 8 - 1)) - 1)
-    exps = (sample & absmask) >> mant
-    scale = len(old) / len(sample)
-    counts = np.bincount(exps, minlength=n_exp) * scale
-    changes = np.bincount(exps[sample != sample_new], minlength=n_exp) * scale
-    live = np.flatnonzero((counts > 0) | (changes > 0))
+    exps = (sample & sample.dtype.type((1 << (sample.itemsize * 8 - 1)) - 1)) >> mant
+    counts = np.bincount(exps, minlength=1 << exp_bits)
+    live = np.flatnonzero(counts)
     if len(live) < 2:
-        return []
-    cn = np.concatenate([[0], np.cumsum(counts[live])])
-    cm = np.concatenate([[0], np.cumsum(changes[live])])
-    L = len(live)
-    # cost[i, j]: one class made of live bins i..j-1 (inf unless i < j)
-    i, j = np.triu_indices(L + 1, 1)
-    cost = np.full((L + 1, L + 1), np.inf)
-    cost[i, j] = _mask_bits(cn[j] - cn[i], cm[j] - cm[i]) + CLASS_COST_BITS
-    best = [np.full(L + 1, np.inf)]  # best[k][j]: cheapest split of bins [0, j) into k classes
-    best[0][0] = 0.0
-    back = [None]
-    for _ in range(MAX_CLASSES):
-        total = best[-1][:, None] + cost
-        back.append(total.argmin(axis=0))
-        best.append(total.min(axis=0))
-    k = min(range(1, MAX_CLASSES + 1), key=lambda k: best[k][L])
-    cuts, j = [], L
-    while k > 1:
-        j = int(back[k][j])
-        cuts.append(int(live[j]))
-        k -= 1
-    return sorted(cuts)
+        return None
+    changes = np.bincount(exps[sample != sample_new], minlength=1 << exp_bits)
+    cn = np.zeros(len(live) + 1)
+    cm = np.zeros(len(live) + 1)
+    np.cumsum(counts[live], out=cn[1:])
+    np.cumsum(changes[live], out=cm[1:])
+    # bits[i]: the low class made of live bins 0..i-1, the top class of bins i..
+    bits = _mask_bits(cn, cm) + _mask_bits(cn[-1], cm[-1] - cm)
+    bits[1:] += CLASS_COST_BITS * len(sample) / len(old)  # priced per sampled element
+    bits[-1] = np.inf  # the top class is never empty
+    i = int(bits.argmin())
+    return int(live[i]) if i else None
 
 
-def _classes(old: np.ndarray, bounds: list[int], mant: int) -> NestedClasses:
-    """Class c holds the elements whose old exponent lies in [bounds[c-1], bounds[c])."""
-    return NestedClasses(len(old), pack_below(old, [b << mant for b in bounds]))
+def _low_class(old: np.ndarray, bound: int, mant: int, buf: np.ndarray) -> np.ndarray:
+    """Sorted positions of the low class's members (old exponent below `bound`); leaves their
+    mask in buf[:len(old)] (a `bits.mask_buffer`)."""
+    n = len(old)
+    np.less(old & old.dtype.type((1 << (old.itemsize * 8 - 1)) - 1), old.dtype.type(bound << mant), out=buf[:n])
+    return nonzero(buf, n)
 
 
-def encode_delta(old: np.ndarray, new: np.ndarray, dtype: str, idx: np.ndarray | None = None) -> bytes:
+def _encode_class(coords: np.ndarray, pos: np.ndarray, old: np.ndarray, new: np.ndarray) -> list[bytes]:
+    """One class's changes: gaps between their `coords` (class ranks, or positions for the top
+    class), then signs and sizes of the ordinal steps at tensor positions `pos`."""
+    m = len(coords)
+    if not m:
+        return [rice_encode(coords)]
+    out = [rice_encode(gaps(coords), int(coords[-1]) - m + 1)]
+    d = to_ordinal(new[pos])
+    d -= to_ordinal(old[pos])  # the step modulo 2^bits
+    sign = d >> (d.itemsize * 8 - 1)  # 1 for a negative step
+    out.append(np.packbits(sign).tobytes())
+    np.negative(sign, out=sign)  # 0 or all ones: |d| = (d ^ sign) - sign, branch-free
+    d ^= sign
+    d -= sign
+    esc = np.flatnonzero(d != 1)  # |step| > 1
+    out.append(rice_encode(gaps(esc), int(esc[-1]) - len(esc) + 1 if len(esc) else 0))
+    big = d[esc].astype(np.int64)
+    big -= 2
+    out.append(rice_encode(big))
+    return out
+
+
+def encode_delta(old: np.ndarray, new: np.ndarray, dtype: str, changed: np.ndarray | None = None,
+                 m: int | None = None) -> bytes:
     """Delta payload turning `old` into `new` (flat unsigned views of one float dtype).
-    `idx` (the sorted changed positions) may be passed when the caller has computed it."""
+    `changed` may pass the caller's `old != new` in a `bits.mask_buffer` (it is overwritten),
+    and `m` its count."""
     mant, exp_bits = FLOATS[dtype]
-    if idx is None:
-        idx = np.flatnonzero(old != new)
-    bounds = choose_bounds(old, new, mant, exp_bits)
-    classes = _classes(old, bounds, mant)
-    ov, nv = old[idx], new[idx]
-    sdt = _signed(old.dtype.type)
-    step = (to_ordinal(nv) - to_ordinal(ov)).view(sdt).astype(np.int64)
-    absmask = old.dtype.type((1 << (old.itemsize * 8 - 1)) - 1)
-    exp = (ov & absmask) >> mant
-    class_of_exp = np.zeros(1 << exp_bits, dtype=np.uint8)
-    for b in bounds:
-        class_of_exp[b:] += 1
-    cls = class_of_exp[exp]
-    order = np.argsort(cls, kind="stable")  # groups changes by class, positions stay sorted
-    ends = np.cumsum(np.bincount(cls, minlength=len(bounds) + 1))
-    parts = [varint(len(bounds))] + [varint(b) for b in bounds]
-    for c in range(len(bounds) + 1):
-        sel = order[(ends[c - 1] if c else 0) : ends[c]]
-        if not len(sel):
-            parts.append(rice_encode(sel))
-            continue
-        ranks = classes.rank(c, idx[sel])
-        parts.append(rice_encode(gaps(ranks)))
-        s = step[sel]
-        parts.append(np.packbits(s < 0).tobytes())
-        mag = np.abs(s) - 1
-        esc = np.flatnonzero(mag)
-        parts.append(rice_encode(gaps(esc)))
-        parts.append(rice_encode(mag[esc] - 1))
+    n = len(old)
+    if changed is None:
+        changed = mask_buffer(n)
+        np.not_equal(old, new, out=changed[:n])
+    bound = choose_bound(old, new, mant, exp_bits)
+    if bound is None:
+        return b"".join([varint(0), *_encode_class(top := nonzero(changed, n, m), top, old, new)])
+    low = mask_buffer(n)
+    members = _low_class(old, bound, mant, low)
+    ranks = np.flatnonzero(changed[members])
+    parts = [varint(1), varint(bound), *_encode_class(ranks, members[ranks], old, new)]
+    np.greater(changed[:n], low[:n], out=changed[:n])  # changed and not low: the top class
+    top = nonzero(changed, n, None if m is None else m - len(ranks))
+    parts += _encode_class(top, top, old, new)
     return b"".join(parts)
 
 
+def _decode_class(r: BitReader, old: np.ndarray, members: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Positions and ordinal steps of one class's changes (`members`: the low class's)."""
+    coords = positions(rice_decode(r))
+    m = len(coords)
+    if not m:
+        return coords, np.zeros(0, dtype=old.dtype)
+    if coords[-1] >= (len(old) if members is None else len(members)):
+        raise ValueError("corrupt delta: change outside its class")
+    sign = r.bits(m).astype(old.dtype)
+    esc = positions(rice_decode(r))
+    big = rice_decode(r)
+    if len(big) != len(esc) or (len(esc) and esc[-1] >= m):
+        raise ValueError("corrupt delta: bad step stream")
+    d = np.ones(m, dtype=old.dtype)
+    big += 2
+    d[esc] = big.astype(old.dtype)  # sizes wrap modulo 2^bits, as encoded
+    np.negative(sign, out=sign)  # 0 or all ones: the step is (d ^ sign) - sign
+    d ^= sign
+    d -= sign
+    return (coords if members is None else members[coords]), d
+
+
 def decode_delta(old: np.ndarray, payload: bytes | memoryview, dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """Changed positions (int64) and their new bit patterns, from `old` and a delta payload.
+    """Changed positions (int64, sorted within each class) and their new bit patterns, from
+    `old` and a delta payload.
 
     Raises ValueError when the payload is malformed (the caller's checksums catch the rest)."""
     mant, exp_bits = FLOATS[dtype]
     r = BitReader(payload)
     nb = r.varint()
-    if nb >= MAX_CLASSES:
+    if nb > 1:
         raise ValueError("corrupt delta: too many classes")
-    bounds = [r.varint() for _ in range(nb)]
-    if any(b >= (1 << exp_bits) for b in bounds) or bounds != sorted(bounds):
-        raise ValueError("corrupt delta: bad class bounds")
-    classes = _classes(old, bounds, mant)
-    pos_parts, step_parts = [], []
-    for c in range(nb + 1):
-        ranks = positions(rice_decode(r))
-        m = len(ranks)
-        if not m:
-            continue
-        if ranks[-1] >= classes.count(c):
-            raise ValueError("corrupt delta: change outside its class")
-        pos_parts.append(classes.select(c, ranks))
-        neg = np.unpackbits(np.frombuffer(r.take((m + 7) // 8), dtype=np.uint8), count=m).astype(bool)
-        esc = positions(rice_decode(r))
-        big = rice_decode(r)
-        if len(big) != len(esc) or (len(esc) and esc[-1] >= m):
-            raise ValueError("corrupt delta: bad step stream")
-        mag = np.ones(m, dtype=np.int64)
-        mag[esc] += big + 1
-        step_parts.append(np.where(neg, -mag, mag))
+    if nb:
+        bound = r.varint()
+        if bound >= 1 << exp_bits:
+            raise ValueError("corrupt delta: bad class bound")
+        pos, d = _decode_class(r, old, _low_class(old, bound, mant, mask_buffer(len(old))))
+        top, d_top = _decode_class(r, old, None)
+        if len(top):
+            pos, d = np.concatenate([pos, top]), np.concatenate([d, d_top])
+    else:
+        pos, d = _decode_class(r, old, None)
     if r.pos != len(r.buf):
         raise ValueError("corrupt delta: trailing bytes")
-    if not pos_parts:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=old.dtype)
-    pos = np.concatenate(pos_parts)
-    step = np.concatenate(step_parts).astype(old.dtype)  # wraps modulo 2^bits, as encoded
-    return pos, from_ordinal(to_ordinal(old[pos]) + step)
+    vals = to_ordinal(old[pos])
+    vals += d
+    return pos, from_ordinal(vals)
 
 
 def encode_full(data: np.ndarray, level: int = 3) -> bytes:
@@ -207,4 +214,3 @@ def decode_full(payload: bytes | memoryview, itemsize: int, n: int) -> np.ndarra
         raise ValueError("corrupt full copy: wrong size")
     planes = np.frombuffer(raw, dtype=np.uint8).reshape(itemsize, n)
     return np.ascontiguousarray(planes.T).view(f"<u{itemsize}").ravel()
-
