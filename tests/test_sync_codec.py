@@ -179,3 +179,25 @@ def test_cli_roundtrip_and_errors(tmp_path, snaps, capsys):
     assert "corrupt" in capsys.readouterr().err
     assert main(["sync", "decode", "--base", str(tmp_path / "nope"), str(delta), "-o", str(out)]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_small_tensors_share_a_group_payload_and_damage_names_its_members(snaps):
+    s = snaps[1e-5]
+    base = {f"t{i}": bf16(s[19][i * 5000 : (i + 1) * 5000]) for i in range(4)}
+    new = {f"t{i}": bf16(s[20][i * 5000 : (i + 1) * 5000]) for i in range(4)}
+    blob = roundtrip(base, new)
+    h = codec.read_header(blob)
+    assert [[e.name for e in u] for u in h.units()] == [["t0", "t1", "t2", "t3"]]
+    assert [e.part for e in h.entries] == [0, 5000, 10000, 15000]
+    bad = bytearray(blob)
+    bad[-3] ^= 0x01
+    with pytest.raises(codec.DeltaError, match="group payload is corrupt") as err:
+        codec.decode(base, bytes(bad))
+    assert err.value.tensors == ["t0", "t1", "t2", "t3"]
+    wrong = dict(base, t2=bf16(s[15][10000:15000]))
+    with pytest.raises(codec.DeltaError, match="wrong base") as err:
+        codec.decode(wrong, blob)
+    assert err.value.tensors == ["t0", "t1", "t2", "t3"]
+    with pytest.raises(codec.DeltaError, match="wrong base") as err:
+        codec.decode(wrong, blob, check_base=False)  # the members' result crcs catch it
+    assert "t2" in err.value.tensors

@@ -5,23 +5,26 @@ import uuid
 import numpy as np
 import pytest
 
+from strop.sync import codec
 from strop.sync.replica import Replica
 from strop.sync.store import MissingPiece, Publisher, Store
 from strop.sync.synthetic import adamw_snapshots
 from strop.sync.tensors import Tensor
 
-N = 60_000
+N = 150_000  # "a" is above codec.SMALL (coded alone); "b" and "c" are coded as one group
 STEPS = 6
 
 
 @pytest.fixture(scope="module")
 def versions() -> list[dict[str, Tensor]]:
-    """STEPS+1 versions of a 3-tensor model; tensor "frozen" never changes after v0."""
+    """STEPS+1 versions of a 4-tensor model; tensor "frozen" never changes after v0."""
     a = adamw_snapshots(N, 1e-5, steps=STEPS, keep=tuple(range(STEPS + 1)), seed=1)
     b = adamw_snapshots(N // 3, 1e-5, steps=STEPS, keep=tuple(range(STEPS + 1)), seed=2)
+    c = adamw_snapshots(N // 10, 1e-5, steps=STEPS, keep=tuple(range(STEPS + 1)), seed=4)
     frozen = adamw_snapshots(1000, 1e-5, steps=0, keep=(0,), seed=3)[0]
     return [{"a": Tensor("BF16", (N // 100, 100), a[v]), "b": Tensor("BF16", (N // 3,), b[v]),
-             "frozen": Tensor("BF16", (1000,), frozen)} for v in range(STEPS + 1)]
+             "c": Tensor("BF16", (N // 10,), c[v]), "frozen": Tensor("BF16", (1000,), frozen)}
+            for v in range(STEPS + 1)]
 
 
 def publish_all(root: str, versions) -> Store:
@@ -57,7 +60,10 @@ def test_chain_reaches_latest_bit_exact(root, versions):
 
 def test_single_tensor_served_at_full_precision(root, versions):
     store = publish_all(root, versions)
-    assert np.array_equal(store.tensor("b", 4).data, versions[4]["b"].data)
+    assert np.array_equal(store.tensor("b", 4).data, versions[4]["b"].data)  # rebuilt with its group-mate
+    assert np.array_equal(store.tensor("a", 4).data, versions[4]["a"].data)
+    h = codec.read_header(store.delta_bytes(4))
+    assert [[e.name for e in u] for u in h.units()] == [["a"], ["b", "c"], ["frozen"]]
 
 
 def test_corrupt_and_truncated_deltas_repaired_per_tensor(root, versions):
@@ -67,14 +73,18 @@ def test_corrupt_and_truncated_deltas_repaired_per_tensor(root, versions):
     def damaged(v: int) -> bytes:
         blob = bytearray(store.delta_bytes(v))
         if v == 2:
-            blob[-5] ^= 0x40  # lands in the last tensor's payload ("frozen" is `same`: "b")
+            blob[-5] ^= 0x40  # lands in the last payload ("frozen" is `same`: the group of b and c)
+        if v == 3:
+            a = codec.read_header(blob).entry("a")
+            blob[codec.header_end(blob) + a.offset + a.length // 2] ^= 0x40
         if v == 4:
             del blob[-10:]
         return bytes(blob)
 
     rep = r.advance(store, fetch=damaged)
     assert_state(r, versions[-1])
-    assert rep.repaired == ["v2:b", "v4:b"]  # only the damaged tensor, never the whole model
+    # only the damaged tensor, or the members of a damaged group — never the whole model
+    assert rep.repaired == ["v2:b", "v2:c", "v3:a", "v4:b", "v4:c"]
 
 
 def test_missing_link_fetches_only_changed_tensors(root, versions):
@@ -88,7 +98,7 @@ def test_missing_link_fetches_only_changed_tensors(root, versions):
 
     rep = r.advance(store, fetch=lossy)
     assert_state(r, versions[-1])
-    assert rep.repaired == ["v3:a", "v3:b"]  # "frozen" did not change in v3: not fetched
+    assert rep.repaired == ["v3:a", "v3:b", "v3:c"]  # "frozen" did not change in v3: not fetched
 
 
 def test_wrong_base_replica_repairs_tensors(root, versions):
@@ -112,7 +122,7 @@ def test_gc_folds_old_deltas_and_stragglers_jump(root, versions):
     straggler = Replica(_copy(versions[1]), 1)
     rep = straggler.advance(store)
     assert_state(straggler, versions[-1])
-    assert sorted(rep.repaired) == ["v4:a", "v4:b"]  # "frozen" matched: not fetched
+    assert sorted(rep.repaired) == ["v4:a", "v4:b", "v4:c"]  # "frozen" matched: not fetched
 
 
 def test_unrecoverable_gap_is_refused_clearly(root, versions):

@@ -13,6 +13,12 @@ Methods, chosen per tensor: `same` (no payload), `delta` (see `tensor_codec`), `
 the byte planes: new tensors, changed shape or dtype, non-float dtypes, dense changes). Base
 tensors absent from the new state dict are dropped.
 
+Small tensors (norms, biases, a tiny model's projections) would spend more time in per-tensor
+overhead than in coding, so deltas of up to SMALL elements are coded in groups: one payload
+for the concatenation of several same-dtype tensors, shared by their entries, each of which
+holds its element offset in the group (`part`) and its own base and result crcs. A damaged
+group payload costs re-fetching its members — at most GROUP elements, never a whole model.
+
 Every failure raises `DeltaError` naming the affected tensors, so a receiver can repair just
 those (see `store`).
 """
@@ -30,7 +36,9 @@ from strop.sync.bits import mask_buffer
 from strop.sync.tensors import StateDict, Tensor, bits_dtype, crc32
 
 MAGIC = b"STRPDLT1"
-FORMAT = 2  # 2: one low exponent class coded by rank, the top class by position
+FORMAT = 2  # 2: one low exponent class coded by rank, the top class by position; groups
+SMALL = 1 << 17  # elements: tensors up to this size are delta-coded in groups
+GROUP = 1 << 20  # elements per group at most
 _PREFIX = struct.Struct("<8sII")
 PREFIX_SIZE = _PREFIX.size
 
@@ -60,6 +68,11 @@ class Entry:
     payload_crc32: int
     base_crc32: int | None  # None for `full`: it needs no base
     crc32: int
+    part: int | None = None  # in a group: element offset in the group's concatenated tensors
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
 
 
 @dataclass
@@ -72,24 +85,69 @@ class Header:
     def entry(self, name: str) -> Entry:
         return next(e for e in self.entries if e.name == name)
 
+    def units(self) -> list[list[Entry]]:
+        """The entries by payload: [entry] for a tensor coded alone, its members for a group."""
+        out, groups = [], {}
+        for e in self.entries:
+            if e.part is None:
+                out.append([e])
+            elif e.offset in groups:
+                groups[e.offset].append(e)
+            else:
+                out.append(groups.setdefault(e.offset, [e]))
+        return out
 
-def encode_tensor(old: Tensor | None, new: Tensor) -> tuple[str, bytes]:
-    """(method, payload) for one tensor: the smallest of same / delta / full that applies."""
+
+def _changes(old: Tensor | None, new: Tensor) -> tuple[str, np.ndarray | None, int]:
+    """The method a tensor needs on its own terms ("same", "full" or "delta"), with the change
+    mask (a `bits.mask_buffer`) and count for a delta."""
     if old is None or old.dtype != new.dtype or old.shape != new.shape or new.dtype not in tc.FLOATS:
-        return "full", tc.encode_full(new.data)
+        return "full", None, 0
     n = len(new.data)
     changed = mask_buffer(n)
     m = int(np.count_nonzero(np.not_equal(old.data, new.data, out=changed[:n])))
     if not m:
-        return "same", b""
-    if m > tc.DENSE * n:
-        return "full", tc.encode_full(new.data)
+        return "same", None, 0
+    return ("full", None, m) if m > tc.DENSE * n else ("delta", changed, m)
+
+
+def encode_tensor(old: Tensor | None, new: Tensor) -> tuple[str, bytes]:
+    """(method, payload) for one tensor coded alone: the smallest of same / delta / full."""
+    method, changed, m = _changes(old, new)
+    if method != "delta":
+        return method, b"" if method == "same" else tc.encode_full(new.data)
     payload = tc.encode_delta(old.data, new.data, new.dtype, changed, m)
     if len(payload) > new.nbytes // 4:  # rarely worth it, so only then pay for a full copy too
         full = tc.encode_full(new.data)
         if len(full) < len(payload):
             return "full", full
     return "delta", payload
+
+
+def _plan(base: StateDict, new: StateDict) -> dict[str, tuple[str, bytes] | list[str]]:
+    """name -> (method, payload) for tensors coded alone, or -> the member names of its group."""
+    out, small = {}, {}
+    for name in sorted(new):
+        t, old = new[name], base.get(name)
+        method, _, _ = _changes(old, t) if len(t.data) <= SMALL else (None, None, 0)
+        if method == "delta":
+            small.setdefault(t.dtype, []).append(name)
+        else:
+            out[name] = ("same", b"") if method == "same" else encode_tensor(old, t)
+    for names in small.values():
+        groups, size = [[]], 0
+        for name in names:
+            if size + len(new[name].data) > GROUP and groups[-1]:
+                groups.append([])
+                size = 0
+            groups[-1].append(name)
+            size += len(new[name].data)
+        for g in groups:
+            if len(g) == 1:
+                out[g[0]] = encode_tensor(base[g[0]], new[g[0]])
+            else:
+                out.update((name, g) for name in g)
+    return out
 
 
 def encode(base: StateDict, new: StateDict, *, version: int, base_version: int,
@@ -100,20 +158,34 @@ def encode(base: StateDict, new: StateDict, *, version: int, base_version: int,
     hashing those tensors again."""
     base_crcs = base_crcs or {}
     new_crcs = new_crcs or {}
-    entries, payloads, offset = [], [], 0
+    plan = _plan(base, new)
+    entries, payloads, offset, placed = [], [], 0, {}
     for name in sorted(new):
-        t, old = new[name], base.get(name)
-        method, payload = encode_tensor(old, t)
+        t, old, how = new[name], base.get(name), plan[name]
+        part = None
+        if isinstance(how, list):  # a group: its payload goes where its first member's would
+            if how[0] not in placed:
+                payload = tc.encode_delta(np.concatenate([base[k].data for k in how]),
+                                          np.concatenate([new[k].data for k in how]), t.dtype)
+                starts = np.cumsum([0] + [len(new[k].data) for k in how[:-1]]).tolist()
+                placed[how[0]] = (offset, len(payload), zlib.crc32(payload), dict(zip(how, starts)))
+                payloads.append(payload)
+                offset += len(payload)
+            at, length, pcrc, starts = placed[how[0]]
+            method, part = "delta", starts[name]
+        else:
+            method, payload = how
+            at, length, pcrc = offset, len(payload), zlib.crc32(payload)
+            payloads.append(payload)
+            offset += len(payload)
         base_crc = None
         if method != "full":
             base_crc = base_crcs[name] if name in base_crcs else old.crc32()
         crc = new_crcs[name] if name in new_crcs else (base_crc if method == "same" else t.crc32())
-        entries.append(Entry(name, method, t.dtype, t.shape, offset, len(payload), zlib.crc32(payload), base_crc, crc))
-        payloads.append(payload)
-        offset += len(payload)
+        entries.append(Entry(name, method, t.dtype, t.shape, at, length, pcrc, base_crc, crc, part))
     head = {"format": FORMAT, "version": version, "base_version": base_version, "payload_bytes": offset,
             "tensors": [[e.name, e.method, e.dtype, list(e.shape), e.offset, e.length, e.payload_crc32,
-                         e.base_crc32, e.crc32] for e in entries]}
+                         e.base_crc32, e.crc32, e.part] for e in entries]}
     hb = zstandard.ZstdCompressor(level=9).compress(json.dumps(head, separators=(",", ":")).encode())
     return b"".join([_PREFIX.pack(MAGIC, len(hb), zlib.crc32(hb)), hb, *payloads])
 
@@ -135,7 +207,7 @@ def read_header(blob: bytes | memoryview, *, with_payloads: bool = True) -> Head
     head = json.loads(zstandard.ZstdDecompressor().decompress(hb))
     if head["format"] != FORMAT:
         raise DeltaError(f"delta format {head['format']} is not supported (this reader knows {FORMAT})")
-    entries = [Entry(n, m, d, tuple(s), o, ln, pc, bc, c) for n, m, d, s, o, ln, pc, bc, c in head["tensors"]]
+    entries = [Entry(n, m, d, tuple(s), o, ln, pc, bc, c, p) for n, m, d, s, o, ln, pc, bc, c, p in head["tensors"]]
     h = Header(head["version"], head["base_version"], head["payload_bytes"], entries)
     have = len(blob) - _PREFIX.size - hlen
     if with_payloads and have != h.payload_bytes:
@@ -195,16 +267,54 @@ def decode_tensor(entry: Entry, base: Tensor | None, payload: memoryview, *, che
     return out
 
 
+def decode_group(members: list[Entry], base: StateDict, payload: memoryview, *,
+                 check_base: bool = True) -> tuple[StateDict, list[str]]:
+    """The new tensors of a group's members that verify against their crcs, and the names of
+    those that do not. Raises DeltaError naming all members when the group cannot be decoded
+    (corrupt payload, or a member's base missing or wrong)."""
+    names = [e.name for e in members]
+    if zlib.crc32(payload) != members[0].payload_crc32:
+        raise DeltaError(f"tensors {names}: group payload is corrupt (checksum mismatch)", names)
+    olds = [base.get(e.name) for e in members]
+    for e, old in zip(members, olds):
+        if old is None or old.dtype != e.dtype or old.shape != e.shape:
+            raise DeltaError(f"tensor {e.name!r}: the base has no matching tensor (wrong base?)", names)
+        if check_base and old.crc32() != e.base_crc32:
+            raise DeltaError(f"tensor {e.name!r}: base tensor differs from the one this delta was made "
+                             "against (wrong base version?)", names)
+    data = np.concatenate([old.data for old in olds])
+    try:
+        pos, vals = tc.decode_delta(data, payload, members[0].dtype)
+        data[pos] = vals
+    except (ValueError, IndexError) as err:  # the payload passed its checksum, so the base is off
+        raise DeltaError(f"tensors {names}: delta does not fit this base (wrong base?): {err}", names) from None
+    out, bad = {}, []
+    for e in members:
+        t = Tensor(e.dtype, e.shape, data[e.part : e.part + e.size])
+        if t.crc32() == e.crc32:
+            out[e.name] = t
+        else:
+            bad.append(e.name)
+    return out, bad
+
+
 def decode(base: StateDict, blob: bytes | memoryview, *, check_base: bool = True) -> StateDict:
     """Apply a delta file to `base`; every tensor of the result is verified. Raises DeltaError
     listing every tensor that failed (after trying them all, so a repair can fetch just those)."""
     h = read_header(blob)
     out, failed, first = {}, [], None
-    for e in h.entries:
+    for unit in h.units():
         try:
-            out[e.name] = decode_tensor(e, base.get(e.name), payload_of(blob, e), check_base=check_base)
+            if unit[0].part is None:
+                e = unit[0]
+                out[e.name] = decode_tensor(e, base.get(e.name), payload_of(blob, e), check_base=check_base)
+                continue
+            good, bad = decode_group(unit, base, payload_of(blob, unit[0]), check_base=check_base)
+            out.update(good)
+            if bad:
+                raise DeltaError(f"tensors {bad}: reconstructed tensors fail their checksums (wrong base?)", bad)
         except DeltaError as err:
-            failed.append(e.name)
+            failed += err.tensors
             first = first or err
     if failed:
         more = f" (and {len(failed) - 1} more tensors)" if len(failed) > 1 else ""

@@ -53,7 +53,11 @@ def prepare_patch(state: StateDict, crcs: dict[str, int], blob: bytes | memoryvi
     patch = Patch(h.version, crcs={e.name: e.crc32 for e in h.entries})
     have = len(blob) - codec.header_end(blob)
     failed = []
-    for e in h.entries:
+    for unit in h.units():
+        if unit[0].part is not None:
+            failed += _prepare_group(state, crcs, blob, unit, have, patch)
+            continue
+        e = unit[0]
         base = state.get(e.name)
         if e.method != "full" and crcs.get(e.name) != e.base_crc32:
             failed.append(e.name)  # our copy is not this delta's base: fetch the tensor
@@ -82,6 +86,22 @@ def prepare_patch(state: StateDict, crcs: dict[str, int], blob: bytes | memoryvi
             failed.append(e.name)
     patch.drop = [k for k in state if k not in patch.crcs]
     return patch, failed
+
+
+def _prepare_group(state: StateDict, crcs: dict[str, int], blob: bytes | memoryview, members: list[codec.Entry],
+                   have: int, patch: Patch) -> list[str]:
+    """Decode and verify a group of small tensors into `patch`; returns the names that failed."""
+    names = [e.name for e in members]
+    if any(crcs.get(e.name) != e.base_crc32 for e in members) or members[0].offset + members[0].length > have:
+        return names
+    try:
+        good, bad = codec.decode_group(members, state, codec.payload_of(blob, members[0]), check_base=False)
+    except codec.DeltaError:
+        return names
+    for name, t in good.items():
+        at = np.flatnonzero(state[name].data != t.data)  # small tensors: a compare is cheap
+        patch.changes[name] = (at, t.data[at])
+    return bad
 
 
 @dataclass

@@ -105,16 +105,34 @@ class Store:
     def tensor(self, name: str, v: int) -> Tensor:
         """One tensor at version v at full precision, rebuilt from the snapshot and that
         tensor's entries in deltas snapshot+1..v only; verified against manifest v."""
+        return self.tensors([name], v)[name]
+
+    def tensors(self, names: list[str], v: int) -> StateDict:
+        """Like `tensor` for several names. A tensor coded in a group of small ones needs its
+        group-mates at the version before, so those are rebuilt alongside (small by design)."""
         snap = self.head()["snapshot"]
         if v < snap:
             raise MissingPiece(f"version {v} was garbage-collected (oldest kept: {snap})")
-        t = self._snapshot_tensor(name, snap)
+        heads = {w: self._delta_header(names[0], w) for w in range(snap + 1, v + 1)}
+        need, grown = set(names), True
+        while grown:  # close `need` under group membership at every version
+            grown = False
+            for h, _ in heads.values():
+                for unit in h.units():
+                    if len(unit) > 1 and any(e.name in need for e in unit) and not all(e.name in need for e in unit):
+                        need.update(e.name for e in unit)
+                        grown = True
+        state = {n: self._snapshot_tensor(n, snap) for n in need}
         for w in range(snap + 1, v + 1):
-            t = self._apply_entry(name, w, t)
-        want = self.manifest(v).tensors.get(name)
-        if want is None or t is None or t.crc32() != want[2]:
-            raise MissingPiece(f"tensor {name!r} cannot be rebuilt at version {v}")
-        return t
+            state = self._apply_delta(names[0], w, *heads[w], state)
+        want = self.manifest(v).tensors
+        out = {}
+        for name in names:
+            t = state.get(name)
+            if name not in want or t is None or t.crc32() != want[name][2]:
+                raise MissingPiece(f"tensor {name!r} cannot be rebuilt at version {v}")
+            out[name] = t
+        return out
 
     def _snapshot_tensor(self, name: str, v: int) -> Tensor | None:
         path = self._snapshot_path(v)
@@ -126,27 +144,39 @@ class Store:
         data = np.frombuffer(self._read(path, 8 + n + b, 8 + n + e), dtype=bits_dtype(h["dtype"]))
         return Tensor(h["dtype"], tuple(h["shape"]), data)
 
-    def _apply_entry(self, name: str, w: int, t: Tensor | None) -> Tensor | None:
-        """`t` after delta w, reading only delta w's header and this tensor's payload."""
+    def _delta_header(self, name: str, w: int) -> tuple[codec.Header, int]:
+        """Delta w's header alone, and where its payloads start (`name`: for the error)."""
         path = self._delta_path(w)
         try:
             prefix = self._read(path, 0, codec.PREFIX_SIZE)
             end = codec.header_end(prefix)
-            head = prefix + self._read(path, codec.PREFIX_SIZE, end)
-            entries = {e.name: e for e in codec.read_header(head, with_payloads=False).entries}
+            return codec.read_header(prefix + self._read(path, codec.PREFIX_SIZE, end), with_payloads=False), end
         except (MissingPiece, codec.DeltaError, struct.error) as err:
             raise MissingPiece(f"tensor {name!r} cannot be rebuilt past version {w - 1}: {err}") from None
-        e = entries.get(name)
-        if e is None:
-            return None
-        if e.method == "same":
-            return t
-        start = end + e.offset
-        payload = memoryview(self._read(path, start, start + e.length))
-        try:
-            return codec.decode_tensor(e, t, payload, check_base=False)  # result crc still checked
-        except codec.DeltaError as err:
-            raise MissingPiece(f"tensor {name!r} cannot be rebuilt at version {w}: {err}") from None
+
+    def _apply_delta(self, name: str, w: int, h: codec.Header, end: int, state: StateDict) -> StateDict:
+        """`state` (a set of tensors, None where absent) after delta w, reading only the payloads
+        of those tensors (`name`: for the error)."""
+        path, out = self._delta_path(w), {}
+        for unit in h.units():
+            e = unit[0]
+            if not any(u.name in state for u in unit):
+                continue
+            if e.method == "same":
+                out[e.name] = state[e.name]
+                continue
+            payload = memoryview(self._read(path, end + e.offset, end + e.offset + e.length))
+            try:
+                if e.part is None:
+                    out[e.name] = codec.decode_tensor(e, state[e.name], payload, check_base=False)  # result crc checked
+                    continue
+                good, bad = codec.decode_group(unit, state, payload, check_base=False)
+            except codec.DeltaError as err:
+                raise MissingPiece(f"tensor {name!r} cannot be rebuilt at version {w}: {err}") from None
+            if bad:
+                raise MissingPiece(f"tensor {name!r} cannot be rebuilt at version {w}: {bad} fail their checksums")
+            out.update(good)
+        return {n: out.get(n) for n in state}
 
     # -- writing
 
