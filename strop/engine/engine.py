@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from strop.engine.forward import Forward, Segment
+from strop.engine.sampling import sample
 
 
 @dataclass
@@ -261,30 +262,8 @@ class Engine:
     def _sample(self, logits: torch.Tensor, batch: list[Request]) -> tuple[list[int], list[float]]:
         """One token per row and its logprob under the distribution sampled from (temperature, then
         top-p renormalised); temperature 0 takes the argmax."""
-        logits = logits.float()  # sampling math in fp32 whatever the serving dtype (as the trainer's logprobs)
-        temps = torch.tensor([r.params.temperature or 1.0 for r in batch])[:, None]
-        lp = torch.log_softmax(logits / temps, dim=-1)
-        top_p = torch.tensor([r.params.top_p for r in batch], dtype=lp.dtype)
-        if bool((top_p < 1).any()):  # sort once for the whole batch; keep the smallest prefix reaching top_p
-            lp, order = torch.sort(lp, dim=-1, descending=True)
-            probs = lp.exp()
-            nucleus = top_p[:, None] < 1  # rows with top_p = 1 keep their exact log-softmax bits
-            cut = lp.masked_fill(nucleus & (probs.cumsum(-1) - probs >= top_p[:, None]), float("-inf"))
-            lp = torch.where(nucleus, cut - torch.logsumexp(cut, dim=-1, keepdim=True), lp)
-        else:
-            order = None
-        choice = torch.empty(len(batch), dtype=torch.long)
-        shared = [i for i, r in enumerate(batch) if r.generator is None and r.params.temperature > 0]
-        if shared:
-            choice[shared] = torch.multinomial(lp[shared].exp(), 1, generator=self.generator)[:, 0]
-        for i, r in enumerate(batch):
-            if r.params.temperature == 0:
-                choice[i] = torch.argmax(lp[i])  # after top-p the argmax is still at sorted index 0
-            elif r.generator is not None:
-                choice[i] = torch.multinomial(lp[i].exp(), 1, generator=r.generator)[0]
-        chosen_lp = lp.gather(1, choice[:, None])[:, 0].tolist()
-        tokens = (choice if order is None else order.gather(1, choice[:, None])[:, 0]).tolist()
-        return tokens, chosen_lp
+        return sample(logits, [r.params.temperature for r in batch], [r.params.top_p for r in batch],
+                      [r.generator for r in batch], self.generator)
 
     def _stopped(self, r: Request) -> str | None:
         p = r.params

@@ -1,0 +1,360 @@
+"""A small C kernel for the MoE experts of a decode step, built with the system C compiler and
+called through ctypes.
+
+Why: at decode each expert sees one or two tokens, so `F.grouped_mm` (like `bmm`) becomes a
+loop of tiny GEMM calls that cost ~10 us of dispatch each — 64 per layer for 32 experts, more
+than the arithmetic. This kernel does the whole layer's experts in one call: assignments are
+bucketed by expert, each expert's weights are streamed once for all its tokens, and the gated
+activation and the gate-weighted sum over k (in k order, like the Python path) happen inline.
+
+It needs fp32, silu experts and weights packed transposed (`pack_experts`). Without a C
+compiler, or for other dtypes, `available()` is False and callers use `F.grouped_mm`. The shared
+object is cached under ~/.cache/strop keyed by the source and this CPU's flags (it is built with
+-march=native), so a copy on another machine is never loaded.
+"""
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+_SOURCE = r"""
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+
+typedef float v8 __attribute__((vector_size(32), aligned(4)));  /* unaligned 8-float vectors */
+#define BCAST(s) ((v8){(s), (s), (s), (s), (s), (s), (s), (s)})
+
+static inline float dot(const float *restrict a, const float *restrict b, int64_t n) {
+    v8 acc = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) acc += *(const v8 *)(a + i) * *(const v8 *)(b + i);
+    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* y[r, 0:n] = sum_i a[r, i] * W[i, 0:n] for R <= 2 rows a (stride m) and W [m, n] row-major,
+   n % 8 == 0: 32 outputs per pass with the accumulators in registers, each weight load shared
+   by the rows. */
+static void vecmat(const float *restrict a, int64_t R, const float *restrict W, float *restrict y, int64_t m, int64_t n) {
+    int64_t j = 0;
+    for (; j + 32 <= n; j += 32) {
+        v8 a0[4] = {0}, a1[4] = {0};
+        for (int64_t i = 0; i < m; i++) {
+            const float *w = W + i * n + j;
+            const v8 w0 = *(const v8 *)w, w1 = *(const v8 *)(w + 8), w2 = *(const v8 *)(w + 16), w3 = *(const v8 *)(w + 24);
+            const v8 x0 = BCAST(a[i]);
+            a0[0] += x0 * w0; a0[1] += x0 * w1; a0[2] += x0 * w2; a0[3] += x0 * w3;
+            if (R > 1) {
+                const v8 x1 = BCAST(a[m + i]);
+                a1[0] += x1 * w0; a1[1] += x1 * w1; a1[2] += x1 * w2; a1[3] += x1 * w3;
+            }
+        }
+        for (int b = 0; b < 4; b++) *(v8 *)(y + j + 8 * b) = a0[b];
+        if (R > 1) for (int b = 0; b < 4; b++) *(v8 *)(y + n + j + 8 * b) = a1[b];
+    }
+    for (; j < n; j += 8)
+        for (int64_t r = 0; r < R; r++) {
+            v8 acc = {0};
+            for (int64_t i = 0; i < m; i++) acc += BCAST(a[r * m + i]) * *(const v8 *)(W + i * n + j);
+            *(v8 *)(y + r * n + j) = acc;
+        }
+}
+
+/* h [N,D] += a (when a is not NULL), then out = h * rsqrt(mean(h^2) + eps) * w. */
+void add_rmsnorm(float *restrict h, const float *restrict a, const float *restrict w, float *restrict out,
+                 int64_t N, int64_t D, float eps) {
+    for (int64_t n = 0; n < N; n++) {
+        float *hr = h + n * D;
+        if (a) for (int64_t i = 0; i < D; i++) hr[i] += a[n * D + i];
+        const float r = 1.0f / sqrtf(dot(hr, hr, D) / (float)D + eps);
+        for (int64_t i = 0; i < D; i++) out[n * D + i] = hr[i] * r * w[i];
+    }
+}
+
+/* From the fused projection qkv [N, (nq + 2nk) * d]: RMS-normalise every q and k head (weights
+   wqk [nq + nk, d]), rotate it by the row's position (cos, sin [P, d], sin carrying the
+   rotate-half sign) into qk [N, nq + nk, d], and write k and v into the caches [S, nk, L, d]. */
+void qk_rope_cache(const float *restrict qkv, const float *restrict wqk, const float *restrict cos_t,
+                   const float *restrict sin_t, const int64_t *restrict slots, const int64_t *restrict pos,
+                   float *restrict qk, float *restrict kc, float *restrict vc,
+                   int64_t N, int64_t nq, int64_t nk, int64_t d, int64_t L, float eps) {
+    const int64_t half = d / 2, width = (nq + 2 * nk) * d;
+    float y[d];
+    for (int64_t n = 0; n < N; n++) {
+        const float *row = qkv + n * width, *c = cos_t + pos[n] * d, *s = sin_t + pos[n] * d;
+        for (int64_t hh = 0; hh < nq + nk; hh++) {
+            const float *x = row + hh * d, *w = wqk + hh * d;
+            const float r = 1.0f / sqrtf(dot(x, x, d) / (float)d + eps);
+            for (int64_t i = 0; i < d; i++) y[i] = x[i] * r * w[i];
+            float *dst = qk + (n * (nq + nk) + hh) * d;
+            for (int64_t i = 0; i < d; i++) dst[i] = y[i] * c[i] + y[i < half ? i + half : i - half] * s[i];
+            if (hh >= nq) memcpy(kc + ((slots[n] * nk + hh - nq) * L + pos[n]) * d, dst, d * sizeof(float));
+        }
+        for (int64_t hh = 0; hh < nk; hh++)
+            memcpy(vc + ((slots[n] * nk + hh) * L + pos[n]) * d, row + (nq + nk + hh) * d, d * sizeof(float));
+    }
+}
+
+/* One query row per sequence: q [N, nq, d] (row stride qs floats) attends to keys 0..pos[n] of
+   cache slot slots[n]; query head h reads kv head h / (nq / nk). out [N, nq, d]. */
+void decode_attention(const float *restrict q, int64_t qs, const float *restrict kc, const float *restrict vc,
+                      const int64_t *restrict slots, const int64_t *restrict pos, float *restrict out,
+                      float *restrict sc, int64_t N, int64_t nq, int64_t nk, int64_t d, int64_t L, float scale) {
+    const int64_t g = nq / nk;
+    float acc[d];
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t hh = 0; hh < nq; hh++) {
+            const float *qh = q + n * qs + hh * d;
+            const float *K = kc + (slots[n] * nk + hh / g) * L * d, *V = vc + (slots[n] * nk + hh / g) * L * d;
+            const int64_t T = pos[n] + 1;
+            float m = -INFINITY, sum = 0.0f;
+            for (int64_t t = 0; t < T; t++) {
+                sc[t] = dot(qh, K + t * d, d) * scale;
+                if (sc[t] > m) m = sc[t];
+            }
+            for (int64_t i = 0; i < d; i++) acc[i] = 0.0f;
+            for (int64_t t = 0; t < T; t++) {
+                const float p = expf(sc[t] - m);
+                sum += p;
+                for (int64_t i = 0; i < d; i++) acc[i] += p * V[t * d + i];
+            }
+            float *o = out + (n * nq + hh) * d;
+            for (int64_t i = 0; i < d; i++) o[i] = acc[i] / sum;
+        }
+}
+
+/* Top-p sampling for rows of probabilities p [N, V]. Row n keeps its nucleus (when top_p[n] < 1):
+   the most probable tokens, each kept when the mass ranked strictly above it is < top_p[n]; the
+   smallest kept probability t becomes a threshold and every token with p >= t is kept (ties with
+   it too). The threshold comes from a radix pass: a histogram of mass over the top 12 bits of the
+   float (monotone for p >= 0), then a sort of the one bucket where the mass crosses top_p. Then
+   u[n] in (0, 1] picks a token by inverse CDF over the kept mass in vocabulary order. Outputs:
+   tok[n] and ratio[n] = p[tok] / kept mass. Scratch: buf [V] floats. */
+static int desc_cmp(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+
+void sample_top_p(const float *restrict p, const float *restrict top_p, const float *restrict u,
+                  int64_t *restrict tok, float *restrict ratio, float *restrict buf, int64_t N, int64_t V) {
+    double mass[4096];
+    int64_t count[4096];
+    for (int64_t n = 0; n < N; n++) {
+        const float *row = p + n * V;
+        float t = 0.0f;
+        if (top_p[n] < 1.0f) {
+            memset(mass, 0, sizeof(mass));
+            memset(count, 0, sizeof(count));
+            for (int64_t i = 0; i < V; i++) {
+                uint32_t bits;
+                memcpy(&bits, row + i, 4);
+                mass[bits >> 20] += row[i];
+                count[bits >> 20]++;
+            }
+            double above = 0.0;
+            int64_t b = 4095;
+            for (; b >= 0; b--) {
+                if (above + mass[b] >= top_p[n]) break;
+                above += mass[b];
+            }
+            if (b < 0) {  /* rounding left the whole row under top_p: keep everything */
+                t = 0.0f;
+            } else {
+                int64_t m = 0;
+                for (int64_t i = 0; i < V; i++) {
+                    uint32_t bits;
+                    memcpy(&bits, row + i, 4);
+                    if ((int64_t)(bits >> 20) == b) buf[m++] = row[i];
+                }
+                qsort(buf, m, sizeof(float), desc_cmp);
+                t = buf[0];
+                for (int64_t j = 0; j < m && above < top_p[n]; j++) {
+                    t = buf[j];
+                    above += buf[j];
+                }
+            }
+        }
+        float total = 0.0f;
+        for (int64_t i = 0; i < V; i++) if (row[i] >= t) total += row[i];
+        const float target = u[n] * total;
+        float c = 0.0f;
+        int64_t pick = -1, last = 0;
+        for (int64_t i = 0; i < V; i++) {
+            if (row[i] < t || row[i] <= 0.0f) continue;
+            last = i;
+            c += row[i];
+            if (c >= target) { pick = i; break; }
+        }
+        if (pick < 0) pick = last;  /* target rounded above the running sum: the last kept token */
+        tok[n] = pick;
+        ratio[n] = row[pick] / total;
+    }
+}
+
+/* x [N,H]; ids, w [N,K] (expert ids, gate weights); gu [E,H,2I] and dn [E,I,H] (transposed
+   projections); out [N,H]. Scratch: hbuf [2, 2I], ybuf [N*K,H], order [N*K], start [E+1]. H and
+   I are multiples of 8. Assignments go expert by expert, two at a time, so each expert's weights
+   are read once per pair and stay in cache for all its tokens. */
+void moe_experts(const float *restrict x, const int64_t *restrict ids, const float *restrict w,
+                 const float *restrict gu, const float *restrict dn, float *restrict out,
+                 float *restrict hbuf, float *restrict ybuf, int64_t *restrict order, int64_t *restrict start,
+                 int64_t N, int64_t K, int64_t E, int64_t H, int64_t I) {
+    const int64_t A = N * K, I2 = 2 * I;
+    float xin[2 * H], act[2 * I], yout[2 * H];
+    memset(start, 0, (E + 1) * sizeof(int64_t));
+    for (int64_t a = 0; a < A; a++) start[ids[a] + 1]++;
+    for (int64_t e = 0; e < E; e++) start[e + 1] += start[e];
+    for (int64_t a = 0; a < A; a++) order[start[ids[a]]++] = a;  /* counting sort by expert */
+    for (int64_t r = 0; r < A;) {
+        const int64_t a0 = order[r], e = ids[a0];
+        const int64_t R = (r + 1 < A && ids[order[r + 1]] == e) ? 2 : 1;
+        for (int64_t q = 0; q < R; q++) memcpy(xin + q * H, x + (order[r + q] / K) * H, H * sizeof(float));
+        vecmat(xin, R, gu + e * H * I2, hbuf, H, I2);
+        for (int64_t q = 0; q < R; q++)
+            for (int64_t i = 0; i < I; i++) {
+                const float g = hbuf[q * I2 + i];
+                act[q * I + i] = g / (1.0f + expf(-g)) * hbuf[q * I2 + I + i];
+            }
+        vecmat(act, R, dn + e * I * H, yout, I, H);
+        for (int64_t q = 0; q < R; q++) memcpy(ybuf + order[r + q] * H, yout + q * H, H * sizeof(float));
+        r += R;
+    }
+    for (int64_t n = 0; n < N; n++) {  /* gate-weighted sum over k, in k order */
+        float *on = out + n * H;
+        for (int64_t o = 0; o < H; o++) on[o] = 0.0f;
+        for (int64_t k = 0; k < K; k++) {
+            const float wk = w[n * K + k], *yr = ybuf + (n * K + k) * H;
+            for (int64_t o = 0; o < H; o++) on[o] += wk * yr[o];
+        }
+    }
+}
+"""
+
+_lib: ctypes.CDLL | None = None
+_tried = False
+
+
+def _cpu_key() -> str:
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        flags = ""
+    return hashlib.sha256((_SOURCE + flags).encode()).hexdigest()[:16]
+
+
+def _build() -> ctypes.CDLL | None:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None or os.environ.get("STROP_NO_KERNELS"):
+        return None
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "strop"
+    so = cache / f"moe_{_cpu_key()}.so"
+    if not so.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory() as d:
+            src, tmp = Path(d) / "moe.c", Path(d) / "moe.so"
+            src.write_text(_SOURCE)
+            r = subprocess.run([cc, "-O3", "-march=native", "-shared", "-fPIC", str(src), "-o", str(tmp), "-lm"],
+                               capture_output=True, timeout=120)
+            if r.returncode != 0:
+                return None
+            os.replace(tmp, so)  # atomic: concurrent builders never load a half-written file
+    lib = ctypes.CDLL(str(so))
+    P, I64, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+    for name, args in (("add_rmsnorm", [P] * 4 + [I64] * 2 + [F32]),
+                       ("qk_rope_cache", [P] * 9 + [I64] * 5 + [F32]),
+                       ("decode_attention", [P, I64] + [P] * 6 + [I64] * 5 + [F32]),
+                       ("moe_experts", [P] * 10 + [I64] * 5),
+                       ("sample_top_p", [P] * 6 + [I64] * 2)):
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = None, args
+    return lib
+
+
+def available() -> bool:
+    """Whether the compiled kernel can be used (built on first call)."""
+    global _lib, _tried
+    if not _tried:
+        _tried = True
+        try:
+            _lib = _build()
+        except (OSError, subprocess.SubprocessError):
+            _lib = None
+    return _lib is not None
+
+
+def sample_top_p(probs: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token [N], p[token] / kept mass [N]) for probability rows [N, V], top_p [N] and u [N] in (0, 1]."""
+    N, V = probs.shape
+    tok, ratio, scratch = torch.empty(N, dtype=torch.int64), torch.empty(N), torch.empty(V)  # all alive across the call
+    _lib.sample_top_p(probs.data_ptr(), top_p.data_ptr(), u.data_ptr(), tok.data_ptr(), ratio.data_ptr(),
+                      scratch.data_ptr(), N, V)
+    return tok, ratio
+
+
+def pack_experts(experts) -> tuple[torch.Tensor, torch.Tensor]:
+    """(gate_up [E, H, 2I], down [E, I, H]): the HF expert weights transposed, contiguous."""
+    return (experts.gate_up_proj.detach().transpose(1, 2).contiguous(),
+            experts.down_proj.detach().transpose(1, 2).contiguous())
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def add_rmsnorm(h: torch.Tensor, a: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """h += a in place (a may be None), then RMSNorm(h) * weight as a new [N, D] tensor."""
+    N, D = h.shape
+    out = torch.empty_like(h)
+    _lib.add_rmsnorm(h.data_ptr(), _ptr(a), weight.data_ptr(), out.data_ptr(), N, D, eps)
+    return out
+
+
+def qk_rope_cache(qkv: torch.Tensor, qk_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  slots: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  n_q: int, eps: float) -> torch.Tensor:
+    """Per-head RMSNorm and rotation of q and k from the fused projection `qkv` [N, (nq + 2nk) d];
+    k and v written into the caches [S, nk, L, d] at (slot, position). Returns qk [N, nq + nk, d]."""
+    _, n_k, L, d = k_cache.shape
+    N = qkv.shape[0]
+    qk = torch.empty(N, n_q + n_k, d)
+    _lib.qk_rope_cache(qkv.data_ptr(), qk_weight.data_ptr(), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
+                       positions.data_ptr(), qk.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), N, n_q, n_k, d, L, eps)
+    return qk
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+                     positions: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [N, nq, d] (rows may be strided) against each row's cached keys 0..position: [N, nq, d]."""
+    _, n_k, L, d = k_cache.shape
+    N, n_q = q.shape[0], q.shape[1]
+    assert q.stride(2) == 1 and q.stride(1) == d
+    out = torch.empty(N, n_q, d)
+    scores = torch.empty(L)
+    _lib.decode_attention(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
+                          positions.data_ptr(), out.data_ptr(), scores.data_ptr(), N, n_q, n_k, d, L, scale)
+    return out
+
+
+def moe_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor,
+                down: torch.Tensor) -> torch.Tensor:
+    """sum_k weights[n, k] * down(silu(gate) * up)(x[n]) through expert ids[n, k]: [N, H] fp32."""
+    assert _lib is not None and x.dtype == torch.float32
+    x, w = x.contiguous(), weights.float().contiguous()
+    ids = ids.to(torch.int64).contiguous()
+    N, K = ids.shape
+    E, H, I2 = gate_up.shape
+    out = torch.empty(N, H)
+    hbuf, ybuf = torch.empty(2 * I2), torch.empty(N * K, H)
+    order, start = torch.empty(N * K, dtype=torch.int64), torch.empty(E + 1, dtype=torch.int64)
+    _lib.moe_experts(x.data_ptr(), ids.data_ptr(), w.data_ptr(), gate_up.data_ptr(), down.data_ptr(),
+                     out.data_ptr(), hbuf.data_ptr(), ybuf.data_ptr(), order.data_ptr(), start.data_ptr(),
+                     N, K, E, H, I2 // 2)
+    return out
