@@ -97,12 +97,25 @@ def choose_bound(old: np.ndarray, new: np.ndarray, mant: int, exp_bits: int) -> 
     return int(live[i]) if i else None
 
 
-def _low_class(old: np.ndarray, bound: int, mant: int, buf: np.ndarray) -> np.ndarray:
-    """Sorted positions of the low class's members (old exponent below `bound`); leaves their
-    mask in buf[:len(old)] (a `bits.mask_buffer`)."""
+CHUNK = 1 << 18  # elements per step of `_low_class`: its temporaries stay in cache
+
+
+def _low_class(old: np.ndarray, bound: int, mant: int) -> np.ndarray:
+    """Sorted positions of the low class's members (old exponent below `bound`), a chunk at a
+    time: whole-tensor temporaries would cost more in fresh pages than the compare itself."""
     n = len(old)
-    np.less(old & old.dtype.type((1 << (old.itemsize * 8 - 1)) - 1), old.dtype.type(bound << mant), out=buf[:n])
-    return nonzero(buf, n)
+    absmask, t = old.dtype.type((1 << (old.itemsize * 8 - 1)) - 1), old.dtype.type(bound << mant)
+    a = np.empty(min(n, CHUNK), dtype=old.dtype)
+    mask = mask_buffer(min(n, CHUNK))
+    parts = []
+    for s in range(0, n, CHUNK):
+        k = min(CHUNK, n - s)
+        np.bitwise_and(old[s : s + k], absmask, out=a[:k])
+        np.less(a[:k], t, out=mask[:k])
+        found = nonzero(mask, k)
+        found += s
+        parts.append(found)
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def _encode_class(coords: np.ndarray, pos: np.ndarray, old: np.ndarray, new: np.ndarray) -> list[bytes]:
@@ -114,9 +127,9 @@ def _encode_class(coords: np.ndarray, pos: np.ndarray, old: np.ndarray, new: np.
     out = [rice_encode(gaps(coords), int(coords[-1]) - m + 1)]
     d = to_ordinal(new[pos])
     d -= to_ordinal(old[pos])  # the step modulo 2^bits
-    sign = d >> (d.itemsize * 8 - 1)  # 1 for a negative step
-    out.append(np.packbits(sign).tobytes())
-    np.negative(sign, out=sign)  # 0 or all ones: |d| = (d ^ sign) - sign, branch-free
+    neg = d > d.dtype.type((1 << (d.itemsize * 8 - 1)) - 1)  # a negative step
+    out.append(np.packbits(neg).tobytes())
+    sign = neg * d.dtype.type(-1 & ((1 << d.itemsize * 8) - 1))  # 0 or all ones: |d| = (d ^ sign) - sign
     d ^= sign
     d -= sign
     esc = np.flatnonzero(d != 1)  # |step| > 1
@@ -140,11 +153,10 @@ def encode_delta(old: np.ndarray, new: np.ndarray, dtype: str, changed: np.ndarr
     bound = choose_bound(old, new, mant, exp_bits)
     if bound is None:
         return b"".join([varint(0), *_encode_class(top := nonzero(changed, n, m), top, old, new)])
-    low = mask_buffer(n)
-    members = _low_class(old, bound, mant, low)
+    members = _low_class(old, bound, mant)
     ranks = np.flatnonzero(changed[members])
     parts = [varint(1), varint(bound), *_encode_class(ranks, members[ranks], old, new)]
-    np.greater(changed[:n], low[:n], out=changed[:n])  # changed and not low: the top class
+    changed[members[ranks]] = False  # what is left changed is the top class
     top = nonzero(changed, n, None if m is None else m - len(ranks))
     parts += _encode_class(top, top, old, new)
     return b"".join(parts)
@@ -186,7 +198,7 @@ def decode_delta(old: np.ndarray, payload: bytes | memoryview, dtype: str) -> tu
         bound = r.varint()
         if bound >= 1 << exp_bits:
             raise ValueError("corrupt delta: bad class bound")
-        pos, d = _decode_class(r, old, _low_class(old, bound, mant, mask_buffer(len(old))))
+        pos, d = _decode_class(r, old, _low_class(old, bound, mant))
         top, d_top = _decode_class(r, old, None)
         if len(top):
             pos, d = np.concatenate([pos, top]), np.concatenate([d, d_top])
