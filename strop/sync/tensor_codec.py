@@ -30,7 +30,7 @@ from strop.sync.bits import BitReader, gaps, mask_buffer, nonzero, positions, ri
 # safetensors dtype -> (mantissa bits, exponent bits); only these get deltas
 FLOATS: dict[str, tuple[int, int]] = {"BF16": (7, 8), "F16": (10, 5), "F32": (23, 8)}
 CLASS_COST_BITS = 256  # header bytes plus the extra passes, priced as bits
-SAMPLE = 1 << 16  # elements sampled to estimate the exponent histograms (plenty to place 2 bounds)
+SAMPLE = 1 << 14  # elements sampled to estimate the exponent histograms (enough to place one bound)
 DENSE = 0.4  # above this fraction of changed elements a full copy is usually smaller
 
 
@@ -118,15 +118,40 @@ def _low_class(old: np.ndarray, bound: int, mant: int) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
-def _encode_class(coords: np.ndarray, pos: np.ndarray, old: np.ndarray, new: np.ndarray) -> list[bytes]:
+def _low_ranks(old: np.ndarray, bound: int, mant: int, pos: np.ndarray) -> np.ndarray:
+    """For sorted positions of low-class elements, their ranks among the low class's members:
+    a packed bitmap of the class (a chunk at a time), prefix popcounts per 64-bit word, and a
+    popcount within each position's word. Cheaper than listing the members when most of the
+    tensor is not in the class."""
+    n = len(old)
+    absmask, t = old.dtype.type((1 << (old.itemsize * 8 - 1)) - 1), old.dtype.type(bound << mant)
+    packed = np.zeros((n + 63) // 64 * 8, dtype=np.uint8)
+    a = np.empty(min(n, CHUNK), dtype=old.dtype)
+    mask = np.empty(min(n, CHUNK), dtype=bool)
+    for s in range(0, n, CHUNK):  # CHUNK is a multiple of 8: chunks pack to whole bytes
+        k = min(CHUNK, n - s)
+        np.bitwise_and(old[s : s + k], absmask, out=a[:k])
+        np.less(a[:k], t, out=mask[:k])
+        packed[s // 8 : s // 8 + (k + 7) // 8] = np.packbits(mask[:k], bitorder="little")
+    words = packed.view(np.uint64)  # bit j of word w: element 64w + j (little-endian)
+    before = np.zeros(len(words), dtype=np.int64)
+    np.cumsum(np.bitwise_count(words)[:-1], out=before[1:])
+    w = pos >> 6
+    below = np.left_shift(np.uint64(1), (pos & 63).astype(np.uint64))
+    below -= np.uint64(1)
+    below &= words[w]
+    ranks = np.bitwise_count(below).astype(np.int64)
+    ranks += before[w]
+    return ranks
+
+
+def _encode_class(coords: np.ndarray, d: np.ndarray) -> list[bytes]:
     """One class's changes: gaps between their `coords` (class ranks, or positions for the top
-    class), then signs and sizes of the ordinal steps at tensor positions `pos`."""
+    class), then signs and sizes of their ordinal steps `d` (overwritten)."""
     m = len(coords)
     if not m:
         return [rice_encode(coords)]
     out = [rice_encode(gaps(coords), int(coords[-1]) - m + 1)]
-    d = to_ordinal(new[pos])
-    d -= to_ordinal(old[pos])  # the step modulo 2^bits
     neg = d > d.dtype.type((1 << (d.itemsize * 8 - 1)) - 1)  # a negative step
     out.append(np.packbits(neg).tobytes())
     sign = neg * d.dtype.type(-1 & ((1 << d.itemsize * 8) - 1))  # 0 or all ones: |d| = (d ^ sign) - sign
@@ -143,23 +168,25 @@ def _encode_class(coords: np.ndarray, pos: np.ndarray, old: np.ndarray, new: np.
 def encode_delta(old: np.ndarray, new: np.ndarray, dtype: str, changed: np.ndarray | None = None,
                  m: int | None = None) -> bytes:
     """Delta payload turning `old` into `new` (flat unsigned views of one float dtype).
-    `changed` may pass the caller's `old != new` in a `bits.mask_buffer` (it is overwritten),
-    and `m` its count."""
+    `changed` may pass the caller's `old != new` in a `bits.mask_buffer`, and `m` its count."""
     mant, exp_bits = FLOATS[dtype]
     n = len(old)
     if changed is None:
         changed = mask_buffer(n)
         np.not_equal(old, new, out=changed[:n])
+    pos = nonzero(changed, n, m)
+    ov = old[pos]
+    d = to_ordinal(new[pos])
+    d -= to_ordinal(ov)  # the steps modulo 2^bits
     bound = choose_bound(old, new, mant, exp_bits)
     if bound is None:
-        return b"".join([varint(0), *_encode_class(top := nonzero(changed, n, m), top, old, new)])
-    members = _low_class(old, bound, mant)
-    ranks = np.flatnonzero(changed[members])
-    parts = [varint(1), varint(bound), *_encode_class(ranks, members[ranks], old, new)]
-    changed[members[ranks]] = False  # what is left changed is the top class
-    top = nonzero(changed, n, None if m is None else m - len(ranks))
-    parts += _encode_class(top, top, old, new)
-    return b"".join(parts)
+        return b"".join([varint(0), *_encode_class(pos, d)])
+    ov &= ov.dtype.type((1 << (ov.itemsize * 8 - 1)) - 1)
+    low = ov < ov.dtype.type(bound << mant)
+    top = ~low
+    ranks = _low_ranks(old, bound, mant, np.compress(low, pos))
+    return b"".join([varint(1), varint(bound), *_encode_class(ranks, np.compress(low, d)),
+                     *_encode_class(np.compress(top, pos), np.compress(top, d))])
 
 
 def _decode_class(r: BitReader, old: np.ndarray, members: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
