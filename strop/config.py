@@ -152,6 +152,7 @@ class RolloutSection:
     ckpt_every: int = opt(1, "checkpoint the whole run every N steps", ge=1)
     eval_difficulties: list[int] = opt([1, 2], "held-out difficulties evaluated")
     eval_episodes: int = opt(200, "held-out episodes per evaluated difficulty", ge=1)
+    eval_temperature: float = opt(0.0, "sampling temperature of held-out evaluation; 0 = greedy", ge=0)
 
 
 @dataclass

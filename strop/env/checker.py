@@ -15,7 +15,8 @@ Order matters, because every step closes a way to game the reward:
 
 Timeouts, crashes, missing or malformed reports give reward 0 with a `reason`; `check` never
 raises. The perturbed run (same steps, `task.perturbed_tests` in place of the hidden tests)
-is reported separately for the hack monitor and does not change the reward.
+is reported separately for the hack monitor and does not change the reward; it runs only when
+the hidden tests gave reward (special-casing test inputs matters only when it paid).
 """
 
 import fnmatch
@@ -170,7 +171,7 @@ def check(task: Task, changes: dict[str, bytes | str | None], mode: Mode = "bina
     limits = limits or Limits(timeout_s=TEST_TIMEOUT_S)
     try:
         score = _run(task, kept, task.hidden_tests, task.metadata.get("n_tests", 0), mode, limits)
-        if perturbed and task.perturbed_tests:
+        if perturbed and task.perturbed_tests and score.reward > 0:  # special-casing only matters if it paid
             other = _run(task, kept, task.perturbed_tests, task.metadata.get("n_perturbed_tests", 0), mode, limits)
             score.perturbed_reward, score.perturbed_reason = other.reward, other.reason
     except Exception as e:  # the process boundary of scoring: a broken run is reward 0, never a crash

@@ -1,9 +1,9 @@
 """Held-out evaluation: solve rate of a policy on eval-split tasks, with a 95% Wilson interval,
 overall and per difficulty.
 
-One episode per task, greedy, through the same harness, sandbox and checker as training (the
-one code path). The policy runs in an in-process engine shared by `workers` threads, so their
-turns decode as one batch.
+One episode per task (greedy unless `rollout.eval_temperature` says otherwise) through the same
+harness, sandbox and checker as training (the one code path). The policy runs in an in-process
+engine shared by `workers` threads, so their turns decode as one batch.
 """
 
 import json
@@ -58,7 +58,7 @@ def evaluate(cfg: Config, policy_dir: str, tasks: list[Task] | None = None, prog
     tasks = eval_tasks(cfg) if tasks is None else tasks
     r = cfg.rollout
     engine = Engine.from_checkpoint(policy_dir, max_batch=r.engine_batch, max_len=r.max_context, seed=cfg.run.seed)
-    harness = Harness(engine.tokenizer, replace(harness_config(r), temperature=0.0))
+    harness = Harness(engine.tokenizer, replace(harness_config(r), temperature=r.eval_temperature))
     limits = sandbox_limits(r)
     t0 = time.perf_counter()
     engine.start()
