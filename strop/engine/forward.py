@@ -119,10 +119,10 @@ class Forward:
             self._packed = {id(b.experts): kernels.pack_experts(b.experts) for b in self.blocks if self._kernel_fits(b.experts)}
 
     def _kernel_fits(self, experts) -> bool:
-        """Whether `kernels.moe_experts` computes these experts: fp32, silu, widths a multiple of 8."""
+        """Whether `kernels.moe_experts` computes these experts: fp32, silu, widths a multiple of 32."""
         E, I2, H = experts.gate_up_proj.shape
         return (kernels.available() and experts.gate_up_proj.dtype == torch.float32 and self.cfg.hidden_act == "silu"
-                and H % 8 == 0 and I2 % 16 == 0 and not getattr(experts, "has_bias", False))
+                and H % 32 == 0 and I2 % 64 == 0 and not getattr(experts, "has_bias", False))
 
     def _norm(self, mod, x):
         """An HF RMSNorm module: itself in deterministic mode (the trainer's exact ops), else fused."""
@@ -138,8 +138,12 @@ class Forward:
         lens = [len(s.tokens) for s in segments]
         for s, n in zip(segments, lens):
             assert s.start + n <= self.max_len, "sequence longer than the KV cache"
-        positions = torch.cat([torch.arange(s.start, s.start + n) for s, n in zip(segments, lens)])
-        slots = torch.cat([torch.full((n,), s.slot) for s, n in zip(segments, lens)])
+        if all(n == 1 for n in lens):  # a pure decode step: one row per segment, no per-segment tensors
+            positions = torch.tensor([s.start for s in segments])
+            slots = torch.tensor([s.slot for s in segments])
+        else:
+            positions = torch.cat([torch.arange(s.start, s.start + n) for s, n in zip(segments, lens)])
+            slots = torch.cat([torch.full((n,), s.slot) for s, n in zip(segments, lens)])
         firsts = [0]
         for n in lens[:-1]:
             firsts.append(firsts[-1] + n)
@@ -147,7 +151,7 @@ class Forward:
         rows = dsl = dpos = None
         dlen = 0
         if dec:
-            rows = torch.tensor([firsts[i] for i in dec])
+            rows = torch.tensor([firsts[i] for i in dec]) if len(dec) < len(segments) else torch.arange(len(dec))
             slot_list = [segments[i].slot for i in dec]
             s0 = slot_list[0]
             contiguous = slot_list == list(range(s0, s0 + len(dec)))

@@ -25,6 +25,7 @@ import torch
 
 _SOURCE = r"""
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <math.h>
 
@@ -40,15 +41,15 @@ static inline float dot(const float *restrict a, const float *restrict b, int64_
     return s;
 }
 
-/* y[r, 0:n] = sum_i a[r, i] * W[i, 0:n] for R <= 2 rows a (stride m) and W [m, n] row-major,
-   n % 8 == 0: 32 outputs per pass with the accumulators in registers, each weight load shared
-   by the rows. */
+/* y[r, 0:n] = sum_i a[r, i] * W[i, 0:n] for R <= 2 rows a (stride m), with W [m, n] stored in
+   column blocks [n / 32, m, 32] (n % 32 == 0) so each pass streams one contiguous block: 32
+   outputs per pass, the accumulators in registers, each weight load shared by the rows. */
 static void vecmat(const float *restrict a, int64_t R, const float *restrict W, float *restrict y, int64_t m, int64_t n) {
-    int64_t j = 0;
-    for (; j + 32 <= n; j += 32) {
+    for (int64_t j = 0; j < n; j += 32) {
+        const float *blk = W + j * m;
         v8 a0[4] = {0}, a1[4] = {0};
         for (int64_t i = 0; i < m; i++) {
-            const float *w = W + i * n + j;
+            const float *w = blk + i * 32;
             const v8 w0 = *(const v8 *)w, w1 = *(const v8 *)(w + 8), w2 = *(const v8 *)(w + 16), w3 = *(const v8 *)(w + 24);
             const v8 x0 = BCAST(a[i]);
             a0[0] += x0 * w0; a0[1] += x0 * w1; a0[2] += x0 * w2; a0[3] += x0 * w3;
@@ -60,12 +61,6 @@ static void vecmat(const float *restrict a, int64_t R, const float *restrict W, 
         for (int b = 0; b < 4; b++) *(v8 *)(y + j + 8 * b) = a0[b];
         if (R > 1) for (int b = 0; b < 4; b++) *(v8 *)(y + n + j + 8 * b) = a1[b];
     }
-    for (; j < n; j += 8)
-        for (int64_t r = 0; r < R; r++) {
-            v8 acc = {0};
-            for (int64_t i = 0; i < m; i++) acc += BCAST(a[r * m + i]) * *(const v8 *)(W + i * n + j);
-            *(v8 *)(y + r * n + j) = acc;
-        }
 }
 
 /* h [N,D] += a (when a is not NULL), then out = h * rsqrt(mean(h^2) + eps) * w. */
@@ -134,46 +129,70 @@ void decode_attention(const float *restrict q, int64_t qs, const float *restrict
 /* Top-p sampling for rows of probabilities p [N, V]. Row n keeps its nucleus (when top_p[n] < 1):
    the most probable tokens, each kept when the mass ranked strictly above it is < top_p[n]; the
    smallest kept probability t becomes a threshold and every token with p >= t is kept (ties with
-   it too). The threshold comes from a radix pass: a histogram of mass over the top 12 bits of the
-   float (monotone for p >= 0), then a sort of the one bucket where the mass crosses top_p. Then
-   u[n] in (0, 1] picks a token by inverse CDF over the kept mass in vocabulary order. Outputs:
-   tok[n] and ratio[n] = p[tok] / kept mass. Scratch: buf [V] floats. */
+   it too). The threshold comes from a radix select over the float bits (monotone for p >= 0):
+   a histogram of mass over the top 8 bits, then over the next 8 inside the bucket where the mass
+   crosses top_p, and once more, then a sort of the few values left. Then u[n] in (0, 1] picks a token
+   by inverse CDF over the kept mass in vocabulary order. Outputs: tok[n] and
+   ratio[n] = p[tok] / kept mass. Scratch: buf [V] floats. */
 static int desc_cmp(const void *a, const void *b) {
     const float x = *(const float *)a, y = *(const float *)b;
     return (x < y) - (x > y);
 }
 
+static inline uint32_t fbits(float x) {
+    uint32_t b;
+    memcpy(&b, &x, 4);
+    return b;
+}
+
+/* Over the values whose bits >> (shift + 8) equal `prefix`, histogram mass by the next 8 bits
+   (four interleaved histograms, so equal buckets do not chain their adds) and return the highest
+   bucket where above + its mass reaches top_p, advancing above past the buckets over it. When
+   rounding leaves no such bucket, the lowest non-empty one is returned with above before it. */
+static int64_t crossing(const float *row, int64_t V, int shift, uint64_t prefix, double top_p, double *above) {
+    double mass[4][256];
+    memset(mass, 0, sizeof(mass));
+    int64_t i = 0;
+    for (; i + 4 <= V; i += 4)
+        for (int j = 0; j < 4; j++) {
+            const uint64_t b = fbits(row[i + j]);
+            if ((b >> (shift + 8)) == prefix) mass[j][(b >> shift) & 0xFF] += row[i + j];
+        }
+    for (; i < V; i++) {
+        const uint64_t b = fbits(row[i]);
+        if ((b >> (shift + 8)) == prefix) mass[0][(b >> shift) & 0xFF] += row[i];
+    }
+    int64_t low = -1;
+    double low_mass = 0.0;
+    for (int64_t k = 255; k >= 0; k--) {
+        const double m = (mass[0][k] + mass[1][k]) + (mass[2][k] + mass[3][k]);
+        if (m == 0.0) continue;
+        if (*above + m >= top_p) return k;
+        *above += m;
+        low = k;
+        low_mass = m;
+    }
+    *above -= low_mass;
+    return low;
+}
+
 void sample_top_p(const float *restrict p, const float *restrict top_p, const float *restrict u,
                   int64_t *restrict tok, float *restrict ratio, float *restrict buf, int64_t N, int64_t V) {
-    double mass[4096];
-    int64_t count[4096];
     for (int64_t n = 0; n < N; n++) {
         const float *row = p + n * V;
         float t = 0.0f;
         if (top_p[n] < 1.0f) {
-            memset(mass, 0, sizeof(mass));
-            memset(count, 0, sizeof(count));
-            for (int64_t i = 0; i < V; i++) {
-                uint32_t bits;
-                memcpy(&bits, row + i, 4);
-                mass[bits >> 20] += row[i];
-                count[bits >> 20]++;
-            }
             double above = 0.0;
-            int64_t b = 4095;
-            for (; b >= 0; b--) {
-                if (above + mass[b] >= top_p[n]) break;
-                above += mass[b];
+            uint64_t prefix = 0;
+            int64_t b = 0;
+            for (int shift = 24; shift >= 8 && b >= 0; shift -= 8) {  /* three 8-bit radix levels */
+                b = crossing(row, V, shift, prefix, top_p[n], &above);
+                prefix = (prefix << 8) | (uint64_t)b;
             }
-            if (b < 0) {  /* rounding left the whole row under top_p: keep everything */
-                t = 0.0f;
-            } else {
+            if (b >= 0) {  /* the values sharing the crossing's top 24 bits: few, sorted */
                 int64_t m = 0;
-                for (int64_t i = 0; i < V; i++) {
-                    uint32_t bits;
-                    memcpy(&bits, row + i, 4);
-                    if ((int64_t)(bits >> 20) == b) buf[m++] = row[i];
-                }
+                for (int64_t i = 0; i < V; i++)
+                    if ((fbits(row[i]) >> 8) == prefix) buf[m++] = row[i];
                 qsort(buf, m, sizeof(float), desc_cmp);
                 t = buf[0];
                 for (int64_t j = 0; j < m && above < top_p[n]; j++) {
@@ -300,9 +319,13 @@ def sample_top_p(probs: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor) -> t
 
 
 def pack_experts(experts) -> tuple[torch.Tensor, torch.Tensor]:
-    """(gate_up [E, H, 2I], down [E, I, H]): the HF expert weights transposed, contiguous."""
-    return (experts.gate_up_proj.detach().transpose(1, 2).contiguous(),
-            experts.down_proj.detach().transpose(1, 2).contiguous())
+    """The HF expert weights in the kernel's layout: each projection transposed to [E, in, out],
+    then cut into 32-output column blocks [E, out / 32, in, 32] (see `vecmat`)."""
+    def blocked(w: torch.Tensor) -> torch.Tensor:  # [E, out, in] -> [E, out / 32, in, 32]
+        E, n_out, n_in = w.shape
+        return w.detach().transpose(1, 2).reshape(E, n_in, n_out // 32, 32).permute(0, 2, 1, 3).contiguous()
+
+    return blocked(experts.gate_up_proj), blocked(experts.down_proj)
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -350,7 +373,8 @@ def moe_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     x, w = x.contiguous(), weights.float().contiguous()
     ids = ids.to(torch.int64).contiguous()
     N, K = ids.shape
-    E, H, I2 = gate_up.shape
+    E, I2 = gate_up.shape[0], gate_up.shape[1] * 32
+    H = down.shape[1] * 32
     out = torch.empty(N, H)
     hbuf, ybuf = torch.empty(2 * I2), torch.empty(N * K, H)
     order, start = torch.empty(N * K, dtype=torch.int64), torch.empty(E + 1, dtype=torch.int64)

@@ -31,8 +31,7 @@ def sample(logits: torch.Tensor, temperature: list[float], top_p: list[float],
     logits = logits.float()  # sampling math in fp32 whatever the serving dtype (as the trainer's logprobs)
     if any(t not in (0, 1) for t in temperature):
         logits = logits / torch.tensor([t or 1.0 for t in temperature])[:, None]
-    lp = torch.log_softmax(logits, dim=-1)
-    probs = lp.exp()
+    probs = torch.softmax(logits, dim=-1)
     # One uniform in (0, 1] per row, drawn as 1 - U[0, 1): u * kept mass lies in (0, mass], so the
     # first token whose running mass reaches it has nonzero kept probability.
     u = torch.empty(B)
@@ -51,11 +50,13 @@ def sample(logits: torch.Tensor, temperature: list[float], top_p: list[float],
     greedy = [i for i, t in enumerate(temperature) if t == 0]
     if greedy:  # the argmax is always inside the nucleus
         g = torch.tensor(greedy)
-        choice[g] = lp[g].argmax(-1)
+        choice[g] = logits[g].argmax(-1)
         ratio[g] = probs[g].gather(1, choice[g, None])[:, 0] / _kept_mass(probs[g], top[g])
-    chosen = lp.gather(1, choice[:, None])[:, 0]
-    nucleus = top < 1  # log(p / kept mass): exactly 0 when the nucleus is one token
-    chosen = torch.where(nucleus, ratio.log(), chosen)
+    chosen = ratio.log()  # log(p / kept mass): exactly 0 when the nucleus is one token
+    full = [i for i, p in enumerate(top_p) if p >= 1]
+    if full:  # no truncation: the log-softmax itself, as the trainer computes it
+        f = torch.tensor(full)
+        chosen[f] = torch.log_softmax(logits[f], dim=-1).gather(1, choice[f, None])[:, 0]
     return choice.tolist(), chosen.tolist()
 
 
