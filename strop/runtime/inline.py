@@ -32,6 +32,7 @@ from strop.engine.policy_client import EnginePolicy
 from strop.rl.rollout import RolloutLost, WorkItem, harness_config, rollout, sandbox_limits
 from strop.rl.trainer import RLTrainer
 from strop.rl.trajectory import Trajectory
+from strop.sync.publisher import DeltaPublisher
 from strop.threads import set_threads
 
 Result = tuple[WorkItem, Trajectory | None, str | None]  # (item, trajectory, why it was lost)
@@ -157,7 +158,8 @@ class InlineRuntime:
         else:
             pin(cpus.trainer if cpus else None)
             self.trainer = RLTrainer(load_model(policy_dir), cfg.rl, pad_id=pad_id, publish=self._publish, replay_ctx=replay_ctx)
-        start = self.trainer.bf16_state_dict()
+        self.publisher = DeltaPublisher()
+        start, _ = self.publisher.publish(0, self.trainer.bf16_state_dict())  # the base of the first delta
         self.engines: list[TimedEngine] = []
         for i in range(r.engines):
             engine = TimedEngine(load_model(policy_dir), self.tokenizer, max_batch=r.engine_batch, max_len=r.max_context,
@@ -197,8 +199,10 @@ class InlineRuntime:
         return self.trainer.step(samples)
 
     def _publish(self, version: int, state: dict[str, torch.Tensor]) -> None:
+        """Ship `state` to every engine as a delta against the last published version."""
+        state, nbytes = self.publisher.publish(version, state)
         self._updates = [e.update_weights(tensors=state, version=version) for e in self.engines]
-        self.bytes_synced += snapshot_bytes(state) * len(self.engines)
+        self.bytes_synced += nbytes * len(self.engines)
 
     def wait_synced(self) -> None:
         """Block until every engine serves the last published version."""
@@ -214,6 +218,7 @@ class InlineRuntime:
 
     def load_state_dict(self, state: dict) -> None:
         self.trainer.load_state_dict(state)
+        self.publisher.reset()  # the engines get the resumed weights whole
         self._publish(self.trainer.version, self.trainer.bf16_state_dict())
         self.wait_synced()
 
