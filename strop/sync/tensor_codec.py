@@ -15,7 +15,7 @@ changed and *by how much*, in terms the receiver can predict from what it holds:
   plain position, which costs log2(1/its share) ≈ 0.1-0.3 bits a change and spares a
   member list of most of the tensor.
 - **By how much.** Each change is a signed step in the monotone integer order of the float
-  format ("ordinal space"): almost all steps are ±1 ulp. Per class: a sign bit per change,
+  format ("ordinal space", `order_key`): almost all steps are ±1 ulp. Per class: a sign bit per change,
   the positions of the rare |step| > 1 as Rice-coded gaps, and their sizes Rice-coded.
 
 Steps are taken modulo 2^bits, so every bit pattern (NaN, inf, -0) round-trips exactly.
@@ -34,23 +34,13 @@ SAMPLE = 1 << 14  # elements sampled to estimate the exponent histograms (enough
 DENSE = 0.4  # above this fraction of changed elements a full copy is usually smaller
 
 
-def to_ordinal(u: np.ndarray) -> np.ndarray:
-    """Map float bit patterns to unsigned integers whose order is the float order (-0 < +0):
-    flip the sign bit of positives, all bits of negatives."""
-    shift = u.itemsize * 8 - 1
-    flip = u >> shift
-    flip *= u.dtype.type((1 << shift) - 1)  # 0 or 0x7F..F
-    flip |= u.dtype.type(1 << shift)  # 0x80..0 or 0xFF..F
+def order_key(u: np.ndarray) -> np.ndarray:
+    """Map float bit patterns to unsigned integers in float order (-0 < +0), up to a constant
+    offset of 2^(bits-1) that cancels in differences: negatives get their magnitude bits
+    flipped. Its own inverse (the sign bit is kept), so steps are added in key space."""
+    flip = u >> (u.itemsize * 8 - 1)
+    flip *= u.dtype.type((1 << (u.itemsize * 8 - 1)) - 1)  # 0 or 0x7F..F
     flip ^= u
-    return flip
-
-
-def from_ordinal(k: np.ndarray) -> np.ndarray:
-    shift = k.itemsize * 8 - 1
-    flip = (k >> shift) ^ k.dtype.type(1)  # 1 for negatives
-    flip *= k.dtype.type((1 << shift) - 1)
-    flip |= k.dtype.type(1 << shift)
-    flip ^= k
     return flip
 
 
@@ -98,6 +88,7 @@ def choose_bound(old: np.ndarray, new: np.ndarray, mant: int, exp_bits: int) -> 
 
 
 CHUNK = 1 << 18  # elements per step of `_low_class`: its temporaries stay in cache
+_BELOW = np.array([(1 << i) - 1 for i in range(64)], dtype=np.uint64)  # bits below bit i
 
 
 def _low_class(old: np.ndarray, bound: int, mant: int) -> np.ndarray:
@@ -137,8 +128,7 @@ def _low_ranks(old: np.ndarray, bound: int, mant: int, pos: np.ndarray) -> np.nd
     before = np.zeros(len(words), dtype=np.int64)
     np.cumsum(np.bitwise_count(words)[:-1], out=before[1:])
     w = pos >> 6
-    below = np.left_shift(np.uint64(1), (pos & 63).astype(np.uint64))
-    below -= np.uint64(1)
+    below = _BELOW[pos & 63]  # a table lookup: numpy's uint64 shift by an array is slow
     below &= words[w]
     ranks = np.bitwise_count(below).astype(np.int64)
     ranks += before[w]
@@ -176,8 +166,8 @@ def encode_delta(old: np.ndarray, new: np.ndarray, dtype: str, changed: np.ndarr
         np.not_equal(old, new, out=changed[:n])
     pos = nonzero(changed, n, m)
     ov = old[pos]
-    d = to_ordinal(new[pos])
-    d -= to_ordinal(ov)  # the steps modulo 2^bits
+    d = order_key(new[pos])
+    d -= order_key(ov)  # the steps modulo 2^bits
     bound = choose_bound(old, new, mant, exp_bits)
     if bound is None:
         return b"".join([varint(0), *_encode_class(pos, d)])
@@ -233,9 +223,9 @@ def decode_delta(old: np.ndarray, payload: bytes | memoryview, dtype: str) -> tu
         pos, d = _decode_class(r, old, None)
     if r.pos != len(r.buf):
         raise ValueError("corrupt delta: trailing bytes")
-    vals = to_ordinal(old[pos])
+    vals = order_key(old[pos])
     vals += d
-    return pos, from_ordinal(vals)
+    return pos, order_key(vals)
 
 
 def encode_full(data: np.ndarray, level: int = 3) -> bytes:
