@@ -17,7 +17,10 @@ tensors in place, and a 4-cluster fan-out over HTTP on 127.0.0.1 (`strop.sync.to
 
 MB/s per core is raw bf16 bytes over the CPU time of the one thread doing the work (numpy and
 zstd run single-threaded here), so it means the same on a busy machine; wall-clock MB/s are
-in the JSON too.
+in the JSON too. The process keeps freed heap memory (`strop.sync.memory`), as a long-lived
+publisher or engine would: otherwise glibc returns the codecs' multi-MB temporaries to the
+kernel after every call and page faults, expensive in a VM, take half the CPU time of every
+method. The JSON records whether that applied (`malloc_retains_freed`).
 """
 
 import argparse
@@ -212,6 +215,9 @@ def run(args: argparse.Namespace) -> int:
 
     set_threads()
     from strop.bench.table import format_table, write_json
+    from strop.sync.memory import retain_freed_memory
+
+    retained = retain_freed_memory()
 
     t0 = time.perf_counter()
     n = args.elements or (5_000_000 if args.quick else 50_000_000)
@@ -255,5 +261,5 @@ def run(args: argparse.Namespace) -> int:
     print(f"({elapsed:.0f} s; MB/s of raw bf16 per core = bytes / CPU time of the one thread doing it; "
           f"wall-clock MB/s are in the JSON; load average {os.getloadavg()[0]:.1f})")
     write_json(args.json, {"rows": rows, "elements": n, "quick": args.quick, "demo": info, "engine_pause_ms": pause,
-                           "fanout": fanout, "acceptance": checks, "seconds": elapsed, "load_average": os.getloadavg()[0]})
+                           "fanout": fanout, "acceptance": checks, "malloc_retains_freed": retained, "seconds": elapsed, "load_average": os.getloadavg()[0]})
     return 0

@@ -11,6 +11,7 @@ The codec knows nothing of training; trainers publish and engines apply through 
     relay.py         HTTP origin and per-cluster relays with token-bucket links
     topology.py      a 4-cluster fan-out on 127.0.0.1: egress and time to all engines
     apply.py         swap a verified delta into an engine's live tensors between steps
+    memory.py        keep freed heap memory (no page faults for short-lived arrays)
     synthetic.py     simulated AdamW updates (the benchmark's recipe)
     encode_cmd.py, decode_cmd.py   `strop sync encode` / `strop sync decode`
 """

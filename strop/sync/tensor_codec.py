@@ -50,17 +50,16 @@ def sample_blocks(a: np.ndarray, block: int = 4096) -> np.ndarray:
     nblocks = len(a) // block
     if len(a) <= SAMPLE or nblocks < 2:
         return a
-    take = np.linspace(0, nblocks - 1, max(1, SAMPLE // block)).astype(np.int64)
-    return a[: nblocks * block].reshape(nblocks, block)[take].ravel()
+    step = max(1, nblocks // max(1, SAMPLE // block))
+    return a[: nblocks * block].reshape(nblocks, block)[::step][: max(1, SAMPLE // block)].ravel()
 
 
 def _mask_bits(n: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """n·H(m/n): bits to code which m of n elements changed, if they change independently."""
-    n = np.maximum(n, m)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        p = m / n
-        h = -(p * np.log2(p) + (1 - p) * np.log2(1 - p))
-    return np.where((m > 0) & (m < n), n * h, 0.0)
+    """n·H(m/n): bits to code which m of n elements changed, if they change independently
+    (p clipped away from 0 and 1 rather than special-cased: an estimate needs no exact zeros)."""
+    n = np.maximum(n, np.maximum(m, 1))
+    p = np.clip(m / n, 1e-12, 1 - 1e-12)
+    return n * -(p * np.log2(p) + (1 - p) * np.log2(1 - p))
 
 
 def choose_bound(old: np.ndarray, new: np.ndarray, mant: int, exp_bits: int) -> int | None:
