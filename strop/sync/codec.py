@@ -186,7 +186,7 @@ def encode(base: StateDict, new: StateDict, *, version: int, base_version: int,
     head = {"format": FORMAT, "version": version, "base_version": base_version, "payload_bytes": offset,
             "tensors": [[e.name, e.method, e.dtype, list(e.shape), e.offset, e.length, e.payload_crc32,
                          e.base_crc32, e.crc32, e.part] for e in entries]}
-    hb = zstandard.ZstdCompressor(level=9).compress(json.dumps(head, separators=(",", ":")).encode())
+    hb = zstandard.ZstdCompressor(level=3).compress(json.dumps(head, separators=(",", ":")).encode())
     return b"".join([_PREFIX.pack(MAGIC, len(hb), zlib.crc32(hb)), hb, *payloads])
 
 
