@@ -32,6 +32,31 @@ _SOURCE = r"""
 typedef float v8 __attribute__((vector_size(32), aligned(4)));  /* unaligned 8-float vectors */
 #define BCAST(s) ((v8){(s), (s), (s), (s), (s), (s), (s), (s)})
 
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+/* exp over 8 lanes (Cephes expf: round-to-nearest range reduction by ln 2 in two parts, a degree-5
+   polynomial, the exponent added into the float bits): within 2 ulp of expf on [-87, 88]. */
+static inline v8 exp8(v8 x) {
+    const v8 hi = BCAST(88.0f), lo = BCAST(-87.0f);
+    v8i m = x > hi;  /* lane masks: all ones where true (C has no vector ?:) */
+    x = (v8)(((v8i)hi & m) | ((v8i)x & ~m));
+    m = x < lo;
+    x = (v8)(((v8i)lo & m) | ((v8i)x & ~m));
+    const v8 shifter = BCAST(12582912.0f);  /* 1.5 * 2^23: adding it rounds to an integer */
+    const v8 t = x * BCAST(1.44269504088896341f) + shifter;
+    const v8 n = t - shifter;
+    const v8 r = (x - n * BCAST(0.693359375f)) + n * BCAST(2.12194440e-4f);
+    v8 p = BCAST(1.9875691500e-4f);
+    p = p * r + BCAST(1.3981999507e-3f);
+    p = p * r + BCAST(8.3334519073e-3f);
+    p = p * r + BCAST(4.1665795894e-2f);
+    p = p * r + BCAST(1.6666665459e-1f);
+    p = p * r + BCAST(5.0000001201e-1f);
+    const v8 y = p * r * r + r + BCAST(1.0f);
+    const v8i e = ((v8i)t - (v8i)shifter + 127) << 23;  /* 2^n */
+    return y * (v8)e;
+}
+
 static inline float dot(const float *restrict a, const float *restrict b, int64_t n) {
     v8 acc = {0};
     int64_t i = 0;
@@ -61,6 +86,28 @@ static void vecmat(const float *restrict a, int64_t R, const float *restrict W, 
         for (int b = 0; b < 4; b++) *(v8 *)(y + j + 8 * b) = a0[b];
         if (R > 1) for (int b = 0; b < 4; b++) *(v8 *)(y + n + j + 8 * b) = a1[b];
     }
+}
+
+/* vecmat for exactly 4 rows: each 32-output block in two 16-wide halves, 4 x 2 accumulators,
+   so one weight load feeds four FMAs (prefill-sized expert groups). */
+static void vecmat4(const float *restrict a, const float *restrict W, float *restrict y, int64_t m, int64_t n) {
+    for (int64_t j = 0; j < n; j += 32)
+        for (int64_t half = 0; half < 32; half += 16) {
+            const float *blk = W + j * m + half;
+            v8 acc[4][2] = {{{0}}};
+            for (int64_t i = 0; i < m; i++) {
+                const v8 w0 = *(const v8 *)(blk + i * 32), w1 = *(const v8 *)(blk + i * 32 + 8);
+                for (int r = 0; r < 4; r++) {
+                    const v8 x = BCAST(a[r * m + i]);
+                    acc[r][0] += x * w0;
+                    acc[r][1] += x * w1;
+                }
+            }
+            for (int r = 0; r < 4; r++) {
+                *(v8 *)(y + r * n + j + half) = acc[r][0];
+                *(v8 *)(y + r * n + j + half + 8) = acc[r][1];
+            }
+        }
 }
 
 /* h [N,D] += a (when a is not NULL), then out = h * rsqrt(mean(h^2) + eps) * w. */
@@ -115,9 +162,12 @@ void decode_attention(const float *restrict q, int64_t qs, const float *restrict
                 sc[t] = dot(qh, K + t * d, d) * scale;
                 if (sc[t] > m) m = sc[t];
             }
+            int64_t t = 0;
+            for (; t + 8 <= T; t += 8) *(v8 *)(sc + t) = exp8(*(const v8 *)(sc + t) - BCAST(m));
+            for (; t < T; t++) sc[t] = expf(sc[t] - m);
             for (int64_t i = 0; i < d; i++) acc[i] = 0.0f;
-            for (int64_t t = 0; t < T; t++) {
-                const float p = expf(sc[t] - m);
+            for (t = 0; t < T; t++) {
+                const float p = sc[t];
                 sum += p;
                 for (int64_t i = 0; i < d; i++) acc[i] += p * V[t * d + i];
             }
@@ -219,30 +269,34 @@ void sample_top_p(const float *restrict p, const float *restrict top_p, const fl
 }
 
 /* x [N,H]; ids, w [N,K] (expert ids, gate weights); gu [E,H,2I] and dn [E,I,H] (transposed
-   projections); out [N,H]. Scratch: hbuf [2, 2I], ybuf [N*K,H], order [N*K], start [E+1]. H and
-   I are multiples of 8. Assignments go expert by expert, two at a time, so each expert's weights
-   are read once per pair and stay in cache for all its tokens. */
+   projections); out [N,H]. Scratch: hbuf [4, 2I], ybuf [N*K,H], order [N*K], start [E+1]. H and
+   I are multiples of 32. Assignments go expert by expert, up to four at a time, so each expert's
+   weights are read once per group and stay in cache for all its tokens. */
 void moe_experts(const float *restrict x, const int64_t *restrict ids, const float *restrict w,
                  const float *restrict gu, const float *restrict dn, float *restrict out,
                  float *restrict hbuf, float *restrict ybuf, int64_t *restrict order, int64_t *restrict start,
                  int64_t N, int64_t K, int64_t E, int64_t H, int64_t I) {
     const int64_t A = N * K, I2 = 2 * I;
-    float xin[2 * H], act[2 * I], yout[2 * H];
+    float xin[4 * H], act[4 * I], yout[4 * H];
     memset(start, 0, (E + 1) * sizeof(int64_t));
     for (int64_t a = 0; a < A; a++) start[ids[a] + 1]++;
     for (int64_t e = 0; e < E; e++) start[e + 1] += start[e];
     for (int64_t a = 0; a < A; a++) order[start[ids[a]]++] = a;  /* counting sort by expert */
     for (int64_t r = 0; r < A;) {
-        const int64_t a0 = order[r], e = ids[a0];
-        const int64_t R = (r + 1 < A && ids[order[r + 1]] == e) ? 2 : 1;
+        const int64_t e = ids[order[r]];
+        int64_t R = 1;  /* this expert's next 1, 2 or 4 assignments share every weight load */
+        while (R < 4 && r + R < A && ids[order[r + R]] == e) R++;
+        if (R == 3) R = 2;
         for (int64_t q = 0; q < R; q++) memcpy(xin + q * H, x + (order[r + q] / K) * H, H * sizeof(float));
-        vecmat(xin, R, gu + e * H * I2, hbuf, H, I2);
-        for (int64_t q = 0; q < R; q++)
-            for (int64_t i = 0; i < I; i++) {
-                const float g = hbuf[q * I2 + i];
-                act[q * I + i] = g / (1.0f + expf(-g)) * hbuf[q * I2 + I + i];
+        if (R == 4) vecmat4(xin, gu + e * H * I2, hbuf, H, I2);
+        else vecmat(xin, R, gu + e * H * I2, hbuf, H, I2);
+        for (int64_t q = 0; q < R; q++)  /* silu(gate) * up, 8 lanes at a time */
+            for (int64_t i = 0; i < I; i += 8) {
+                const v8 g = *(const v8 *)(hbuf + q * I2 + i), up = *(const v8 *)(hbuf + q * I2 + I + i);
+                *(v8 *)(act + q * I + i) = g / (BCAST(1.0f) + exp8(-g)) * up;
             }
-        vecmat(act, R, dn + e * I * H, yout, I, H);
+        if (R == 4) vecmat4(act, dn + e * I * H, yout, I, H);
+        else vecmat(act, R, dn + e * I * H, yout, I, H);
         for (int64_t q = 0; q < R; q++) memcpy(ybuf + order[r + q] * H, yout + q * H, H * sizeof(float));
         r += R;
     }
@@ -376,7 +430,7 @@ def moe_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     E, I2 = gate_up.shape[0], gate_up.shape[1] * 32
     H = down.shape[1] * 32
     out = torch.empty(N, H)
-    hbuf, ybuf = torch.empty(2 * I2), torch.empty(N * K, H)
+    hbuf, ybuf = torch.empty(4 * I2), torch.empty(N * K, H)
     order, start = torch.empty(N * K, dtype=torch.int64), torch.empty(E + 1, dtype=torch.int64)
     _lib.moe_experts(x.data_ptr(), ids.data_ptr(), w.data_ptr(), gate_up.data_ptr(), down.data_ptr(),
                      out.data_ptr(), hbuf.data_ptr(), ybuf.data_ptr(), order.data_ptr(), start.data_ptr(),
