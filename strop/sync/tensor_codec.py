@@ -56,9 +56,9 @@ def sample_blocks(a: np.ndarray, block: int = 4096) -> np.ndarray:
 
 def _mask_bits(n: np.ndarray, m: np.ndarray) -> np.ndarray:
     """n·H(m/n): bits to code which m of n elements changed, if they change independently
-    (p clipped away from 0 and 1 rather than special-cased: an estimate needs no exact zeros)."""
-    n = np.maximum(n, np.maximum(m, 1))
-    p = np.clip(m / n, 1e-12, 1 - 1e-12)
+    (p clamped away from 0 and 1 rather than special-cased: an estimate needs no exact zeros)."""
+    n = np.maximum(n, 1.0)
+    p = np.minimum(np.maximum(m / n, 1e-12), 1 - 1e-12)
     return n * -(p * np.log2(p) + (1 - p) * np.log2(1 - p))
 
 
@@ -66,24 +66,19 @@ def choose_bound(old: np.ndarray, new: np.ndarray, mant: int, exp_bits: int) -> 
     """The exponent b splitting the elements into a low class (old exponent < b, coded by rank
     among its members) and a top class (coded by position), or None for one class. Minimises
     the estimated bits of the change mask, n_low·H(p_low) + N·H(m_top/N), plus a price for
-    the extra class. The histograms come from a block sample: cheap on big tensors."""
+    the extra class. The histograms come from a block sample: cheap on big tensors, and a
+    dozen numpy calls on small ones."""
     sample, sample_new = sample_blocks(old), sample_blocks(new)
-    exps = (sample & sample.dtype.type((1 << (sample.itemsize * 8 - 1)) - 1)) >> mant
-    counts = np.bincount(exps, minlength=1 << exp_bits)
-    live = np.flatnonzero(counts)
-    if len(live) < 2:
-        return None
-    changes = np.bincount(exps[sample != sample_new], minlength=1 << exp_bits)
-    cn = np.zeros(len(live) + 1)
-    cm = np.zeros(len(live) + 1)
-    np.cumsum(counts[live], out=cn[1:])
-    np.cumsum(changes[live], out=cm[1:])
-    # bits[i]: the low class made of live bins 0..i-1, the top class of bins i..
+    exps = sample & sample.dtype.type((1 << (sample.itemsize * 8 - 1)) - 1)
+    exps >>= mant
+    cn = np.cumsum(np.bincount(exps, minlength=1 << exp_bits))  # cn[i]: exponent <= i
+    cm = np.cumsum(np.bincount(np.compress(sample != sample_new, exps), minlength=1 << exp_bits))
+    # bits[i]: the low class is exponents 0..i (bound i + 1), the top class the rest
     bits = _mask_bits(cn, cm) + _mask_bits(cn[-1], cm[-1] - cm)
-    bits[1:] += CLASS_COST_BITS * len(sample) / len(old)  # priced per sampled element
-    bits[-1] = np.inf  # the top class is never empty
+    bits += CLASS_COST_BITS * len(sample) / len(old)  # the price is per tensor, the bits per sample
+    bits[cn == cn[-1]] = np.inf  # the top class is never empty
     i = int(bits.argmin())
-    return int(live[i]) if i else None
+    return i + 1 if bits[i] < _mask_bits(cn[-1], cm[-1]) else None
 
 
 CHUNK = 1 << 18  # elements per step of `_low_class`: its temporaries stay in cache
