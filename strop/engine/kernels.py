@@ -181,7 +181,8 @@ void decode_attention(const float *restrict q, int64_t qs, const float *restrict
    smallest kept probability t becomes a threshold and every token with p >= t is kept (ties with
    it too). The threshold comes from a radix select over the float bits (monotone for p >= 0):
    a histogram of mass over the top 8 bits, then over the next 8 inside the bucket where the mass
-   crosses top_p, and once more, then a sort of the few values left. Then u[n] in (0, 1] picks a token
+   crosses top_p (the row compacted to that bucket), and once more, then a sort of the few
+   values left; the kept mass falls out of the same walk. Then u[n] in (0, 1] picks a token
    by inverse CDF over the kept mass in vocabulary order. Outputs: tok[n] and
    ratio[n] = p[tok] / kept mass. Scratch: buf [V] floats. */
 static int desc_cmp(const void *a, const void *b) {
@@ -226,35 +227,48 @@ static int64_t crossing(const float *row, int64_t V, int shift, uint64_t prefix,
     return low;
 }
 
+/* Keep in buf[0:m] the values whose bits >> shift equal prefix; returns the new m. */
+static int64_t compact(const float *src, int64_t m, int shift, uint64_t prefix, float *buf) {
+    int64_t k = 0;
+    for (int64_t i = 0; i < m; i++)
+        if (((uint64_t)fbits(src[i]) >> shift) == prefix) buf[k++] = src[i];
+    return k;
+}
+
 void sample_top_p(const float *restrict p, const float *restrict top_p, const float *restrict u,
                   int64_t *restrict tok, float *restrict ratio, float *restrict buf, int64_t N, int64_t V) {
     for (int64_t n = 0; n < N; n++) {
         const float *row = p + n * V;
         float t = 0.0f;
+        double total = -1.0;  /* the kept mass, when the select found it */
         if (top_p[n] < 1.0f) {
             double above = 0.0;
-            uint64_t prefix = 0;
-            int64_t b = 0;
-            for (int shift = 24; shift >= 8 && b >= 0; shift -= 8) {  /* three 8-bit radix levels */
-                b = crossing(row, V, shift, prefix, top_p[n], &above);
+            int64_t b = crossing(row, V, 24, 0, top_p[n], &above);
+            uint64_t prefix = (uint64_t)b;
+            int64_t m = b < 0 ? 0 : compact(row, V, 24, prefix, buf);  /* later levels scan only these */
+            for (int shift = 16; shift >= 8 && b >= 0; shift -= 8) {
+                b = crossing(buf, m, shift, prefix, top_p[n], &above);
                 prefix = (prefix << 8) | (uint64_t)b;
+                if (b >= 0) m = compact(buf, m, shift, prefix, buf);
             }
             if (b >= 0) {  /* the values sharing the crossing's top 24 bits: few, sorted */
-                int64_t m = 0;
-                for (int64_t i = 0; i < V; i++)
-                    if ((fbits(row[i]) >> 8) == prefix) buf[m++] = row[i];
                 qsort(buf, m, sizeof(float), desc_cmp);
+                int64_t j = 0;
                 t = buf[0];
-                for (int64_t j = 0; j < m && above < top_p[n]; j++) {
+                for (; j < m && above < top_p[n]; j++) {
                     t = buf[j];
                     above += buf[j];
                 }
+                for (; j < m && buf[j] == t; j++) above += buf[j];  /* ties with the threshold are kept */
+                total = above;
             }
         }
-        float total = 0.0f;
-        for (int64_t i = 0; i < V; i++) if (row[i] >= t) total += row[i];
-        const float target = u[n] * total;
-        float c = 0.0f;
+        if (total < 0.0) {
+            total = 0.0;
+            for (int64_t i = 0; i < V; i++) if (row[i] >= t) total += row[i];
+        }
+        const double target = u[n] * total;
+        double c = 0.0;
         int64_t pick = -1, last = 0;
         for (int64_t i = 0; i < V; i++) {
             if (row[i] < t || row[i] <= 0.0f) continue;
@@ -264,7 +278,7 @@ void sample_top_p(const float *restrict p, const float *restrict top_p, const fl
         }
         if (pick < 0) pick = last;  /* target rounded above the running sum: the last kept token */
         tok[n] = pick;
-        ratio[n] = row[pick] / total;
+        ratio[n] = (float)(row[pick] / total);
     }
 }
 
