@@ -25,7 +25,7 @@ import fsspec
 import numpy as np
 
 from strop.sync import codec
-from strop.sync.tensors import StateDict, Tensor, bits_dtype, crc32, from_bytes, to_bytes
+from strop.sync.tensors import StateDict, Tensor, bits_dtype, from_bytes, to_bytes
 
 
 class MissingPiece(LookupError):

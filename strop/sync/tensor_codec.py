@@ -5,18 +5,19 @@ changed and *by how much*, in terms the receiver can predict from what it holds:
 
 - **Where.** Whether a weight changes in one RL step depends mostly on its old exponent: an
   Adam step has roughly the same size everywhere, and the bf16 rounding grid is 2x finer for
-  each halving of |w|, so small weights change far more often. The elements are split into a
-  few classes by old exponent range (the boundaries are chosen per tensor by a small dynamic
-  program and sent in the payload); within each class, changes are close to independent
-  coin flips, so the gaps between changes are geometric and Rice-coded. In the low classes
-  (small weights: a few percent of the elements, changing often) gaps count class members
-  only: both sides list the members' positions with one compare and one `nonzero` over the
-  tensor. The top class (large weights: most of the elements, changing rarely) is coded by
-  plain position, which costs log2(1/its share) ≈ 0.1-0.3 bits a change and spares a
-  member list of most of the tensor.
+  each halving of |w|, so small weights change far more often. The elements are split into
+  two classes at an old-exponent bound (chosen per tensor from a sample, sent in the
+  payload); within each class, changes are close to independent coin flips, so the gaps
+  between changes are geometric and Rice-coded. In the low class (small weights: a few
+  percent of the elements, changing often) gaps count class members only: the encoder ranks
+  its changes by popcount over a packed bitmap of the class, the decoder lists the members
+  with one compare and one `nonzero`. The top class (large weights: most of the elements,
+  changing rarely) is coded by plain position, which costs log2(1/its share) ≈ 0.1-0.3 bits
+  a change and spares rank and select over most of the tensor. (A third class saved ~3% of
+  the size for more passes over the changes.)
 - **By how much.** Each change is a signed step in the monotone integer order of the float
-  format ("ordinal space", `order_key`): almost all steps are ±1 ulp. Per class: a sign bit per change,
-  the positions of the rare |step| > 1 as Rice-coded gaps, and their sizes Rice-coded.
+  format (`order_key`): almost all steps are ±1 ulp. Per class: a sign bit per change, the
+  positions of the rare |step| > 1 as Rice-coded gaps, and their sizes Rice-coded.
 
 Steps are taken modulo 2^bits, so every bit pattern (NaN, inf, -0) round-trips exactly.
 Tensors that change densely fall back to a zstd'd byte-shuffled full copy (`encode_full`).
