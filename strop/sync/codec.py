@@ -98,14 +98,14 @@ class Header:
         return out
 
 
-def _changes(old: Tensor | None, new: Tensor) -> tuple[str, np.ndarray | None, int]:
+def _changes(old: Tensor | None, new: Tensor, *, mask: bool = True) -> tuple[str, np.ndarray | None, int]:
     """The method a tensor needs on its own terms ("same", "full" or "delta"), with the change
-    mask (a `bits.mask_buffer`) and count for a delta."""
+    mask (a `bits.mask_buffer`, unless `mask` is false) and count for a delta."""
     if old is None or old.dtype != new.dtype or old.shape != new.shape or new.dtype not in tc.FLOATS:
         return "full", None, 0
     n = len(new.data)
-    changed = mask_buffer(n)
-    m = int(np.count_nonzero(np.not_equal(old.data, new.data, out=changed[:n])))
+    changed = mask_buffer(n) if mask else None
+    m = int(np.count_nonzero(np.not_equal(old.data, new.data, out=None if changed is None else changed[:n])))
     if not m:
         return "same", None, 0
     return ("full", None, m) if m > tc.DENSE * n else ("delta", changed, m)
@@ -129,7 +129,7 @@ def _plan(base: StateDict, new: StateDict) -> dict[str, tuple[str, bytes] | list
     out, small = {}, {}
     for name in sorted(new):
         t, old = new[name], base.get(name)
-        method, _, _ = _changes(old, t) if len(t.data) <= SMALL else (None, None, 0)
+        method, _, _ = _changes(old, t, mask=False) if len(t.data) <= SMALL else (None, None, 0)
         if method == "delta":
             small.setdefault(t.dtype, []).append(name)
         else:
