@@ -97,7 +97,7 @@ class Forward:
 
     def refresh(self) -> None:
         """Rebuild the weights derived from the model's (fused q/k/v); call after changing weights."""
-        self._fused, self._qkv_sizes, self._packed, self._qk_norm = {}, {}, {}, {}
+        self._fused, self._qkv_sizes, self._packed, self._qk_norm, self._blocked = {}, {}, {}, {}, {}
         if self.deterministic or self.arch == "deepseek_v3":
             return
         with torch.no_grad():
@@ -110,6 +110,9 @@ class Forward:
                 self._qkv_sizes[id(a)] = [p.weight.shape[0] for p in projs]
                 heads, kv_heads = a.q_proj.weight.shape[0] // a.head_dim, a.k_proj.weight.shape[0] // a.head_dim
                 self._qk_norm[id(a)] = torch.cat([a.q_norm.weight.expand(heads, -1), a.k_norm.weight.expand(kv_heads, -1)])
+                if self.native and w.shape[0] % 32 == 0 and a.o_proj.weight.shape[0] % 32 == 0:  # one C call per decode block
+                    self._blocked[id(a)] = ((kernels.pack_linear(w), b),
+                                            (kernels.pack_linear(a.o_proj.weight), a.o_proj.bias))
         with torch.no_grad():
             self._packed = {id(b.experts): kernels.pack_experts(b.experts) for b in self.blocks if self._kernel_fits(b.experts)}
 
@@ -197,11 +200,17 @@ class Forward:
         inner, routing, pending = self.model.model, [], None
         last_layer = len(inner.layers) - 1
         for li, layer in enumerate(inner.layers):
-            norm = layer.input_layernorm
-            x = kernels.add_rmsnorm(h, pending, norm.weight, norm.variance_epsilon)
-            a = self._attention_native(li, layer.self_attn, x, plan)
-            norm = layer.post_attention_layernorm
-            x = kernels.add_rmsnorm(h, a, norm.weight, norm.variance_epsilon)
+            attn, norm, post = layer.self_attn, layer.input_layernorm, layer.post_attention_layernorm
+            if plan.all_decode and id(attn) in self._blocked:
+                norms = (norm.weight, norm.variance_epsilon, post.weight, post.variance_epsilon,
+                         self._qk_norm[id(attn)], attn.q_norm.variance_epsilon)
+                x = kernels.attn_decode_block(h, pending, norms, self._blocked[id(attn)][0], (self._cos, self._sin),
+                                              plan.slots, plan.positions, (self.k_cache[li], self.v_cache[li]),
+                                              self._blocked[id(attn)][1], attn.scaling)
+            else:
+                x = kernels.add_rmsnorm(h, pending, norm.weight, norm.variance_epsilon)
+                a = self._attention_native(li, attn, x, plan)
+                x = kernels.add_rmsnorm(h, a, post.weight, post.variance_epsilon)
             rows = plan.ends if li == last_layer else None  # as in __call__: the last MLP on final rows only
             if rows is not None:
                 h = h[rows]

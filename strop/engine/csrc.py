@@ -1,0 +1,342 @@
+"""C source of the engine's CPU kernels (built and bound by `strop.engine.kernels`).
+
+Plain C with GCC vector extensions (8-float vectors), compiled -O3 -march=native. Shapes are
+row-major fp32; "blocked" weights are [out / 32, in, 32] so a 32-output pass streams one
+contiguous block. Each function's comment states its contract.
+"""
+
+SOURCE = r"""
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+typedef float v8 __attribute__((vector_size(32), aligned(4)));  /* unaligned 8-float vectors */
+#define BCAST(s) ((v8){(s), (s), (s), (s), (s), (s), (s), (s)})
+
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+/* exp over 8 lanes (Cephes expf: round-to-nearest range reduction by ln 2 in two parts, a degree-5
+   polynomial, the exponent added into the float bits): within 2 ulp of expf on [-87, 88]. */
+static inline v8 exp8(v8 x) {
+    const v8 hi = BCAST(88.0f), lo = BCAST(-87.0f);
+    v8i m = x > hi;  /* lane masks: all ones where true (C has no vector ?:) */
+    x = (v8)(((v8i)hi & m) | ((v8i)x & ~m));
+    m = x < lo;
+    x = (v8)(((v8i)lo & m) | ((v8i)x & ~m));
+    const v8 shifter = BCAST(12582912.0f);  /* 1.5 * 2^23: adding it rounds to an integer */
+    const v8 t = x * BCAST(1.44269504088896341f) + shifter;
+    const v8 n = t - shifter;
+    const v8 r = (x - n * BCAST(0.693359375f)) + n * BCAST(2.12194440e-4f);
+    v8 p = BCAST(1.9875691500e-4f);
+    p = p * r + BCAST(1.3981999507e-3f);
+    p = p * r + BCAST(8.3334519073e-3f);
+    p = p * r + BCAST(4.1665795894e-2f);
+    p = p * r + BCAST(1.6666665459e-1f);
+    p = p * r + BCAST(5.0000001201e-1f);
+    const v8 y = p * r * r + r + BCAST(1.0f);
+    const v8i e = ((v8i)t - (v8i)shifter + 127) << 23;  /* 2^n */
+    return y * (v8)e;
+}
+
+static inline float dot(const float *restrict a, const float *restrict b, int64_t n) {
+    v8 acc = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) acc += *(const v8 *)(a + i) * *(const v8 *)(b + i);
+    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* y[r, 0:n] = sum_i a[r, i] * W[i, 0:n] for R <= 2 rows a (stride m), with W [m, n] stored in
+   column blocks [n / 32, m, 32] (n % 32 == 0) so each pass streams one contiguous block: 32
+   outputs per pass, the accumulators in registers, each weight load shared by the rows. */
+static void vecmat(const float *restrict a, int64_t R, const float *restrict W, float *restrict y, int64_t m, int64_t n) {
+    for (int64_t j = 0; j < n; j += 32) {
+        const float *blk = W + j * m;
+        v8 a0[4] = {0}, a1[4] = {0};
+        for (int64_t i = 0; i < m; i++) {
+            const float *w = blk + i * 32;
+            const v8 w0 = *(const v8 *)w, w1 = *(const v8 *)(w + 8), w2 = *(const v8 *)(w + 16), w3 = *(const v8 *)(w + 24);
+            const v8 x0 = BCAST(a[i]);
+            a0[0] += x0 * w0; a0[1] += x0 * w1; a0[2] += x0 * w2; a0[3] += x0 * w3;
+            if (R > 1) {
+                const v8 x1 = BCAST(a[m + i]);
+                a1[0] += x1 * w0; a1[1] += x1 * w1; a1[2] += x1 * w2; a1[3] += x1 * w3;
+            }
+        }
+        for (int b = 0; b < 4; b++) *(v8 *)(y + j + 8 * b) = a0[b];
+        if (R > 1) for (int b = 0; b < 4; b++) *(v8 *)(y + n + j + 8 * b) = a1[b];
+    }
+}
+
+/* vecmat for exactly 4 rows: each 32-output block in two 16-wide halves, 4 x 2 accumulators,
+   so one weight load feeds four FMAs (prefill-sized expert groups). */
+static void vecmat4(const float *restrict a, const float *restrict W, float *restrict y, int64_t m, int64_t n) {
+    for (int64_t j = 0; j < n; j += 32)
+        for (int64_t half = 0; half < 32; half += 16) {
+            const float *blk = W + j * m + half;
+            v8 acc[4][2] = {{{0}}};
+            for (int64_t i = 0; i < m; i++) {
+                const v8 w0 = *(const v8 *)(blk + i * 32), w1 = *(const v8 *)(blk + i * 32 + 8);
+                for (int r = 0; r < 4; r++) {
+                    const v8 x = BCAST(a[r * m + i]);
+                    acc[r][0] += x * w0;
+                    acc[r][1] += x * w1;
+                }
+            }
+            for (int r = 0; r < 4; r++) {
+                *(v8 *)(y + r * n + j + half) = acc[r][0];
+                *(v8 *)(y + r * n + j + half + 8) = acc[r][1];
+            }
+        }
+}
+
+/* h [N,D] += a (when a is not NULL), then out = h * rsqrt(mean(h^2) + eps) * w. */
+void add_rmsnorm(float *restrict h, const float *restrict a, const float *restrict w, float *restrict out,
+                 int64_t N, int64_t D, float eps) {
+    for (int64_t n = 0; n < N; n++) {
+        float *hr = h + n * D;
+        if (a) for (int64_t i = 0; i < D; i++) hr[i] += a[n * D + i];
+        const float r = 1.0f / sqrtf(dot(hr, hr, D) / (float)D + eps);
+        for (int64_t i = 0; i < D; i++) out[n * D + i] = hr[i] * r * w[i];
+    }
+}
+
+/* From the fused projection qkv [N, (nq + 2nk) * d]: RMS-normalise every q and k head (weights
+   wqk [nq + nk, d]), rotate it by the row's position (cos, sin [P, d], sin carrying the
+   rotate-half sign) into qk [N, nq + nk, d], and write k and v into the caches [S, nk, L, d]. */
+void qk_rope_cache(const float *restrict qkv, const float *restrict wqk, const float *restrict cos_t,
+                   const float *restrict sin_t, const int64_t *restrict slots, const int64_t *restrict pos,
+                   float *restrict qk, float *restrict kc, float *restrict vc,
+                   int64_t N, int64_t nq, int64_t nk, int64_t d, int64_t L, float eps) {
+    const int64_t half = d / 2, width = (nq + 2 * nk) * d;
+    float y[d];
+    for (int64_t n = 0; n < N; n++) {
+        const float *row = qkv + n * width, *c = cos_t + pos[n] * d, *s = sin_t + pos[n] * d;
+        for (int64_t hh = 0; hh < nq + nk; hh++) {
+            const float *x = row + hh * d, *w = wqk + hh * d;
+            const float r = 1.0f / sqrtf(dot(x, x, d) / (float)d + eps);
+            for (int64_t i = 0; i < d; i++) y[i] = x[i] * r * w[i];
+            float *dst = qk + (n * (nq + nk) + hh) * d;
+            for (int64_t i = 0; i < d; i++) dst[i] = y[i] * c[i] + y[i < half ? i + half : i - half] * s[i];
+            if (hh >= nq) memcpy(kc + ((slots[n] * nk + hh - nq) * L + pos[n]) * d, dst, d * sizeof(float));
+        }
+        for (int64_t hh = 0; hh < nk; hh++)
+            memcpy(vc + ((slots[n] * nk + hh) * L + pos[n]) * d, row + (nq + nk + hh) * d, d * sizeof(float));
+    }
+}
+
+/* One query row per sequence: q [N, nq, d] (row stride qs floats) attends to keys 0..pos[n] of
+   cache slot slots[n]; query head h reads kv head h / (nq / nk). out [N, nq, d]. */
+void decode_attention(const float *restrict q, int64_t qs, const float *restrict kc, const float *restrict vc,
+                      const int64_t *restrict slots, const int64_t *restrict pos, float *restrict out,
+                      float *restrict sc, int64_t N, int64_t nq, int64_t nk, int64_t d, int64_t L, float scale) {
+    const int64_t g = nq / nk;
+    float acc[d];
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t hh = 0; hh < nq; hh++) {
+            const float *qh = q + n * qs + hh * d;
+            const float *K = kc + (slots[n] * nk + hh / g) * L * d, *V = vc + (slots[n] * nk + hh / g) * L * d;
+            const int64_t T = pos[n] + 1;
+            float m = -INFINITY, sum = 0.0f;
+            for (int64_t t = 0; t < T; t++) {
+                sc[t] = dot(qh, K + t * d, d) * scale;
+                if (sc[t] > m) m = sc[t];
+            }
+            int64_t t = 0;
+            for (; t + 8 <= T; t += 8) *(v8 *)(sc + t) = exp8(*(const v8 *)(sc + t) - BCAST(m));
+            for (; t < T; t++) sc[t] = expf(sc[t] - m);
+            for (int64_t i = 0; i < d; i++) acc[i] = 0.0f;
+            for (t = 0; t < T; t++) {
+                const float p = sc[t];
+                sum += p;
+                for (int64_t i = 0; i < d; i++) acc[i] += p * V[t * d + i];
+            }
+            float *o = out + (n * nq + hh) * d;
+            for (int64_t i = 0; i < d; i++) o[i] = acc[i] / sum;
+        }
+}
+
+/* y [N, n] = x [N, m] @ W (+ bias, may be NULL) for W in 32-column blocks [n / 32, m, 32]. */
+static void linear_rows(const float *restrict x, int64_t N, const float *restrict W, const float *restrict bias,
+                        float *restrict y, int64_t m, int64_t n) {
+    int64_t r = 0;
+    for (; r + 4 <= N; r += 4) vecmat4(x + r * m, W, y + r * n, m, n);
+    for (; r + 2 <= N; r += 2) vecmat(x + r * m, 2, W, y + r * n, m, n);
+    for (; r < N; r++) vecmat(x + r * m, 1, W, y + r * n, m, n);
+    if (bias)
+        for (r = 0; r < N; r++)
+            for (int64_t j = 0; j < n; j++) y[r * n + j] += bias[j];
+}
+
+/* A whole attention block for N decode rows: h += pending (the previous MLP's output, may be
+   NULL); input RMSNorm; fused q/k/v projection; q/k norm, rotation and cache write; attention over
+   the cache; output projection; h += it; post-attention RMSNorm into x_out. Projection weights
+   come blocked like the experts'. Scratch: N * (2D + 3 (nq + nk) d) + L floats. */
+void attn_decode_block(float *restrict h, const float *restrict pending, const float *restrict w_in, float eps_in,
+                       const float *restrict wqkv, const float *restrict bqkv, const float *restrict wqk, float eps_qk,
+                       const float *restrict cos_t, const float *restrict sin_t, const int64_t *restrict slots,
+                       const int64_t *restrict pos, float *restrict kc, float *restrict vc, const float *restrict wo,
+                       const float *restrict bo, const float *restrict w_post, float eps_post, float *restrict x_out,
+                       float *restrict scratch, int64_t N, int64_t D, int64_t nq, int64_t nk, int64_t d, int64_t L,
+                       float scale) {
+    const int64_t Wd = (nq + 2 * nk) * d, A = nq * d;
+    float *xn = scratch, *qkv = xn + N * D, *qk = qkv + N * Wd, *att = qk + N * (nq + nk) * d, *o = att + N * A;
+    float *sc = o + N * D;
+    add_rmsnorm(h, pending, w_in, xn, N, D, eps_in);
+    linear_rows(xn, N, wqkv, bqkv, qkv, D, Wd);
+    qk_rope_cache(qkv, wqk, cos_t, sin_t, slots, pos, qk, kc, vc, N, nq, nk, d, L, eps_qk);
+    decode_attention(qk, (nq + nk) * d, kc, vc, slots, pos, att, sc, N, nq, nk, d, L, scale);
+    linear_rows(att, N, wo, bo, o, A, D);
+    add_rmsnorm(h, o, w_post, x_out, N, D, eps_post);
+}
+
+/* Top-p sampling for rows of probabilities p [N, V]. Row n keeps its nucleus (when top_p[n] < 1):
+   the most probable tokens, each kept when the mass ranked strictly above it is < top_p[n]; the
+   smallest kept probability t becomes a threshold and every token with p >= t is kept (ties with
+   it too). The threshold comes from a radix select over the float bits (monotone for p >= 0):
+   a histogram of mass over the top 8 bits, then over the next 8 inside the bucket where the mass
+   crosses top_p (the row compacted to that bucket), and once more, then a sort of the few
+   values left; the kept mass falls out of the same walk. Then u[n] in (0, 1] picks a token
+   by inverse CDF over the kept mass in vocabulary order. Outputs: tok[n] and
+   ratio[n] = p[tok] / kept mass. Scratch: buf [V] floats. */
+static int desc_cmp(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+
+static inline uint32_t fbits(float x) {
+    uint32_t b;
+    memcpy(&b, &x, 4);
+    return b;
+}
+
+/* Over the values whose bits >> (shift + 8) equal `prefix`, histogram mass by the next 8 bits
+   (four interleaved histograms, so equal buckets do not chain their adds) and return the highest
+   bucket where above + its mass reaches top_p, advancing above past the buckets over it. When
+   rounding leaves no such bucket, the lowest non-empty one is returned with above before it. */
+static int64_t crossing(const float *row, int64_t V, int shift, uint64_t prefix, double top_p, double *above) {
+    double mass[4][256];
+    memset(mass, 0, sizeof(mass));
+    int64_t i = 0;
+    for (; i + 4 <= V; i += 4)
+        for (int j = 0; j < 4; j++) {
+            const uint64_t b = fbits(row[i + j]);
+            if ((b >> (shift + 8)) == prefix) mass[j][(b >> shift) & 0xFF] += row[i + j];
+        }
+    for (; i < V; i++) {
+        const uint64_t b = fbits(row[i]);
+        if ((b >> (shift + 8)) == prefix) mass[0][(b >> shift) & 0xFF] += row[i];
+    }
+    int64_t low = -1;
+    double low_mass = 0.0;
+    for (int64_t k = 255; k >= 0; k--) {
+        const double m = (mass[0][k] + mass[1][k]) + (mass[2][k] + mass[3][k]);
+        if (m == 0.0) continue;
+        if (*above + m >= top_p) return k;
+        *above += m;
+        low = k;
+        low_mass = m;
+    }
+    *above -= low_mass;
+    return low;
+}
+
+/* Keep in buf[0:m] the values whose bits >> shift equal prefix; returns the new m. */
+static int64_t compact(const float *src, int64_t m, int shift, uint64_t prefix, float *buf) {
+    int64_t k = 0;
+    for (int64_t i = 0; i < m; i++)
+        if (((uint64_t)fbits(src[i]) >> shift) == prefix) buf[k++] = src[i];
+    return k;
+}
+
+void sample_top_p(const float *restrict p, const float *restrict top_p, const float *restrict u,
+                  int64_t *restrict tok, float *restrict ratio, float *restrict buf, int64_t N, int64_t V) {
+    for (int64_t n = 0; n < N; n++) {
+        const float *row = p + n * V;
+        float t = 0.0f;
+        double total = -1.0;  /* the kept mass, when the select found it */
+        if (top_p[n] < 1.0f) {
+            double above = 0.0;
+            int64_t b = crossing(row, V, 24, 0, top_p[n], &above);
+            uint64_t prefix = (uint64_t)b;
+            int64_t m = b < 0 ? 0 : compact(row, V, 24, prefix, buf);  /* later levels scan only these */
+            for (int shift = 16; shift >= 8 && b >= 0; shift -= 8) {
+                b = crossing(buf, m, shift, prefix, top_p[n], &above);
+                prefix = (prefix << 8) | (uint64_t)b;
+                if (b >= 0) m = compact(buf, m, shift, prefix, buf);
+            }
+            if (b >= 0) {  /* the values sharing the crossing's top 24 bits: few, sorted */
+                qsort(buf, m, sizeof(float), desc_cmp);
+                int64_t j = 0;
+                t = buf[0];
+                for (; j < m && above < top_p[n]; j++) {
+                    t = buf[j];
+                    above += buf[j];
+                }
+                for (; j < m && buf[j] == t; j++) above += buf[j];  /* ties with the threshold are kept */
+                total = above;
+            }
+        }
+        if (total < 0.0) {
+            total = 0.0;
+            for (int64_t i = 0; i < V; i++) if (row[i] >= t) total += row[i];
+        }
+        const double target = u[n] * total;
+        double c = 0.0;
+        int64_t pick = -1, last = 0;
+        for (int64_t i = 0; i < V; i++) {
+            if (row[i] < t || row[i] <= 0.0f) continue;
+            last = i;
+            c += row[i];
+            if (c >= target) { pick = i; break; }
+        }
+        if (pick < 0) pick = last;  /* target rounded above the running sum: the last kept token */
+        tok[n] = pick;
+        ratio[n] = (float)(row[pick] / total);
+    }
+}
+
+/* x [N,H]; ids, w [N,K] (expert ids, gate weights); gu [E,H,2I] and dn [E,I,H] (transposed
+   projections); out [N,H]. Scratch: hbuf [4, 2I], ybuf [N*K,H], order [N*K], start [E+1]. H and
+   I are multiples of 32. Assignments go expert by expert, up to four at a time, so each expert's
+   weights are read once per group and stay in cache for all its tokens. */
+void moe_experts(const float *restrict x, const int64_t *restrict ids, const float *restrict w,
+                 const float *restrict gu, const float *restrict dn, float *restrict out,
+                 float *restrict hbuf, float *restrict ybuf, int64_t *restrict order, int64_t *restrict start,
+                 int64_t N, int64_t K, int64_t E, int64_t H, int64_t I) {
+    const int64_t A = N * K, I2 = 2 * I;
+    float xin[4 * H], act[4 * I], yout[4 * H];
+    memset(start, 0, (E + 1) * sizeof(int64_t));
+    for (int64_t a = 0; a < A; a++) start[ids[a] + 1]++;
+    for (int64_t e = 0; e < E; e++) start[e + 1] += start[e];
+    for (int64_t a = 0; a < A; a++) order[start[ids[a]]++] = a;  /* counting sort by expert */
+    for (int64_t r = 0; r < A;) {
+        const int64_t e = ids[order[r]];
+        int64_t R = 1;  /* this expert's next 1, 2 or 4 assignments share every weight load */
+        while (R < 4 && r + R < A && ids[order[r + R]] == e) R++;
+        if (R == 3) R = 2;
+        for (int64_t q = 0; q < R; q++) memcpy(xin + q * H, x + (order[r + q] / K) * H, H * sizeof(float));
+        if (R == 4) vecmat4(xin, gu + e * H * I2, hbuf, H, I2);
+        else vecmat(xin, R, gu + e * H * I2, hbuf, H, I2);
+        for (int64_t q = 0; q < R; q++)  /* silu(gate) * up, 8 lanes at a time */
+            for (int64_t i = 0; i < I; i += 8) {
+                const v8 g = *(const v8 *)(hbuf + q * I2 + i), up = *(const v8 *)(hbuf + q * I2 + I + i);
+                *(v8 *)(act + q * I + i) = g / (BCAST(1.0f) + exp8(-g)) * up;
+            }
+        if (R == 4) vecmat4(act, dn + e * I * H, yout, I, H);
+        else vecmat(act, R, dn + e * I * H, yout, I, H);
+        for (int64_t q = 0; q < R; q++) memcpy(ybuf + order[r + q] * H, yout + q * H, H * sizeof(float));
+        r += R;
+    }
+    for (int64_t n = 0; n < N; n++) {  /* gate-weighted sum over k, in k order */
+        float *on = out + n * H;
+        for (int64_t o = 0; o < H; o++) on[o] = 0.0f;
+        for (int64_t k = 0; k < K; k++) {
+            const float wk = w[n * K + k], *yr = ybuf + (n * K + k) * H;
+            for (int64_t o = 0; o < H; o++) on[o] += wk * yr[o];
+        }
+    }
+}
+"""
