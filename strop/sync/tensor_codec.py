@@ -16,7 +16,7 @@ changed and *by how much*, in terms the receiver can predict from what it holds:
   a change and spares rank and select over most of the tensor. (A third class saved ~3% of
   the size for more passes over the changes.)
 - **By how much.** Each change is a signed step in the monotone integer order of the float
-  format (`order_key`): almost all steps are ±1 ulp. Per class: a sign bit per change, the
+  format (`order_key`): almost all steps are ±1 ulp. For all changes, class by class: a sign bit, the
   positions of the rare |step| > 1 as Rice-coded gaps, and their sizes Rice-coded.
 
 Steps are taken modulo 2^bits, so every bit pattern (NaN, inf, -0) round-trips exactly.
@@ -130,15 +130,21 @@ def _low_ranks(old: np.ndarray, bound: int, mant: int, pos: np.ndarray) -> np.nd
     return ranks
 
 
-def _encode_class(coords: np.ndarray, d: np.ndarray) -> list[bytes]:
-    """One class's changes: gaps between their `coords` (class ranks, or positions for the top
-    class), then signs and sizes of their ordinal steps `d` (overwritten)."""
+def _encode_coords(coords: np.ndarray) -> bytes:
+    """Gaps between one class's sorted change coordinates (ranks among the low class's
+    members, or positions in the tensor for the top class)."""
     m = len(coords)
-    if not m:
-        return [rice_encode(coords)]
-    out = [rice_encode(gaps(coords), int(coords[-1]) - m + 1)]
+    return rice_encode(gaps(coords), int(coords[-1]) - m + 1) if m else rice_encode(coords)
+
+
+def _encode_steps(d: np.ndarray) -> list[bytes]:
+    """Signs and sizes of the ordinal steps `d` (overwritten) of every change, class by class.
+    One stream serves all classes: they differ in how often |step| > 1, and the gaps between
+    such escapes say that as well in one stream as in one per class, for half the calls."""
+    if not len(d):
+        return []
     neg = d > d.dtype.type((1 << (d.itemsize * 8 - 1)) - 1)  # a negative step
-    out.append(np.packbits(neg).tobytes())
+    out = [np.packbits(neg).tobytes()]
     sign = neg * d.dtype.type(-1 & ((1 << d.itemsize * 8) - 1))  # 0 or all ones: |d| = (d ^ sign) - sign
     d ^= sign
     d -= sign
@@ -165,35 +171,40 @@ def encode_delta(old: np.ndarray, new: np.ndarray, dtype: str, changed: np.ndarr
     d -= order_key(ov)  # the steps modulo 2^bits
     bound = choose_bound(old, new, mant, exp_bits)
     if bound is None:
-        return b"".join([varint(0), *_encode_class(pos, d)])
+        return b"".join([varint(0), _encode_coords(pos), *_encode_steps(d)])
     ov &= ov.dtype.type((1 << (ov.itemsize * 8 - 1)) - 1)
     low = ov < ov.dtype.type(bound << mant)
     top = ~low
     ranks = _low_ranks(old, bound, mant, np.compress(low, pos))
-    return b"".join([varint(1), varint(bound), *_encode_class(ranks, np.compress(low, d)),
-                     *_encode_class(np.compress(top, pos), np.compress(top, d))])
+    steps = np.concatenate([np.compress(low, d), np.compress(top, d)])
+    return b"".join([varint(1), varint(bound), _encode_coords(ranks), _encode_coords(np.compress(top, pos)),
+                     *_encode_steps(steps)])
 
 
-def _decode_class(r: BitReader, old: np.ndarray, members: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """Positions and ordinal steps of one class's changes (`members`: the low class's)."""
+def _decode_coords(r: BitReader, limit: int) -> np.ndarray:
+    """One class's sorted change coordinates, each below `limit`."""
     coords = positions(rice_decode(r))
-    m = len(coords)
-    if not m:
-        return coords, np.zeros(0, dtype=old.dtype)
-    if coords[-1] >= (len(old) if members is None else len(members)):
+    if len(coords) and coords[-1] >= limit:
         raise ValueError("corrupt delta: change outside its class")
-    sign = r.bits(m).astype(old.dtype)
+    return coords
+
+
+def _decode_steps(r: BitReader, m: int, dtype: np.dtype) -> np.ndarray:
+    """The ordinal steps of m changes (modulo 2^bits)."""
+    if not m:
+        return np.zeros(0, dtype=dtype)
+    sign = r.bits(m).astype(dtype)
     esc = positions(rice_decode(r))
     big = rice_decode(r)
     if len(big) != len(esc) or (len(esc) and esc[-1] >= m):
         raise ValueError("corrupt delta: bad step stream")
-    d = np.ones(m, dtype=old.dtype)
+    d = np.ones(m, dtype=dtype)
     big += 2
-    d[esc] = big.astype(old.dtype)  # sizes wrap modulo 2^bits, as encoded
+    d[esc] = big.astype(dtype)  # sizes wrap modulo 2^bits, as encoded
     np.negative(sign, out=sign)  # 0 or all ones: the step is (d ^ sign) - sign
     d ^= sign
     d -= sign
-    return (coords if members is None else members[coords]), d
+    return d
 
 
 def decode_delta(old: np.ndarray, payload: bytes | memoryview, dtype: str) -> tuple[np.ndarray, np.ndarray]:
@@ -210,12 +221,14 @@ def decode_delta(old: np.ndarray, payload: bytes | memoryview, dtype: str) -> tu
         bound = r.varint()
         if bound >= 1 << exp_bits:
             raise ValueError("corrupt delta: bad class bound")
-        pos, d = _decode_class(r, old, _low_class(old, bound, mant))
-        top, d_top = _decode_class(r, old, None)
+        members = _low_class(old, bound, mant)
+        pos = members[_decode_coords(r, len(members))]
+        top = _decode_coords(r, len(old))
         if len(top):
-            pos, d = np.concatenate([pos, top]), np.concatenate([d, d_top])
+            pos = np.concatenate([pos, top])
     else:
-        pos, d = _decode_class(r, old, None)
+        pos = _decode_coords(r, len(old))
+    d = _decode_steps(r, len(pos), old.dtype)
     if r.pos != len(r.buf):
         raise ValueError("corrupt delta: trailing bytes")
     vals = order_key(old[pos])
