@@ -2,8 +2,9 @@
 with the task's reference solution (`metadata["reference_edits"]`).
 
 It behaves like a careful agent — locate the code (read the named file; or grep for the function
-that the instruction, or the failing tests it names, point to; or list the repository), read
-around the bug, apply each edit with `edit_file`, run the visible tests, submit — and its turns
+that the instruction, or the failing tests it names, point to; or list the repository), read the
+file (whole when it is short, so the demonstration never relies on knowing the bug's line; else
+around the bug), apply each edit with `edit_file`, run the visible tests, submit — and its turns
 are real token ids (its intended assistant text, rendered in the chat format and encoded once by
 the tokenizer), so its episodes are demonstration data for the SFT warm start and exercise exactly
 the code path a trained policy does.
@@ -25,7 +26,8 @@ from strop.env.sandbox import Limits
 from strop.env.segment import Episode
 from strop.env.task import Task
 
-CONTEXT_LINES = 4  # lines read around an edit, each side
+CONTEXT_LINES = 4  # lines read around an edit, each side, in a file too long to read whole
+WHOLE_FILE_LINES = 100  # files up to this long are read whole: the bug's line is not something an agent knows
 _TEST_FILE = re.compile(r"(^|/)(test_[^/]*|[^/]*_test)\.py$")
 
 
@@ -54,11 +56,14 @@ def plan(task: Task, run_tests: bool = True) -> list[dict]:
     for i, edit in enumerate(edits):
         path, text = edit["path"], files.get(edit["path"], "")
         if i == 0 or path != edits[i - 1]["path"]:
-            at = text.find(edit["old"])
-            line = text.count("\n", 0, max(at, 0)) + 1
-            end = line + edit["old"].count("\n") + CONTEXT_LINES
-            turns.append(_call(f"I'll read `{path}`.", "read_file", path=path, start=max(1, line - CONTEXT_LINES),
-                               end=end))
+            if text.count("\n") <= WHOLE_FILE_LINES:  # what an agent can do without knowing where the bug is
+                turns.append(_call(f"I'll read `{path}`.", "read_file", path=path))
+            else:
+                at = text.find(edit["old"])
+                line = text.count("\n", 0, max(at, 0)) + 1
+                end = line + edit["old"].count("\n") + CONTEXT_LINES
+                turns.append(_call(f"I'll read `{path}`.", "read_file", path=path, start=max(1, line - CONTEXT_LINES),
+                                   end=end))
         turns.append(_call("Here is the bug; fixing it." if i == 0 else "And this part.", "edit_file",
                            path=path, old=edit["old"], new=edit["new"]))
         files[path] = text.replace(edit["old"], edit["new"], 1)

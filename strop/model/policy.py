@@ -137,3 +137,11 @@ def load_balancing_loss(router_logits: tuple, top_k: int, sigmoid: bool = False)
         ) / chosen.numel()
         total = total + n_experts * (frac * probs.mean(0)).sum()
     return total / max(1, len(router_logits))
+
+
+def logits_at(model, input_ids, mask):
+    """fp32 logits [N, vocab] of the N positions where `mask` [B, T] is True (row-major order).
+    The decoder runs on every position; the output head and its softmax only where a loss needs
+    them — for SFT and RL (loss on the policy's own tokens) most of the head's cost and memory."""
+    hidden = model.get_decoder()(input_ids=input_ids, use_cache=False).last_hidden_state
+    return model.get_output_embeddings()(hidden[mask]).float()

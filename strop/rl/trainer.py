@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from strop.config import RLSection
 from strop.env.segment import Segment
 from strop.model.mismatch import mismatch_metrics
+from strop.model.policy import logits_at
 from strop.rl.advantages import Sample, training_reward
 from strop.rl.loss import policy_loss
 
@@ -86,9 +87,11 @@ def build_batch(rows: list[tuple[Segment, float, float]], pad_id: int) -> TrainB
 
 
 def token_logprobs(model, batch: TrainBatch) -> torch.Tensor:
-    """[B, T] logprobs of the targets under the model (fp32), differentiable."""
-    logits = model(input_ids=batch.input_ids_BT, use_cache=False).logits.float()
-    return -F.cross_entropy(logits.flatten(0, 1), batch.targets_BT.flatten(), reduction="none").view_as(batch.targets_BT)
+    """[B, T] logprobs of the targets under the model (fp32), differentiable; computed on the
+    policy's own tokens (`mask_BT`) only, 0 elsewhere."""
+    mask = batch.mask_BT
+    lp = -F.cross_entropy(logits_at(model, batch.input_ids_BT, mask), batch.targets_BT[mask], reduction="none")
+    return torch.zeros(mask.shape, dtype=lp.dtype).masked_scatter(mask, lp)
 
 
 class RLTrainer:

@@ -60,13 +60,16 @@ def pad_batch(segments: list, pad_id: int):
 
 def masked_nll(model, segments: list, pad_id: int):
     """Mean next-token NLL over the policy's own tokens (loss_mask 1) and how many there were."""
+    import torch
     import torch.nn.functional as F
 
+    from strop.model.policy import logits_at
+
     inputs, targets, mask = pad_batch(segments, pad_id)
-    logits = model(input_ids=inputs, use_cache=False).logits.float()
-    nll = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none").view_as(targets)
-    n = mask.sum()
-    return (nll * mask).sum() / n.clamp(min=1), int(n)
+    n = int(mask.sum())
+    if not n:
+        return torch.zeros((), requires_grad=True), 0
+    return F.cross_entropy(logits_at(model, inputs, mask), targets[mask]), n
 
 
 def sft(cfg: Config, base: str | None = None) -> dict:
