@@ -1,11 +1,15 @@
 """`strop bench engine`: generation tokens/s of the strop engine vs Hugging Face `generate`.
 
 Same model, same prompts (windows of held-out stdlib code), same sampling (temperature 1,
-top-p 0.95, a fixed number of new tokens with end tokens ignored), batch sizes 1, 16 and 64;
-both timings include prefill. Wall-clock tokens/s are the headline; ratios of process CPU time
-(`cpu_*`) are reported too, since on a shared machine they are the steadier comparison. The demo-size model comes from `--checkpoint` or is randomly
-initialised at the `ModelSection` defaults (speed does not depend on the weights' values).
-The deterministic engine is timed as well, which is the cost of batch invariance.
+top-p 0.95, a fixed number of new tokens with end tokens ignored: 256, or 64 with `--quick`),
+batch sizes 1, 16 and 64; both timings include prefill; HF `generate` runs with its default
+KV cache. Both run on one torch thread unless `--threads` says otherwise: strop pins each engine
+to one core (the runtimes call `set_threads(1)`), and on a shared 2-core machine a second
+OpenMP thread slows both sides several-fold. Wall-clock tokens/s are the headline; ratios of
+process CPU time (`cpu_*`) are reported too, since on a shared machine they are the steadier
+comparison. The demo-size model comes from `--checkpoint` or is randomly initialised at the
+`ModelSection` defaults (speed does not depend on the weights' values). The deterministic
+engine is timed as well, which is the cost of batch invariance.
 """
 
 import argparse
@@ -17,10 +21,11 @@ from strop.bench.table import format_table, write_json
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", help="model directory; default: a random demo-size qwen3_moe")
-    parser.add_argument("--quick", action="store_true", help="fewer new tokens (under a minute)")
-    parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per sequence")
+    parser.add_argument("--quick", action="store_true", help="64 new tokens per sequence (under a minute)")
+    parser.add_argument("--new-tokens", type=int, default=256, help="tokens generated per sequence")
     parser.add_argument("--prompt-len", type=int, default=32, help="prompt tokens per sequence")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: STROP_THREADS or all cores)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads for both sides (default 1, as strop runs engines; 0 = STROP_THREADS or all cores)")
     parser.add_argument("--json", help="write results to this JSON file")
 
 
@@ -90,13 +95,13 @@ def time_engine(engine, prompts: list[list[int]], new_tokens: int) -> tuple[floa
 def run(args: argparse.Namespace) -> int:
     from strop.threads import set_threads
 
-    threads = set_threads(args.threads)
+    threads = set_threads(args.threads or None)
     import torch
 
     from strop.engine.engine import Engine
 
     torch.manual_seed(0)
-    new_tokens = 8 if args.quick else args.new_tokens
+    new_tokens = 64 if args.quick else args.new_tokens
     model, tok, stream = setup(args.checkpoint)
     max_len = args.prompt_len + new_tokens + 8
     engines = {"engine": Engine(model, tok, max_batch=64, max_len=max_len),
