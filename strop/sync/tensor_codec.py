@@ -143,11 +143,9 @@ def _encode_steps(d: np.ndarray) -> list[bytes]:
     such escapes say that as well in one stream as in one per class, for half the calls."""
     if not len(d):
         return []
-    neg = d > d.dtype.type((1 << (d.itemsize * 8 - 1)) - 1)  # a negative step
-    out = [np.packbits(neg).tobytes()]
-    sign = neg * d.dtype.type(-1 & ((1 << d.itemsize * 8) - 1))  # 0 or all ones: |d| = (d ^ sign) - sign
-    d ^= sign
-    d -= sign
+    signed = d.view(f"i{d.itemsize}")
+    out = [np.packbits(signed < 0).tobytes()]
+    np.abs(signed, out=signed)  # |step| (-2^(bits-1) stays itself, which read unsigned is its size)
     esc = np.flatnonzero(d != 1)  # |step| > 1
     out.append(rice_encode(gaps(esc), int(esc[-1]) - len(esc) + 1 if len(esc) else 0))
     big = d[esc].astype(np.int64)
