@@ -98,6 +98,7 @@ class Forward:
     def refresh(self) -> None:
         """Rebuild the weights derived from the model's (fused q/k/v); call after changing weights."""
         self._fused, self._qkv_sizes, self._packed, self._qk_norm, self._blocked = {}, {}, {}, {}, {}
+        self._decode_layers = None
         if self.deterministic or self.arch == "deepseek_v3":
             return
         with torch.no_grad():
@@ -115,6 +116,23 @@ class Forward:
                                             (kernels.pack_linear(a.o_proj.weight), a.o_proj.bias))
         with torch.no_grad():
             self._packed = {id(b.experts): kernels.pack_experts(b.experts) for b in self.blocks if self._kernel_fits(b.experts)}
+        self._decode_layers = self._decode_plan()
+
+    def _decode_plan(self) -> list[tuple] | None:
+        """Per layer, everything a pure decode step reads, resolved once (nn.Module attribute lookups
+        cost microseconds each, hundreds per step): None unless every block has its C kernels."""
+        out = []
+        for li, layer in enumerate(self.model.model.layers):
+            a, norm, post, mlp = layer.self_attn, layer.input_layernorm, layer.post_attention_layernorm, layer.mlp
+            if id(a) not in self._blocked:
+                return None
+            norms = (norm.weight, norm.variance_epsilon, post.weight, post.variance_epsilon, self._qk_norm[id(a)],
+                     a.q_norm.variance_epsilon)
+            moe = hasattr(mlp, "experts") and not hasattr(mlp, "shared_experts")
+            packed = self._packed.get(id(mlp.experts)) if moe else None
+            gate = (mlp.gate, mlp.gate.weight) if packed is not None else None
+            out.append((norms, *self._blocked[id(a)], a.scaling, (self.k_cache[li], self.v_cache[li]), gate, packed, mlp))
+        return out
 
     def _kernel_fits(self, experts) -> bool:
         """Whether `kernels.moe_experts` computes these experts: fp32, silu, widths a multiple of 32."""
@@ -195,8 +213,25 @@ class Forward:
         ids = torch.stack(routing, dim=1).to(routing_dtype(self.num_experts)) if routing else None
         return logits, ids
 
+    def _decode_native(self, h: torch.Tensor, plan: _Plan) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """A pure decode step on the C kernels: per layer one attention-block call, the router in
+        torch (`route`, so routing stays the architecture's), one expert call."""
+        routing, pending, rope = [], None, (self._cos, self._sin)
+        for norms, qkv, o, scale, caches, gate, packed, mlp in self._decode_layers:
+            x = kernels.attn_decode_block(h, pending, norms, qkv, rope, plan.slots, plan.positions, caches, o, scale)
+            if packed is None:
+                pending = self._mlp(mlp, x, routing)
+                continue
+            weights, ids = route(gate[0], F.linear(x, gate[1]))
+            routing.append(ids)
+            pending = kernels.moe_experts(x, ids, weights, *packed)
+        norm = self.model.model.norm
+        return F.linear(kernels.add_rmsnorm(h, pending, norm.weight, norm.variance_epsilon), self.model.lm_head.weight), routing
+
     def _native(self, h: torch.Tensor, plan: _Plan) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The fp32 forward on the C kernels; each MLP output is added to h by the next fused norm."""
+        if plan.all_decode and self._decode_layers:
+            return self._decode_native(h, plan)
         inner, routing, pending = self.model.model, [], None
         last_layer = len(inner.layers) - 1
         for li, layer in enumerate(inner.layers):
