@@ -52,7 +52,21 @@ static inline float dot(const float *restrict a, const float *restrict b, int64_
    column blocks [n / 32, m, 32] (n % 32 == 0) so each pass streams one contiguous block: 32
    outputs per pass, the accumulators in registers, each weight load shared by the rows. */
 static void vecmat(const float *restrict a, int64_t R, const float *restrict W, float *restrict y, int64_t m, int64_t n) {
-    for (int64_t j = 0; j < n; j += 32) {
+    int64_t j = 0;
+    if (R == 1)  /* one row: two blocks at once, so eight independent FMA chains hide FMA latency */
+        for (; j + 64 <= n; j += 64) {
+            const float *b0 = W + j * m, *b1 = b0 + 32 * m;
+            v8 acc[8] = {0};
+            for (int64_t i = 0; i < m; i++) {
+                const v8 x = BCAST(a[i]);
+                for (int b = 0; b < 4; b++) {
+                    acc[b] += x * *(const v8 *)(b0 + i * 32 + 8 * b);
+                    acc[4 + b] += x * *(const v8 *)(b1 + i * 32 + 8 * b);
+                }
+            }
+            for (int b = 0; b < 8; b++) *(v8 *)(y + j + 8 * b) = acc[b];
+        }
+    for (; j < n; j += 32) {
         const float *blk = W + j * m;
         v8 a0[4] = {0}, a1[4] = {0};
         for (int64_t i = 0; i < m; i++) {
