@@ -23,6 +23,8 @@ Steps are taken modulo 2^bits, so every bit pattern (NaN, inf, -0) round-trips e
 Tensors that change densely fall back to a zstd'd byte-shuffled full copy (`encode_full`).
 """
 
+from collections.abc import Iterator
+
 import numpy as np
 import zstandard
 
@@ -82,22 +84,29 @@ def choose_bound(old: np.ndarray, new: np.ndarray, mant: int, exp_bits: int) -> 
     return i + 1 if bits[i] < _mask_bits(cn[-1], cm[-1]) else None
 
 
-CHUNK = 1 << 18  # elements per step of `_low_class`: its temporaries stay in cache
+CHUNK = 1 << 18  # elements per step of `_low_chunks`: its temporaries stay in cache
 _BELOW = np.array([(1 << i) - 1 for i in range(64)], dtype=np.uint64)  # bits below bit i
 
 
-def _low_class(old: np.ndarray, bound: int, mant: int) -> np.ndarray:
-    """Sorted positions of the low class's members (old exponent below `bound`), a chunk at a
-    time: whole-tensor temporaries would cost more in fresh pages than the compare itself."""
+def _low_chunks(old: np.ndarray, bound: int, mant: int) -> Iterator[tuple[int, int, np.ndarray]]:
+    """(start, length, mask buffer) per CHUNK of `old`, the buffer's first `length` entries
+    marking the low class's members (old exponent below `bound`). One buffer serves every
+    chunk: whole-tensor temporaries would cost more in fresh pages than the compare itself."""
     n = len(old)
     absmask, t = old.dtype.type((1 << (old.itemsize * 8 - 1)) - 1), old.dtype.type(bound << mant)
     a = np.empty(min(n, CHUNK), dtype=old.dtype)
     mask = mask_buffer(min(n, CHUNK))
-    parts = []
     for s in range(0, n, CHUNK):
         k = min(CHUNK, n - s)
         np.bitwise_and(old[s : s + k], absmask, out=a[:k])
         np.less(a[:k], t, out=mask[:k])
+        yield s, k, mask
+
+
+def _low_class(old: np.ndarray, bound: int, mant: int) -> np.ndarray:
+    """Sorted positions of the low class's members."""
+    parts = []
+    for s, k, mask in _low_chunks(old, bound, mant):
         found = nonzero(mask, k)
         found += s
         parts.append(found)
@@ -106,18 +115,11 @@ def _low_class(old: np.ndarray, bound: int, mant: int) -> np.ndarray:
 
 def _low_ranks(old: np.ndarray, bound: int, mant: int, pos: np.ndarray) -> np.ndarray:
     """For sorted positions of low-class elements, their ranks among the low class's members:
-    a packed bitmap of the class (a chunk at a time), prefix popcounts per 64-bit word, and a
-    popcount within each position's word. Cheaper than listing the members when most of the
-    tensor is not in the class."""
-    n = len(old)
-    absmask, t = old.dtype.type((1 << (old.itemsize * 8 - 1)) - 1), old.dtype.type(bound << mant)
-    packed = np.zeros((n + 63) // 64 * 8, dtype=np.uint8)
-    a = np.empty(min(n, CHUNK), dtype=old.dtype)
-    mask = np.empty(min(n, CHUNK), dtype=bool)
-    for s in range(0, n, CHUNK):  # CHUNK is a multiple of 8: chunks pack to whole bytes
-        k = min(CHUNK, n - s)
-        np.bitwise_and(old[s : s + k], absmask, out=a[:k])
-        np.less(a[:k], t, out=mask[:k])
+    a packed bitmap of the class, prefix popcounts per 64-bit word, and a popcount within each
+    position's word. Cheaper than listing the members when most of the tensor is not in the
+    class."""
+    packed = np.zeros((len(old) + 63) // 64 * 8, dtype=np.uint8)
+    for s, k, mask in _low_chunks(old, bound, mant):  # CHUNK is a multiple of 8: whole bytes
         packed[s // 8 : s // 8 + (k + 7) // 8] = np.packbits(mask[:k], bitorder="little")
     words = packed.view(np.uint64)  # bit j of word w: element 64w + j (little-endian)
     before = np.zeros(len(words), dtype=np.int64)
