@@ -103,3 +103,78 @@ def test_failing_callback_does_not_break_the_engine(tiny_moe, tiny_tokenizer, ca
     good = eng.generate([tiny_tokenizer.encode("y = 2")], SamplingParams(max_tokens=3, stop_token_ids=[]))[0]
     assert bad.done.is_set() and len(bad.result.token_ids) == 3 and len(good.token_ids) == 3
     assert "caller bug" in capsys.readouterr().err
+
+
+def _nucleus_reference(probs, top_p):
+    """Smallest-probability-inside-the-nucleus per row, by a full sort (the textbook definition)."""
+    s = probs.sort(-1, descending=True).values
+    kept = ((s.cumsum(-1) - s) < top_p).sum(-1)
+    return s.gather(1, (kept - 1)[:, None])
+
+
+def test_top_p_sampler_keeps_the_sorted_nucleus():
+    from strop.engine import kernels, sampling
+
+    gen = torch.Generator().manual_seed(0)
+    samplers = [sampling._sample_torch] + ([kernels.sample_top_p] if kernels.available() else [])
+    for scale in (0.05, 1.0, 5.0):  # near-uniform (random init) to peaked rows
+        probs = torch.softmax(torch.randn(8, 4096, generator=gen) * scale, -1)
+        for p in (1e-6, 0.5, 0.95, 1.0):
+            t = _nucleus_reference(probs, p) if p < 1 else torch.zeros(8, 1)
+            mass = torch.where(probs >= t, probs, 0.0).sum(-1)
+            u = 1 - torch.rand(8, generator=gen)
+            picks = [f(probs, torch.full((8,), p), u) for f in samplers]
+            for tok, ratio in picks:
+                chosen = probs.gather(1, tok[:, None])[:, 0]
+                assert (chosen >= t[:, 0]).all() and torch.allclose(ratio, chosen / mass, rtol=1e-5)
+            assert all(torch.equal(tok, picks[0][0]) for tok, _ in picks)  # the same token for the same uniform
+    rows = torch.softmax(torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0]), -1).expand(40000, -1).contiguous()
+    for f in samplers:  # frequencies follow the renormalised nucleus {0, 1, 2} of top_p 0.8
+        tok, _ = f(rows, torch.full((40000,), 0.8), 1 - torch.rand(40000, generator=gen))
+        freq = torch.bincount(tok, minlength=5) / 40000
+        want = torch.cat([rows[0, :3] / rows[0, :3].sum(), torch.zeros(2)])
+        assert (freq - want).abs().max() < 0.01
+
+
+def test_kernels_match_torch():
+    from strop.engine import kernels
+
+    if not kernels.available():
+        pytest.skip("no C compiler")
+    gen = torch.Generator().manual_seed(0)
+    kc, vc = torch.randn(4, 2, 96, 32, generator=gen), torch.randn(4, 2, 96, 32, generator=gen)
+    q, slots, pos = torch.randn(3, 4, 32, generator=gen), torch.tensor([0, 2, 3]), torch.tensor([5, 40, 95])
+    out = kernels.decode_attention(q, kc, vc, slots, pos, 0.2)
+    for i in range(3):  # one query row against its slot's keys 0..pos
+        T = int(pos[i]) + 1
+        ref = torch.nn.functional.scaled_dot_product_attention(q[i][None, :, None], kc[slots[i]][None, :, :T],
+                                                               vc[slots[i]][None, :, :T], scale=0.2, enable_gqa=True)
+        assert torch.allclose(out[i], ref[0, :, 0], atol=1e-5)
+
+    class Experts(torch.nn.Module):
+        gate_up_proj = torch.randn(8, 64, 64, generator=gen) * 0.1
+        down_proj = torch.randn(8, 64, 32, generator=gen) * 0.1
+
+    ex = Experts()
+    for n in (1, 5, 40):  # one row per expert, pairs, groups of four
+        x, w = torch.randn(n, 64, generator=gen), torch.rand(n, 2, generator=gen)
+        ids = torch.stack([torch.randperm(8, generator=gen)[:2] for _ in range(n)])
+        gate, up = torch.einsum("nkih,nh->nki", ex.gate_up_proj[ids], x).chunk(2, -1)
+        ref = (torch.einsum("nkhi,nki->nkh", ex.down_proj[ids], torch.nn.functional.silu(gate) * up) * w[..., None]).sum(1)
+        assert torch.allclose(kernels.moe_experts(x, ids, w, *kernels.pack_experts(ex)), ref, atol=1e-5)
+
+
+def test_weight_update_refreshes_packed_weights(tiny_moe, tiny_tokenizer):
+    eng = Engine(tiny_moe, tiny_tokenizer, max_batch=2, max_len=64)
+    p = _prompts(tiny_tokenizer, 1)[0]
+    eng.generate([p], SamplingParams(max_tokens=2, temperature=0, stop_token_ids=[]))
+    experts = tiny_moe.model.layers[0].mlp.experts
+    new = {"model.layers.0.mlp.experts.down_proj": experts.down_proj.detach() * -3,
+           "model.layers.1.self_attn.o_proj.weight": tiny_moe.model.layers[1].self_attn.o_proj.weight.detach() * 2}
+    eng.update_weights(tensors=new).wait(10)
+    out = eng.generate([p], SamplingParams(max_tokens=4, temperature=0, stop_token_ids=[]))[0]
+    ids = torch.tensor([p])
+    for t in out.token_ids:  # the engine's derived copies (fused, packed) follow the update
+        with torch.no_grad():
+            assert int(tiny_moe(ids).logits[0, -1].argmax()) == t
+        ids = torch.cat([ids, torch.tensor([[t]])], 1)

@@ -138,7 +138,7 @@ class Forward:
         """Whether `kernels.moe_experts` computes these experts: fp32, silu, widths a multiple of 32."""
         E, I2, H = experts.gate_up_proj.shape
         return (kernels.available() and experts.gate_up_proj.dtype == torch.float32 and self.cfg.hidden_act == "silu"
-                and H % 32 == 0 and I2 % 64 == 0 and not getattr(experts, "has_bias", False))
+                and H % 32 == 0 and I2 % 32 == 0 and I2 % 16 == 0 and not getattr(experts, "has_bias", False))
 
     def _norm(self, mod, x):
         """An HF RMSNorm module: itself in deterministic mode (the trainer's exact ops), else fused."""
