@@ -34,7 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-batch", type=int, default=16, help="engine slots")
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
                         help="serving dtype of engine and trainer (strop ships bf16 weights to engines)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: STROP_THREADS or all cores)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (default 1, as strop runs engines and trainers; 0 = STROP_THREADS or all cores)")
     parser.add_argument("--json", help="write results to this JSON file")
 
 
@@ -97,7 +98,7 @@ def compare(model, outs, replay: bool, deterministic: bool) -> tuple[dict, float
 def run(args: argparse.Namespace) -> int:
     from strop.threads import set_threads
 
-    threads = set_threads(args.threads)
+    threads = set_threads(args.threads or None)
     import torch
 
     from strop.bench.engine import setup
