@@ -209,9 +209,9 @@ void attn_decode_block(float *restrict h, const float *restrict pending, const f
 /* Top-p sampling for rows of probabilities p [N, V]. Row n keeps its nucleus (when top_p[n] < 1):
    the most probable tokens, each kept when the mass ranked strictly above it is < top_p[n]; the
    smallest kept probability t becomes a threshold and every token with p >= t is kept (ties with
-   it too). The threshold comes from a radix select over the float bits (monotone for p >= 0):
-   a histogram of mass over the top 8 bits, then over the next 8 inside the bucket where the mass
-   crosses top_p (the row compacted to that bucket), and once more, then a sort of the few
+   it too). The threshold comes from a select: a histogram of mass over 1024 linear buckets of
+   p / max(p), the row compacted to the bucket where the mass crosses top_p, radix levels over
+   the float bits (monotone for p >= 0) while that bucket is crowded, then a sort of the few
    values left; the kept mass falls out of the same walk. Then u[n] in (0, 1] picks a token
    by inverse CDF over the kept mass in vocabulary order. Outputs: tok[n] and
    ratio[n] = p[tok] / kept mass. Scratch: buf [V] floats. */
@@ -265,6 +265,40 @@ static int64_t compact(const float *src, int64_t m, int shift, uint64_t prefix, 
     return k;
 }
 
+/* Linear first level: bucket = p * 1023 / max(p), so near-uniform and peaked rows both spread out;
+   returns the crossing bucket (advancing above past the buckets over it) and compacts its values
+   into buf (*m of them); -1 when rounding leaves no crossing. */
+static int64_t linear_crossing(const float *row, int64_t V, double top_p, double *above, float *buf, int64_t *m) {
+    double mass[2][1024];
+    memset(mass, 0, sizeof(mass));
+    float pmax = 0.0f;
+    for (int64_t i = 0; i < V; i++) pmax = row[i] > pmax ? row[i] : pmax;
+    const float scale = 1023.0f / pmax;
+    int64_t i = 0;
+    for (; i + 2 <= V; i += 2)
+        for (int j = 0; j < 2; j++) {
+            const int64_t b = (int64_t)(row[i + j] * scale);
+            mass[j][b > 1023 ? 1023 : b] += row[i + j];
+        }
+    for (; i < V; i++) {
+        const int64_t b = (int64_t)(row[i] * scale);
+        mass[0][b > 1023 ? 1023 : b] += row[i];
+    }
+    int64_t k = 1023;
+    for (; k >= 0; k--) {
+        const double s = mass[0][k] + mass[1][k];
+        if (*above + s >= top_p) break;
+        *above += s;
+    }
+    if (k < 0) return -1;
+    *m = 0;
+    for (i = 0; i < V; i++) {
+        const int64_t b = (int64_t)(row[i] * scale);
+        if ((b > 1023 ? 1023 : b) == k) buf[(*m)++] = row[i];
+    }
+    return k;
+}
+
 void sample_top_p(const float *restrict p, const float *restrict top_p, const float *restrict u,
                   int64_t *restrict tok, float *restrict ratio, float *restrict buf, int64_t N, int64_t V) {
     for (int64_t n = 0; n < N; n++) {
@@ -273,15 +307,15 @@ void sample_top_p(const float *restrict p, const float *restrict top_p, const fl
         double total = -1.0;  /* the kept mass, when the select found it */
         if (top_p[n] < 1.0f) {
             double above = 0.0;
-            int64_t b = crossing(row, V, 24, 0, top_p[n], &above);
-            uint64_t prefix = (uint64_t)b;
-            int64_t m = b < 0 ? 0 : compact(row, V, 24, prefix, buf);  /* later levels scan only these */
-            for (int shift = 16; shift >= 8 && b >= 0; shift -= 8) {
+            int64_t m = 0;
+            int64_t b = linear_crossing(row, V, top_p[n], &above, buf, &m);
+            uint64_t prefix = 0;
+            for (int shift = 24; shift >= 8 && b >= 0 && m > 64; shift -= 8) {  /* radix levels on a crowded bucket */
                 b = crossing(buf, m, shift, prefix, top_p[n], &above);
                 prefix = (prefix << 8) | (uint64_t)b;
                 if (b >= 0) m = compact(buf, m, shift, prefix, buf);
             }
-            if (b >= 0) {  /* the values sharing the crossing's top 24 bits: few, sorted */
+            if (b >= 0) {  /* the few values left, sorted */
                 qsort(buf, m, sizeof(float), desc_cmp);
                 int64_t j = 0;
                 t = buf[0];
@@ -297,14 +331,32 @@ void sample_top_p(const float *restrict p, const float *restrict top_p, const fl
             total = 0.0;
             for (int64_t i = 0; i < V; i++) if (row[i] >= t) total += row[i];
         }
+        /* Inverse CDF: kept mass in 32-token blocks (vectorised), then token by token in the block. */
         const double target = u[n] * total;
         double c = 0.0;
-        int64_t pick = -1, last = 0;
-        for (int64_t i = 0; i < V; i++) {
+        int64_t pick = -1, last = -1, i = 0;
+        const v8 tv = BCAST(t);
+        for (; i + 32 <= V && pick < 0; i += 32) {
+            v8 s = {0};
+            for (int q = 0; q < 4; q++) {
+                const v8 x = *(const v8 *)(row + i + 8 * q);
+                s += (v8)((v8i)x & (v8i)(x >= tv));
+            }
+            const double bs = (double)(((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])));
+            if (bs <= 0.0) continue;
+            if (c + bs < target) { c += bs; for (int64_t k = i + 31; k >= i; k--) if (row[k] >= t && row[k] > 0.0f) { last = k; break; } continue; }
+            for (int64_t k = i; k < i + 32; k++) {
+                if (row[k] < t || row[k] <= 0.0f) continue;
+                last = k;
+                c += row[k];
+                if (c >= target) { pick = k; break; }
+            }
+        }
+        for (; i < V && pick < 0; i++) {
             if (row[i] < t || row[i] <= 0.0f) continue;
             last = i;
             c += row[i];
-            if (c >= target) { pick = i; break; }
+            if (c >= target) pick = i;
         }
         if (pick < 0) pick = last;  /* target rounded above the running sum: the last kept token */
         tok[n] = pick;
