@@ -364,6 +364,33 @@ void sample_top_p(const float *restrict p, const float *restrict top_p, const fl
     }
 }
 
+/* A softmax router's choice, as `strop.model.routing.route` makes it: per row of logits [N, E],
+   probabilities softmax(logits), the K largest in descending order (ties: lower expert id
+   first) into ids [N, K], their probabilities (renormalised to sum 1 when norm) into w [N, K]. */
+void route_softmax(const float *restrict logits, int64_t *restrict ids, float *restrict w, int64_t N, int64_t E,
+                   int64_t K, int64_t norm) {
+    float pr[E];
+    for (int64_t n = 0; n < N; n++) {
+        const float *l = logits + n * E;
+        float m = l[0], z = 0.0f;
+        for (int64_t e = 1; e < E; e++) m = l[e] > m ? l[e] : m;
+        for (int64_t e = 0; e < E; e++) z += (pr[e] = expf(l[e] - m));
+        for (int64_t e = 0; e < E; e++) pr[e] /= z;
+        float s = 0.0f;
+        for (int64_t k = 0; k < K; k++) {
+            int64_t best = -1;
+            for (int64_t e = 0; e < E; e++)
+                if (pr[e] >= 0.0f && (best < 0 || pr[e] > pr[best])) best = e;
+            if (best < 0) best = k % E;  /* NaN logits: stay in bounds (the output is NaN anyway) */
+            ids[n * K + k] = best;
+            s += (w[n * K + k] = pr[best]);
+            pr[best] = -1.0f;  /* taken */
+        }
+        if (norm)
+            for (int64_t k = 0; k < K; k++) w[n * K + k] /= s;
+    }
+}
+
 /* x [N,H]; ids, w [N,K] (expert ids, gate weights); gu [E,H,2I] and dn [E,I,H] (transposed
    projections); out [N,H]. Scratch: hbuf [4, 2I], ybuf [N*K,H], order [N*K], start [E+1]. H and
    I are multiples of 32. Assignments go expert by expert, up to four at a time, so each expert's

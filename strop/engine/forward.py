@@ -214,15 +214,16 @@ class Forward:
         return logits, ids
 
     def _decode_native(self, h: torch.Tensor, plan: _Plan) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """A pure decode step on the C kernels: per layer one attention-block call, the router in
-        torch (`route`, so routing stays the architecture's), one expert call."""
+        """A pure decode step on the C kernels: per layer one attention-block call, the router's
+        projection and its softmax top-k (`route` in C: the qwen3 family's softmax routers), one
+        expert call."""
         routing, pending, rope = [], None, (self._cos, self._sin)
         for norms, qkv, o, scale, caches, gate, packed, mlp in self._decode_layers:
             x = kernels.attn_decode_block(h, pending, norms, qkv, rope, plan.slots, plan.positions, caches, o, scale)
             if packed is None:
                 pending = self._mlp(mlp, x, routing)
                 continue
-            weights, ids = route(gate[0], F.linear(x, gate[1]))
+            weights, ids = kernels.route_softmax(F.linear(x, gate[1]), gate[0].top_k, gate[0].norm_topk_prob)
             routing.append(ids)
             pending = kernels.moe_experts(x, ids, weights, *packed)
         norm = self.model.model.norm

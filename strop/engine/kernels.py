@@ -62,6 +62,7 @@ def _build() -> ctypes.CDLL | None:
                        ("decode_attention", [P, I64] + [P] * 6 + [I64] * 5 + [F32]),
                        ("moe_experts", [P] * 10 + [I64] * 5),
                        ("sample_top_p", [P] * 6 + [I64] * 2),
+                       ("route_softmax", [P] * 3 + [I64] * 4),
                        ("attn_decode_block", [P] * 3 + [F32] + [P] * 3 + [F32] + [P] * 9 + [F32] + [P] * 2 + [I64] * 6 + [F32])):
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = None, args
@@ -87,6 +88,15 @@ def sample_top_p(probs: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor) -> t
     _lib.sample_top_p(probs.data_ptr(), top_p.data_ptr(), u.data_ptr(), tok.data_ptr(), ratio.data_ptr(),
                       scratch.data_ptr(), N, V)
     return tok, ratio
+
+
+def route_softmax(logits: torch.Tensor, k: int, norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [N, k] fp32, ids [N, k] int64) of a softmax top-k router from fp32 logits [N, E]."""
+    logits = logits.contiguous()
+    N, E = logits.shape
+    ids, w = torch.empty(N, k, dtype=torch.int64), torch.empty(N, k)
+    _lib.route_softmax(logits.data_ptr(), ids.data_ptr(), w.data_ptr(), N, E, k, int(norm))
+    return w, ids
 
 
 def pack_linear(weight: torch.Tensor) -> torch.Tensor:
