@@ -157,6 +157,8 @@ class Forward:
         if all(n == 1 for n in lens):  # a pure decode step: one row per segment, no per-segment tensors
             positions = torch.tensor([s.start for s in segments])
             slots = torch.tensor([s.slot for s in segments])
+            if self._decode_layers:  # the C decode path reads nothing else
+                return _Plan(positions, slots, None, None, None, 0, True, [], None, [])
         else:
             positions = torch.cat([torch.arange(s.start, s.start + n) for s, n in zip(segments, lens)])
             slots = torch.cat([torch.full((n,), s.slot) for s, n in zip(segments, lens)])

@@ -21,6 +21,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 import torch
@@ -29,6 +30,17 @@ from strop.engine.csrc import SOURCE as _SOURCE
 
 _lib: ctypes.CDLL | None = None
 _tried = False
+_local = threading.local()  # per-thread scratch buffers: engines on different threads never share one
+
+
+def _scratch(slot: str, n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A reusable buffer of at least n elements for kernel-internal scratch (never returned to callers);
+    a decode step would otherwise pay a dozen allocations."""
+    bufs = _local.__dict__.setdefault("bufs", {})
+    buf = bufs.get(slot)
+    if buf is None or buf.numel() < n:
+        buf = bufs[slot] = torch.empty(max(n, 1), dtype=dtype)
+    return buf
 
 
 def _cpu_key() -> str:
@@ -84,7 +96,7 @@ def available() -> bool:
 def sample_top_p(probs: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(token [N], p[token] / kept mass [N]) for probability rows [N, V], top_p [N] and u [N] in (0, 1]."""
     N, V = probs.shape
-    tok, ratio, scratch = torch.empty(N, dtype=torch.int64), torch.empty(N), torch.empty(V)  # all alive across the call
+    tok, ratio, scratch = torch.empty(N, dtype=torch.int64), torch.empty(N), _scratch("sample", V)
     _lib.sample_top_p(probs.data_ptr(), top_p.data_ptr(), u.data_ptr(), tok.data_ptr(), ratio.data_ptr(),
                       scratch.data_ptr(), N, V)
     return tok, ratio
@@ -118,7 +130,7 @@ def attn_decode_block(h: torch.Tensor, pending: torch.Tensor | None, norms: tupl
     _, nk, L, d = kc.shape
     nq = o[0].shape[1] // d
     out = torch.empty(N, D)
-    scratch = torch.empty(N * (2 * D + 3 * (nq + nk) * d) + L)
+    scratch = _scratch("attn", N * (2 * D + 3 * (nq + nk) * d) + L)
     w_in, eps_in, w_post, eps_post, w_qk, eps_qk = norms
     _lib.attn_decode_block(h.data_ptr(), _ptr(pending), w_in.data_ptr(), eps_in, qkv[0].data_ptr(), _ptr(qkv[1]),
                            w_qk.data_ptr(), eps_qk, rope[0].data_ptr(), rope[1].data_ptr(), slots.data_ptr(),
@@ -169,7 +181,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     N, n_q = q.shape[0], q.shape[1]
     assert q.stride(2) == 1 and q.stride(1) == d
     out = torch.empty(N, n_q, d)
-    scores = torch.empty(L)
+    scores = _scratch("scores", L)
     _lib.decode_attention(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
                           positions.data_ptr(), out.data_ptr(), scores.data_ptr(), N, n_q, n_k, d, L, scale)
     return out
@@ -185,8 +197,8 @@ def moe_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     E, I2 = gate_up.shape[0], gate_up.shape[1] * 32
     H = down.shape[1] * 32
     out = torch.empty(N, H)
-    hbuf, ybuf = torch.empty(4 * I2), torch.empty(N * K, H)
-    order, start = torch.empty(N * K, dtype=torch.int64), torch.empty(E + 1, dtype=torch.int64)
+    hbuf, ybuf = _scratch("moe_h", 4 * I2), _scratch("moe_y", N * K * H)
+    order, start = _scratch("moe_order", N * K, torch.int64), _scratch("moe_start", E + 1, torch.int64)
     _lib.moe_experts(x.data_ptr(), ids.data_ptr(), w.data_ptr(), gate_up.data_ptr(), down.data_ptr(),
                      out.data_ptr(), hbuf.data_ptr(), ybuf.data_ptr(), order.data_ptr(), start.data_ptr(),
                      N, K, E, H, I2 // 2)
