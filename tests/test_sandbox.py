@@ -3,6 +3,7 @@
 import os
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -234,3 +235,15 @@ def test_cli_exit_codes(world, capfd):
     assert "timed out" in capfd.readouterr().err
     assert main(["sandbox", "run", "--world", "/nonexistent", "--", "true"]) == 2
     assert "not a directory" in capfd.readouterr().err
+
+
+def test_sandbox_outlives_the_thread_that_opened_it(world):
+    # --die-with-parent fires when the *thread* that started bwrap exits: sandboxes opened from a
+    # pool's or executor's thread must keep running after it ends
+    opened = []
+    t = threading.Thread(target=lambda: opened.append(open_sandbox(world)))
+    t.start()
+    t.join()
+    with opened[0] as s:
+        time.sleep(0.2)
+        assert s.exec("echo alive").stdout == "alive\n"
