@@ -238,8 +238,8 @@ def test_cli_exit_codes(world, capfd):
 
 
 def test_sandbox_outlives_the_thread_that_opened_it(world):
-    # --die-with-parent fires when the *thread* that started bwrap exits: sandboxes opened from a
-    # pool's or executor's thread must keep running after it ends
+    # prctl(2) documents --die-with-parent's PDEATHSIG as firing when the *thread* that started
+    # bwrap exits: sandboxes opened from a pool's or executor's thread must keep running after it
     opened = []
     t = threading.Thread(target=lambda: opened.append(open_sandbox(world)))
     t.start()

@@ -170,12 +170,10 @@ def _pids_cgroup_root() -> Path | None:
 class _Spawner:
     """Starts every bwrap of this process from one long-lived thread.
 
-    Why a thread of its own: --die-with-parent is PR_SET_PDEATHSIG, which fires when the *thread*
-    that started bwrap exits, not the process. Started from a short-lived thread (a pool worker,
-    an executor's thread) a sandbox would be killed mid-episode when that thread ends, and if it
-    ended while bwrap's child was still setting up, the child would arm its own PDEATHSIG after
-    the fact and outlive everything (an orphan with parent pid 1). This thread lives as long as
-    the process.
+    Why a thread of its own: --die-with-parent is PR_SET_PDEATHSIG, which prctl(2) documents as
+    firing when the *thread* that started bwrap exits, not the process (this kernel, 6.18, did not
+    fire it on thread exit in a test; others may). From a thread that lives as long as the process,
+    a sandbox's lifetime is the process's on every kernel, never a pool or executor thread's.
 
     With a pids cgroup per sandbox (strop runs as root, see _pids_cgroup_root; cgroup v1), the
     thread sits in a free sandbox cgroup when it starts bwrap, so bwrap is born inside it: the
