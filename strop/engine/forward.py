@@ -1,15 +1,21 @@
 """The engine's own forward pass over a Hugging Face policy's weights, with a slot-indexed KV cache.
 
 It reads the model's parameters in place, so a weight update applied to the model is what the
-next step runs (the one derived tensor, a fused q/k/v weight, is rebuilt by `refresh()`). It
-mixes prefill and decode rows in one pass: a batch is a list of segments (slot, first position,
-tokens); all token rows share the linear and MoE work, and attention runs per kind (all one-token
-decode rows together, each prefill on its own). There are no HF cache objects or masks.
+next step runs; the derived tensors (fused q/k/v, joint q/k norm weight, the C kernels' packed
+projections and experts, the per-layer decode plan) are rebuilt by `refresh()`, which the
+engine calls after every update. It mixes prefill and decode rows in one pass: a batch is a list
+of segments (slot, first position, tokens); all token rows share the linear and MoE work, and
+attention runs per kind (one-token decode rows together, prompts of one length together). Past
+the last attention only each segment's final row feeds a logit, so the last MLP runs on those
+rows alone (its router still sees every row, for the routing record). No HF cache objects.
 
-Two modes. Default: fused q/k/v GEMM, fused RMSNorm, SDPA, `F.grouped_mm` experts — close to
-the trainer (~1e-6 in logprob, fp32) but not bitwise. Deterministic: the HF modules' own
-arithmetic (HF RMSNorm and rotary code, `strop.model.routing` routers) on
-`strop.model.deterministic` ops (linear, attention, experts); it then equals the trainer's `deterministic_mode` forward bit for bit.
+Modes. Default: fused q/k/v GEMM, precomputed RoPE tables, fused RMSNorm, SDPA, `F.grouped_mm`
+experts; in fp32 with the C kernels (`strop.engine.kernels`) a pure decode step is one kernel
+call per attention block, the router's softmax top-k and one expert call per layer. Close to the
+trainer (~1e-6 in logprob, fp32) but not bitwise. Deterministic: the HF modules' own arithmetic
+(HF RMSNorm and rotary code, `strop.model.routing` routers) on `strop.model.deterministic` ops
+(linear, attention, experts); it then equals the trainer's `deterministic_mode` forward bit for
+bit.
 """
 
 from dataclasses import dataclass
