@@ -191,6 +191,7 @@ class _Spawner:
         self._here: Path | None = None  # the cgroup this thread sits in (None: the process's own)
         self._made = 0
         self._tid = 0
+        self._max: dict[Path, int] = {}  # pids limit each cgroup was given (touched by the thread only)
         threading.Thread(target=self._serve, name="sandbox-spawner", daemon=True).start()
 
     def spawn(self, argv: list[str], pass_fds: tuple[int, ...], max_procs: int) -> tuple[subprocess.Popen, Path | None]:
@@ -238,7 +239,9 @@ class _Spawner:
         cgroup = self._cgroup() if self.root is not None else None
         try:
             if cgroup is not None:
-                (cgroup / "pids.max").write_text(str(max_procs + 5))  # + bwrap, server, helpers, this thread
+                if self._max.get(cgroup) != max_procs:  # reused cgroups keep their limit
+                    (cgroup / "pids.max").write_text(str(max_procs + 5))  # + bwrap, server, helpers, this thread
+                    self._max[cgroup] = max_procs
                 if self._here != cgroup:
                     # cgroup v2 moves whole processes only: a shell joins, then becomes bwrap
                     argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup / "cgroup.procs"), *argv]
@@ -501,8 +504,9 @@ class BwrapSandbox:
         # rc first, then kill leftovers (pid 1 is spared by kill -1), then the markers
         # markers start with \036 (record separator), a byte output rarely ends with, so that
         # streaming need not hold output back in case it is the start of a marker
-        return (f"{line}\n_rc=$?; kill -9 -1 2>/dev/null; printf '\\036{nonce}:%d\\n' $_rc; "
-                f"printf '\\036{nonce}\\n' >&2\n").encode()
+        # stderr's marker first: when the host sees stdout's, both are there (one wake-up, not two)
+        return (f"{line}\n_rc=$?; kill -9 -1 2>/dev/null; printf '\\036{nonce}\\n' >&2; "
+                f"printf '\\036{nonce}:%d\\n' $_rc\n").encode()
 
     def exec(self, cmd: str | list[str], timeout: float | None = None, stdin: str | None = None,
              env: dict[str, str] | None = None, on_output: Callable[[int, bytes], None] | None = None) -> ExecResult:
