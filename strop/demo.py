@@ -32,40 +32,9 @@ def stage_midtrain(cfg: Config) -> dict:
     return {**trained, **figures}
 
 
-def stage_sft(cfg: Config) -> dict:
-    """SFT warm start, then the held-out evaluation of the warm-started policy."""
-    from strop.rl.evaluate import evaluate_cached
-    from strop.train.sft import sft
-
-    trained = sft(cfg)
-    return {**evaluate_cached(cfg, cfg.run_dir / "sft" / "model", cfg.run_dir / "sft" / "eval.json"), "train": trained}
-
-
-def stage_rl(cfg: Config) -> dict:
-    """Asynchronous RL from the SFT policy, then the held-out evaluation of the result."""
-    from strop.rl.evaluate import evaluate_cached
-    from strop.rl.train_cmd import train_rl
-
-    trained = train_rl(cfg, mode="async")
-    return {**evaluate_cached(cfg, cfg.run_dir / "rl" / "model", cfg.run_dir / "rl" / "eval.json"), "train": trained}
-
-
-def stage_report(cfg: Config) -> dict:
-    from strop.rl.report import write_report
-
-    summary = json.loads((cfg.run_dir / "summary.json").read_text())
-    evals = {k: summary[k] for k in ("sft", "rl")}
-    path = write_report(cfg.run_dir, cfg.run_dir / "rl" / "metrics.jsonl", evals, summary)
-    gain = summary["rl"]["solve_rate"] - summary["sft"]["solve_rate"]
-    return {"path": str(path), "solve_rate_gain": round(gain, 4)}
-
-
 # (name, function), run in order; each stage's result becomes summary[name].
 STAGES: list[tuple[str, Callable[[Config], dict]]] = [
     ("midtrain", stage_midtrain),
-    ("sft", stage_sft),
-    ("rl", stage_rl),
-    ("report", stage_report),
 ]
 
 

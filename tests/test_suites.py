@@ -2,6 +2,7 @@
 builds verified mutants; a few tasks go through the real checker (sandboxed)."""
 
 import ast
+import dataclasses
 import json
 
 import pytest
@@ -72,8 +73,13 @@ def test_synthetic_references_pass_and_bugs_fail_through_checker():
         t = synthetic.make_task(d, "eval", 11)
         buggy = check(t, {})
         fixed = check(t, apply_edits(t.files, t.metadata["reference_edits"]))
-        assert buggy.reward == 0 and buggy.failed > 0 and buggy.perturbed_reward == 0, buggy
+        assert buggy.reward == 0 and buggy.failed > 0 and buggy.perturbed_reward is None, buggy  # unpaid: not rerun
         assert fixed.reward == 1 and fixed.perturbed_reward == 1, fixed
+        # the perturbed tests catch the bug too, run as the hidden tests
+        as_hidden = dataclasses.replace(t, hidden_tests=t.perturbed_tests,
+                                        metadata={**t.metadata, "n_tests": t.metadata["n_perturbed_tests"]})
+        perturbed = check(as_hidden, {}, perturbed=False)
+        assert perturbed.reward == 0 and perturbed.failed > 0, perturbed
 
 
 def test_humaneval_subset_canonical_pass_stubs_fail():

@@ -6,12 +6,10 @@ harness, sandbox and checker as training (the one code path). The policy runs in
 engine shared by `workers` threads, so their turns decode as one batch.
 """
 
-import json
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from pathlib import Path
 
 from strop.config import Config
 from strop.env.harness import Harness
@@ -42,13 +40,6 @@ def _figures(solved: list[bool]) -> dict:
     lo, hi = wilson(sum(solved), len(solved))
     return {"solve_rate": sum(solved) / max(len(solved), 1), "solve_rate_ci95": [round(lo, 4), round(hi, 4)],
             "eval_episodes": len(solved)}
-
-
-def evaluate_cached(cfg: Config, policy_dir: str | Path, path: Path) -> dict:
-    """`evaluate` once: the result is kept in `path` (JSON), so a rerun of a stage reuses it."""
-    if not path.is_file():
-        path.write_text(json.dumps(evaluate(cfg, str(policy_dir), progress=True), indent=2))
-    return json.loads(path.read_text())
 
 
 def evaluate(cfg: Config, policy_dir: str, tasks: list[Task] | None = None, progress: bool = False) -> dict:

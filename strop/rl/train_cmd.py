@@ -1,8 +1,8 @@
 """`strop train --config F [--mode sync|async] [--runtime inline|ray]`: RL from a warm-started policy.
 
 Starts from `--policy DIR` (default `<run_dir>/sft/model`), trains on the train split of
-`rollout.suite`, and writes `<run_dir>/rl/`: `metrics.jsonl` (one row per step), `checkpoint/`
-(the whole run, every `rollout.ckpt_every` steps), `model/` (the final policy) and `result.json`.
+`rollout.suite`, and writes `<run_dir>/rl/`: `metrics.jsonl` (one row per step), `report.md` with
+plots, `checkpoint/` (the whole run, every `rollout.ckpt_every` steps), `model/` (the final policy) and `result.json`.
 Rerunning the same command resumes from the checkpoint; a finished run only reports.
 """
 
@@ -58,6 +58,7 @@ def train_rl(cfg: Config, *, mode: str = "async", runtime: str = "inline", polic
     `trainer_process` place the inline runtime (see `strop.runtime.inline`)."""
     from strop.model.policy import is_model_dir, load_model, save_model
     from strop.rl.orchestrator import Orchestrator
+    from strop.rl.report import write_report
 
     policy_dir = Path(policy_dir or cfg.run_dir / "sft" / "model")
     out = Path(out_dir or cfg.run_dir / "rl")
@@ -82,6 +83,7 @@ def train_rl(cfg: Config, *, mode: str = "async", runtime: str = "inline", polic
         rt.close()
     result = {"mode": mode, "runtime": runtime, **result}
     (out / "result.json").write_text(json.dumps(result, indent=2))
+    write_report(out, out / "metrics.jsonl", {})
     return result
 
 
