@@ -28,8 +28,10 @@ class MetricsLog:
         self.path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def plot_metrics(rows: list[dict], path: Path, keys: list[str], title: str = "", x: str = "step") -> None:
-    """One line per key against `x`; rows missing a key are skipped for that line."""
+def plot_metrics(rows: list[dict], path: Path, keys: list[str], title: str = "", x: str = "step", ylabel: str = "",
+                 points: dict[str, tuple[float, float, float, float]] | None = None) -> None:
+    """One line per key against `x`; rows missing a key are skipped for that line. `points` adds
+    labelled markers with error bars: label -> (x, y, low, high)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -37,14 +39,17 @@ def plot_metrics(rows: list[dict], path: Path, keys: list[str], title: str = "",
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for key in keys:
-        pts = [(r[x], r[key]) for r in rows if key in r and r[key] is not None]
+        pts = [(r[x], r[key]) for r in rows if r.get(key) is not None]
         if pts:
             xs, ys = zip(*pts)
             ax.plot(xs, ys, label=key, marker="o" if len(pts) < 30 else None)
+    for label, (px, py, lo, hi) in (points or {}).items():
+        ax.errorbar([px], [py], yerr=[[py - lo], [hi - py]], fmt="s", capsize=4, label=label)
     ax.set_xlabel(x)
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

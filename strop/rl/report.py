@@ -10,47 +10,24 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from strop.report import plot_metrics
 
-def _plt():
+
+def _line(rows: list[dict], keys: list[str], path: Path, title: str, ylabel: str = "",
+          evals: dict[str, dict] | None = None) -> str:
+    last = max((r["step"] for r in rows), default=1)
+    points = {f"held-out solve rate, {name}": (at, ev["solve_rate"], *ev["solve_rate_ci95"])
+              for (name, ev), at in zip((evals or {}).items(), (0, last))}
+    plot_metrics(rows, path, keys, title, ylabel=ylabel, points=points)
+    return path.name
+
+
+def _staleness(rows: list[dict], path: Path) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    return plt
-
-
-def _save(fig, path: Path) -> str:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    _plt().close(fig)
-    return path.name
-
-
-def _line(rows: list[dict], keys: list[str], path: Path, title: str, ylabel: str = "", x: str = "step",
-          evals: dict[str, dict] | None = None) -> str:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    for key in keys:
-        pts = [(r[x], r[key]) for r in rows if r.get(key) is not None]
-        if pts:
-            xs, ys = zip(*pts)
-            ax.plot(xs, ys, label=key, marker="o" if len(pts) < 30 else None, markersize=3)
-    last = max((r[x] for r in rows), default=1)
-    for (name, ev), at, color in zip((evals or {}).items(), (0, last), ("tab:gray", "tab:green")):
-        lo, hi = ev["solve_rate_ci95"]
-        ax.errorbar([at], [ev["solve_rate"]], yerr=[[ev["solve_rate"] - lo], [hi - ev["solve_rate"]]], fmt="s",
-                    color=color, capsize=4, label=f"held-out solve rate, {name}")
-    ax.set_xlabel(x)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _save(fig, path)
-
-
-def _staleness(rows: list[dict], path: Path) -> str:
-    plt = _plt()
     hist: Counter = Counter()
     for r in rows:
         hist.update({int(k): v for k, v in r.get("staleness_hist", {}).items()})
@@ -61,7 +38,10 @@ def _staleness(rows: list[dict], path: Path) -> str:
     ax.set_xlabel("staleness (versions behind the trainer, oldest token)")
     ax.set_ylabel("trained samples")
     ax.set_title("Staleness of trained samples")
-    return _save(fig, path)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
 
 
 def _eval_row(name: str, ev: dict) -> str:
@@ -71,7 +51,7 @@ def _eval_row(name: str, ev: dict) -> str:
     return f"| {name} | {ev['solve_rate']:.3f} | [{lo:.3f}, {hi:.3f}] | {ev['eval_episodes']} | {by_d} |"
 
 
-def write_report(out_dir: Path, metrics_path: Path, evals: dict[str, dict], summary: dict | None = None) -> Path:
+def write_report(out_dir: Path, metrics_path: Path, evals: dict[str, dict]) -> Path:
     """Write `out_dir/report.md` and its plots; `evals` maps a stage name ("sft", "rl") to its
     held-out evaluation (`strop.rl.evaluate.evaluate`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -104,8 +84,6 @@ def write_report(out_dir: Path, metrics_path: Path, evals: dict[str, dict], summ
                   f"{last.get('engine_busy', 0):.2f}; bytes synced {last.get('bytes_synced', 0) / 1e6:.1f} MB.", ""]
     for title, name in plots:
         lines += [f"### {title}", "", f"![{title}]({name})", ""]
-    if summary:
-        lines += ["## Stages", "", "```json", json.dumps(summary, indent=2), "```", ""]
     path = out_dir / "report.md"
     path.write_text("\n".join(lines))
     return path
