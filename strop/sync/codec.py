@@ -1,6 +1,6 @@
 """A delta file: one state dict (version v) expressed against the previous one (version u).
 
-Layout: magic `STRPDLT1`, u32 header length, u32 crc32 of the header, the header (zstd'd
+Layout: magic `STRPDLT1`, u32 header length, u32 crc of the header, the header (zstd'd
 JSON), then the tensor payloads back to back. The header holds the versions, the payload size
 and one entry per tensor of the *new* state dict:
 
@@ -25,7 +25,6 @@ those (see `store`).
 
 import json
 import struct
-import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +35,7 @@ from strop.sync.bits import mask_buffer
 from strop.sync.tensors import StateDict, Tensor, bits_dtype, crc32
 
 MAGIC = b"STRPDLT1"
-FORMAT = 2  # 2: one low exponent class coded by rank, the top class by position; groups
+FORMAT = 3  # 3: every crc is CRC-32C (`tensors.crc32`); 2: one low exponent class coded by rank, the top class by position; groups
 SMALL = 1 << 17  # elements: tensors up to this size are delta-coded in groups
 GROUP = 1 << 20  # elements per group at most
 _PREFIX = struct.Struct("<8sII")
@@ -168,14 +167,14 @@ def encode(base: StateDict, new: StateDict, *, version: int, base_version: int,
                 payload = tc.encode_delta(np.concatenate([base[k].data for k in how]),
                                           np.concatenate([new[k].data for k in how]), t.dtype)
                 starts = np.cumsum([0] + [len(new[k].data) for k in how[:-1]]).tolist()
-                placed[how[0]] = (offset, len(payload), zlib.crc32(payload), dict(zip(how, starts)))
+                placed[how[0]] = (offset, len(payload), crc32(payload), dict(zip(how, starts)))
                 payloads.append(payload)
                 offset += len(payload)
             at, length, pcrc, starts = placed[how[0]]
             method, part = "delta", starts[name]
         else:
             method, payload = how
-            at, length, pcrc = offset, len(payload), zlib.crc32(payload)
+            at, length, pcrc = offset, len(payload), crc32(payload)
             payloads.append(payload)
             offset += len(payload)
         base_crc = None
@@ -187,7 +186,7 @@ def encode(base: StateDict, new: StateDict, *, version: int, base_version: int,
             "tensors": [[e.name, e.method, e.dtype, list(e.shape), e.offset, e.length, e.payload_crc32,
                          e.base_crc32, e.crc32, e.part] for e in entries]}
     hb = zstandard.ZstdCompressor(level=3).compress(json.dumps(head, separators=(",", ":")).encode())
-    return b"".join([_PREFIX.pack(MAGIC, len(hb), zlib.crc32(hb)), hb, *payloads])
+    return b"".join([_PREFIX.pack(MAGIC, len(hb), crc32(hb)), hb, *payloads])
 
 
 def read_header(blob: bytes | memoryview, *, with_payloads: bool = True) -> Header:
@@ -202,7 +201,7 @@ def read_header(blob: bytes | memoryview, *, with_payloads: bool = True) -> Head
     hb = blob[_PREFIX.size : _PREFIX.size + hlen]
     if len(hb) < hlen:
         raise DeltaError("delta is truncated (inside the header)")
-    if zlib.crc32(hb) != hcrc:
+    if crc32(hb) != hcrc:
         raise DeltaError("delta header is corrupt (checksum mismatch)")
     head = json.loads(zstandard.ZstdDecompressor().decompress(hb))
     if head["format"] != FORMAT:
@@ -226,7 +225,7 @@ def decode_changes(entry: Entry, base: Tensor | None, payload: memoryview, *,
                    check_base: bool = True) -> tuple[np.ndarray, np.ndarray] | Tensor | None:
     """What one entry does to its base tensor, *not yet verified against entry.crc32*:
     None (unchanged), (positions, new bit patterns) for a delta, or a whole new Tensor."""
-    if zlib.crc32(payload) != entry.payload_crc32:
+    if crc32(payload) != entry.payload_crc32:
         raise DeltaError(f"tensor {entry.name!r}: payload is corrupt (checksum mismatch)", [entry.name])
     if entry.method == "full":
         try:
@@ -273,7 +272,7 @@ def decode_group(members: list[Entry], base: StateDict, payload: memoryview, *,
     those that do not. Raises DeltaError naming all members when the group cannot be decoded
     (corrupt payload, or a member's base missing or wrong)."""
     names = [e.name for e in members]
-    if zlib.crc32(payload) != members[0].payload_crc32:
+    if crc32(payload) != members[0].payload_crc32:
         raise DeltaError(f"tensors {names}: group payload is corrupt (checksum mismatch)", names)
     olds = [base.get(e.name) for e in members]
     for e, old in zip(members, olds):

@@ -8,9 +8,9 @@ load with `safetensors.torch.load_file`, and files written by it load here.
 
 import json
 import struct
-import zlib
 from dataclasses import dataclass
 
+import crc32c
 import numpy as np
 
 ITEMSIZE = {
@@ -38,9 +38,10 @@ class Tensor:
 StateDict = dict[str, Tensor]
 
 
-def crc32(a: np.ndarray) -> int:
-    """Checksum of an array's raw bytes (zlib's crc32 runs at several GB/s)."""
-    return zlib.crc32(memoryview(np.ascontiguousarray(a)).cast("B"))
+def crc32(a: np.ndarray | bytes | memoryview) -> int:
+    """CRC-32C (Castagnoli) of raw bytes: the CPU's crc32 instruction makes it ~4x faster than
+    zlib's CRC-32 (13 vs 3.7 GB/s per core here), and every tensor of every version is hashed."""
+    return crc32c.crc32c(np.ascontiguousarray(a) if isinstance(a, np.ndarray) else a)
 
 
 def bits_dtype(dtype: str) -> np.dtype:
