@@ -163,6 +163,17 @@ def test_kernels_match_torch():
         ref = (torch.einsum("nkhi,nki->nkh", ex.down_proj[ids], torch.nn.functional.silu(gate) * up) * w[..., None]).sum(1)
         assert torch.allclose(kernels.moe_experts(x, ids, w, *kernels.pack_experts(ex)), ref, atol=1e-5)
 
+    # weights that are bf16 values (as the trainer ships them) pack as bf16, with the very same result bits
+    Experts.gate_up_proj = Experts.gate_up_proj.bfloat16().float()
+    Experts.down_proj = Experts.down_proj.bfloat16().float()
+    packed16 = kernels.pack_experts(ex)
+    assert packed16[0].dtype == torch.bfloat16 and packed16[1].dtype == torch.bfloat16
+    packed32 = tuple(t.float() for t in packed16)
+    for n in (1, 5, 40):
+        x, w = torch.randn(n, 64, generator=gen), torch.rand(n, 2, generator=gen)
+        ids = torch.stack([torch.randperm(8, generator=gen)[:2] for _ in range(n)])
+        assert torch.equal(kernels.moe_experts(x, ids, w, *packed16), kernels.moe_experts(x, ids, w, *packed32))
+
 
 def test_weight_update_refreshes_packed_weights(tiny_moe, tiny_tokenizer):
     eng = Engine(tiny_moe, tiny_tokenizer, max_batch=2, max_len=64)

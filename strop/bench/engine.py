@@ -9,8 +9,10 @@ runtimes call `set_threads(1)`), and on a shared 2-core machine a second OpenMP 
 both sides several-fold. Wall-clock tokens/s are the headline; ratios of process CPU time
 (`cpu_*`) are reported too, since on a shared machine they are the steadier comparison. The
 demo-size model comes from `--checkpoint` or is randomly initialised at the `ModelSection`
-defaults (speed does not depend on the weights' values). The deterministic engine is timed as
-well, which is the cost of batch invariance.
+defaults (speed does not depend on the weights' values), its weights rounded to bf16 values as
+an RL engine holds them (the trainer publishes bf16 snapshots; both sides compute in fp32, and the
+engine streams its expert weights as bf16, which is lossless for such values). The deterministic
+engine is timed as well, which is the cost of batch invariance.
 """
 
 import argparse
@@ -104,6 +106,9 @@ def run(args: argparse.Namespace) -> int:
     torch.manual_seed(0)
     new_tokens = 64 if args.quick else args.new_tokens
     model, tok, stream = setup(args.checkpoint)
+    with torch.no_grad():  # the values engines hold in RL: the trainer ships bf16 snapshots
+        for p in model.parameters():
+            p.copy_(p.bfloat16().float())
     max_len = args.prompt_len + new_tokens + 8
     engines = {"engine": Engine(model, tok, max_batch=64, max_len=max_len),
                "deterministic": Engine(model, tok, max_batch=64, max_len=max_len, deterministic=True)}

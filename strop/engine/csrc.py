@@ -48,63 +48,75 @@ static inline float dot(const float *restrict a, const float *restrict b, int64_
     return s;
 }
 
-/* y[r, 0:n] = sum_i a[r, i] * W[i, 0:n] for R <= 2 rows a (stride m), with W [m, n] stored in
-   column blocks [n / 32, m, 32] (n % 32 == 0) so each pass streams one contiguous block: 32
-   outputs per pass, the accumulators in registers, each weight load shared by the rows. */
-static void vecmat(const float *restrict a, int64_t R, const float *restrict W, float *restrict y, int64_t m, int64_t n) {
-    int64_t j = 0;
-    if (R == 1)  /* one row: two blocks at once, so eight independent FMA chains hide FMA latency */
-        for (; j + 64 <= n; j += 64) {
-            const float *b0 = W + j * m, *b1 = b0 + 32 * m;
-            v8 acc[8] = {0};
-            for (int64_t i = 0; i < m; i++) {
-                const v8 x = BCAST(a[i]);
-                for (int b = 0; b < 4; b++) {
-                    acc[b] += x * *(const v8 *)(b0 + i * 32 + 8 * b);
-                    acc[4 + b] += x * *(const v8 *)(b1 + i * 32 + 8 * b);
-                }
-            }
-            for (int b = 0; b < 8; b++) *(v8 *)(y + j + 8 * b) = acc[b];
-        }
-    for (; j < n; j += 32) {
-        const float *blk = W + j * m;
-        v8 a0[4] = {0}, a1[4] = {0};
-        for (int64_t i = 0; i < m; i++) {
-            const float *w = blk + i * 32;
-            const v8 w0 = *(const v8 *)w, w1 = *(const v8 *)(w + 8), w2 = *(const v8 *)(w + 16), w3 = *(const v8 *)(w + 24);
-            const v8 x0 = BCAST(a[i]);
-            a0[0] += x0 * w0; a0[1] += x0 * w1; a0[2] += x0 * w2; a0[3] += x0 * w3;
-            if (R > 1) {
-                const v8 x1 = BCAST(a[m + i]);
-                a1[0] += x1 * w0; a1[1] += x1 * w1; a1[2] += x1 * w2; a1[3] += x1 * w3;
-            }
-        }
-        for (int b = 0; b < 4; b++) *(v8 *)(y + j + 8 * b) = a0[b];
-        if (R > 1) for (int b = 0; b < 4; b++) *(v8 *)(y + n + j + 8 * b) = a1[b];
-    }
-}
+/* Weights are fp32, or bf16 when the engine's weights are exactly bf16 values (as the trainer
+   ships them): half the bytes to stream, and widening bf16 to fp32 is exact, so both give the same
+   bits. LD_F32 / LD_BF16 load 8 weights as 8 floats; VECMATS instantiates the matrix kernels for one. */
+typedef uint16_t v8h __attribute__((vector_size(16), aligned(2)));
+typedef uint32_t v8u __attribute__((vector_size(32)));
+#define LD_F32(p) (*(const v8 *)(p))
+#define LD_BF16(p) ((v8)(__builtin_convertvector(*(const v8h *)(p), v8u) << 16))
 
-/* vecmat for exactly 4 rows: each 32-output block in two 16-wide halves, 4 x 2 accumulators,
-   so one weight load feeds four FMAs (prefill-sized expert groups). */
-static void vecmat4(const float *restrict a, const float *restrict W, float *restrict y, int64_t m, int64_t n) {
-    for (int64_t j = 0; j < n; j += 32)
-        for (int64_t half = 0; half < 32; half += 16) {
-            const float *blk = W + j * m + half;
-            v8 acc[4][2] = {{{0}}};
-            for (int64_t i = 0; i < m; i++) {
-                const v8 w0 = *(const v8 *)(blk + i * 32), w1 = *(const v8 *)(blk + i * 32 + 8);
-                for (int r = 0; r < 4; r++) {
-                    const v8 x = BCAST(a[r * m + i]);
-                    acc[r][0] += x * w0;
-                    acc[r][1] += x * w1;
-                }
-            }
-            for (int r = 0; r < 4; r++) {
-                *(v8 *)(y + r * n + j + half) = acc[r][0];
-                *(v8 *)(y + r * n + j + half + 8) = acc[r][1];
-            }
-        }
+/* vecmat: y[r, 0:n] = sum_i a[r, i] * W[i, 0:n] for R <= 2 rows a (stride m), with W [m, n] stored
+   in column blocks [n / 32, m, 32] (n % 32 == 0) so each pass streams one contiguous block: 32
+   outputs per pass, the accumulators in registers, each weight load shared by the rows.
+   vecmat4: the same for exactly 4 rows, each 32-output block in two 16-wide halves, 4 x 2
+   accumulators, so one weight load feeds four FMAs (prefill-sized expert groups). */
+#define VECMATS(SUF, WT, LD)                                                                              \
+static void vecmat##SUF(const float *restrict a, int64_t R, const WT *restrict W, float *restrict y,      \
+                        int64_t m, int64_t n) {                                                           \
+    int64_t j = 0;                                                                                        \
+    if (R == 1)  /* one row: two blocks at once, so eight independent FMA chains hide FMA latency */       \
+        for (; j + 64 <= n; j += 64) {                                                                    \
+            const WT *b0 = W + j * m, *b1 = b0 + 32 * m;                                                  \
+            v8 acc[8] = {0};                                                                              \
+            for (int64_t i = 0; i < m; i++) {                                                             \
+                const v8 x = BCAST(a[i]);                                                                 \
+                for (int b = 0; b < 4; b++) {                                                             \
+                    acc[b] += x * LD(b0 + i * 32 + 8 * b);                                                \
+                    acc[4 + b] += x * LD(b1 + i * 32 + 8 * b);                                            \
+                }                                                                                         \
+            }                                                                                             \
+            for (int b = 0; b < 8; b++) *(v8 *)(y + j + 8 * b) = acc[b];                                  \
+        }                                                                                                 \
+    for (; j < n; j += 32) {                                                                              \
+        const WT *blk = W + j * m;                                                                        \
+        v8 a0[4] = {0}, a1[4] = {0};                                                                      \
+        for (int64_t i = 0; i < m; i++) {                                                                 \
+            const WT *w = blk + i * 32;                                                                   \
+            const v8 w0 = LD(w), w1 = LD(w + 8), w2 = LD(w + 16), w3 = LD(w + 24);                        \
+            const v8 x0 = BCAST(a[i]);                                                                    \
+            a0[0] += x0 * w0; a0[1] += x0 * w1; a0[2] += x0 * w2; a0[3] += x0 * w3;                       \
+            if (R > 1) {                                                                                  \
+                const v8 x1 = BCAST(a[m + i]);                                                            \
+                a1[0] += x1 * w0; a1[1] += x1 * w1; a1[2] += x1 * w2; a1[3] += x1 * w3;                   \
+            }                                                                                             \
+        }                                                                                                 \
+        for (int b = 0; b < 4; b++) *(v8 *)(y + j + 8 * b) = a0[b];                                       \
+        if (R > 1) for (int b = 0; b < 4; b++) *(v8 *)(y + n + j + 8 * b) = a1[b];                        \
+    }                                                                                                     \
+}                                                                                                         \
+static void vecmat4##SUF(const float *restrict a, const WT *restrict W, float *restrict y, int64_t m,      \
+                         int64_t n) {                                                                     \
+    for (int64_t j = 0; j < n; j += 32)                                                                   \
+        for (int64_t half = 0; half < 32; half += 16) {                                                   \
+            const WT *blk = W + j * m + half;                                                             \
+            v8 acc[4][2] = {{{0}}};                                                                       \
+            for (int64_t i = 0; i < m; i++) {                                                             \
+                const v8 w0 = LD(blk + i * 32), w1 = LD(blk + i * 32 + 8);                                \
+                for (int r = 0; r < 4; r++) {                                                             \
+                    const v8 x = BCAST(a[r * m + i]);                                                     \
+                    acc[r][0] += x * w0;                                                                  \
+                    acc[r][1] += x * w1;                                                                  \
+                }                                                                                         \
+            }                                                                                             \
+            for (int r = 0; r < 4; r++) {                                                                 \
+                *(v8 *)(y + r * n + j + half) = acc[r][0];                                                \
+                *(v8 *)(y + r * n + j + half + 8) = acc[r][1];                                            \
+            }                                                                                             \
+        }                                                                                                 \
 }
+VECMATS(, float, LD_F32)
+VECMATS(_bf16, uint16_t, LD_BF16)
 
 /* h [N,D] += a (when a is not NULL), then out = h * rsqrt(mean(h^2) + eps) * w. */
 void add_rmsnorm(float *restrict h, const float *restrict a, const float *restrict w, float *restrict out,
@@ -392,11 +404,11 @@ void route_softmax(const float *restrict logits, int64_t *restrict ids, float *r
 }
 
 /* x [N,H]; ids, w [N,K] (expert ids, gate weights); gu [E,H,2I] and dn [E,I,H] (transposed
-   projections); out [N,H]. Scratch: hbuf [4, 2I], ybuf [N*K,H], order [N*K], start [E+1]. H and
+   projections; bf16 when `bf16`, else fp32); out [N,H]. Scratch: hbuf [4, 2I], ybuf [N*K,H], order [N*K], start [E+1]. H and
    I are multiples of 32. Assignments go expert by expert, up to four at a time, so each expert's
    weights are read once per group and stay in cache for all its tokens. */
 void moe_experts(const float *restrict x, const int64_t *restrict ids, const float *restrict w,
-                 const float *restrict gu, const float *restrict dn, float *restrict out,
+                 const void *restrict gu, const void *restrict dn, int64_t bf16, float *restrict out,
                  float *restrict hbuf, float *restrict ybuf, int64_t *restrict order, int64_t *restrict start,
                  int64_t N, int64_t K, int64_t E, int64_t H, int64_t I) {
     const int64_t A = N * K, I2 = 2 * I;
@@ -411,15 +423,20 @@ void moe_experts(const float *restrict x, const int64_t *restrict ids, const flo
         while (R < 4 && r + R < A && ids[order[r + R]] == e) R++;
         if (R == 3) R = 2;
         for (int64_t q = 0; q < R; q++) memcpy(xin + q * H, x + (order[r + q] / K) * H, H * sizeof(float));
-        if (R == 4) vecmat4(xin, gu + e * H * I2, hbuf, H, I2);
-        else vecmat(xin, R, gu + e * H * I2, hbuf, H, I2);
+        const int64_t g_at = e * H * I2, d_at = e * I * H;
+        if (bf16 && R == 4) vecmat4_bf16(xin, (const uint16_t *)gu + g_at, hbuf, H, I2);
+        else if (bf16) vecmat_bf16(xin, R, (const uint16_t *)gu + g_at, hbuf, H, I2);
+        else if (R == 4) vecmat4(xin, (const float *)gu + g_at, hbuf, H, I2);
+        else vecmat(xin, R, (const float *)gu + g_at, hbuf, H, I2);
         for (int64_t q = 0; q < R; q++)  /* silu(gate) * up, 8 lanes at a time */
             for (int64_t i = 0; i < I; i += 8) {
                 const v8 g = *(const v8 *)(hbuf + q * I2 + i), up = *(const v8 *)(hbuf + q * I2 + I + i);
                 *(v8 *)(act + q * I + i) = g / (BCAST(1.0f) + exp8(-g)) * up;
             }
-        if (R == 4) vecmat4(act, dn + e * I * H, yout, I, H);
-        else vecmat(act, R, dn + e * I * H, yout, I, H);
+        if (bf16 && R == 4) vecmat4_bf16(act, (const uint16_t *)dn + d_at, yout, I, H);
+        else if (bf16) vecmat_bf16(act, R, (const uint16_t *)dn + d_at, yout, I, H);
+        else if (R == 4) vecmat4(act, (const float *)dn + d_at, yout, I, H);
+        else vecmat(act, R, (const float *)dn + d_at, yout, I, H);
         for (int64_t q = 0; q < R; q++) memcpy(ybuf + order[r + q] * H, yout + q * H, H * sizeof(float));
         r += R;
     }

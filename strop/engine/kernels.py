@@ -72,7 +72,7 @@ def _build() -> ctypes.CDLL | None:
     for name, args in (("add_rmsnorm", [P] * 4 + [I64] * 2 + [F32]),
                        ("qk_rope_cache", [P] * 9 + [I64] * 5 + [F32]),
                        ("decode_attention", [P, I64] + [P] * 6 + [I64] * 5 + [F32]),
-                       ("moe_experts", [P] * 10 + [I64] * 5),
+                       ("moe_experts", [P] * 5 + [I64] + [P] * 5 + [I64] * 5),
                        ("sample_top_p", [P] * 6 + [I64] * 2),
                        ("route_softmax", [P] * 3 + [I64] * 4),
                        ("attn_decode_block", [P] * 3 + [F32] + [P] * 3 + [F32] + [P] * 9 + [F32] + [P] * 2 + [I64] * 6 + [F32])):
@@ -139,12 +139,23 @@ def attn_decode_block(h: torch.Tensor, pending: torch.Tensor | None, norms: tupl
     return out
 
 
+def is_bf16_exact(w: torch.Tensor) -> bool:
+    """Whether every fp32 value of w is a bf16 value (its low 16 bits are zero), as in an engine
+    whose weights arrive from the trainer as bf16 snapshots."""
+    return w.dtype == torch.float32 and not bool((w.detach().contiguous().view(torch.int32) & 0xFFFF).any())
+
+
 def pack_experts(experts) -> tuple[torch.Tensor, torch.Tensor]:
     """The HF expert weights in the kernel's layout: each projection transposed to [E, in, out],
-    then cut into 32-output column blocks [E, out / 32, in, 32] (see `vecmat`)."""
+    then cut into 32-output column blocks [E, out / 32, in, 32] (see `vecmat`). Stored as bf16
+    when both projections hold only bf16 values (lossless, and half the bytes each decode step
+    streams through the cache), else fp32."""
+    as_bf16 = is_bf16_exact(experts.gate_up_proj) and is_bf16_exact(experts.down_proj)
+
     def blocked(w: torch.Tensor) -> torch.Tensor:  # [E, out, in] -> [E, out / 32, in, 32]
         E, n_out, n_in = w.shape
-        return w.detach().transpose(1, 2).reshape(E, n_in, n_out // 32, 32).permute(0, 2, 1, 3).contiguous()
+        w = w.detach().to(torch.bfloat16) if as_bf16 else w.detach()
+        return w.transpose(1, 2).reshape(E, n_in, n_out // 32, 32).permute(0, 2, 1, 3).contiguous()
 
     return blocked(experts.gate_up_proj), blocked(experts.down_proj)
 
@@ -200,6 +211,6 @@ def moe_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     hbuf, ybuf = _scratch("moe_h", 4 * I2), _scratch("moe_y", N * K * H)
     order, start = _scratch("moe_order", N * K, torch.int64), _scratch("moe_start", E + 1, torch.int64)
     _lib.moe_experts(x.data_ptr(), ids.data_ptr(), w.data_ptr(), gate_up.data_ptr(), down.data_ptr(),
-                     out.data_ptr(), hbuf.data_ptr(), ybuf.data_ptr(), order.data_ptr(), start.data_ptr(),
+                     int(gate_up.dtype == torch.bfloat16), out.data_ptr(), hbuf.data_ptr(), ybuf.data_ptr(), order.data_ptr(), start.data_ptr(),
                      N, K, E, H, I2 // 2)
     return out
