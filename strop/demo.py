@@ -7,6 +7,7 @@ reused), so a rerun only does what is missing or was interrupted. Every stage ad
 
 import argparse
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Callable
@@ -20,7 +21,7 @@ DEFAULT_CONFIG = "examples/demo.toml"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
     parser.set_defaults(config=DEFAULT_CONFIG)
-    parser.add_argument("--fresh", action="store_true", help="ignore cached stages and rerun everything")
+    parser.add_argument("--fresh", action="store_true", help="delete the run directory first and rerun every stage")
 
 
 def stage_midtrain(cfg: Config) -> dict:
@@ -32,9 +33,53 @@ def stage_midtrain(cfg: Config) -> dict:
     return {**trained, **figures}
 
 
+def _held_out(cfg: Config, model_dir: Path) -> dict:
+    """The held-out evaluation of a stage's policy, kept beside it (`eval.json`) so that a rerun
+    after an interruption does not evaluate it again."""
+    from strop.rl.evaluate import evaluate
+
+    path = model_dir.parent / "eval.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    figures = evaluate(cfg, str(model_dir), progress=True)
+    path.write_text(json.dumps(figures, indent=2))
+    return figures
+
+
+def stage_sft(cfg: Config) -> dict:
+    """SFT warm start on oracle demonstrations (early-stopped), then its held-out solve rate."""
+    from strop.train.sft import sft
+
+    trained = sft(cfg)
+    return {**_held_out(cfg, cfg.run_dir / "sft" / "model"), "train": trained}
+
+
+def stage_rl(cfg: Config) -> dict:
+    """Asynchronous RL from the SFT policy, then its held-out solve rate."""
+    from strop.rl.train_cmd import train_rl
+
+    trained = train_rl(cfg, mode="async")
+    return {**_held_out(cfg, cfg.run_dir / "rl" / "model"), "train": trained}
+
+
+def stage_report(cfg: Config) -> dict:
+    """`report.md` with plots: the RL run's curves and both held-out evaluations."""
+    from strop.rl.report import write_report
+
+    evals = {name: json.loads((cfg.run_dir / name / "eval.json").read_text()) for name in ("sft", "rl")}
+    path = write_report(cfg.run_dir, cfg.run_dir / "rl" / "metrics.jsonl", evals)
+    gain = {"all": evals["rl"]["solve_rate"] - evals["sft"]["solve_rate"]}
+    for d, ev in evals["rl"].get("by_difficulty", {}).items():
+        gain[f"d{d}"] = ev["solve_rate"] - evals["sft"]["by_difficulty"][d]["solve_rate"]
+    return {"path": str(path), "solve_rate_gain": {k: round(v, 4) for k, v in gain.items()}}
+
+
 # (name, function), run in order; each stage's result becomes summary[name].
 STAGES: list[tuple[str, Callable[[Config], dict]]] = [
     ("midtrain", stage_midtrain),
+    ("sft", stage_sft),
+    ("rl", stage_rl),
+    ("report", stage_report),
 ]
 
 
@@ -45,9 +90,11 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"demo config {args.config!r} not found; run `make demo` from the repository root")
     cfg = load_config(args.config, args.overrides)
     set_threads(cfg.run.threads or None)
-    cfg.run_dir.mkdir(parents=True, exist_ok=True)
     summary_path = cfg.run_dir / "summary.json"
-    summary = {} if args.fresh or not summary_path.is_file() else json.loads(summary_path.read_text())
+    if args.fresh and cfg.run_dir.exists():
+        shutil.rmtree(cfg.run_dir)  # stages also keep their own results (models, eval.json): start clean
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     t_demo = time.perf_counter()
     for name, fn in STAGES:
         if name in summary:

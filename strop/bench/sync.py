@@ -10,9 +10,10 @@ Methods (each encodes version v given version v-1 and decodes it back, on one co
 
 Cases: synthetic RL updates (`strop.sync.synthetic`: 50M elements, 5M with --quick) at lr 1e-6,
 3e-6, 1e-5 comparing steps 19->20, and a 5-step-stale delta (15->20 at lr 1e-6); and `demo`:
-deltas between snapshots from `--demo-run DIR` (consecutive *.safetensors in name order), or,
-without it, captured here from real AdamW steps of a tiny Qwen3-MoE (random init, random
-tokens, no downloads). Also reported: the engine pause to swap the demo delta into live bf16
+deltas between the last two snapshots in `--demo-run DIR` (*.safetensors in name order; by
+default the last two versions `make demo`'s RL run published, `runs/demo/rl/snapshots`), or,
+when there are none, captured here from real AdamW steps of a tiny Qwen3-MoE (random init,
+random tokens, no downloads). Also reported: the engine pause to swap the demo delta into live bf16
 tensors in place, and a 4-cluster fan-out over HTTP on 127.0.0.1 (`strop.sync.topology`).
 
 MB/s per core is raw bf16 bytes over the CPU time of the one thread doing the work (numpy and
@@ -32,12 +33,14 @@ import numpy as np
 
 METHODS = ["raw-bf16", "zstd-full", "zstd-xor", "index-value", "strop"]
 DEMO_LR = 1e-5
+DEMO_SNAPSHOTS = "runs/demo/rl/snapshots"  # the last two versions the demo's RL run published
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="5M-element synthetic cases, a smaller demo model: under a minute")
     p.add_argument("--json", help="write results to this JSON file")
-    p.add_argument("--demo-run", help="directory of bf16 safetensors snapshots captured from a demo run")
+    p.add_argument("--demo-run", help=f"directory of bf16 safetensors snapshots captured from an RL run (default "
+                                      f"{DEMO_SNAPSHOTS} when the demo has run)")
     p.add_argument("--elements", type=int, default=None, help="synthetic tensor size (default 50M, --quick 5M)")
     p.add_argument("--no-fanout", action="store_true", help="skip the 4-cluster fan-out measurement")
 
@@ -228,7 +231,8 @@ def run(args: argparse.Namespace) -> int:
     repeat = 5 if args.quick else 2  # best of several: on a shared machine single runs vary ±30%
     print(f"strop bench sync: {n:,}-element synthetic cases{' (quick)' if args.quick else ''}", flush=True)
     rows = _synthetic(n, repeat)
-    demo, info = _load_demo_run(args.demo_run) if args.demo_run else _capture_demo(args.quick)
+    demo_run = args.demo_run or (DEMO_SNAPSHOTS if len(glob.glob(f"{DEMO_SNAPSHOTS}/*.safetensors")) >= 2 else None)
+    demo, info = _load_demo_run(demo_run) if demo_run else _capture_demo(args.quick)
     rows += _rows("demo", demo[0], demo[1], repeat)
     pause = _engine_pause_ms(demo[0], demo[1])
     print(f"  demo done ({time.perf_counter() - t0:.0f} s)", flush=True)

@@ -116,7 +116,11 @@ def _sweep_dead(base: Path) -> None:
         for d in cg.glob("strop-*"):
             pid = d.name.split("-")[1]
             if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
-                for child in [c for c in d.iterdir() if c.is_dir()] + [d]:
+                try:
+                    children = [c for c in d.iterdir() if c.is_dir()]
+                except FileNotFoundError:
+                    continue  # swept by another process starting at the same time
+                for child in children + [d]:
                     # a sandbox whose owner died before bwrap armed --die-with-parent outlives it;
                     # it was born in its cgroup, so this finds it (the next sweep removes the cgroup)
                     for task in _read(child / "cgroup.procs").split():
@@ -219,7 +223,11 @@ class _Spawner:
                 (hierarchy / "tasks").write_text(str(self._tid))
             except OSError:
                 pass  # the thread is gone already
-        for d in [c for c in self.root.iterdir() if c.is_dir()] + [self.root]:
+        try:
+            groups = [c for c in self.root.iterdir() if c.is_dir()]
+        except FileNotFoundError:  # another strop process's sweep took it already
+            return
+        for d in groups + [self.root]:
             try:
                 d.rmdir()
             except OSError:

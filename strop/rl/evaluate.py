@@ -11,6 +11,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
+from tqdm import tqdm
+
 from strop.config import Config
 from strop.env.harness import Harness
 from strop.env.suites import load_suite
@@ -56,7 +58,8 @@ def evaluate(cfg: Config, policy_dir: str, tasks: list[Task] | None = None, prog
     try:
         with ThreadPoolExecutor(r.workers) as pool:
             items = [WorkItem(t.id, f"eval-{t.id}", 0, cfg.run.seed, engine.version) for t in tasks]
-            trajs = list(pool.map(lambda ti: rollout(ti[0], EnginePolicy(engine), harness, ti[1], limits), zip(tasks, items)))
+            done = pool.map(lambda ti: rollout(ti[0], EnginePolicy(engine), harness, ti[1], limits), zip(tasks, items))
+            trajs = list(tqdm(done, total=len(tasks), desc=f"held-out eval {policy_dir}", unit="ep", disable=not progress))
     finally:
         engine.stop()
     by_d: dict[int, list[bool]] = {}

@@ -76,6 +76,8 @@ def train_rl(cfg: Config, *, mode: str = "async", runtime: str = "inline", polic
         if orch.resume():
             print(f"[rl] resumed at step {orch.step} (version {rt.version})", flush=True)
         result = orch.run()
+        if getattr(rt, "publisher", None) is not None:  # the inline runtime ships deltas itself: keep its last two
+            rt.publisher.save_last(out / "snapshots")  # snapshots for `strop bench sync --demo-run`
         model = load_model(policy_dir)
         model.load_state_dict(rt.state_dict()["model"])
         save_model(model, rt.tokenizer, out / "model", extra={"config": to_dict(cfg), "rl": {"mode": mode, "steps": orch.step}})
