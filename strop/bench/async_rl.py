@@ -11,17 +11,23 @@ held-out solve rate of each run's final policy with its 95% interval. JSON: `spe
 steps/hour over sync) and objects `sync` and `async` with `steps_per_hour`, `trainer_busy`,
 `engine_busy`, `dropped`, `solve_rate` (+ `solve_rate_ci95`, `eval_episodes`, `steps`, `wall_s`).
 
-The policy is `--policy DIR`, else the demo's SFT model when it exists, else a tiny MoE built here
-(cached in the output directory).
+Asynchrony can hide at most the shorter of the two phases, so its gain depends on their balance:
+(g + t) / max(g, t) for generation time g and training time t per step, before the two sides
+slow each other through the shared cache and memory. The default policy is a small MoE built
+here (cached in the output directory) whose rollouts and training take about equally long on one
+core each, as one would size an inference fleet to its trainer; `--policy DIR` measures another
+(the demo's SFT model is trainer-bound on this placement: generation takes well under half as
+long as training). Both modes train on the same tokens (`trained_tokens` in the JSON).
 """
 
 import argparse
+import json
 import os
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 
-DEMO_POLICY = "runs/demo/sft/model"
 BENCH = ["rl.group_size=4", "rl.batch_groups=2", "rl.max_staleness=2", "rollout.workers=8", "rollout.engine_batch=16",
          "rollout.max_turns=2", "rollout.max_turn_tokens=48", "rollout.max_context=1536", "rollout.ckpt_every=1000",
          "rollout.eval_difficulties=[1]"]
@@ -32,24 +38,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     add_config_arguments(parser)
     parser.add_argument("--quick", action="store_true", help="a few steps and a small eval (under a minute)")
-    parser.add_argument("--steps", type=int, help="optimizer steps per mode (default 12, quick 3)")
+    parser.add_argument("--steps", type=int, help="optimizer steps per mode (default 40, quick 3)")
     parser.add_argument("--eval-episodes", type=int, help="held-out episodes per mode (default 100, quick 2)")
-    parser.add_argument("--policy", help=f"model directory to train (default {DEMO_POLICY} if present, else a tiny MoE)")
+    parser.add_argument("--policy", help="model directory to train (default: a small MoE sized so both phases balance)")
     parser.add_argument("--out", default="runs/bench-async", help="working directory")
     parser.add_argument("--json", help="write results to this JSON file")
 
 
 def tiny_policy(out: Path) -> Path:
-    """A tiny random Qwen3-MoE with the small corpus tokenizer, built once."""
+    """A small random Qwen3-MoE with the small corpus tokenizer, built once: sized so that a step's
+    rollouts on one core take about as long as its training on another."""
     from strop.config import ModelSection
     from strop.env.oracle import default_tokenizer
     from strop.model.policy import build_model, is_model_dir, save_model
 
-    path = out / "tiny-policy"
+    path = out / "policy-h96"
     if not is_model_dir(path):
         tok = default_tokenizer()
-        section = ModelSection(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16, num_experts=8,
-                               experts_per_token=2, expert_size=16, dense_size=64, max_positions=2048)
+        section = ModelSection(hidden_size=96, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=48, num_experts=8,
+                               experts_per_token=2, expert_size=48, dense_size=192, max_positions=2048)
         save_model(build_model(section, tok, seed=0), tok, path)
     return path
 
@@ -71,7 +78,8 @@ def measure(cfg, mode: str, policy: Path, out: Path, eval_tasks: list, cpus) -> 
                  quiet=True)
     held_out = evaluate(cfg, str(out / mode / "model"), eval_tasks)
     wall = r["wall_s"]
-    return {"steps": r["steps"], "wall_s": round(wall, 1), "steps_per_hour": round(r["steps"] * 3600 / wall, 1),
+    rows = [json.loads(line) for line in (out / mode / "metrics.jsonl").read_text().splitlines()]
+    return {"steps": r["steps"], "trained_tokens": round(sum(row["tokens_per_s"] * row["step_s"] for row in rows)), "wall_s": round(wall, 1), "steps_per_hour": round(r["steps"] * 3600 / wall, 1),
             "trainer_busy": round(r["trainer_s"] / wall, 3), "engine_busy": round(r["engine_busy_s"] / wall, 3),
             "dropped": r["buffer"]["dropped"].get("stale", 0), "solve_rate": held_out["solve_rate"],
             "solve_rate_ci95": held_out["solve_rate_ci95"], "eval_episodes": held_out["eval_episodes"]}
@@ -84,16 +92,22 @@ def run(args: argparse.Namespace) -> int:
     from strop.bench.table import format_table, write_json
     from strop.config import load_config
     from strop.rl.evaluate import eval_tasks
+    from strop.rl.train_cmd import train_rl
 
-    steps = args.steps or (3 if args.quick else 12)
+    steps = args.steps or (3 if args.quick else 40)
     episodes = args.eval_episodes or (2 if args.quick else 100)
     cfg = load_config(args.config, BENCH + [f"rl.steps={steps}", f"rollout.eval_episodes={episodes}"] + args.overrides)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    policy = Path(args.policy) if args.policy else Path(DEMO_POLICY) if Path(DEMO_POLICY).is_dir() else tiny_policy(out)
+    policy = Path(args.policy) if args.policy else tiny_policy(out)
     tasks = eval_tasks(cfg)
     cpus = cpu_split()
+    # Warm-up, discarded: the first run of a process pays one-off costs (the sandbox host setup,
+    # the sandbox interpreter's bytecode caches, the C kernels) that would otherwise count for sync.
+    train_rl(replace(cfg, rl=replace(cfg.rl, steps=2)), mode="sync", policy_dir=policy, out_dir=out / "warm-up",
+             cpus=cpus, trainer_process=True, quiet=True)
+    shutil.rmtree(out / "warm-up", ignore_errors=True)
     results = {}
     for mode in ("sync", "async"):
         results[mode] = measure(cfg, mode, policy, out, tasks, cpus)

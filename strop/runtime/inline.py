@@ -32,6 +32,7 @@ from strop.engine.policy_client import EnginePolicy
 from strop.rl.rollout import RolloutLost, WorkItem, harness_config, rollout, sandbox_limits
 from strop.rl.trainer import RLTrainer
 from strop.rl.trajectory import Trajectory
+from strop.sync.memory import retain_freed_memory
 from strop.sync.publisher import DeltaPublisher
 from strop.threads import set_threads
 
@@ -87,6 +88,10 @@ def _trainer_main(conn, rl: RLSection, policy_dir: str, replay_ctx, pad_id: int,
 
     set_threads(1)
     pin(cpus)
+    # A step allocates and frees the same activations every time; handed back to the kernel
+    # between steps, they are faulted in afresh on the next (and in a VM, freed pages idle for a
+    # second or two are returned to the host, which makes those faults slow): keep them.
+    retain_freed_memory()
     published: dict = {}
     trainer = RLTrainer(load_model(policy_dir), rl, pad_id=pad_id, replay_ctx=replay_ctx,
                         publish=lambda version, state: published.update(state=state))
@@ -238,4 +243,5 @@ class InlineRuntime:
 def start_inline(cfg: Config, policy_dir: str, tasks: dict[str, Task], replay_ctx, cpus: CpuSplit | None = None,
                  trainer_process: bool = False) -> InlineRuntime:
     set_threads(cfg.run.threads or None)
+    retain_freed_memory()  # engine steps and weight publishing allocate the same buffers every time (see _trainer_main)
     return InlineRuntime(cfg, policy_dir, tasks, replay_ctx, cpus=cpus, trainer_process=trainer_process)

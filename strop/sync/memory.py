@@ -5,7 +5,7 @@ above M_MMAP_THRESHOLD (at most 32 MB) with fresh mappings. Both adapt, but one 
 several multi-MB temporaries, so every call lands on fresh pages again. A page fault costs
 ~0.2 µs on bare metal and ~2.5 µs in a VM like the benchmark machine's, where faults were half
 of the codec's CPU time. A long-lived publisher or engine, whose allocation sizes repeat, loses
-nothing by keeping some freed memory; `strop bench sync` calls this, and other processes may.
+nothing by keeping some freed memory: `strop bench sync`, the inline RL runtime and its trainer process call this.
 """
 
 import ctypes
