@@ -65,9 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="strop " + " ".join(key), description=help_text)
     module.add_arguments(parser)
     args = parser.parse_args(rest)
-    from strop.sync.memory import retain_freed_memory
+    from strop.memory import retain_freed_memory
 
-    retain_freed_memory()  # training and decode steps reallocate the same buffers: keep them (see strop.sync.memory)
+    retain_freed_memory()  # training and decode steps reallocate the same buffers: keep them (see strop.memory)
     try:
         return int(module.run(args) or 0)
     except UserError as e:

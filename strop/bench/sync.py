@@ -18,7 +18,7 @@ tensors in place, and a 4-cluster fan-out over HTTP on 127.0.0.1 (`strop.sync.to
 
 MB/s per core is raw bf16 bytes over the CPU time of the one thread doing the work (numpy and
 zstd run single-threaded here), so it means the same on a busy machine; wall-clock MB/s are
-in the JSON too. The process keeps freed heap memory (`strop.sync.memory`), as a long-lived
+in the JSON too. The process keeps freed heap memory (`strop.memory`), as a long-lived
 publisher or engine would: otherwise glibc returns the codecs' multi-MB temporaries to the
 kernel after every call and page faults, expensive in a VM, take half the CPU time of every
 method. The JSON records whether that applied (`malloc_retains_freed`).
@@ -222,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
 
     set_threads()
     from strop.bench.table import format_table, write_json
-    from strop.sync.memory import retain_freed_memory
+    from strop.memory import retain_freed_memory
 
     retained = retain_freed_memory()
 

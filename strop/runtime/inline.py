@@ -32,7 +32,7 @@ from strop.engine.policy_client import EnginePolicy
 from strop.rl.rollout import RolloutLost, WorkItem, harness_config, rollout, sandbox_limits
 from strop.rl.trainer import RLTrainer
 from strop.rl.trajectory import Trajectory
-from strop.sync.memory import retain_freed_memory
+from strop.memory import retain_freed_memory
 from strop.sync.publisher import DeltaPublisher
 from strop.threads import set_threads
 
