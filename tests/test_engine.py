@@ -174,6 +174,13 @@ def test_kernels_match_torch():
         ids = torch.stack([torch.randperm(8, generator=gen)[:2] for _ in range(n)])
         assert torch.equal(kernels.moe_experts(x, ids, w, *packed16), kernels.moe_experts(x, ids, w, *packed32))
 
+    head = torch.randn(96, 64, generator=gen)  # the output head: packed only when its values are bf16
+    assert kernels.pack_head(head) is None
+    head = head.bfloat16().float()
+    for n in (1, 6, 16):
+        x = torch.randn(n, 64, generator=gen)
+        assert torch.allclose(kernels.head_logits(x, kernels.pack_head(head)), x @ head.T, atol=1e-4)
+
 
 def test_weight_update_refreshes_packed_weights(tiny_moe, tiny_tokenizer):
     eng = Engine(tiny_moe, tiny_tokenizer, max_batch=2, max_len=64)

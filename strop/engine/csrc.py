@@ -118,6 +118,41 @@ static void vecmat4##SUF(const float *restrict a, const WT *restrict W, float *r
 VECMATS(, float, LD_F32)
 VECMATS(_bf16, uint16_t, LD_BF16)
 
+/* y [N, n] = x [N, m] @ W^T for W bf16 in column blocks [n / 32, m, 32] (the output head): block
+   by block, every row against one block while its 2 KB-per-row slice sits in L1, so the weights
+   stream from memory once per step, not once per group of rows. */
+void linear_bf16(const float *restrict x, int64_t N, const uint16_t *restrict W, float *restrict y,
+                 int64_t m, int64_t n) {
+    for (int64_t j = 0; j < n; j += 32) {
+        const uint16_t *blk = W + j * m;
+        int64_t r = 0;
+        for (; r + 4 <= N; r += 4)
+            for (int64_t half = 0; half < 32; half += 16) {
+                v8 acc[4][2] = {{{0}}};
+                for (int64_t i = 0; i < m; i++) {
+                    const v8 w0 = LD_BF16(blk + i * 32 + half), w1 = LD_BF16(blk + i * 32 + half + 8);
+                    for (int q = 0; q < 4; q++) {
+                        const v8 xv = BCAST(x[(r + q) * m + i]);
+                        acc[q][0] += xv * w0;
+                        acc[q][1] += xv * w1;
+                    }
+                }
+                for (int q = 0; q < 4; q++) {
+                    *(v8 *)(y + (r + q) * n + j + half) = acc[q][0];
+                    *(v8 *)(y + (r + q) * n + j + half + 8) = acc[q][1];
+                }
+            }
+        for (; r < N; r++) {
+            v8 acc[4] = {0};
+            for (int64_t i = 0; i < m; i++) {
+                const v8 xv = BCAST(x[r * m + i]);
+                for (int b = 0; b < 4; b++) acc[b] += xv * LD_BF16(blk + i * 32 + 8 * b);
+            }
+            for (int b = 0; b < 4; b++) *(v8 *)(y + r * n + j + 8 * b) = acc[b];
+        }
+    }
+}
+
 /* h [N,D] += a (when a is not NULL), then out = h * rsqrt(mean(h^2) + eps) * w. */
 void add_rmsnorm(float *restrict h, const float *restrict a, const float *restrict w, float *restrict out,
                  int64_t N, int64_t D, float eps) {

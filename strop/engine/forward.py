@@ -104,7 +104,7 @@ class Forward:
     def refresh(self) -> None:
         """Rebuild the weights derived from the model's (fused q/k/v); call after changing weights."""
         self._fused, self._qkv_sizes, self._packed, self._qk_norm, self._blocked = {}, {}, {}, {}, {}
-        self._decode_layers = None
+        self._decode_layers, self._head = None, None
         if self.deterministic or self.arch == "deepseek_v3":
             return
         with torch.no_grad():
@@ -123,6 +123,9 @@ class Forward:
         with torch.no_grad():
             self._packed = {id(b.experts): kernels.pack_experts(b.experts) for b in self.blocks if self._kernel_fits(b.experts)}
         self._decode_layers = self._decode_plan()
+        if self._decode_layers is not None:
+            with torch.no_grad():
+                self._head = kernels.pack_head(self.model.lm_head.weight)
 
     def _decode_plan(self) -> list[tuple] | None:
         """Per layer, everything a pure decode step reads, resolved once (nn.Module attribute lookups
@@ -235,7 +238,10 @@ class Forward:
             routing.append(ids)
             pending = kernels.moe_experts(x, ids, weights, *packed)
         norm = self.model.model.norm
-        return F.linear(kernels.add_rmsnorm(h, pending, norm.weight, norm.variance_epsilon), self.model.lm_head.weight), routing
+        last = kernels.add_rmsnorm(h, pending, norm.weight, norm.variance_epsilon)
+        if self._head is not None:
+            return kernels.head_logits(last, self._head), routing
+        return F.linear(last, self.model.lm_head.weight), routing
 
     def _native(self, h: torch.Tensor, plan: _Plan) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The fp32 forward on the C kernels; each MLP output is added to h by the next fused norm."""

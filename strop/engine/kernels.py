@@ -73,6 +73,7 @@ def _build() -> ctypes.CDLL | None:
                        ("qk_rope_cache", [P] * 9 + [I64] * 5 + [F32]),
                        ("decode_attention", [P, I64] + [P] * 6 + [I64] * 5 + [F32]),
                        ("moe_experts", [P] * 5 + [I64] + [P] * 5 + [I64] * 5),
+                       ("linear_bf16", [P, I64, P, P, I64, I64]),
                        ("sample_top_p", [P] * 6 + [I64] * 2),
                        ("route_softmax", [P] * 3 + [I64] * 4),
                        ("attn_decode_block", [P] * 3 + [F32] + [P] * 3 + [F32] + [P] * 9 + [F32] + [P] * 2 + [I64] * 6 + [F32])):
@@ -158,6 +159,24 @@ def pack_experts(experts) -> tuple[torch.Tensor, torch.Tensor]:
         return w.transpose(1, 2).reshape(E, n_in, n_out // 32, 32).permute(0, 2, 1, 3).contiguous()
 
     return blocked(experts.gate_up_proj), blocked(experts.down_proj)
+
+
+def pack_head(weight: torch.Tensor) -> torch.Tensor | None:
+    """The output head [vocab, hidden] for `head_logits`: blocked bf16, or None when its values are
+    not all bf16 (the exact widening would not reproduce them) or vocab % 32 != 0."""
+    if weight.shape[0] % 32 or not is_bf16_exact(weight):
+        return None
+    return pack_linear(weight).to(torch.bfloat16)
+
+
+def head_logits(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """x [N, hidden] fp32 times the `pack_head` weight: logits [N, vocab]."""
+    x = x.contiguous()
+    N, m = x.shape
+    n = packed.shape[0] * 32
+    out = torch.empty(N, n)
+    _lib.linear_bf16(x.data_ptr(), N, packed.data_ptr(), out.data_ptr(), m, n)
+    return out
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
