@@ -57,8 +57,10 @@ def stage_sft(cfg: Config) -> dict:
 def stage_rl(cfg: Config) -> dict:
     """Asynchronous RL from the SFT policy, then its held-out solve rate."""
     from strop.rl.train_cmd import train_rl
+    from strop.runtime.inline import split_cores
 
-    trained = train_rl(cfg, mode="async")
+    cpus = split_cores()  # the trainer on one core, the engine and rollouts on the other (as `strop train`)
+    trained = train_rl(cfg, mode="async", cpus=cpus, trainer_process=cpus is not None)
     return {**_held_out(cfg, cfg.run_dir / "rl" / "model"), "train": trained}
 
 

@@ -61,14 +61,6 @@ def tiny_policy(out: Path) -> Path:
     return path
 
 
-def cpu_split():
-    """Trainer on the first allowed core, engines and rollouts on the others (None on one core)."""
-    from strop.runtime.inline import CpuSplit
-
-    cpus = sorted(os.sched_getaffinity(0))
-    return CpuSplit(frozenset(cpus[:1]), frozenset(cpus[1:])) if len(cpus) >= 2 else None
-
-
 def measure(cfg, mode: str, policy: Path, out: Path, eval_tasks: list, cpus) -> dict:
     from strop.rl.evaluate import evaluate
     from strop.rl.train_cmd import train_rl
@@ -93,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     from strop.config import load_config
     from strop.rl.evaluate import eval_tasks
     from strop.rl.train_cmd import train_rl
+    from strop.runtime.inline import split_cores
 
     steps = args.steps or (3 if args.quick else 40)
     episodes = args.eval_episodes or (2 if args.quick else 100)
@@ -102,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     policy = Path(args.policy) if args.policy else tiny_policy(out)
     tasks = eval_tasks(cfg)
-    cpus = cpu_split()
+    cpus = split_cores()
     # Warm-up, discarded: the first run of a process pays one-off costs (the sandbox host setup,
     # the sandbox interpreter's bytecode caches, the C kernels) that would otherwise count for sync.
     train_rl(replace(cfg, rl=replace(cfg.rl, steps=2)), mode="sync", policy_dir=policy, out_dir=out / "warm-up",

@@ -56,6 +56,12 @@ class CpuSplit:
     rollout: frozenset[int]
 
 
+def split_cores() -> CpuSplit | None:
+    """The trainer on the first allowed core, engines and rollouts on the others (None on one core)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return CpuSplit(frozenset(cpus[:1]), frozenset(cpus[1:])) if len(cpus) >= 2 else None
+
+
 def pin(cpus: frozenset[int] | None) -> None:
     """Pin the calling thread (not the process: Linux affinity is per thread) to `cpus`."""
     if cpus:
