@@ -29,10 +29,10 @@ from strop.env.harness import Harness
 from strop.env.task import Task
 from strop.rl.advantages import Sample
 from strop.engine.policy_client import EnginePolicy
+from strop.memory import retain_freed_memory
 from strop.rl.rollout import RolloutLost, WorkItem, harness_config, rollout, sandbox_limits
 from strop.rl.trainer import RLTrainer
 from strop.rl.trajectory import Trajectory
-from strop.memory import retain_freed_memory
 from strop.sync.publisher import DeltaPublisher
 from strop.threads import set_threads
 
@@ -248,6 +248,7 @@ class InlineRuntime:
 
 def start_inline(cfg: Config, policy_dir: str, tasks: dict[str, Task], replay_ctx, cpus: CpuSplit | None = None,
                  trainer_process: bool = False) -> InlineRuntime:
-    set_threads(cfg.run.threads or None)
+    # placed: one thread per role, so the engine's torch ops never spill onto the trainer's core
+    set_threads(1 if cpus else (cfg.run.threads or None))
     retain_freed_memory()  # engine steps and weight publishing allocate the same buffers every time (see _trainer_main)
     return InlineRuntime(cfg, policy_dir, tasks, replay_ctx, cpus=cpus, trainer_process=trainer_process)
