@@ -230,6 +230,6 @@ def moe_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     hbuf, ybuf = _scratch("moe_h", 4 * I2), _scratch("moe_y", N * K * H)
     order, start = _scratch("moe_order", N * K, torch.int64), _scratch("moe_start", E + 1, torch.int64)
     _lib.moe_experts(x.data_ptr(), ids.data_ptr(), w.data_ptr(), gate_up.data_ptr(), down.data_ptr(),
-                     int(gate_up.dtype == torch.bfloat16), out.data_ptr(), hbuf.data_ptr(), ybuf.data_ptr(), order.data_ptr(), start.data_ptr(),
-                     N, K, E, H, I2 // 2)
+                     int(gate_up.dtype == torch.bfloat16), out.data_ptr(), hbuf.data_ptr(), ybuf.data_ptr(),
+                     order.data_ptr(), start.data_ptr(), N, K, E, H, I2 // 2)
     return out
