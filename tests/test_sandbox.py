@@ -162,8 +162,8 @@ def test_disk_fill_is_stopped(world):
 def test_nothing_left_running_after_close(world):
     s = open_sandbox(world)
     s.exec("echo warm")
-    server = s._server_pid()
-    pidns = os.readlink(f"/proc/{server}/ns/pid")
+    init = s._init_pid()
+    pidns = os.readlink(f"/proc/{init}/ns/pid")
     bwrap_pid, layer = s.proc.pid, s.dir
     s.exec("sleep 100 &", timeout=0.2)  # whatever it does, close() must leave nothing
     s.close()

@@ -7,8 +7,8 @@
 - exec: one more command in a live sandbox, as an argv (`exec_p50_ms`) and as a shell string
   (which runs under `bash -lc`: `exec_shell_p50_ms`);
 - idle footprint: sandboxes started and left idle up to `--max` (1000) or until the time budget is
-  spent; `mib_per_sandbox` is the proportional set size (PSS) of their processes (bwrap and the
-  in-sandbox shell), `kernel_mib_per_sandbox` the drop in MemAvailable per sandbox (kernel objects:
+  spent; `mib_per_sandbox` is the proportional set size (PSS) of their processes (bwrap, its init and
+  the in-sandbox shell), `kernel_mib_per_sandbox` the drop in MemAvailable per sandbox (kernel objects:
   namespaces, mounts, page tables; noisy on a shared machine);
 - oracle episodes/s from `strop.env.oracle.run_oracle_episodes` when that module exists.
 
@@ -45,6 +45,16 @@ def _pss_kib(pid: int) -> int:
     except OSError:
         pass
     return 0
+
+
+def _sandbox_pids(sb) -> list[int]:
+    """An idle sandbox's processes: bwrap, its init (pid 1 inside) and the init's children (the server)."""
+    init = sb._init_pid()
+    try:
+        children = [int(c) for c in Path(f"/proc/{init}/task/{init}/children").read_text().split()]
+    except OSError:
+        children = []
+    return [sb.proc.pid, init, *children]
 
 
 def _mem_available_kib() -> int:
@@ -124,7 +134,7 @@ def _idle(world: Path, most: int, budget_s: float) -> dict:
             boxes.append(sb)
         time.sleep(0.5)
         alive = sum(sb.exec(["true"]).exit_code == 0 for sb in boxes)  # every one still answers
-        pss = sum(_pss_kib(sb.proc.pid) + _pss_kib(sb._server_pid()) for sb in boxes)
+        pss = sum(_pss_kib(pid) for sb in boxes for pid in _sandbox_pids(sb))
         mem1 = _mem_available_kib()
         start_s = time.perf_counter() - t0
     finally:

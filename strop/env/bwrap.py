@@ -12,7 +12,7 @@ capabilities, --die-with-parent, no controlling terminal (see `_has_ctty`).
 Protocol: the host writes one shell command per exec to the server's stdin. It runs the target in
 a subshell with stdin from /dev/null (or the given data), rlimits set by `ulimit` (CPU s, address
 space, file size, process count), then kills every other process in the sandbox (`kill -9 -1`
-from pid 1: background jobs do not outlive their command) and prints a random per-command marker
+from the server: background jobs do not outlive their command) and prints a random per-command marker
 with the exit code on stdout and stderr. The host reads both pipes with a bounded buffer until the
 markers arrive. On wall-clock timeout the whole sandbox (bwrap and its pid namespace) is killed
 and a fresh one is started lazily over the same copy-on-write layer, so files survive.
@@ -344,7 +344,10 @@ def _static_argv(image: str, limits: Limits) -> tuple[str, ...]:
     # --disable-userns: no nested user namespaces, which would hand the agent capabilities (over
     # its own namespaces only, but that is kernel attack surface a coding task never needs)
     a += ["--unshare-all", "--unshare-user", "--disable-userns", "--hostname", HOSTNAME, "--uid", str(UID), "--gid", str(GID), "--cap-drop", "ALL",
-          "--die-with-parent", "--as-pid-1", "--clearenv"]  # no --new-session: see _has_ctty
+          "--die-with-parent", "--clearenv"]  # no --new-session: see _has_ctty
+    # no --as-pid-1: bwrap's own init is pid 1 and reaps every orphan at once. With the server as pid
+    # 1 the leftovers `kill -9 -1` kills stay zombies until the server next waits, and after a fork
+    # bomb they fill the pids limit so that the next command cannot fork (~1 ms more per start here)
     env = {"PATH": h["path"], "HOME": HOME, "USER": USER, "LOGNAME": USER, "SHELL": "/bin/bash",
            "LANG": os.environ.get("LANG", "C.UTF-8")}
     for k, v in env.items():
@@ -374,7 +377,7 @@ class BwrapSandbox:
         (self.dir / "upper").mkdir()
         (self.dir / "work").mkdir()
         self.proc: subprocess.Popen | None = None
-        self._pid: int | None = None  # host pid of the in-sandbox server (pid 1 inside)
+        self._pid: int | None = None  # host pid of bwrap's init (pid 1 inside), the server's parent
         self._pidfd: int | None = None
         self._cgroup: Path | None = None
         self._closed = False
@@ -395,8 +398,8 @@ class BwrapSandbox:
         os.close(profile)
         self._info_r, self._pid, self._pidfd, self._root_fd = info_r, None, None, None
 
-    def _server_pid(self) -> int:
-        """Wait for bwrap to finish setting up; returns the host pid of the server, or raises."""
+    def _init_pid(self) -> int:
+        """Wait for bwrap to report its child; returns the host pid of pid 1 inside (bwrap's init), or raises."""
         if self._pid is None:
             data = b""
             while chunk := os.read(self._info_r, 4096):
@@ -414,14 +417,14 @@ class BwrapSandbox:
         return self._pid
 
     def _kill(self) -> None:
-        """Kill the server (pid 1 inside: the kernel then kills the rest of its pid namespace), let
-        bwrap reap it and exit, then reap bwrap. Killing bwrap first would orphan the server to the
+        """Kill pid 1 inside (bwrap's init: the kernel then kills the rest of its pid namespace), let
+        bwrap reap it and exit, then reap bwrap. Killing bwrap first would orphan the init to the
         host's init as a zombie."""
         if self.proc is None:
             return
         if self._pid is None and self.proc.poll() is None:
             try:
-                self._server_pid()
+                self._init_pid()
             except RuntimeError:
                 pass  # bwrap failed before starting the server
         if self._pidfd is not None:
@@ -473,18 +476,18 @@ class BwrapSandbox:
         if self.proc is None or self.proc.poll() is not None:
             self._kill()
             self._spawn()
-        # the server's pid is not needed to exec (the pipes suffice): it is read when needed
+        # pid 1's host pid is not needed to exec (the pipes suffice): it is read when needed
 
     def _root(self) -> int:
         """An O_PATH fd of the sandbox's root directory, opened only after a protocol round trip:
-        bwrap reports the server's pid before it has built the sandbox, and until then that
+        bwrap reports its child's pid before it has built the sandbox, and until then that
         process's root is the host's (an early open would let file ops write to the host)."""
         self._alive()
         if self._root_fd is None:
             res = self.exec(["true"])  # the server answers only once it runs, i.e. after setup
             if res.exit_code != 0:
                 raise RuntimeError(f"sandbox server not ready: {res.stderr.strip()}")
-            self._root_fd = os.open(f"/proc/{self._server_pid()}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            self._root_fd = os.open(f"/proc/{self._init_pid()}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         return self._root_fd
 
     # -- exec -------------------------------------------------------------------------------
@@ -509,7 +512,7 @@ class BwrapSandbox:
             raise ValueError("stdin may not contain NUL bytes")
         else:
             line = f"printf '%s' {shlex.quote(stdin)} | {body}"
-        # rc first, then kill leftovers (pid 1 is spared by kill -1), then the markers
+        # rc first, then kill leftovers (kill -1 spares pid 1 and the server itself), then the markers
         # markers start with \036 (record separator), a byte output rarely ends with, so that
         # streaming need not hold output back in case it is the start of a marker
         # stderr's marker first: when the host sees stdout's, both are there (one wake-up, not two)
@@ -528,7 +531,7 @@ class BwrapSandbox:
         try:
             # not before bwrap reports its child: it arms --die-with-parent just before that, so a
             # bwrap whose owner died earlier finds its stdin closed and empty, and exits
-            self._server_pid()
+            self._init_pid()
             self.proc.stdin.write(script)
         except (BrokenPipeError, RuntimeError) as e:  # bwrap failed to start, or the server died
             why = self.proc.stderr.read(self.limits.output_bytes).decode(errors="replace").strip() or str(e)
