@@ -71,7 +71,8 @@ def measure(cfg, mode: str, policy: Path, out: Path, eval_tasks: list, cpus) -> 
     held_out = evaluate(cfg, str(out / mode / "model"), eval_tasks)
     wall = r["wall_s"]
     rows = [json.loads(line) for line in (out / mode / "metrics.jsonl").read_text().splitlines()]
-    return {"steps": r["steps"], "trained_tokens": round(sum(row["tokens_per_s"] * row["step_s"] for row in rows)), "wall_s": round(wall, 1), "steps_per_hour": round(r["steps"] * 3600 / wall, 1),
+    return {"steps": r["steps"], "trained_tokens": sum(row["tokens"] for row in rows), "wall_s": round(wall, 1),
+            "steps_per_hour": round(r["steps"] * 3600 / wall, 1),
             "trainer_busy": round(r["trainer_s"] / wall, 3), "engine_busy": round(r["engine_busy_s"] / wall, 3),
             "dropped": r["buffer"]["dropped"].get("stale", 0), "solve_rate": held_out["solve_rate"],
             "solve_rate_ci95": held_out["solve_rate_ci95"], "eval_episodes": held_out["eval_episodes"]}

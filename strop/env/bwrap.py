@@ -347,7 +347,8 @@ def _static_argv(image: str, limits: Limits) -> tuple[str, ...]:
           "--die-with-parent", "--clearenv"]  # no --new-session: see _has_ctty
     # no --as-pid-1: bwrap's own init is pid 1 and reaps every orphan at once. With the server as pid
     # 1 the leftovers `kill -9 -1` kills stay zombies until the server next waits, and after a fork
-    # bomb they fill the pids limit so that the next command cannot fork (~1 ms more per start here)
+    # bomb they fill the pids limit so that the next command cannot fork. The cost is one more small
+    # process per sandbox; its start time could not be told apart from this VM's drift
     env = {"PATH": h["path"], "HOME": HOME, "USER": USER, "LOGNAME": USER, "SHELL": "/bin/bash",
            "LANG": os.environ.get("LANG", "C.UTF-8")}
     for k, v in env.items():

@@ -158,6 +158,7 @@ class RLTrainer:
             **{k: sums[k] / n_tok for k in ("k3", "clip_frac", "mask_frac", "trunc_frac", "ratio_mean")},
             **{f"mismatch_{k}": v for k, v in mismatch.items() if k not in ("tokens", "k3")},
             "gen_tokens": int(sums["tokens"]),
+            "tokens": int(tokens),  # every position trained on (context and generated)
             "tokens_per_s": tokens / seconds,
             "staleness_max": max(staleness),
             "staleness_hist": {str(k): staleness[k] for k in sorted(staleness)},
