@@ -16,17 +16,13 @@ built with -march=native), so a copy on another machine is never loaded.
 """
 
 import ctypes
-import hashlib
-import os
-import shutil
 import subprocess
-import tempfile
 import threading
-from pathlib import Path
 
 import torch
 
 from strop.engine.csrc import SOURCE as _SOURCE
+from strop.native import load_library
 
 _lib: ctypes.CDLL | None = None
 _tried = False
@@ -43,31 +39,10 @@ def _scratch(slot: str, n: int, dtype: torch.dtype = torch.float32) -> torch.Ten
     return buf
 
 
-def _cpu_key() -> str:
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        flags = ""
-    return hashlib.sha256((_SOURCE + flags).encode()).hexdigest()[:16]
-
-
 def _build() -> ctypes.CDLL | None:
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None or os.environ.get("STROP_NO_KERNELS"):
+    lib = load_library("moe", _SOURCE)
+    if lib is None:
         return None
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "strop"
-    so = cache / f"moe_{_cpu_key()}.so"
-    if not so.exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory() as d:
-            src, tmp = Path(d) / "moe.c", Path(d) / "moe.so"
-            src.write_text(_SOURCE)
-            r = subprocess.run([cc, "-O3", "-march=native", "-shared", "-fPIC", str(src), "-o", str(tmp), "-lm"],
-                               capture_output=True, timeout=120)
-            if r.returncode != 0:
-                return None
-            os.replace(tmp, so)  # atomic: concurrent builders never load a half-written file
-    lib = ctypes.CDLL(str(so))
     P, I64, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
     for name, args in (("add_rmsnorm", [P] * 4 + [I64] * 2 + [F32]),
                        ("qk_rope_cache", [P] * 9 + [I64] * 5 + [F32]),
