@@ -142,14 +142,15 @@ def test_kernels_match_torch():
     if not kernels.available():
         pytest.skip("no C compiler")
     gen = torch.Generator().manual_seed(0)
-    kc, vc = torch.randn(4, 2, 96, 32, generator=gen), torch.randn(4, 2, 96, 32, generator=gen)
-    q, slots, pos = torch.randn(3, 4, 32, generator=gen), torch.tensor([0, 2, 3]), torch.tensor([5, 40, 95])
-    out = kernels.decode_attention(q, kc, vc, slots, pos, 0.2)
-    for i in range(3):  # one query row against its slot's keys 0..pos
-        T = int(pos[i]) + 1
-        ref = torch.nn.functional.scaled_dot_product_attention(q[i][None, :, None], kc[slots[i]][None, :, :T],
-                                                               vc[slots[i]][None, :, :T], scale=0.2, enable_gqa=True)
-        assert torch.allclose(out[i], ref[0, :, 0], atol=1e-5)
+    for d in (32, 64, 16):  # head widths with their own inlined kernel, and the generic one
+        kc, vc = torch.randn(4, 2, 96, d, generator=gen), torch.randn(4, 2, 96, d, generator=gen)
+        q, slots, pos = torch.randn(3, 4, d, generator=gen), torch.tensor([0, 2, 3]), torch.tensor([5, 40, 95])
+        out = kernels.decode_attention(q, kc, vc, slots, pos, 0.2)
+        for i in range(3):  # one query row against its slot's keys 0..pos
+            T = int(pos[i]) + 1
+            ref = torch.nn.functional.scaled_dot_product_attention(q[i][None, :, None], kc[slots[i]][None, :, :T],
+                                                                   vc[slots[i]][None, :, :T], scale=0.2, enable_gqa=True)
+            assert torch.allclose(out[i], ref[0, :, 0], atol=1e-5)
 
     class Experts(torch.nn.Module):
         gate_up_proj = torch.randn(8, 64, 64, generator=gen) * 0.1

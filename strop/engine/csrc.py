@@ -2,10 +2,13 @@
 
 Plain C with GCC vector extensions (8-float vectors), compiled -O3 -march=native. Shapes are
 row-major fp32; "blocked" weights are [out / 32, in, 32] so a 32-output pass streams one
-contiguous block. Each function's comment states its contract.
+contiguous block. Each function's comment states its contract. The attention kernels live in
+`strop.engine.csrc_attention`; `SOURCE` is the whole translation unit.
 """
 
-SOURCE = r"""
+from strop.engine.csrc_attention import ATTENTION
+
+_CORE = r"""
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +42,11 @@ static inline v8 exp8(v8 x) {
     return y * (v8)e;
 }
 
+static inline v8 vmax(v8 a, v8 b) {
+    const v8i m = a > b;
+    return (v8)(((v8i)a & m) | ((v8i)b & ~m));
+}
+
 static inline float dot(const float *restrict a, const float *restrict b, int64_t n) {
     v8 acc = {0};
     int64_t i = 0;
@@ -47,6 +55,13 @@ static inline float dot(const float *restrict a, const float *restrict b, int64_
     for (; i < n; i++) s += a[i] * b[i];
     return s;
 }
+
+/* Lane shuffles of two 8-float vectors (indices 0-7 pick from a, 8-15 from b). */
+#ifdef __clang__
+#define SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define SHUF(a, b, ...) __builtin_shuffle(a, b, (v8i){__VA_ARGS__})
+#endif
 
 /* Weights are fp32, or bf16 when the engine's weights are exactly bf16 values (as the trainer
    ships them): half the bytes to stream, and widening bf16 to fp32 is exact, so both give the same
@@ -164,61 +179,6 @@ void add_rmsnorm(float *restrict h, const float *restrict a, const float *restri
     }
 }
 
-/* From the fused projection qkv [N, (nq + 2nk) * d]: RMS-normalise every q and k head (weights
-   wqk [nq + nk, d]), rotate it by the row's position (cos, sin [P, d], sin carrying the
-   rotate-half sign) into qk [N, nq + nk, d], and write k and v into the caches [S, nk, L, d]. */
-void qk_rope_cache(const float *restrict qkv, const float *restrict wqk, const float *restrict cos_t,
-                   const float *restrict sin_t, const int64_t *restrict slots, const int64_t *restrict pos,
-                   float *restrict qk, float *restrict kc, float *restrict vc,
-                   int64_t N, int64_t nq, int64_t nk, int64_t d, int64_t L, float eps) {
-    const int64_t half = d / 2, width = (nq + 2 * nk) * d;
-    float y[d];
-    for (int64_t n = 0; n < N; n++) {
-        const float *row = qkv + n * width, *c = cos_t + pos[n] * d, *s = sin_t + pos[n] * d;
-        for (int64_t hh = 0; hh < nq + nk; hh++) {
-            const float *x = row + hh * d, *w = wqk + hh * d;
-            const float r = 1.0f / sqrtf(dot(x, x, d) / (float)d + eps);
-            for (int64_t i = 0; i < d; i++) y[i] = x[i] * r * w[i];
-            float *dst = qk + (n * (nq + nk) + hh) * d;
-            for (int64_t i = 0; i < d; i++) dst[i] = y[i] * c[i] + y[i < half ? i + half : i - half] * s[i];
-            if (hh >= nq) memcpy(kc + ((slots[n] * nk + hh - nq) * L + pos[n]) * d, dst, d * sizeof(float));
-        }
-        for (int64_t hh = 0; hh < nk; hh++)
-            memcpy(vc + ((slots[n] * nk + hh) * L + pos[n]) * d, row + (nq + nk + hh) * d, d * sizeof(float));
-    }
-}
-
-/* One query row per sequence: q [N, nq, d] (row stride qs floats) attends to keys 0..pos[n] of
-   cache slot slots[n]; query head h reads kv head h / (nq / nk). out [N, nq, d]. */
-void decode_attention(const float *restrict q, int64_t qs, const float *restrict kc, const float *restrict vc,
-                      const int64_t *restrict slots, const int64_t *restrict pos, float *restrict out,
-                      float *restrict sc, int64_t N, int64_t nq, int64_t nk, int64_t d, int64_t L, float scale) {
-    const int64_t g = nq / nk;
-    float acc[d];
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t hh = 0; hh < nq; hh++) {
-            const float *qh = q + n * qs + hh * d;
-            const float *K = kc + (slots[n] * nk + hh / g) * L * d, *V = vc + (slots[n] * nk + hh / g) * L * d;
-            const int64_t T = pos[n] + 1;
-            float m = -INFINITY, sum = 0.0f;
-            for (int64_t t = 0; t < T; t++) {
-                sc[t] = dot(qh, K + t * d, d) * scale;
-                if (sc[t] > m) m = sc[t];
-            }
-            int64_t t = 0;
-            for (; t + 8 <= T; t += 8) *(v8 *)(sc + t) = exp8(*(const v8 *)(sc + t) - BCAST(m));
-            for (; t < T; t++) sc[t] = expf(sc[t] - m);
-            for (int64_t i = 0; i < d; i++) acc[i] = 0.0f;
-            for (t = 0; t < T; t++) {
-                const float p = sc[t];
-                sum += p;
-                for (int64_t i = 0; i < d; i++) acc[i] += p * V[t * d + i];
-            }
-            float *o = out + (n * nq + hh) * d;
-            for (int64_t i = 0; i < d; i++) o[i] = acc[i] / sum;
-        }
-}
-
 /* y [N, n] = x [N, m] @ W (+ bias, may be NULL) for W in 32-column blocks [n / 32, m, 32]. */
 static void linear_rows(const float *restrict x, int64_t N, const float *restrict W, const float *restrict bias,
                         float *restrict y, int64_t m, int64_t n) {
@@ -231,28 +191,9 @@ static void linear_rows(const float *restrict x, int64_t N, const float *restric
             for (int64_t j = 0; j < n; j++) y[r * n + j] += bias[j];
 }
 
-/* A whole attention block for N decode rows: h += pending (the previous MLP's output, may be
-   NULL); input RMSNorm; fused q/k/v projection; q/k norm, rotation and cache write; attention over
-   the cache; output projection; h += it; post-attention RMSNorm into x_out. Projection weights
-   come blocked like the experts'. Scratch: N * (2D + 3 (nq + nk) d) + L floats. */
-void attn_decode_block(float *restrict h, const float *restrict pending, const float *restrict w_in, float eps_in,
-                       const float *restrict wqkv, const float *restrict bqkv, const float *restrict wqk, float eps_qk,
-                       const float *restrict cos_t, const float *restrict sin_t, const int64_t *restrict slots,
-                       const int64_t *restrict pos, float *restrict kc, float *restrict vc, const float *restrict wo,
-                       const float *restrict bo, const float *restrict w_post, float eps_post, float *restrict x_out,
-                       float *restrict scratch, int64_t N, int64_t D, int64_t nq, int64_t nk, int64_t d, int64_t L,
-                       float scale) {
-    const int64_t Wd = (nq + 2 * nk) * d, A = nq * d;
-    float *xn = scratch, *qkv = xn + N * D, *qk = qkv + N * Wd, *att = qk + N * (nq + nk) * d, *o = att + N * A;
-    float *sc = o + N * D;
-    add_rmsnorm(h, pending, w_in, xn, N, D, eps_in);
-    linear_rows(xn, N, wqkv, bqkv, qkv, D, Wd);
-    qk_rope_cache(qkv, wqk, cos_t, sin_t, slots, pos, qk, kc, vc, N, nq, nk, d, L, eps_qk);
-    decode_attention(qk, (nq + nk) * d, kc, vc, slots, pos, att, sc, N, nq, nk, d, L, scale);
-    linear_rows(att, N, wo, bo, o, A, D);
-    add_rmsnorm(h, o, w_post, x_out, N, D, eps_post);
-}
+"""
 
+_REST = r"""
 /* Top-p sampling for rows of probabilities p [N, V]. Row n keeps its nucleus (when top_p[n] < 1):
    the most probable tokens, each kept when the mass ranked strictly above it is < top_p[n]; the
    smallest kept probability t becomes a threshold and every token with p >= t is kept (ties with
@@ -485,3 +426,5 @@ void moe_experts(const float *restrict x, const int64_t *restrict ids, const flo
     }
 }
 """
+
+SOURCE = _CORE + ATTENTION + _REST
