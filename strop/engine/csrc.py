@@ -65,107 +65,86 @@ static inline float dot(const float *restrict a, const float *restrict b, int64_
 
 /* Weights are fp32, or bf16 when the engine's weights are exactly bf16 values (as the trainer
    ships them): half the bytes to stream, and widening bf16 to fp32 is exact, so both give the same
-   bits. LD_F32 / LD_BF16 load 8 weights as 8 floats; VECMATS instantiates the matrix kernels for one. */
-typedef uint16_t v8h __attribute__((vector_size(16), aligned(2)));
-typedef uint32_t v8u __attribute__((vector_size(32)));
+   bits. LD2 loads 16 weights (columns c..c+15 of one row) as two vectors, ST2 stores two such
+   accumulators as y[c..c+15]. bf16 loads them with one 32-byte load, the even columns by a shift and
+   the odd ones by a mask (no lane shuffle per weight); the accumulators then hold even and odd
+   columns and ST2 interleaves them once per tile. Every output is the same sum in the same order. */
+typedef uint32_t v8u __attribute__((vector_size(32), aligned(4)));
 #define LD_F32(p) (*(const v8 *)(p))
-#define LD_BF16(p) ((v8)(__builtin_convertvector(*(const v8h *)(p), v8u) << 16))
+#define LD2_F32(p, e, o) ((e) = LD_F32(p), (o) = LD_F32((p) + 8))
+#define ST2_F32(y, e, o) (*(v8 *)(y) = (e), *(v8 *)((y) + 8) = (o))
+#define LD2_BF16(p, e, o) ((e) = (v8)(*(const v8u *)(p) << 16), (o) = (v8)(*(const v8u *)(p) & 0xFFFF0000u))
+#define ST2_BF16(y, e, o) (*(v8 *)(y) = SHUF(e, o, 0, 8, 1, 9, 2, 10, 3, 11), \
+                           *(v8 *)((y) + 8) = SHUF(e, o, 4, 12, 5, 13, 6, 14, 7, 15))
 
-/* vecmat: y[r, 0:n] = sum_i a[r, i] * W[i, 0:n] for R <= 2 rows a (stride m), with W [m, n] stored
-   in column blocks [n / 32, m, 32] (n % 32 == 0) so each pass streams one contiguous block: 32
-   outputs per pass, the accumulators in registers, each weight load shared by the rows.
-   vecmat4: the same for exactly 4 rows, each 32-output block in two 16-wide halves, 4 x 2
-   accumulators, so one weight load feeds four FMAs (prefill-sized expert groups). */
-#define VECMATS(SUF, WT, LD)                                                                              \
+/* W [m, n] is stored in column blocks [n / 32, m, 32] (n % 32 == 0), so a pass over 16 or 32
+   columns streams contiguous rows. tile: y[r, j0 : j0 + 16 P] = sum_i a[r, i] W[i, j0 : j0 + 16 P]
+   for R rows (strides as, ys) and P pairs of 16 columns from j0 (pairs may run into the next block).
+   R and P are constants once inlined, so the R x 2P accumulators stay in registers and each weight
+   load feeds R FMAs. Shapes used: 1 x 4 (one row: 8 FMA chains hide FMA latency), 2 x 2, 3 x 2,
+   and 4, 5 or 6 rows x 1.
+   vecmat: R <= 4 rows (an expert's group of tokens), whole width. linear: N rows, block by block,
+   every row group against one block while it sits in L1, so the weights stream from memory once. */
+#define MATRIX_KERNELS(SUF, WT, LD2, ST2)                                                                 \
+static inline __attribute__((always_inline)) void tile##SUF(const float *restrict a, int64_t as,          \
+        const WT *restrict W, float *restrict y, int64_t ys, int64_t m, int64_t j0, const int R, const int P) { \
+    const WT *src[4];                                                                                     \
+    for (int p = 0; p < P; p++) src[p] = W + ((j0 + 16 * p) / 32) * 32 * m + (j0 + 16 * p) % 32;         \
+    v8 acc[6][8];                                                                                         \
+    for (int r = 0; r < R; r++)                                                                           \
+        for (int v = 0; v < 2 * P; v++) acc[r][v] = BCAST(0.0f);                                          \
+    for (int64_t i = 0; i < m; i++) {                                                                     \
+        v8 w[8];                                                                                          \
+        for (int p = 0; p < P; p++) LD2(src[p] + i * 32, w[2 * p], w[2 * p + 1]);                         \
+        for (int r = 0; r < R; r++) {                                                                     \
+            const v8 x = BCAST(a[r * as + i]);                                                            \
+            for (int v = 0; v < 2 * P; v++) acc[r][v] += x * w[v];                                        \
+        }                                                                                                 \
+    }                                                                                                     \
+    for (int r = 0; r < R; r++)                                                                           \
+        for (int p = 0; p < P; p++) ST2(y + r * ys + j0 + 16 * p, acc[r][2 * p], acc[r][2 * p + 1]);     \
+}                                                                                                         \
 static void vecmat##SUF(const float *restrict a, int64_t R, const WT *restrict W, float *restrict y,      \
                         int64_t m, int64_t n) {                                                           \
     int64_t j = 0;                                                                                        \
-    if (R == 1)  /* one row: two blocks at once, so eight independent FMA chains hide FMA latency */       \
-        for (; j + 64 <= n; j += 64) {                                                                    \
-            const WT *b0 = W + j * m, *b1 = b0 + 32 * m;                                                  \
-            v8 acc[8] = {0};                                                                              \
-            for (int64_t i = 0; i < m; i++) {                                                             \
-                const v8 x = BCAST(a[i]);                                                                 \
-                for (int b = 0; b < 4; b++) {                                                             \
-                    acc[b] += x * LD(b0 + i * 32 + 8 * b);                                                \
-                    acc[4 + b] += x * LD(b1 + i * 32 + 8 * b);                                            \
-                }                                                                                         \
-            }                                                                                             \
-            for (int b = 0; b < 8; b++) *(v8 *)(y + j + 8 * b) = acc[b];                                  \
-        }                                                                                                 \
-    for (; j < n; j += 32) {                                                                              \
-        const WT *blk = W + j * m;                                                                        \
-        v8 a0[4] = {0}, a1[4] = {0};                                                                      \
-        for (int64_t i = 0; i < m; i++) {                                                                 \
-            const WT *w = blk + i * 32;                                                                   \
-            const v8 w0 = LD(w), w1 = LD(w + 8), w2 = LD(w + 16), w3 = LD(w + 24);                        \
-            const v8 x0 = BCAST(a[i]);                                                                    \
-            a0[0] += x0 * w0; a0[1] += x0 * w1; a0[2] += x0 * w2; a0[3] += x0 * w3;                       \
-            if (R > 1) {                                                                                  \
-                const v8 x1 = BCAST(a[m + i]);                                                            \
-                a1[0] += x1 * w0; a1[1] += x1 * w1; a1[2] += x1 * w2; a1[3] += x1 * w3;                   \
-            }                                                                                             \
-        }                                                                                                 \
-        for (int b = 0; b < 4; b++) *(v8 *)(y + j + 8 * b) = a0[b];                                       \
-        if (R > 1) for (int b = 0; b < 4; b++) *(v8 *)(y + n + j + 8 * b) = a1[b];                        \
+    switch (R) {                                                                                          \
+    case 1:                                                                                               \
+        for (; j + 64 <= n; j += 64) tile##SUF(a, m, W, y, n, m, j, 1, 4);                                \
+        for (; j < n; j += 32) tile##SUF(a, m, W, y, n, m, j, 1, 2);                                      \
+        break;                                                                                            \
+    case 2: for (; j < n; j += 32) tile##SUF(a, m, W, y, n, m, j, 2, 2); break;                           \
+    case 3: for (; j < n; j += 32) tile##SUF(a, m, W, y, n, m, j, 3, 2); break;                           \
+    default: for (; j < n; j += 16) tile##SUF(a, m, W, y, n, m, j, 4, 1);                                 \
     }                                                                                                     \
 }                                                                                                         \
-static void vecmat4##SUF(const float *restrict a, const WT *restrict W, float *restrict y, int64_t m,      \
-                         int64_t n) {                                                                     \
-    for (int64_t j = 0; j < n; j += 32)                                                                   \
-        for (int64_t half = 0; half < 32; half += 16) {                                                   \
-            const WT *blk = W + j * m + half;                                                             \
-            v8 acc[4][2] = {{{0}}};                                                                       \
-            for (int64_t i = 0; i < m; i++) {                                                             \
-                const v8 w0 = LD(blk + i * 32), w1 = LD(blk + i * 32 + 8);                                \
-                for (int r = 0; r < 4; r++) {                                                             \
-                    const v8 x = BCAST(a[r * m + i]);                                                     \
-                    acc[r][0] += x * w0;                                                                  \
-                    acc[r][1] += x * w1;                                                                  \
-                }                                                                                         \
-            }                                                                                             \
-            for (int r = 0; r < 4; r++) {                                                                 \
-                *(v8 *)(y + r * n + j + half) = acc[r][0];                                                \
-                *(v8 *)(y + r * n + j + half + 8) = acc[r][1];                                            \
-            }                                                                                             \
+static void linear##SUF(const float *restrict x, int64_t N, const WT *restrict W, float *restrict y,      \
+                        int64_t m, int64_t n) {                                                           \
+    if (N <= 4) {                                                                                         \
+        vecmat##SUF(x, N, W, y, m, n);                                                                    \
+        return;                                                                                           \
+    }                                                                                                     \
+    for (int64_t j = 0; j < n; j += 32) {                                                                 \
+        int64_t r = 0;                                                                                    \
+        for (; r + 6 <= N; r += 6)                                                                        \
+            for (int64_t h = 0; h < 32; h += 16) tile##SUF(x + r * m, m, W, y + r * n, n, m, j + h, 6, 1); \
+        const float *xr = x + r * m;                                                                      \
+        float *yr = y + r * n;                                                                            \
+        switch (N - r) {                                                                                  \
+        case 5: for (int64_t h = 0; h < 32; h += 16) tile##SUF(xr, m, W, yr, n, m, j + h, 5, 1); break;   \
+        case 4: for (int64_t h = 0; h < 32; h += 16) tile##SUF(xr, m, W, yr, n, m, j + h, 4, 1); break;   \
+        case 3: tile##SUF(xr, m, W, yr, n, m, j, 3, 2); break;                                            \
+        case 2: tile##SUF(xr, m, W, yr, n, m, j, 2, 2); break;                                            \
+        case 1: tile##SUF(xr, m, W, yr, n, m, j, 1, 2); break;                                            \
         }                                                                                                 \
+    }                                                                                                     \
 }
-VECMATS(, float, LD_F32)
-VECMATS(_bf16, uint16_t, LD_BF16)
+MATRIX_KERNELS(, float, LD2_F32, ST2_F32)
+MATRIX_KERNELS(_b16, uint16_t, LD2_BF16, ST2_BF16)
 
-/* y [N, n] = x [N, m] @ W^T for W bf16 in column blocks [n / 32, m, 32] (the output head): block
-   by block, every row against one block while its 2 KB-per-row slice sits in L1, so the weights
-   stream from memory once per step, not once per group of rows. */
+/* y [N, n] = x [N, m] @ W^T for W bf16 in column blocks [n / 32, m, 32] (the output head). */
 void linear_bf16(const float *restrict x, int64_t N, const uint16_t *restrict W, float *restrict y,
                  int64_t m, int64_t n) {
-    for (int64_t j = 0; j < n; j += 32) {
-        const uint16_t *blk = W + j * m;
-        int64_t r = 0;
-        for (; r + 4 <= N; r += 4)
-            for (int64_t half = 0; half < 32; half += 16) {
-                v8 acc[4][2] = {{{0}}};
-                for (int64_t i = 0; i < m; i++) {
-                    const v8 w0 = LD_BF16(blk + i * 32 + half), w1 = LD_BF16(blk + i * 32 + half + 8);
-                    for (int q = 0; q < 4; q++) {
-                        const v8 xv = BCAST(x[(r + q) * m + i]);
-                        acc[q][0] += xv * w0;
-                        acc[q][1] += xv * w1;
-                    }
-                }
-                for (int q = 0; q < 4; q++) {
-                    *(v8 *)(y + (r + q) * n + j + half) = acc[q][0];
-                    *(v8 *)(y + (r + q) * n + j + half + 8) = acc[q][1];
-                }
-            }
-        for (; r < N; r++) {
-            v8 acc[4] = {0};
-            for (int64_t i = 0; i < m; i++) {
-                const v8 xv = BCAST(x[r * m + i]);
-                for (int b = 0; b < 4; b++) acc[b] += xv * LD_BF16(blk + i * 32 + 8 * b);
-            }
-            for (int b = 0; b < 4; b++) *(v8 *)(y + r * n + j + 8 * b) = acc[b];
-        }
-    }
+    linear_b16(x, N, W, y, m, n);
 }
 
 /* h [N,D] += a (when a is not NULL), then out = h * rsqrt(mean(h^2) + eps) * w. */
@@ -182,12 +161,9 @@ void add_rmsnorm(float *restrict h, const float *restrict a, const float *restri
 /* y [N, n] = x [N, m] @ W (+ bias, may be NULL) for W in 32-column blocks [n / 32, m, 32]. */
 static void linear_rows(const float *restrict x, int64_t N, const float *restrict W, const float *restrict bias,
                         float *restrict y, int64_t m, int64_t n) {
-    int64_t r = 0;
-    for (; r + 4 <= N; r += 4) vecmat4(x + r * m, W, y + r * n, m, n);
-    for (; r + 2 <= N; r += 2) vecmat(x + r * m, 2, W, y + r * n, m, n);
-    for (; r < N; r++) vecmat(x + r * m, 1, W, y + r * n, m, n);
+    linear(x, N, W, y, m, n);
     if (bias)
-        for (r = 0; r < N; r++)
+        for (int64_t r = 0; r < N; r++)
             for (int64_t j = 0; j < n; j++) y[r * n + j] += bias[j];
 }
 
@@ -380,9 +356,9 @@ void route_softmax(const float *restrict logits, int64_t *restrict ids, float *r
 }
 
 /* x [N,H]; ids, w [N,K] (expert ids, gate weights); gu [E,H,2I] and dn [E,I,H] (transposed
-   projections; bf16 when `bf16`, else fp32); out [N,H]. Scratch: hbuf [4, 2I], ybuf [N*K,H], order [N*K], start [E+1]. H and
-   I are multiples of 32. Assignments go expert by expert, up to four at a time, so each expert's
-   weights are read once per group and stay in cache for all its tokens. */
+   projections; bf16 when `bf16`, else fp32); out [N,H]. Scratch: hbuf [4, 2I], ybuf [N*K,H], order [N*K],
+   start [E+1]. H and I are multiples of 32. Assignments go expert by expert, up to four at a time, so
+   each expert's weights are read once per group and stay in cache for all its tokens. */
 void moe_experts(const float *restrict x, const int64_t *restrict ids, const float *restrict w,
                  const void *restrict gu, const void *restrict dn, int64_t bf16, float *restrict out,
                  float *restrict hbuf, float *restrict ybuf, int64_t *restrict order, int64_t *restrict start,
@@ -395,23 +371,18 @@ void moe_experts(const float *restrict x, const int64_t *restrict ids, const flo
     for (int64_t a = 0; a < A; a++) order[start[ids[a]]++] = a;  /* counting sort by expert */
     for (int64_t r = 0; r < A;) {
         const int64_t e = ids[order[r]];
-        int64_t R = 1;  /* this expert's next 1, 2 or 4 assignments share every weight load */
+        int64_t R = 1;  /* this expert's next (up to) 4 assignments share every weight load */
         while (R < 4 && r + R < A && ids[order[r + R]] == e) R++;
-        if (R == 3) R = 2;
         for (int64_t q = 0; q < R; q++) memcpy(xin + q * H, x + (order[r + q] / K) * H, H * sizeof(float));
         const int64_t g_at = e * H * I2, d_at = e * I * H;
-        if (bf16 && R == 4) vecmat4_bf16(xin, (const uint16_t *)gu + g_at, hbuf, H, I2);
-        else if (bf16) vecmat_bf16(xin, R, (const uint16_t *)gu + g_at, hbuf, H, I2);
-        else if (R == 4) vecmat4(xin, (const float *)gu + g_at, hbuf, H, I2);
+        if (bf16) vecmat_b16(xin, R, (const uint16_t *)gu + g_at, hbuf, H, I2);
         else vecmat(xin, R, (const float *)gu + g_at, hbuf, H, I2);
         for (int64_t q = 0; q < R; q++)  /* silu(gate) * up, 8 lanes at a time */
             for (int64_t i = 0; i < I; i += 8) {
                 const v8 g = *(const v8 *)(hbuf + q * I2 + i), up = *(const v8 *)(hbuf + q * I2 + I + i);
                 *(v8 *)(act + q * I + i) = g / (BCAST(1.0f) + exp8(-g)) * up;
             }
-        if (bf16 && R == 4) vecmat4_bf16(act, (const uint16_t *)dn + d_at, yout, I, H);
-        else if (bf16) vecmat_bf16(act, R, (const uint16_t *)dn + d_at, yout, I, H);
-        else if (R == 4) vecmat4(act, (const float *)dn + d_at, yout, I, H);
+        if (bf16) vecmat_b16(act, R, (const uint16_t *)dn + d_at, yout, I, H);
         else vecmat(act, R, (const float *)dn + d_at, yout, I, H);
         for (int64_t q = 0; q < R; q++) memcpy(ybuf + order[r + q] * H, yout + q * H, H * sizeof(float));
         r += R;
