@@ -18,6 +18,7 @@ typedef float v8 __attribute__((vector_size(32), aligned(4)));  /* unaligned 8-f
 #define BCAST(s) ((v8){(s), (s), (s), (s), (s), (s), (s), (s)})
 
 typedef int32_t v8i __attribute__((vector_size(32)));
+typedef int64_t v4l __attribute__((vector_size(32)));
 
 /* exp over 8 lanes (Cephes expf: round-to-nearest range reduction by ln 2 in two parts, a degree-5
    polynomial, the exponent added into the float bits): within 2 ulp of expf on [-87, 88]. */
@@ -231,35 +232,55 @@ static int64_t compact(const float *src, int64_t m, int shift, uint64_t prefix, 
 
 /* Linear first level: bucket = p * 1023 / max(p), so near-uniform and peaked rows both spread out;
    returns the crossing bucket (advancing above past the buckets over it) and compacts its values
-   into buf (*m of them); -1 when rounding leaves no crossing. */
+   into buf (*m of them); -1 when rounding leaves no crossing. Buckets are computed 8 lanes at a
+   time; mass goes into two histograms by the index's parity, so neighbours do not chain their adds. */
+static inline v8i bucket8(v8 x, float scale) {
+    const v8i b = __builtin_convertvector(x * BCAST(scale), v8i), top = b > 1023;  /* truncates, as (int64_t) */
+    return (b & ~top) | (1023 & top);
+}
+
 static int64_t linear_crossing(const float *row, int64_t V, double top_p, double *above, float *buf, int64_t *m) {
     double mass[2][1024];
     memset(mass, 0, sizeof(mass));
-    float pmax = 0.0f;
-    for (int64_t i = 0; i < V; i++) pmax = row[i] > pmax ? row[i] : pmax;
-    const float scale = 1023.0f / pmax;
+    v8 mx = {0};
     int64_t i = 0;
-    for (; i + 2 <= V; i += 2)
-        for (int j = 0; j < 2; j++) {
-            const int64_t b = (int64_t)(row[i + j] * scale);
-            mass[j][b > 1023 ? 1023 : b] += row[i + j];
-        }
+    for (; i + 8 <= V; i += 8) mx = vmax(mx, *(const v8 *)(row + i));
+    float pmax = 0.0f;
+    for (int j = 0; j < 8; j++) pmax = mx[j] > pmax ? mx[j] : pmax;
+    for (; i < V; i++) pmax = row[i] > pmax ? row[i] : pmax;
+    const float scale = 1023.0f / pmax;
+    for (i = 0; i + 8 <= V; i += 8) {
+        const v8 x = *(const v8 *)(row + i);
+        const v8i b = bucket8(x, scale);
+        for (int j = 0; j < 8; j++) mass[j & 1][b[j]] += x[j];
+    }
     for (; i < V; i++) {
         const int64_t b = (int64_t)(row[i] * scale);
-        mass[0][b > 1023 ? 1023 : b] += row[i];
+        mass[i & 1][b > 1023 ? 1023 : b] += row[i];
     }
     int64_t k = 1023;
+    double a = *above;  /* a local: through the pointer every bucket would store and reload it */
     for (; k >= 0; k--) {
         const double s = mass[0][k] + mass[1][k];
-        if (*above + s >= top_p) break;
-        *above += s;
+        if (a + s >= top_p) break;
+        a += s;
     }
+    *above = a;
     if (k < 0) return -1;
-    *m = 0;
-    for (i = 0; i < V; i++) {
-        const int64_t b = (int64_t)(row[i] * scale);
-        if ((b > 1023 ? 1023 : b) == k) buf[(*m)++] = row[i];
+    int64_t c = 0;
+    for (i = 0; i + 8 <= V; i += 8) {  /* the crossing bucket is a small share of the row: skip 8 lanes at once */
+        const v8 x = *(const v8 *)(row + i);
+        const v8i hit = bucket8(x, scale) == (int32_t)k;
+        const v4l any = (v4l)hit;
+        if (!(any[0] | any[1] | any[2] | any[3])) continue;
+        for (int j = 0; j < 8; j++)
+            if (hit[j]) buf[c++] = x[j];
     }
+    for (; i < V; i++) {
+        const int64_t b = (int64_t)(row[i] * scale);
+        if ((b > 1023 ? 1023 : b) == k) buf[c++] = row[i];
+    }
+    *m = c;
     return k;
 }
 
