@@ -197,3 +197,25 @@ def test_weight_update_refreshes_packed_weights(tiny_moe, tiny_tokenizer):
         with torch.no_grad():
             assert int(tiny_moe(ids).logits[0, -1].argmax()) == t
         ids = torch.cat([ids, torch.tensor([[t]])], 1)
+
+
+@pytest.mark.parametrize("bf16_values", [False, True])
+def test_decode_step_matches_layer_by_layer(tiny_moe, tiny_tokenizer, bf16_values):
+    from strop.engine import kernels
+    from strop.engine.forward import Forward, Segment
+
+    if not kernels.available():
+        pytest.skip("no C compiler")
+    if bf16_values:  # as an RL engine holds them: bf16 experts and a packed bf16 head
+        with torch.no_grad():
+            for p in tiny_moe.parameters():
+                p.copy_(p.bfloat16().float())
+    fw = Forward(tiny_moe, max_slots=4, max_len=64)
+    assert fw._step is not None and fw._step.has_head == bf16_values
+    prompts = _prompts(tiny_tokenizer, 3)
+    fw([Segment(s, 0, p) for s, p in zip((0, 2, 3), prompts)])
+    segments = [Segment(s, len(p), [7 + s]) for s, p in zip((0, 2, 3), prompts)]
+    logits, ids = fw(segments)  # one C call
+    fw._step = None
+    ref_logits, ref_ids = fw(segments)  # kernel by kernel, the router in torch (rewrites the same cache rows)
+    assert torch.allclose(logits, ref_logits, atol=1e-5) and torch.equal(ids, ref_ids)

@@ -3,10 +3,12 @@
 Plain C with GCC vector extensions (8-float vectors), compiled -O3 -march=native. Shapes are
 row-major fp32; "blocked" weights are [out / 32, in, 32] so a 32-output pass streams one
 contiguous block. Each function's comment states its contract. The attention kernels live in
-`strop.engine.csrc_attention`; `SOURCE` is the whole translation unit.
+`strop.engine.csrc_attention`, the one-call decode step in `strop.engine.csrc_decode`; `SOURCE`
+is the whole translation unit.
 """
 
 from strop.engine.csrc_attention import ATTENTION
+from strop.engine.csrc_decode import DECODE
 
 _CORE = r"""
 #include <stdint.h>
@@ -419,4 +421,4 @@ void moe_experts(const float *restrict x, const int64_t *restrict ids, const flo
 }
 """
 
-SOURCE = _CORE + ATTENTION + _REST
+SOURCE = _CORE + ATTENTION + _REST + DECODE

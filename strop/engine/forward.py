@@ -2,7 +2,7 @@
 
 It reads the model's parameters in place, so a weight update applied to the model is what the
 next step runs; the derived tensors (fused q/k/v, joint q/k norm weight, the C kernels' packed
-projections and experts, the per-layer decode plan) are rebuilt by `refresh()`, which the
+projections and experts, the one-call decode step) are rebuilt by `refresh()`, which the
 engine calls after every update. It mixes prefill and decode rows in one pass: a batch is a list
 of segments (slot, first position, tokens); all token rows share the linear and MoE work, and
 attention runs per kind (one-token decode rows together, prompts of one length together). Past
@@ -10,8 +10,8 @@ the last attention only each segment's final row feeds a logit, so the last MLP 
 rows alone (its router still sees every row, for the routing record). No HF cache objects.
 
 Modes. Default: fused q/k/v GEMM, precomputed RoPE tables, fused RMSNorm, SDPA, `F.grouped_mm`
-experts; in fp32 with the C kernels (`strop.engine.kernels`) a pure decode step is one kernel
-call per attention block, the router's softmax top-k and one expert call per layer. Close to the
+experts; in fp32 with the C kernels (`strop.engine.kernels`) a pure decode step of an MoE model
+is one C call (`strop.engine.decode_step`), else one per attention block and MLP. Close to the
 trainer (~1e-6 in logprob, fp32) but not bitwise. Deterministic: the HF modules' own arithmetic
 (HF RMSNorm and rotary code, `strop.model.routing` routers) on `strop.model.deterministic` ops
 (linear, attention, experts); it then equals the trainer's `deterministic_mode` forward bit for
@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from strop.engine import kernels
+from strop.engine.decode_step import DecodeStep
+from strop.engine.decode_step import Layer as DecodeLayer
 from strop.model import deterministic as det
 from strop.model.routing import moe_blocks, route, router_logits, routing_dtype
 
@@ -104,7 +106,7 @@ class Forward:
     def refresh(self) -> None:
         """Rebuild the weights derived from the model's (fused q/k/v); call after changing weights."""
         self._fused, self._qkv_sizes, self._packed, self._qk_norm, self._blocked = {}, {}, {}, {}, {}
-        self._decode_layers, self._head = None, None
+        self._step, self._head = None, None
         if self.deterministic or self.arch == "deepseek_v3":
             return
         with torch.no_grad():
@@ -122,26 +124,27 @@ class Forward:
                                             (kernels.pack_linear(a.o_proj.weight), a.o_proj.bias))
         with torch.no_grad():
             self._packed = {id(b.experts): kernels.pack_experts(b.experts) for b in self.blocks if self._kernel_fits(b.experts)}
-        self._decode_layers = self._decode_plan()
-        if self._decode_layers is not None:
+        if self.native:
             with torch.no_grad():
                 self._head = kernels.pack_head(self.model.lm_head.weight)
+            self._step = self._decode_step()
 
-    def _decode_plan(self) -> list[tuple] | None:
-        """Per layer, everything a pure decode step reads, resolved once (nn.Module attribute lookups
-        cost microseconds each, hundreds per step): None unless every block has its C kernels."""
-        out = []
-        for li, layer in enumerate(self.model.model.layers):
+    def _decode_step(self) -> DecodeStep | None:
+        """The one-call C decode step over every layer's weights, resolved once (nn.Module attribute
+        lookups cost microseconds each, hundreds per step): None unless every layer has its attention
+        block packed and a packed, softmax-routed MoE without shared experts."""
+        inner, layers = self.model.model, []
+        for li, layer in enumerate(inner.layers):
             a, norm, post, mlp = layer.self_attn, layer.input_layernorm, layer.post_attention_layernorm, layer.mlp
-            if id(a) not in self._blocked:
+            packed = self._packed.get(id(getattr(mlp, "experts", None)))
+            if id(a) not in self._blocked or packed is None or hasattr(mlp, "shared_experts"):
                 return None
             norms = (norm.weight, norm.variance_epsilon, post.weight, post.variance_epsilon, self._qk_norm[id(a)],
                      a.q_norm.variance_epsilon)
-            moe = hasattr(mlp, "experts") and not hasattr(mlp, "shared_experts")
-            packed = self._packed.get(id(mlp.experts)) if moe else None
-            gate = (mlp.gate, mlp.gate.weight) if packed is not None else None
-            out.append((norms, *self._blocked[id(a)], a.scaling, (self.k_cache[li], self.v_cache[li]), gate, packed, mlp))
-        return out
+            layers.append(DecodeLayer(norms, *self._blocked[id(a)], a.scaling, (self.k_cache[li], self.v_cache[li]),
+                                      mlp.gate.weight, mlp.gate.top_k, mlp.gate.norm_topk_prob, packed))
+        return DecodeStep(layers, inner.embed_tokens.weight, (self._cos, self._sin),
+                          (inner.norm.weight, inner.norm.variance_epsilon), self._head, self.max_slots)
 
     def _kernel_fits(self, experts) -> bool:
         """Whether `kernels.moe_experts` computes these experts: fp32, silu, widths a multiple of 32."""
@@ -166,7 +169,7 @@ class Forward:
         if all(n == 1 for n in lens):  # a pure decode step: one row per segment, no per-segment tensors
             positions = torch.tensor([s.start for s in segments])
             slots = torch.tensor([s.slot for s in segments])
-            if self._decode_layers:  # the C decode path reads nothing else
+            if self._step is not None:  # the C decode step reads nothing else
                 return _Plan(positions, slots, None, None, None, 0, True, [], None, [])
         else:
             positions = torch.cat([torch.arange(s.start, s.start + n) for s, n in zip(segments, lens)])
@@ -200,6 +203,10 @@ class Forward:
     def __call__(self, segments: list[Segment]) -> tuple[torch.Tensor, torch.Tensor | None]:
         plan = self._plan(segments)
         tokens = torch.tensor([t for s in segments for t in s.tokens])
+        if self._step is not None and plan.all_decode:
+            out, ids = self._step(tokens, plan.slots, plan.positions)
+            logits = out if self._step.has_head else F.linear(out, self.model.lm_head.weight)
+            return logits, ids.to(routing_dtype(self.num_experts))
         inner = self.model.model
         h = inner.embed_tokens(tokens)
         if self.native:
@@ -224,29 +231,8 @@ class Forward:
         ids = torch.stack(routing, dim=1).to(routing_dtype(self.num_experts)) if routing else None
         return logits, ids
 
-    def _decode_native(self, h: torch.Tensor, plan: _Plan) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """A pure decode step on the C kernels: per layer one attention-block call, the router's
-        projection and its softmax top-k (`route` in C: the qwen3 family's softmax routers), one
-        expert call."""
-        routing, pending, rope = [], None, (self._cos, self._sin)
-        for norms, qkv, o, scale, caches, gate, packed, mlp in self._decode_layers:
-            x = kernels.attn_decode_block(h, pending, norms, qkv, rope, plan.slots, plan.positions, caches, o, scale)
-            if packed is None:
-                pending = self._mlp(mlp, x, routing)
-                continue
-            weights, ids = kernels.route_softmax(F.linear(x, gate[1]), gate[0].top_k, gate[0].norm_topk_prob)
-            routing.append(ids)
-            pending = kernels.moe_experts(x, ids, weights, *packed)
-        norm = self.model.model.norm
-        last = kernels.add_rmsnorm(h, pending, norm.weight, norm.variance_epsilon)
-        if self._head is not None:
-            return kernels.head_logits(last, self._head), routing
-        return F.linear(last, self.model.lm_head.weight), routing
-
     def _native(self, h: torch.Tensor, plan: _Plan) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The fp32 forward on the C kernels; each MLP output is added to h by the next fused norm."""
-        if plan.all_decode and self._decode_layers:
-            return self._decode_native(h, plan)
         inner, routing, pending = self.model.model, [], None
         last_layer = len(inner.layers) - 1
         for li, layer in enumerate(inner.layers):
@@ -266,6 +252,8 @@ class Forward:
                 h = h[rows]
             pending = self._mlp(layer.mlp, x, routing, rows)
         last = kernels.add_rmsnorm(h, pending, inner.norm.weight, inner.norm.variance_epsilon)
+        if self._head is not None:
+            return kernels.head_logits(last, self._head), routing
         return F.linear(last, self.model.lm_head.weight), routing
 
     def _attention_native(self, li: int, attn, x: torch.Tensor, plan: _Plan) -> torch.Tensor:

@@ -4,7 +4,8 @@ called through ctypes (the source is `strop.engine.csrc`).
 Why: on a small model a decode step is hundreds of tiny ops, each costing more in dispatch than
 in arithmetic. At decode each expert sees one or two tokens, so `F.grouped_mm` (like `bmm`)
 becomes 64 tiny GEMM calls per layer; a whole attention block is ~15 torch ops; top-p wants a
-full sort. Here: one call per attention block at decode, one per MoE layer (assignments
+full sort. Here: one call per attention block at decode (or per decode step:
+`strop.engine.decode_step`), one per MoE layer (assignments
 bucketed by expert, each expert's weights streamed once for all its tokens, the gate-weighted sum
 over k in k order like the Python path), fused residual+RMSNorm, and a radix-select top-p sampler.
 
@@ -69,6 +70,13 @@ def available() -> bool:
     return _lib is not None
 
 
+def bind(name: str, argtypes: list) -> ctypes._CFuncPtr:
+    """The kernel `name` with its ctypes signature set, for wrappers outside this module."""
+    fn = getattr(_lib, name)
+    fn.restype, fn.argtypes = None, argtypes
+    return fn
+
+
 def sample_top_p(probs: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(token [N], p[token] / kept mass [N]) for probability rows [N, V], top_p [N] and u [N] in (0, 1]."""
     N, V = probs.shape
@@ -76,15 +84,6 @@ def sample_top_p(probs: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor) -> t
     _lib.sample_top_p(probs.data_ptr(), top_p.data_ptr(), u.data_ptr(), tok.data_ptr(), ratio.data_ptr(),
                       scratch.data_ptr(), N, V)
     return tok, ratio
-
-
-def route_softmax(logits: torch.Tensor, k: int, norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights [N, k] fp32, ids [N, k] int64) of a softmax top-k router from fp32 logits [N, E]."""
-    logits = logits.contiguous()
-    N, E = logits.shape
-    ids, w = torch.empty(N, k, dtype=torch.int64), torch.empty(N, k)
-    _lib.route_softmax(logits.data_ptr(), ids.data_ptr(), w.data_ptr(), N, E, k, int(norm))
-    return w, ids
 
 
 def pack_linear(weight: torch.Tensor) -> torch.Tensor:
