@@ -31,7 +31,6 @@ import numpy as np
 import zstandard
 
 from strop.sync import tensor_codec as tc
-from strop.sync.bits import mask_buffer
 from strop.sync.tensors import StateDict, Tensor, bits_dtype, crc32
 
 MAGIC = b"STRPDLT1"
@@ -99,12 +98,11 @@ class Header:
 
 def _changes(old: Tensor | None, new: Tensor, *, mask: bool = True) -> tuple[str, np.ndarray | None, int]:
     """The method a tensor needs on its own terms ("same", "full" or "delta"), with the change
-    mask (a `bits.mask_buffer`, unless `mask` is false) and count for a delta."""
+    mask (see `tensor_codec.count_changes`; None unless `mask`) and count for a delta."""
     if old is None or old.dtype != new.dtype or old.shape != new.shape or new.dtype not in tc.FLOATS:
         return "full", None, 0
+    changed, m = tc.count_changes(old.data, new.data, with_mask=mask)
     n = len(new.data)
-    changed = mask_buffer(n) if mask else None
-    m = int(np.count_nonzero(np.not_equal(old.data, new.data, out=None if changed is None else changed[:n])))
     if not m:
         return "same", None, 0
     return ("full", None, m) if m > tc.DENSE * n else ("delta", changed, m)
@@ -221,10 +219,11 @@ def payload_of(blob: bytes | memoryview, entry: Entry) -> memoryview:
     return memoryview(blob)[start : start + entry.length]
 
 
-def decode_changes(entry: Entry, base: Tensor | None, payload: memoryview, *,
-                   check_base: bool = True) -> tuple[np.ndarray, np.ndarray] | Tensor | None:
+def decode_changes(entry: Entry, base: Tensor | None, payload: memoryview, *, check_base: bool = True,
+                   apply: bool = False) -> tuple[np.ndarray, np.ndarray] | Tensor | None:
     """What one entry does to its base tensor, *not yet verified against entry.crc32*:
-    None (unchanged), (positions, new bit patterns) for a delta, or a whole new Tensor."""
+    None (unchanged), (positions, new bit patterns) for a delta, or a whole new Tensor (also
+    for a delta when `apply`: cheaper than scattering the changes into a copy afterwards)."""
     if crc32(payload) != entry.payload_crc32:
         raise DeltaError(f"tensor {entry.name!r}: payload is corrupt (checksum mismatch)", [entry.name])
     if entry.method == "full":
@@ -241,6 +240,8 @@ def decode_changes(entry: Entry, base: Tensor | None, payload: memoryview, *,
     if entry.method == "same":
         return None
     try:
+        if apply:
+            return Tensor(entry.dtype, entry.shape, tc.apply_delta(base.data, payload, entry.dtype))
         return tc.decode_delta(base.data, payload, entry.dtype)
     except (ValueError, IndexError) as e:  # the payload passed its checksum, so the base is off
         raise DeltaError(f"tensor {entry.name!r}: delta does not fit this base (wrong base?): {e}",
@@ -249,17 +250,10 @@ def decode_changes(entry: Entry, base: Tensor | None, payload: memoryview, *,
 
 def decode_tensor(entry: Entry, base: Tensor | None, payload: memoryview, *, check_base: bool = True) -> Tensor:
     """The verified new tensor for one entry."""
-    ch = decode_changes(entry, base, payload, check_base=check_base)
+    ch = decode_changes(entry, base, payload, check_base=check_base, apply=True)
     if ch is None and check_base:
         return base  # its crc was just checked, and for `same` the base crc is the result crc
-    if ch is None:
-        out = base
-    elif isinstance(ch, Tensor):
-        out = ch
-    else:
-        data = base.data.copy()
-        data[ch[0]] = ch[1]
-        out = Tensor(entry.dtype, entry.shape, data)
+    out = base if ch is None else ch
     if out.crc32() != entry.crc32:
         raise DeltaError(f"tensor {entry.name!r}: reconstructed tensor fails its checksum "
                          "(wrong base?)", [entry.name])
@@ -283,8 +277,7 @@ def decode_group(members: list[Entry], base: StateDict, payload: memoryview, *,
                              "against (wrong base version?)", names)
     data = np.concatenate([old.data for old in olds])
     try:
-        pos, vals = tc.decode_delta(data, payload, members[0].dtype)
-        data[pos] = vals
+        tc.apply_delta(data, payload, members[0].dtype, out=data)
     except (ValueError, IndexError) as err:  # the payload passed its checksum, so the base is off
         raise DeltaError(f"tensors {names}: delta does not fit this base (wrong base?): {err}", names) from None
     out, bad = {}, []

@@ -21,6 +21,9 @@ changed and *by how much*, in terms the receiver can predict from what it holds:
 
 Steps are taken modulo 2^bits, so every bit pattern (NaN, inf, -0) round-trips exactly.
 Tensors that change densely fall back to a zstd'd byte-shuffled full copy (`encode_full`).
+
+This module is the format's reference, in numpy. When a C compiler is at hand the per-change
+work runs in C instead (`native_coder`), producing the same bytes.
 """
 
 from collections.abc import Iterator
@@ -28,6 +31,7 @@ from collections.abc import Iterator
 import numpy as np
 import zstandard
 
+from strop.sync import native_coder
 from strop.sync.bits import BitReader, gaps, mask_buffer, nonzero, positions, rice_decode, rice_encode, varint
 
 # safetensors dtype -> (mantissa bits, exponent bits); only these get deltas
@@ -156,12 +160,30 @@ def _encode_steps(d: np.ndarray) -> list[bytes]:
     return out
 
 
+def _native(*arrays: np.ndarray) -> bool:
+    """Whether the C coder can take these arrays (it reads them as flat C buffers)."""
+    return native_coder.available() and all(a.flags.c_contiguous for a in arrays)
+
+
+def count_changes(old: np.ndarray, new: np.ndarray, with_mask: bool = True) -> tuple[np.ndarray | None, int]:
+    """(mask, count) of the elements that differ: the mask is a `bits.mask_buffer` for the numpy
+    coder, None when `with_mask` is false or the C coder (which needs none) will run."""
+    n = len(old)
+    if _native(old, new):
+        return None, native_coder.count_changes(old, new)
+    changed = mask_buffer(n) if with_mask else None
+    return changed, int(np.count_nonzero(np.not_equal(old, new, out=None if changed is None else changed[:n])))
+
+
 def encode_delta(old: np.ndarray, new: np.ndarray, dtype: str, changed: np.ndarray | None = None,
                  m: int | None = None) -> bytes:
     """Delta payload turning `old` into `new` (flat unsigned views of one float dtype).
     `changed` may pass the caller's `old != new` in a `bits.mask_buffer`, and `m` its count."""
     mant, exp_bits = FLOATS[dtype]
     n = len(old)
+    if _native(old, new):
+        m = native_coder.count_changes(old, new) if m is None else m
+        return native_coder.encode_delta(old, new, choose_bound(old, new, mant, exp_bits), mant, m)
     if changed is None:
         changed = mask_buffer(n)
         np.not_equal(old, new, out=changed[:n])
@@ -213,6 +235,8 @@ def decode_delta(old: np.ndarray, payload: bytes | memoryview, dtype: str) -> tu
 
     Raises ValueError when the payload is malformed (the caller's checksums catch the rest)."""
     mant, exp_bits = FLOATS[dtype]
+    if _native(old):
+        return native_coder.decode_delta(old, payload, mant, exp_bits)
     r = BitReader(payload)
     nb = r.varint()
     if nb > 1:
@@ -234,6 +258,19 @@ def decode_delta(old: np.ndarray, payload: bytes | memoryview, dtype: str) -> tu
     vals = order_key(old[pos])
     vals += d
     return pos, order_key(vals)
+
+
+def apply_delta(old: np.ndarray, payload: bytes | memoryview, dtype: str, out: np.ndarray | None = None) -> np.ndarray:
+    """`old` with a delta payload applied, into `out` (a new copy by default; `old` itself
+    updates it in place). Raises ValueError like `decode_delta`, leaving `out` untouched."""
+    out = old.copy() if out is None else out
+    if _native(old, out):
+        mant, exp_bits = FLOATS[dtype]
+        native_coder.decode_delta(old, payload, mant, exp_bits, out)  # no positions and values to scatter
+    else:
+        pos, vals = decode_delta(old, payload, dtype)
+        out[pos] = vals
+    return out
 
 
 def encode_full(data: np.ndarray, level: int = 3) -> bytes:

@@ -1,0 +1,566 @@
+"""C source of the delta coder's per-change loops (loaded by `strop.sync.native_coder`).
+
+It writes and reads exactly the format `strop.sync.tensor_codec` documents and its numpy
+path produces, byte for byte; numpy stays the reference and the fallback. What moves here is
+everything that costs per element or per change: one pass over old/new that finds the changes,
+their class, rank or position and ordinal step; the Rice streams (unary bits and remainder bit
+planes); on decode the unary scan, rank-to-position select and the new bit patterns. Choosing
+the class bound and the Rice parameters stays in Python (a sample and a few floats per tensor),
+so both paths pick them with the same float arithmetic.
+
+Elements are uint16 (BF16, F16) or uint32 (F32) bit patterns; `w` is their width in bytes,
+a constant in every inlined helper so the compiler emits one loop per width.
+"""
+
+SOURCE = r"""
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+typedef int64_t i64;
+typedef uint64_t u64;
+typedef uint32_t u32;
+#define INLINE static inline __attribute__((always_inline))
+
+/* error codes, named by native_coder */
+#define E_TRUNC -1
+#define E_RICE -2
+#define E_CLASSES -3
+#define E_BOUND -4
+#define E_OUTSIDE -5
+#define E_STEPS -6
+#define E_TRAILING -7
+#define E_NOMEM -8
+#define E_CAP -9
+
+INLINE u32 at(const void *p, i64 i, int w) { return w == 2 ? ((const uint16_t *)p)[i] : ((const uint32_t *)p)[i]; }
+INLINE void put(void *p, i64 i, u32 v, int w) {
+    if (w == 2) ((uint16_t *)p)[i] = (uint16_t)v; else ((uint32_t *)p)[i] = v;
+}
+INLINE u32 wrap(u32 v, int w) { return w == 2 ? (v & 0xffffu) : v; }
+INLINE u32 sgn(u32 v, int w) { return v >> (w * 8 - 1); }
+/* tensor_codec.order_key: float order as unsigned order (negatives' magnitude bits flipped) */
+INLINE u32 okey(u32 u, int w) { return u ^ (sgn(u, w) * (w == 2 ? 0x7fffu : 0x7fffffffu)); }
+
+/* ---- masks over 64 elements from i (len <= 64 of them valid): bit j of *chg is
+   old[i+j] != new[i+j], of *low is |old[i+j]| < t (t = bound << mant, 0 for no low class) ---- */
+#ifdef __AVX2__
+INLINE u32 bits16x2(__m256i a, __m256i b) {  /* two vectors of 16 all-0/all-1 lanes -> 32 bits */
+    return (u32)_mm256_movemask_epi8(_mm256_permute4x64_epi64(_mm256_packs_epi16(a, b), 0xD8));
+}
+INLINE u32 bits32(__m256i a) { return (u32)_mm256_movemask_ps(_mm256_castsi256_ps(a)); }
+#endif
+
+INLINE void masks(const void *o, const void *nw, i64 i, i64 len, u32 t, int w, int want_chg, int want_low,
+                  u64 *chg, u64 *low) {
+    u64 c = 0, l = 0;
+#ifdef __AVX2__
+    if (len == 64 && w == 2) {
+        const __m256i *a = (const __m256i *)((const uint16_t *)o + i);
+        const __m256i *b = (const __m256i *)((const uint16_t *)nw + i);
+        __m256i am = _mm256_set1_epi16(0x7fff), tv = _mm256_set1_epi16((short)t);
+        for (int h = 0; h < 2; h++) {
+            __m256i a0 = _mm256_loadu_si256(a + 2 * h), a1 = _mm256_loadu_si256(a + 2 * h + 1);
+            if (want_chg) {
+                __m256i b0 = _mm256_loadu_si256(b + 2 * h), b1 = _mm256_loadu_si256(b + 2 * h + 1);
+                c |= (u64)(u32)~bits16x2(_mm256_cmpeq_epi16(a0, b0), _mm256_cmpeq_epi16(a1, b1)) << (32 * h);
+            }
+            if (want_low)  /* |old| <= 0x7fff and t <= 0x7fff: a signed compare is exact */
+                l |= (u64)bits16x2(_mm256_cmpgt_epi16(tv, _mm256_and_si256(a0, am)),
+                                   _mm256_cmpgt_epi16(tv, _mm256_and_si256(a1, am))) << (32 * h);
+        }
+        *chg = c; *low = l;
+        return;
+    }
+    if (len == 64 && w == 4) {
+        const __m256i *a = (const __m256i *)((const uint32_t *)o + i);
+        const __m256i *b = (const __m256i *)((const uint32_t *)nw + i);
+        __m256i am = _mm256_set1_epi32(0x7fffffff), tv = _mm256_set1_epi32((int)t);
+        for (int h = 0; h < 8; h++) {
+            __m256i a0 = _mm256_loadu_si256(a + h);
+            if (want_chg) c |= (u64)(~bits32(_mm256_cmpeq_epi32(a0, _mm256_loadu_si256(b + h))) & 0xffu) << (8 * h);
+            if (want_low) l |= (u64)bits32(_mm256_cmpgt_epi32(tv, _mm256_and_si256(a0, am))) << (8 * h);
+        }
+        *chg = c; *low = l;
+        return;
+    }
+#endif
+    u32 am = w == 2 ? 0x7fffu : 0x7fffffffu;
+    for (i64 j = 0; j < len; j++) {
+        u32 a = at(o, i + j, w);
+        if (want_chg) c |= (u64)(a != at(nw, i + j, w)) << j;
+        if (want_low) l |= (u64)((a & am) < t) << j;
+    }
+    *chg = c; *low = l;
+}
+
+/* The block's ordinal steps (d) and, where |d| > 1, |d| - 2 (else 0) into dbuf and bbuf, for
+   all 64 lanes whether changed or not; returns the lanes with |d| != 1. One vector pass per
+   block beats per-change scalar work once a block holds a few changes. */
+INLINE u64 block_steps(const void *o, const void *nw, i64 i, i64 len, int w, void *dbuf, void *bbuf) {
+    u64 e = 0;
+#ifdef __AVX2__
+    if (len == 64 && w == 2) {
+        const __m256i *a = (const __m256i *)((const uint16_t *)o + i);
+        const __m256i *b = (const __m256i *)((const uint16_t *)nw + i);
+        __m256i mag15 = _mm256_set1_epi16(0x7fff), one = _mm256_set1_epi16(1), two = _mm256_set1_epi16(2);
+        for (int h = 0; h < 4; h += 2) {
+            __m256i ones[2];
+            for (int q = 0; q < 2; q++) {
+                __m256i x = _mm256_loadu_si256(a + h + q), y = _mm256_loadu_si256(b + h + q);
+                x = _mm256_xor_si256(x, _mm256_and_si256(_mm256_srai_epi16(x, 15), mag15));
+                y = _mm256_xor_si256(y, _mm256_and_si256(_mm256_srai_epi16(y, 15), mag15));
+                __m256i d = _mm256_sub_epi16(y, x), m = _mm256_abs_epi16(d);  /* abs(-2^15) stays 2^15 */
+                ones[q] = _mm256_cmpeq_epi16(m, one);
+                _mm256_storeu_si256((__m256i *)dbuf + h + q, d);
+                _mm256_storeu_si256((__m256i *)bbuf + h + q, _mm256_andnot_si256(ones[q], _mm256_sub_epi16(m, two)));
+            }
+            e |= (u64)(u32)~bits16x2(ones[0], ones[1]) << (16 * h);
+        }
+        return e;
+    }
+    if (len == 64 && w == 4) {
+        const __m256i *a = (const __m256i *)((const uint32_t *)o + i);
+        const __m256i *b = (const __m256i *)((const uint32_t *)nw + i);
+        __m256i mag31 = _mm256_set1_epi32(0x7fffffff), one = _mm256_set1_epi32(1), two = _mm256_set1_epi32(2);
+        for (int h = 0; h < 8; h++) {
+            __m256i x = _mm256_loadu_si256(a + h), y = _mm256_loadu_si256(b + h);
+            x = _mm256_xor_si256(x, _mm256_and_si256(_mm256_srai_epi32(x, 31), mag31));
+            y = _mm256_xor_si256(y, _mm256_and_si256(_mm256_srai_epi32(y, 31), mag31));
+            __m256i d = _mm256_sub_epi32(y, x), m = _mm256_abs_epi32(d), isone = _mm256_cmpeq_epi32(m, one);
+            _mm256_storeu_si256((__m256i *)dbuf + h, d);
+            _mm256_storeu_si256((__m256i *)bbuf + h, _mm256_andnot_si256(isone, _mm256_sub_epi32(m, two)));
+            e |= (u64)(~bits32(isone) & 0xffu) << (8 * h);
+        }
+        return e;
+    }
+#endif
+    for (i64 j = 0; j < len; j++) {
+        u32 d = wrap(okey(at(nw, i + j, w), w) - okey(at(o, i + j, w), w), w);
+        u32 m = sgn(d, w) ? wrap(0u - d, w) : d;
+        put(dbuf, j, d, w);
+        put(bbuf, j, m != 1 ? m - 2 : 0, w);
+        e |= (u64)(m != 1) << j;
+    }
+    return e;
+}
+
+/* ---- MSB-first bit writer (np.packbits order): `fill` bits (1..64 after a write) pending at
+   the top of `acc`; it only ever stores bits of the stream, so it never writes past its end ---- */
+typedef struct { uint8_t *p; u64 acc; u32 fill; } BW;
+INLINE void bw_word(BW *b, u64 x) {
+    x = __builtin_bswap64(x);
+    memcpy(b->p, &x, 8);
+    b->p += 8;
+}
+INLINE void bw_unary(BW *b, u64 zeros) {  /* `zeros` 0 bits, then a 1 */
+    u64 pos = b->fill + zeros;
+    if (__builtin_expect(pos >= 64, 0)) {  /* about once per 64 bits written */
+        bw_word(b, b->acc);
+        for (pos -= 64; pos >= 64; pos -= 64) bw_word(b, 0);
+        b->acc = 0;
+    }
+    b->acc |= 1ull << (63 - pos);
+    b->fill = (u32)pos + 1;
+}
+INLINE void bw_bits(BW *b, u64 x, u32 nb) {  /* the low nb (1..57) bits of x, MSB first */
+    if (b->fill + nb > 64) {
+        u32 room = 64 - b->fill, rest = nb - room;
+        bw_word(b, b->acc | (x >> rest));
+        b->acc = x << (64 - rest);
+        b->fill = rest;
+    } else {
+        b->acc |= x << (64 - b->fill - nb);
+        b->fill += nb;
+    }
+}
+INLINE uint8_t *bw_end(BW *b) {  /* the pending bits, zero-padded to a byte */
+    for (u32 s = 0; s < b->fill; s += 8) *b->p++ = (uint8_t)(b->acc >> (56 - s));
+    return b->p;
+}
+
+static uint8_t *varint_put(uint8_t *p, u64 x) {
+    while (x >= 0x80) { *p++ = (uint8_t)(x | 0x80); x >>= 7; }
+    *p++ = (uint8_t)x;
+    return p;
+}
+
+/* value i of a Rice stream: v[i] itself, or in gap mode the zeros skipped before sorted v[i] */
+INLINE u64 rval(const i64 *v, i64 i, int gap) { return gap ? (u64)(v[i] - (i ? v[i - 1] : -1) - 1) : (u64)v[i]; }
+
+/* MSB-first byte of eight 0/1 bytes (byte t of x -> bit 7 - t): the multiply moves each to
+   its place without collisions or carries */
+INLINE u32 pack8(u64 x) { return (u32)((x * 0x8040201008040201ull) >> 56); }
+
+/* bits.rice_encode: varint m [, k, unary length], unary quotients, k remainder bit planes
+   (plane q holds bit k-1-q of every remainder, MSB first). One pass writes both parts. */
+INLINE uint8_t *rice_put(uint8_t *p, const i64 *v, i64 m, int k, int gap) {
+    p = varint_put(p, (u64)m);
+    if (!m) return p;
+    p = varint_put(p, (u64)k);
+    u64 nbits = (u64)m;
+    for (i64 i = 0; i < m; i++) nbits += rval(v, i, gap) >> k;
+    p = varint_put(p, nbits);
+    uint8_t *planes = p + (nbits + 7) / 8;
+    i64 pb = (m + 7) / 8;
+    u64 low = (1ull << k) - 1;
+    BW b = {p, 0, 0};
+    for (i64 j = 0; j < pb; j++) {
+        u64 r[8] = {0};
+        int cnt = m - 8 * j < 8 ? (int)(m - 8 * j) : 8;
+        for (int t = 0; t < cnt; t++) {
+            u64 x = rval(v, 8 * j + t, gap);
+            bw_unary(&b, x >> k);
+            r[t] = x & low;
+        }
+        /* bits 8c..8c+7 of the 8 remainders as the bytes of one word: a plane byte is then a
+           shift, a mask and pack8 */
+        for (int bit = k - 1, q = 0; bit >= 0; ) {
+            int c = bit >> 3;
+            u64 x = 0;
+            for (int t = 0; t < 8; t++) x |= ((r[t] >> (8 * c)) & 0xff) << (8 * t);
+            for (; bit >= 8 * c; bit--, q++) planes[q * pb + j] = (uint8_t)pack8((x >> (bit & 7)) & 0x0101010101010101ull);
+        }
+    }
+    bw_end(&b);
+    return planes + (i64)k * pb;
+}
+
+/* ---- encode ---- */
+
+/* One pass over old/new: each change's coordinate (rank among the low class's members, or
+   position) and ordinal step, low class and top class apart; and what the Rice parameters of
+   the step streams need. st: m_low, m_top, escapes (|step| != 1), sum of |step| - 2 over them,
+   last escape's index in the low steps, in the top steps (-1: none). */
+INLINE void scan(const void *o, const void *nw, i64 n, u32 t, i64 *lowc, void *lst, i64 *topc, void *tst,
+                 i64 *st, int w) {
+    i64 nl = 0, nt = 0, rank = 0, nesc = 0, sbig = 0, lle = -1, lte = -1;
+    uint32_t dbuf[64], bbuf[64];  /* as uint16 when w == 2 */
+    for (i64 i = 0; i < n; i += 64) {
+        i64 len = n - i < 64 ? n - i : 64;
+        u64 c, l;
+        masks(o, nw, i, len, t, w, 1, t != 0, &c, &l);
+        if (c) {
+            u64 e = block_steps(o, nw, i, len, w, dbuf, bbuf), cl = c & l, ct = c & ~l;
+            u64 el = e & cl, et = e & ct;
+            nesc += __builtin_popcountll(el) + __builtin_popcountll(et);
+            /* index of the last escape: changes up to and including the highest escaping lane */
+            if (el) lle = nl + __builtin_popcountll(cl & (~0ull >> __builtin_clzll(el))) - 1;
+            if (et) lte = nt + __builtin_popcountll(ct & (~0ull >> __builtin_clzll(et))) - 1;
+            for (; cl; cl &= cl - 1) {
+                int j = __builtin_ctzll(cl);
+                lowc[nl] = rank + __builtin_popcountll(l & ((1ull << j) - 1));
+                put(lst, nl++, at(dbuf, j, w), w);
+                sbig += at(bbuf, j, w);
+            }
+            for (; ct; ct &= ct - 1) {
+                int j = __builtin_ctzll(ct);
+                topc[nt] = i + j;
+                put(tst, nt++, at(dbuf, j, w), w);
+                sbig += at(bbuf, j, w);
+            }
+        }
+        rank += __builtin_popcountll(l);
+    }
+    st[0] = nl; st[1] = nt; st[2] = nesc; st[3] = sbig; st[4] = lle; st[5] = lte;
+}
+
+i64 delta_scan(const void *o, const void *nw, i64 n, int w, u32 t, i64 *lowc, void *lst, i64 *topc, void *tst,
+               i64 *st) {
+    if (w == 2) scan(o, nw, n, t, lowc, lst, topc, tst, st, 2);
+    else scan(o, nw, n, t, lowc, lst, topc, tst, st, 4);
+    return 0;
+}
+
+/* tensor_codec._encode_steps over the low steps then the top steps: sign bits, escape gaps,
+   sizes. esc has room for 2 * nesc + 2 values. */
+#ifdef __AVX2__
+/* 32 steps from s + i as bytes keeping their sign (saturating packs), and 0xff where |step| == 1 */
+INLINE void steps32(const void *s, i64 i, int w, __m256i *sg, __m256i *one) {
+    if (w == 2) {
+        const __m256i *a = (const __m256i *)((const uint16_t *)s + i), o1 = _mm256_set1_epi16(1);
+        __m256i d0 = _mm256_loadu_si256(a), d1 = _mm256_loadu_si256(a + 1);
+        *sg = _mm256_permute4x64_epi64(_mm256_packs_epi16(d0, d1), 0xD8);
+        *one = _mm256_permute4x64_epi64(_mm256_packs_epi16(_mm256_cmpeq_epi16(_mm256_abs_epi16(d0), o1),
+                                                           _mm256_cmpeq_epi16(_mm256_abs_epi16(d1), o1)), 0xD8);
+    } else {
+        const __m256i *a = (const __m256i *)((const uint32_t *)s + i), o1 = _mm256_set1_epi32(1);
+        const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        __m256i d[4], e[4];
+        for (int q = 0; q < 4; q++) {
+            d[q] = _mm256_loadu_si256(a + q);
+            e[q] = _mm256_cmpeq_epi32(_mm256_abs_epi32(d[q]), o1);
+        }
+        *sg = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(_mm256_packs_epi32(d[0], d[1]), _mm256_packs_epi32(d[2], d[3])), order);
+        *one = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(_mm256_packs_epi32(e[0], e[1]), _mm256_packs_epi32(e[2], e[3])), order);
+    }
+}
+#endif
+
+INLINE uint8_t *steps_put(uint8_t *p, const void *lst, i64 ml, const void *tst, i64 mt, i64 nesc, int ke, int kb,
+                          int w, i64 *esc) {
+    i64 *big = esc + nesc + 1, ne = 0, all = 0;  /* room for one write past the last escape */
+    BW b = {p, 0, 0};
+    for (int seg = 0; seg < 2; seg++) {
+        const void *s = seg ? tst : lst;
+        i64 ms = seg ? mt : ml, off = seg ? ml : 0, i = 0;
+#ifdef __AVX2__
+        /* 32 at a time: sign bits by movemask (each group of 8 byte-reversed first, for MSB-first
+           bytes), escapes (~20% on real deltas) by walking the set bits of a mask */
+        const __m256i rev = _mm256_setr_epi8(7, 6, 5, 4, 3, 2, 1, 0, 15, 14, 13, 12, 11, 10, 9, 8,
+                                             7, 6, 5, 4, 3, 2, 1, 0, 15, 14, 13, 12, 11, 10, 9, 8);
+        for (; i + 32 <= ms; i += 32) {
+            __m256i sg, one;
+            steps32(s, i, w, &sg, &one);
+            bw_bits(&b, __builtin_bswap32((u32)_mm256_movemask_epi8(_mm256_shuffle_epi8(sg, rev))), 32);
+            for (u32 e = ~(u32)_mm256_movemask_epi8(one); e; e &= e - 1) {
+                i64 j = i + __builtin_ctz(e);
+                u32 d = at(s, j, w), mag = sgn(d, w) ? wrap(0u - d, w) : d;
+                if (ne == nesc) return NULL;
+                esc[ne] = off + j; big[ne++] = (i64)mag - 2;
+                all++;
+            }
+        }
+#endif
+        for (; i < ms; i += 8) {
+            int cnt = ms - i < 8 ? (int)(ms - i) : 8;
+            u64 signs = 0;
+            for (int q = 0; q < cnt; q++) {
+                u32 d = at(s, i + q, w), neg = sgn(d, w), mag = neg ? wrap(0u - d, w) : d;
+                signs |= (u64)neg << (8 * q);
+                esc[ne] = off + i + q; big[ne] = (i64)mag - 2;  /* kept only when an escape: no branch */
+                ne += (mag != 1) & (ne < nesc);
+                all += mag != 1;
+            }
+            bw_bits(&b, pack8(signs) >> (8 - cnt), (u32)cnt);
+        }
+    }
+    p = bw_end(&b);
+    if (all != nesc) return NULL;
+    p = rice_put(p, esc, nesc, ke, 1);
+    return rice_put(p, big, nesc, kb, 0);
+}
+
+/* The payload after its class header: the classes' coordinate streams (the low one only when
+   there are two classes), then the steps. Returns its length, or E_CAP / E_NOMEM. */
+i64 delta_emit(const i64 *lowc, i64 ml, int kl, const i64 *topc, i64 mt, int kt, int two, const void *lst,
+               const void *tst, int w, i64 nesc, int ke, int kb, uint8_t *out, i64 cap) {
+    uint8_t *p = out;
+    if (two) p = rice_put(p, lowc, ml, kl, 1);
+    p = rice_put(p, topc, mt, kt, 1);
+    if (ml + mt) {
+        i64 *esc = malloc(sizeof(i64) * (size_t)(2 * nesc + 2));
+        if (!esc) return E_NOMEM;
+        p = w == 2 ? steps_put(p, lst, ml, tst, mt, nesc, ke, kb, 2, esc)
+                   : steps_put(p, lst, ml, tst, mt, nesc, ke, kb, 4, esc);
+        free(esc);
+        if (!p) return E_CAP;
+    }
+    return p - out > cap ? E_CAP : p - out;
+}
+
+i64 count_changes(const void *o, const void *nw, i64 n, int w) {
+    i64 m = 0;
+    for (i64 i = 0; i < n; i += 64) {
+        u64 c, l;
+        if (w == 2) masks(o, nw, i, n - i < 64 ? n - i : 64, 0, 2, 1, 0, &c, &l);
+        else masks(o, nw, i, n - i < 64 ? n - i : 64, 0, 4, 1, 0, &c, &l);
+        m += __builtin_popcountll(c);
+    }
+    return m;
+}
+
+/* ---- decode ---- */
+typedef struct { const uint8_t *p, *end; } RD;
+
+static int varint_get(RD *r, u64 *x) {
+    u64 v = 0;
+    for (int s = 0; s < 64; s += 7) {
+        if (r->p >= r->end) return E_TRUNC;
+        uint8_t b = *r->p++;
+        v |= (u64)(b & 0x7f) << s;
+        if (b < 0x80) { *x = v; return 0; }
+    }
+    return E_RICE;  /* longer than any count this format writes */
+}
+
+/* A Rice stream's header; checks its body fits in the payload. */
+static int rice_head(RD *r, u64 *m, u64 *k, u64 *nbits) {
+    int e;
+    if ((e = varint_get(r, m)) || !*m) return e;
+    if ((e = varint_get(r, k)) || (e = varint_get(r, nbits))) return e;
+    u64 left = (u64)(r->end - r->p);
+    if (*k > 30 || *nbits / 8 > left || *m > *nbits) return *k > 30 || *m > *nbits ? E_RICE : E_TRUNC;
+    u64 need = (*nbits + 7) / 8, pb = (*m + 7) / 8;
+    if (need > left || pb * *k > left - need) return E_TRUNC;
+    return 0;
+}
+
+/* bits.rice_decode into v (room for cap values); in gap mode, the sorted positions the gaps
+   describe. Returns the count or an error. */
+static i64 rice_get(RD *r, i64 *v, i64 cap, int gap) {
+    u64 m, k, nbits;
+    int e = rice_head(r, &m, &k, &nbits);
+    if (e || !m) return e ? e : 0;
+    if (m > (u64)cap) return E_RICE;
+    const uint8_t *s = r->p;
+    u64 nbytes = (nbits + 7) / 8;
+    i64 cnt = 0, prev = -1;
+    for (u64 byte = 0; byte < nbytes; byte += 8) {  /* the unary code: each 1 ends a quotient */
+        u64 word = 0;
+        if (byte + 8 <= nbytes) memcpy(&word, s + byte, 8);
+        else memcpy(&word, s + byte, nbytes - byte);
+        /* bits reversed within each byte: stream bit p is then bit p of the little-endian word,
+           walked low to high (x &= x - 1 chains one cycle a bit, clearing the top bit three) */
+        word = ((word >> 1) & 0x5555555555555555ull) | ((word & 0x5555555555555555ull) << 1);
+        word = ((word >> 2) & 0x3333333333333333ull) | ((word & 0x3333333333333333ull) << 2);
+        word = ((word >> 4) & 0x0f0f0f0f0f0f0f0full) | ((word & 0x0f0f0f0f0f0f0f0full) << 4);
+        u64 base = byte * 8;
+        if (nbits - base < 64) word &= (1ull << (nbits - base)) - 1;  /* padding bits are not code */
+        if ((u64)cnt + __builtin_popcountll(word) > m) return E_RICE;
+        for (; word; word &= word - 1) {
+            i64 pos = (i64)(base + __builtin_ctzll(word));
+            v[cnt++] = pos - prev - 1;
+            prev = pos;
+        }
+    }
+    if ((u64)cnt != m) return E_RICE;
+    const uint8_t *pl = s + nbytes;
+    i64 pb = (i64)(m + 7) / 8, c = -1;
+    for (i64 j = 0; j < pb; j++) {  /* all k planes, and in gap mode the running position, in one pass */
+        i64 r8[8] = {0};
+        if (k <= 8) {  /* each plane byte spread to one bit per byte, bytes shifted in together */
+            u64 y = 0;
+            for (u64 q = 0; q < k; q++) {
+                u64 x = (pl[q * pb + j] * 0x0101010101010101ull) & 0x0102040810204080ull;
+                y = (y << 1) | (((x + 0x7f7f7f7f7f7f7f7full) >> 7) & 0x0101010101010101ull);
+            }
+            for (int t = 0; t < 8; t++) r8[t] = (i64)((y >> (8 * t)) & 0xff);
+        } else {
+            for (u64 q = 0; q < k; q++) {
+                u32 byte = pl[q * pb + j];
+                for (int t = 0; t < 8; t++) r8[t] = (r8[t] << 1) | ((byte >> (7 - t)) & 1);
+            }
+        }
+        for (int t = 0; t < 8 && 8 * j + t < (i64)m; t++) {
+            i64 x = (v[8 * j + t] << k) | r8[t];
+            v[8 * j + t] = gap ? (c = c + x + 1) : x;
+        }
+    }
+    r->p = pl + (i64)k * pb;
+    return (i64)m;
+}
+
+/* Total changes in a payload (from its coordinate streams' headers), or an error. */
+i64 delta_count(const uint8_t *buf, i64 len) {
+    RD r = {buf, buf + len};
+    u64 nb, bound, total = 0;
+    int e;
+    if ((e = varint_get(&r, &nb))) return e;
+    if (nb > 1) return E_CLASSES;
+    if (nb && (e = varint_get(&r, &bound))) return e;
+    for (u64 c = 0; c <= nb; c++) {
+        u64 m, k, nbits;
+        if ((e = rice_head(&r, &m, &k, &nbits))) return e;
+        if (m) r.p += (nbits + 7) / 8 + k * ((m + 7) / 8);
+        total += m;
+    }
+    return (i64)total;
+}
+
+INLINE int select_low(const void *o, i64 n, u32 t, i64 *r, i64 m, int w) {
+    /* ranks among the low class's members (sorted) -> positions, scanning old until the last */
+    i64 ri = 0, base = 0;
+    for (i64 i = 0; i < n && ri < m; i += 64) {
+        u64 c, l;
+        masks(o, o, i, n - i < 64 ? n - i : 64, t, w, 0, 1, &c, &l);
+        i64 cnt = __builtin_popcountll(l);
+        for (; ri < m && r[ri] < base + cnt; ri++) {
+#if defined(__BMI2__) && !defined(__znver1__) && !defined(__znver2__)  /* pdep is microcoded there */
+            r[ri] = i + __builtin_ctzll(_pdep_u64(1ull << (r[ri] - base), l));
+#else
+            u64 x = l;
+            for (i64 s = r[ri] - base; s; s--) x &= x - 1;
+            r[ri] = i + __builtin_ctzll(x);
+#endif
+        }
+        base += cnt;
+    }
+    return ri == m ? 0 : E_OUTSIDE;
+}
+
+/* The new bit patterns into vals, or with `out` into out[pos] (vals then only scratch; out may
+   be o itself: each element is read before it is written). */
+INLINE void new_values(const void *o, const i64 *pos, i64 m, const uint8_t *sg, const i64 *esc, const i64 *big,
+                       i64 ne, void *vals, void *out, int w, int to_out) {
+    /* |step| into vals first (1, then the escapes scattered: independent stores, where walking
+       the escapes alongside would chain every change on a load), then sign and new value */
+    for (i64 i = 0; i < m; i++) put(vals, i, 1, w);
+    for (i64 e = 0; e < ne; e++) put(vals, esc[e], wrap((u32)(big[e] + 2), w), w);  /* sizes wrap, as encoded */
+    for (i64 i = 0; i < m; i++) {
+        u32 mag = at(vals, i, w), d = (sg[i >> 3] >> (7 - (i & 7))) & 1 ? wrap(0u - mag, w) : mag;
+        u32 v = okey(wrap(okey(at(o, pos[i], w), w) + d, w), w);
+        if (to_out) put(out, pos[i], v, w);  /* a constant: one loop each */
+        else put(vals, i, v, w);
+    }
+}
+
+/* one loop per width and destination, each compiled on its own (inlined into one function
+   together they ran ~40% slower) */
+#define NEW_VALUES(name, w, to_out) \
+    static __attribute__((noinline)) void name(const void *o, const i64 *pos, i64 m, const uint8_t *sg, \
+                                               const i64 *esc, const i64 *big, i64 ne, void *vals, void *out) { \
+        new_values(o, pos, m, sg, esc, big, ne, vals, out, w, to_out); \
+    }
+NEW_VALUES(new_values_2, 2, 0)
+NEW_VALUES(new_values_2o, 2, 1)
+NEW_VALUES(new_values_4, 4, 0)
+NEW_VALUES(new_values_4o, 4, 1)
+
+/* tensor_codec.decode_delta: positions (each class's sorted) and new bit patterns of the m
+   changes `delta_count` found, or with `out`, the changes written there. Returns 0 or an error. */
+i64 delta_decode(const void *o, i64 n, int w, int mant, int expb, const uint8_t *buf, i64 len, i64 *pos,
+                 void *vals, i64 m, void *out) {
+    RD r = {buf, buf + len};
+    u64 nb, bound = 0;
+    int e;
+    if ((e = varint_get(&r, &nb))) return e;
+    if (nb > 1) return E_CLASSES;
+    if (nb && (e = varint_get(&r, &bound))) return e;
+    if (bound >= (1ull << expb)) return E_BOUND;
+    u32 t = (u32)(bound << mant);
+    i64 m1 = 0;
+    if (nb) {
+        if ((m1 = rice_get(&r, pos, m, 1)) < 0) return m1;
+        if (m1 && pos[m1 - 1] >= n) return E_OUTSIDE;
+        if ((e = w == 2 ? select_low(o, n, t, pos, m1, 2) : select_low(o, n, t, pos, m1, 4))) return e;
+    }
+    i64 m2 = rice_get(&r, pos + m1, m - m1, 1);
+    if (m2 < 0) return m2;
+    if (m1 + m2 != m) return E_RICE;
+    if (m2 && pos[m - 1] >= n) return E_OUTSIDE;
+    if (!m) return r.p == r.end ? 0 : E_TRAILING;
+    const uint8_t *sg = r.p;
+    if ((m + 7) / 8 > r.end - r.p) return E_TRUNC;
+    r.p += (m + 7) / 8;
+    RD peek = r;
+    u64 ne;
+    if ((e = varint_get(&peek, &ne))) return e;
+    if (ne > (u64)m) return E_STEPS;
+    i64 *esc = malloc(sizeof(i64) * (size_t)(2 * ne + 1)), *big = esc + ne;
+    if (!esc) return E_NOMEM;
+    i64 got = rice_get(&r, esc, (i64)ne, 1), gotb = got < 0 ? got : rice_get(&r, big, (i64)ne, 0);
+    if (got < 0 || gotb < 0) e = got < 0 ? (int)got : (int)gotb;
+    else if (got != gotb || (got && esc[got - 1] >= m)) e = E_STEPS;
+    else if (r.p != r.end) e = E_TRAILING;
+    else if (w == 2 && out) new_values_2o(o, pos, m, sg, esc, big, got, vals, out);
+    else if (w == 2) new_values_2(o, pos, m, sg, esc, big, got, vals, out);
+    else if (out) new_values_4o(o, pos, m, sg, esc, big, got, vals, out);
+    else new_values_4(o, pos, m, sg, esc, big, got, vals, out);
+    free(esc);
+    return e;
+}
+"""
