@@ -175,6 +175,10 @@ def test_kernels_match_torch():
         ids = torch.stack([torch.randperm(8, generator=gen)[:2] for _ in range(n)])
         assert torch.equal(kernels.moe_experts(x, ids, w, *packed16), kernels.moe_experts(x, ids, w, *packed32))
 
+    for V in (4096, 100):  # the sampler's softmax, with and without a tail past whole 32-blocks
+        x = torch.randn(3, V, generator=gen) * 4
+        assert torch.allclose(kernels.softmax(x), torch.softmax(x, -1), rtol=1e-5, atol=0)
+
     head = torch.randn(96, 64, generator=gen)  # the output head: packed only when its values are bf16
     assert kernels.pack_head(head) is None
     head = head.bfloat16().float()

@@ -5,6 +5,32 @@ Part of the translation unit `strop.engine.csrc.SOURCE` (it uses that file's vec
 """
 
 SAMPLING = r"""
+/* p [N, V] = softmax of each row of x [N, V]: exp8 (within 2 ulp of expf) of x - max, summed in
+   four 8-lane accumulators, times 1 / sum. */
+void softmax_rows(const float *restrict x, float *restrict p, int64_t N, int64_t V) {
+    for (int64_t n = 0; n < N; n++) {
+        const float *xr = x + n * V;
+        float *pr = p + n * V;
+        v8 mx[4] = {BCAST(-INFINITY), BCAST(-INFINITY), BCAST(-INFINITY), BCAST(-INFINITY)};
+        int64_t i = 0;
+        for (; i + 32 <= V; i += 32)
+            for (int q = 0; q < 4; q++) mx[q] = vmax(mx[q], *(const v8 *)(xr + i + 8 * q));
+        const v8 m8 = vmax(vmax(mx[0], mx[1]), vmax(mx[2], mx[3]));
+        float m = m8[0];
+        for (int j = 1; j < 8; j++) m = m8[j] > m ? m8[j] : m;
+        for (; i < V; i++) m = xr[i] > m ? xr[i] : m;
+        v8 s[4] = {{0}};
+        for (i = 0; i + 32 <= V; i += 32)
+            for (int q = 0; q < 4; q++) s[q] += (*(v8 *)(pr + i + 8 * q) = exp8(*(const v8 *)(xr + i + 8 * q) - BCAST(m)));
+        const v8 s8 = (s[0] + s[1]) + (s[2] + s[3]);
+        float sum = ((s8[0] + s8[1]) + (s8[2] + s8[3])) + ((s8[4] + s8[5]) + (s8[6] + s8[7]));
+        for (; i < V; i++) sum += (pr[i] = expf(xr[i] - m));
+        const float inv = 1.0f / sum;
+        for (i = 0; i + 8 <= V; i += 8) *(v8 *)(pr + i) *= BCAST(inv);
+        for (; i < V; i++) pr[i] *= inv;
+    }
+}
+
 /* Top-p sampling for rows of probabilities p [N, V]. Row n keeps its nucleus (when top_p[n] < 1):
    the most probable tokens, each kept when the mass ranked strictly above it is < top_p[n]; the
    smallest kept probability t becomes a threshold and every token with p >= t is kept (ties with

@@ -27,25 +27,15 @@ def sample(logits: torch.Tensor, temperature: list[float], top_p: list[float],
     temperature 0 = greedy (argmax; its logprob is still reported under top-p at T = 1). Rows with
     a generator draw their uniform from it (per-request seeds), the rest from `shared`.
     """
-    B = logits.shape[0]
     logits = logits.float()  # sampling math in fp32 whatever the serving dtype (as the trainer's logprobs)
     if any(t not in (0, 1) for t in temperature):
         logits = logits / torch.tensor([t or 1.0 for t in temperature])[:, None]
-    probs = torch.softmax(logits, dim=-1)
-    # One uniform in (0, 1] per row, drawn as 1 - U[0, 1): u * kept mass lies in (0, mass], so the
-    # first token whose running mass reaches it has nonzero kept probability.
-    u = torch.empty(B)
-    shared_rows = [i for i, g in enumerate(generators) if g is None]
-    if shared_rows:
-        u[shared_rows] = torch.rand(len(shared_rows), generator=shared)
-    for i, g in enumerate(generators):
-        if g is not None:
-            u[i] = torch.rand(1, generator=g)
-    u = 1 - u
-    top = torch.tensor(top_p, dtype=torch.float32)
+    top, u = torch.tensor(top_p, dtype=torch.float32), _uniforms(generators, shared)
     if kernels.available():
+        probs = kernels.softmax(logits)
         choice, ratio = kernels.sample_top_p(probs, top, u)
     else:
+        probs = torch.softmax(logits, dim=-1)
         choice, ratio = _sample_torch(probs, top, u)
     greedy = [i for i, t in enumerate(temperature) if t == 0]
     if greedy:  # the argmax is always inside the nucleus
@@ -58,6 +48,22 @@ def sample(logits: torch.Tensor, temperature: list[float], top_p: list[float],
         f = torch.tensor(full)
         chosen[f] = torch.log_softmax(logits[f], dim=-1).gather(1, choice[f, None])[:, 0]
     return choice.tolist(), chosen.tolist()
+
+
+def _uniforms(generators: list[torch.Generator | None], shared: torch.Generator) -> torch.Tensor:
+    """One uniform in (0, 1] per row, drawn as 1 - U[0, 1) (so u * kept mass lies in (0, mass] and
+    the first token whose running mass reaches it has nonzero kept probability): from the row's own
+    generator, else from `shared` (in row order)."""
+    shared_rows = [i for i, g in enumerate(generators) if g is None]
+    if len(shared_rows) == len(generators):
+        return 1 - torch.rand(len(generators), generator=shared)
+    u = torch.empty(len(generators))
+    if shared_rows:
+        u[shared_rows] = torch.rand(len(shared_rows), generator=shared)
+    for i, g in enumerate(generators):
+        if g is not None:
+            u[i] = torch.rand(1, generator=g)
+    return 1 - u
 
 
 def _thresholds(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
