@@ -202,34 +202,36 @@ void route_softmax(const float *restrict logits, int64_t *restrict ids, float *r
 }
 
 /* x [N,H]; ids, w [N,K] (expert ids, gate weights); gu [E,H,2I] and dn [E,I,H] (transposed
-   projections; bf16 when `bf16`, else fp32); out [N,H]. Scratch: hbuf [4, 2I], ybuf [N*K,H], order [N*K],
-   start [E+1]. H and I are multiples of 32. Assignments go expert by expert, up to four at a time, so
-   each expert's weights are read once per group and stay in cache for all its tokens. */
+   projections; bf16 when `bf16`, else fp32); out [N,H]. Scratch: hbuf MOE_GROUP * (3I + 2H) floats,
+   ybuf [N*K,H], order [N*K], start [E+1]. H and 2I are multiples of 32. Assignments go expert by
+   expert, up to MOE_GROUP at a time through the matrix kernels, so each expert's weights are read
+   once per group and stay in cache for all its tokens. */
+#define MOE_GROUP 16
 void moe_experts(const float *restrict x, const int64_t *restrict ids, const float *restrict w,
                  const void *restrict gu, const void *restrict dn, int64_t bf16, float *restrict out,
                  float *restrict hbuf, float *restrict ybuf, int64_t *restrict order, int64_t *restrict start,
                  int64_t N, int64_t K, int64_t E, int64_t H, int64_t I) {
     const int64_t A = N * K, I2 = 2 * I;
-    float xin[4 * H], act[4 * I], yout[4 * H];
+    float *xin = hbuf + MOE_GROUP * I2, *act = xin + MOE_GROUP * H, *yout = act + MOE_GROUP * I;
     memset(start, 0, (E + 1) * sizeof(int64_t));
     for (int64_t a = 0; a < A; a++) start[ids[a] + 1]++;
     for (int64_t e = 0; e < E; e++) start[e + 1] += start[e];
     for (int64_t a = 0; a < A; a++) order[start[ids[a]]++] = a;  /* counting sort by expert */
     for (int64_t r = 0; r < A;) {
         const int64_t e = ids[order[r]];
-        int64_t R = 1;  /* this expert's next (up to) 4 assignments share every weight load */
-        while (R < 4 && r + R < A && ids[order[r + R]] == e) R++;
+        int64_t R = 1;  /* this expert's next (up to) MOE_GROUP assignments share every weight load */
+        while (R < MOE_GROUP && r + R < A && ids[order[r + R]] == e) R++;
         for (int64_t q = 0; q < R; q++) memcpy(xin + q * H, x + (order[r + q] / K) * H, H * sizeof(float));
         const int64_t g_at = e * H * I2, d_at = e * I * H;
-        if (bf16) vecmat_b16(xin, R, (const uint16_t *)gu + g_at, hbuf, H, I2);
-        else vecmat(xin, R, (const float *)gu + g_at, hbuf, H, I2);
+        if (bf16) linear_b16(xin, R, (const uint16_t *)gu + g_at, hbuf, H, I2);
+        else linear(xin, R, (const float *)gu + g_at, hbuf, H, I2);
         for (int64_t q = 0; q < R; q++)  /* silu(gate) * up, 8 lanes at a time */
             for (int64_t i = 0; i < I; i += 8) {
                 const v8 g = *(const v8 *)(hbuf + q * I2 + i), up = *(const v8 *)(hbuf + q * I2 + I + i);
                 *(v8 *)(act + q * I + i) = g / (BCAST(1.0f) + exp8(-g)) * up;
             }
-        if (bf16) vecmat_b16(act, R, (const uint16_t *)dn + d_at, yout, I, H);
-        else vecmat(act, R, (const float *)dn + d_at, yout, I, H);
+        if (bf16) linear_b16(act, R, (const uint16_t *)dn + d_at, yout, I, H);
+        else linear(act, R, (const float *)dn + d_at, yout, I, H);
         for (int64_t q = 0; q < R; q++) memcpy(ybuf + order[r + q] * H, yout + q * H, H * sizeof(float));
         r += R;
     }

@@ -27,7 +27,7 @@ void decode_step(const int64_t *restrict tokens, const int64_t *restrict slots, 
     const int64_t L = cfg[C_L], E = cfg[C_E], K = cfg[C_K], I = cfg[C_I];
     const void *const *g = ptrs + layers * P_LAYER;
     float *h = fs, *x = h + N * D, *pending = x + N * D, *logits = pending + N * D, *w = logits + N * E;
-    float *hbuf = w + N * K, *ybuf = hbuf + 8 * I, *last = ybuf + N * K * D, *att = last + N * D;
+    float *hbuf = w + N * K, *ybuf = hbuf + MOE_GROUP * (3 * I + 2 * D), *last = ybuf + N * K * D, *att = last + N * D;
     int64_t *chosen = is, *order = chosen + N * K, *start = order + N * K;
     const float *embed = g[G_EMBED];
     for (int64_t n = 0; n < N; n++) memcpy(h + n * D, embed + tokens[n] * D, D * sizeof(float));
@@ -50,7 +50,8 @@ void decode_step(const int64_t *restrict tokens, const int64_t *restrict slots, 
 /* The scratch `decode_step` needs for N rows: floats in sizes[0], int64s in sizes[1]. */
 void decode_step_scratch(const int64_t *restrict cfg, int64_t N, int64_t *restrict sizes) {
     const int64_t D = cfg[C_D], E = cfg[C_E], K = cfg[C_K], qk_heads = cfg[C_NQ] + cfg[C_NK];
-    sizes[0] = N * (4 * D + E + K + K * D) + 8 * cfg[C_I] + N * (2 * D + 3 * qk_heads * cfg[C_HEAD_DIM]) + cfg[C_L];
+    sizes[0] = N * (4 * D + E + K + K * D) + MOE_GROUP * (3 * cfg[C_I] + 2 * D) +
+               N * (2 * D + 3 * qk_heads * cfg[C_HEAD_DIM]) + cfg[C_L];
     sizes[1] = 2 * N * K + E + 1;
 }
 """

@@ -25,6 +25,7 @@ import torch
 from strop.engine.csrc import SOURCE as _SOURCE
 from strop.native import load_library
 
+MOE_GROUP = 16  # csrc's MOE_GROUP: most rows of one expert per pass (sizes moe_experts' scratch)
 _lib: ctypes.CDLL | None = None
 _tried = False
 _local = threading.local()  # per-thread scratch buffers: engines on different threads never share one
@@ -209,7 +210,7 @@ def moe_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     E, I2 = gate_up.shape[0], gate_up.shape[1] * 32
     H = down.shape[1] * 32
     out = torch.empty(N, H)
-    hbuf, ybuf = _scratch("moe_h", 4 * I2), _scratch("moe_y", N * K * H)
+    hbuf, ybuf = _scratch("moe_h", MOE_GROUP * (3 * I2 // 2 + 2 * H)), _scratch("moe_y", N * K * H)
     order, start = _scratch("moe_order", N * K, torch.int64), _scratch("moe_start", E + 1, torch.int64)
     _lib.moe_experts(x.data_ptr(), ids.data_ptr(), w.data_ptr(), gate_up.data_ptr(), down.data_ptr(),
                      int(gate_up.dtype == torch.bfloat16), out.data_ptr(), hbuf.data_ptr(), ybuf.data_ptr(),
