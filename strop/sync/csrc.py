@@ -393,15 +393,18 @@ static int rice_head(RD *r, u64 *m, u64 *k, u64 *nbits) {
     if ((e = varint_get(r, m)) || !*m) return e;
     if ((e = varint_get(r, k)) || (e = varint_get(r, nbits))) return e;
     u64 left = (u64)(r->end - r->p);
-    if (*k > 30 || *nbits / 8 > left || *m > *nbits) return *k > 30 || *m > *nbits ? E_RICE : E_TRUNC;
+    /* nbits < 2^33 (over 8G changes in one tensor is no real delta) keeps q << k below 2^63 */
+    if (*k > 30 || *m > *nbits || *nbits >> 33) return E_RICE;
+    if (*nbits / 8 > left) return E_TRUNC;
     u64 need = (*nbits + 7) / 8, pb = (*m + 7) / 8;
     if (need > left || pb * *k > left - need) return E_TRUNC;
     return 0;
 }
 
 /* bits.rice_decode into v (room for cap values); in gap mode, the sorted positions the gaps
-   describe. Returns the count or an error. */
-static i64 rice_get(RD *r, i64 *v, i64 cap, int gap) {
+   describe, each checked below `limit` as it is formed (so no sum can wrap around into range).
+   Returns the count or an error. */
+static i64 rice_get(RD *r, i64 *v, i64 cap, int gap, i64 limit) {
     u64 m, k, nbits;
     int e = rice_head(r, &m, &k, &nbits);
     if (e || !m) return e ? e : 0;
@@ -429,7 +432,8 @@ static i64 rice_get(RD *r, i64 *v, i64 cap, int gap) {
     }
     if ((u64)cnt != m) return E_RICE;
     const uint8_t *pl = s + nbytes;
-    i64 pb = (i64)(m + 7) / 8, c = -1;
+    i64 pb = (i64)(m + 7) / 8;
+    u64 c = ~0ull;  /* the previous position, -1 to start */
     for (i64 j = 0; j < pb; j++) {  /* all k planes, and in gap mode the running position, in one pass */
         i64 r8[8] = {0};
         if (k <= 8) {  /* each plane byte spread to one bit per byte, bytes shifted in together */
@@ -446,8 +450,9 @@ static i64 rice_get(RD *r, i64 *v, i64 cap, int gap) {
             }
         }
         for (int t = 0; t < 8 && 8 * j + t < (i64)m; t++) {
-            i64 x = (v[8 * j + t] << k) | r8[t];
-            v[8 * j + t] = gap ? (c = c + x + 1) : x;
+            u64 x = ((u64)v[8 * j + t] << k) | (u64)r8[t];  /* < 2^63 (see rice_head) */
+            if (gap && (x >= (u64)limit || (c = c + x + 1) >= (u64)limit)) return E_OUTSIDE;
+            v[8 * j + t] = (i64)(gap ? c : x);
         }
     }
     r->p = pl + (i64)k * pb;
@@ -534,14 +539,12 @@ i64 delta_decode(const void *o, i64 n, int w, int mant, int expb, const uint8_t 
     u32 t = (u32)(bound << mant);
     i64 m1 = 0;
     if (nb) {
-        if ((m1 = rice_get(&r, pos, m, 1)) < 0) return m1;
-        if (m1 && pos[m1 - 1] >= n) return E_OUTSIDE;
+        if ((m1 = rice_get(&r, pos, m, 1, n)) < 0) return m1;
         if ((e = w == 2 ? select_low(o, n, t, pos, m1, 2) : select_low(o, n, t, pos, m1, 4))) return e;
     }
-    i64 m2 = rice_get(&r, pos + m1, m - m1, 1);
+    i64 m2 = rice_get(&r, pos + m1, m - m1, 1, n);
     if (m2 < 0) return m2;
     if (m1 + m2 != m) return E_RICE;
-    if (m2 && pos[m - 1] >= n) return E_OUTSIDE;
     if (!m) return r.p == r.end ? 0 : E_TRAILING;
     const uint8_t *sg = r.p;
     if ((m + 7) / 8 > r.end - r.p) return E_TRUNC;
@@ -552,9 +555,10 @@ i64 delta_decode(const void *o, i64 n, int w, int mant, int expb, const uint8_t 
     if (ne > (u64)m) return E_STEPS;
     i64 *esc = malloc(sizeof(i64) * (size_t)(2 * ne + 1)), *big = esc + ne;
     if (!esc) return E_NOMEM;
-    i64 got = rice_get(&r, esc, (i64)ne, 1), gotb = got < 0 ? got : rice_get(&r, big, (i64)ne, 0);
+    i64 got = rice_get(&r, esc, (i64)ne, 1, m), gotb = got < 0 ? got : rice_get(&r, big, (i64)ne, 0, 0);
+    if (got == E_OUTSIDE) got = E_STEPS;  /* an escape past the last change */
     if (got < 0 || gotb < 0) e = got < 0 ? (int)got : (int)gotb;
-    else if (got != gotb || (got && esc[got - 1] >= m)) e = E_STEPS;
+    else if (got != gotb) e = E_STEPS;
     else if (r.p != r.end) e = E_TRAILING;
     else if (w == 2 && out) new_values_2o(o, pos, m, sg, esc, big, got, vals, out);
     else if (w == 2) new_values_2(o, pos, m, sg, esc, big, got, vals, out);
