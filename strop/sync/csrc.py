@@ -197,36 +197,51 @@ INLINE u32 pack8(u64 x) { return (u32)((x * 0x8040201008040201ull) >> 56); }
 
 /* bits.rice_encode: varint m [, k, unary length], unary quotients, k remainder bit planes
    (plane q holds bit k-1-q of every remainder, MSB first). One pass writes both parts. */
-INLINE uint8_t *rice_put(uint8_t *p, const i64 *v, i64 m, int k, int gap) {
+INLINE int varint_len(u64 x) { int n = 1; while (x >= 0x80) { x >>= 7; n++; } return n; }
+
+INLINE uint8_t *rice_put_(uint8_t *p, const i64 *v, i64 m, int k, int gap, int wide, u64 total, uint8_t *planes) {
     p = varint_put(p, (u64)m);
     if (!m) return p;
     p = varint_put(p, (u64)k);
-    u64 nbits = (u64)m;
-    for (i64 i = 0; i < m; i++) nbits += rval(v, i, gap) >> k;
-    p = varint_put(p, nbits);
-    uint8_t *planes = p + (nbits + 7) / 8;
+    /* the unary length goes before the unary bits but is known only after them: they are written
+       after room for its longest varint (from total, which bounds it) and moved back if shorter;
+       the planes wait in scratch */
+    int room = varint_len((u64)m + (total >> k));
     i64 pb = (m + 7) / 8;
-    u64 low = (1ull << k) - 1;
-    BW b = {p, 0, 0};
+    u64 low = (1ull << k) - 1, nbits = (u64)m;
+    BW b = {p + room, 0, 0};
     for (i64 j = 0; j < pb; j++) {
-        u64 r[8] = {0};
+        /* xc: bits 8c..8c+7 of the 8 remainders, one byte each: plane byte b is then a shift,
+           a mask and pack8 of x(b >> 3) */
+        u64 x0 = 0, x1 = 0, x2 = 0, x3 = 0;
         int cnt = m - 8 * j < 8 ? (int)(m - 8 * j) : 8;
         for (int t = 0; t < cnt; t++) {
-            u64 x = rval(v, 8 * j + t, gap);
+            u64 x = rval(v, 8 * j + t, gap), r = x & low;
             bw_unary(&b, x >> k);
-            r[t] = x & low;
+            nbits += x >> k;
+            x0 |= (r & 0xff) << (8 * t);
+            if (wide) {
+                x1 |= ((r >> 8) & 0xff) << (8 * t);
+                x2 |= ((r >> 16) & 0xff) << (8 * t);
+                x3 |= ((r >> 24) & 0xff) << (8 * t);
+            }
         }
-        /* bits 8c..8c+7 of the 8 remainders as the bytes of one word: a plane byte is then a
-           shift, a mask and pack8 */
-        for (int bit = k - 1, q = 0; bit >= 0; ) {
-            int c = bit >> 3;
-            u64 x = 0;
-            for (int t = 0; t < 8; t++) x |= ((r[t] >> (8 * c)) & 0xff) << (8 * t);
-            for (; bit >= 8 * c; bit--, q++) planes[q * pb + j] = (uint8_t)pack8((x >> (bit & 7)) & 0x0101010101010101ull);
+        uint8_t *q = planes + j;
+        for (int bit = k - 1; bit >= 0; bit--, q += pb) {
+            u64 x = !wide || bit < 8 ? x0 : bit < 16 ? x1 : bit < 24 ? x2 : x3;
+            *q = (uint8_t)pack8((x >> (bit & 7)) & 0x0101010101010101ull);
         }
     }
     bw_end(&b);
-    return planes + (i64)k * pb;
+    uint8_t *u = varint_put(p, nbits);
+    if (u != p + room) memmove(u, p + room, (nbits + 7) / 8);
+    u += (nbits + 7) / 8;
+    memcpy(u, planes, (size_t)(k * pb));
+    return u + k * pb;
+}
+/* `planes`: scratch for k * ceil(m / 8) bytes; total: the sum of the values (gaps) */
+INLINE uint8_t *rice_put(uint8_t *p, const i64 *v, i64 m, int k, int gap, u64 total, uint8_t *planes) {
+    return k > 8 ? rice_put_(p, v, m, k, gap, 1, total, planes) : rice_put_(p, v, m, k, gap, 0, total, planes);
 }
 
 /* ---- encode ---- */
@@ -301,7 +316,7 @@ INLINE void steps32(const void *s, i64 i, int w, __m256i *sg, __m256i *one) {
 #endif
 
 INLINE uint8_t *steps_put(uint8_t *p, const void *lst, i64 ml, const void *tst, i64 mt, i64 nesc, int ke, int kb,
-                          int w, i64 *esc) {
+                          int w, i64 *esc, const u64 *tot, uint8_t *planes) {
     i64 *big = esc + nesc + 1, ne = 0, all = 0;  /* room for one write past the last escape */
     BW b = {p, 0, 0};
     for (int seg = 0; seg < 2; seg++) {
@@ -340,25 +355,28 @@ INLINE uint8_t *steps_put(uint8_t *p, const void *lst, i64 ml, const void *tst, 
     }
     p = bw_end(&b);
     if (all != nesc) return NULL;
-    p = rice_put(p, esc, nesc, ke, 1);
-    return rice_put(p, big, nesc, kb, 0);
+    p = rice_put(p, esc, nesc, ke, 1, tot[2], planes);
+    return rice_put(p, big, nesc, kb, 0, tot[3], planes);
 }
 
 /* The payload after its class header: the classes' coordinate streams (the low one only when
-   there are two classes), then the steps. Returns its length, or E_CAP / E_NOMEM. */
+   there are two classes), then the steps. tot: each Rice stream's sum of values (low and top
+   coordinate gaps, escape gaps, sizes). Returns its length, or E_CAP / E_NOMEM. */
 i64 delta_emit(const i64 *lowc, i64 ml, int kl, const i64 *topc, i64 mt, int kt, int two, const void *lst,
-               const void *tst, int w, i64 nesc, int ke, int kb, uint8_t *out, i64 cap) {
-    uint8_t *p = out;
-    if (two) p = rice_put(p, lowc, ml, kl, 1);
-    p = rice_put(p, topc, mt, kt, 1);
-    if (ml + mt) {
-        i64 *esc = malloc(sizeof(i64) * (size_t)(2 * nesc + 2));
-        if (!esc) return E_NOMEM;
-        p = w == 2 ? steps_put(p, lst, ml, tst, mt, nesc, ke, kb, 2, esc)
-                   : steps_put(p, lst, ml, tst, mt, nesc, ke, kb, 4, esc);
-        free(esc);
-        if (!p) return E_CAP;
-    }
+               const void *tst, int w, i64 nesc, int ke, int kb, const u64 *tot, uint8_t *out, i64 cap) {
+    i64 np = kl * ((ml + 7) / 8), npt = kt * ((mt + 7) / 8), npe = (ke > kb ? ke : kb) * ((nesc + 7) / 8);
+    np = np > npt ? np : npt;
+    np = np > npe ? np : npe;
+    i64 *esc = malloc(sizeof(i64) * (size_t)(2 * nesc + 2) + (size_t)np);  /* then the planes' scratch */
+    if (!esc) return E_NOMEM;
+    uint8_t *p = out, *planes = (uint8_t *)(esc + 2 * nesc + 2);
+    if (two) p = rice_put(p, lowc, ml, kl, 1, tot[0], planes);
+    p = rice_put(p, topc, mt, kt, 1, tot[1], planes);
+    if (ml + mt)
+        p = w == 2 ? steps_put(p, lst, ml, tst, mt, nesc, ke, kb, 2, esc, tot, planes)
+                   : steps_put(p, lst, ml, tst, mt, nesc, ke, kb, 4, esc, tot, planes);
+    free(esc);
+    if (!p) return E_CAP;
     return p - out > cap ? E_CAP : p - out;
 }
 

@@ -31,7 +31,7 @@ def available() -> bool:
         if lib is not None:
             P, I64, I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
             for name, args in (("delta_scan", [P, P, I64, I, ctypes.c_uint32, P, P, P, P, P]),
-                               ("delta_emit", [P, I64, I, P, I64, I, I, P, P, I, I64, I, I, P, I64]),
+                               ("delta_emit", [P, I64, I, P, I64, I, I, P, P, I, I64, I, I, P, P, I64]),
                                ("count_changes", [P, P, I64, I]),
                                ("delta_count", [P, I64]),
                                ("delta_decode", [P, I64, I, I, I, P, I64, P, P, I64, P])):
@@ -77,8 +77,9 @@ def encode_delta(old: np.ndarray, new: np.ndarray, bound: int | None, mant: int,
            + _rice_bytes(sbig, nesc, kb))
     out = np.empty(len(head) + cap, dtype=np.uint8)
     out[: len(head)] = np.frombuffer(head, dtype=np.uint8)
+    totals = np.array([tl, tt, te, sbig], dtype=np.uint64)
     size = _check(_lib.delta_emit(low.ctypes.data, ml, kl, top.ctypes.data, mt, kt, int(bound is not None),
-                                  lsteps.ctypes.data, tsteps.ctypes.data, w, nesc, ke, kb,
+                                  lsteps.ctypes.data, tsteps.ctypes.data, w, nesc, ke, kb, totals.ctypes.data,
                                   out[len(head):].ctypes.data, cap))
     return out[: len(head) + size].tobytes()
 
