@@ -4,7 +4,8 @@ The codec knows nothing of training; trainers publish and engines apply through 
 
     bits.py          Rice codes, fast set-bit positions (vectorised numpy)
     tensor_codec.py  one tensor's delta: exponent-class change masks + ordinal steps
-    native_coder.py  the same coder's per-change loops in C (csrc.py), used when a compiler is at hand
+    native_coder.py  the same coder's per-change loops in C (csrc.py: encoder, csrc_decode.py:
+                     decoder), used when a C compiler is at hand; same bytes
     codec.py         the delta file: checksummed header, per-tensor payload/base/result crc32
     tensors.py       raw tensors as bit patterns; safetensors read/write without torch
     store.py         snapshot + delta chain with manifests (local dir or fsspec URL), GC

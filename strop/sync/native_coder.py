@@ -1,4 +1,5 @@
-"""The delta coder's C path: ctypes wrappers around `strop.sync.csrc`.
+"""The delta coder's C path: ctypes wrappers around the C source in `strop.sync.csrc` (shared
+helpers, encoder) and `strop.sync.csrc_decode`.
 
 `tensor_codec` calls these when `available()`; they produce and read the same bytes as its
 numpy path (tests check both), about 3x faster on dense RL deltas, where the numpy path
@@ -11,8 +12,8 @@ import ctypes
 import numpy as np
 
 from strop.native import load_library
+from strop.sync import csrc, csrc_decode
 from strop.sync.bits import rice_k, varint
-from strop.sync.csrc import SOURCE
 
 _lib: ctypes.CDLL | None = None
 _tried = False
@@ -27,7 +28,7 @@ def available() -> bool:
     global _lib, _tried
     if not _tried:
         _tried = True
-        lib = load_library("delta", SOURCE)
+        lib = load_library("delta", csrc.SOURCE + csrc_decode.SOURCE)
         if lib is not None:
             P, I64, I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
             for name, args in (("delta_scan", [P, P, I64, I, ctypes.c_uint32, P, P, P, P, P]),
