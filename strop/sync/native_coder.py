@@ -27,7 +27,6 @@ def available() -> bool:
     """Whether the C coder can be used here (built on first call)."""
     global _lib, _tried
     if not _tried:
-        _tried = True
         lib = load_library("delta", csrc.SOURCE + csrc_decode.SOURCE)
         if lib is not None:
             P, I64, I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -38,7 +37,7 @@ def available() -> bool:
                                ("delta_decode", [P, I64, I, I, I, P, I64, P, P, I64, P])):
                 fn = getattr(lib, name)
                 fn.restype, fn.argtypes = I64, args
-        _lib = lib
+        _lib, _tried = lib, True  # in this order: a thread that sees _tried sees the library
     return _lib is not None
 
 

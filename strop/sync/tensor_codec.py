@@ -161,8 +161,8 @@ def _encode_steps(d: np.ndarray) -> list[bytes]:
 
 
 def _native(*arrays: np.ndarray) -> bool:
-    """Whether the C coder can take these arrays (it reads them as flat C buffers)."""
-    return native_coder.available() and all(a.flags.c_contiguous for a in arrays)
+    """Whether the C coder can take these arrays: flat C buffers of 2- or 4-byte bit patterns."""
+    return native_coder.available() and all(a.flags.c_contiguous and a.itemsize in (2, 4) for a in arrays)
 
 
 def count_changes(old: np.ndarray, new: np.ndarray, with_mask: bool = True) -> tuple[np.ndarray | None, int]:
