@@ -95,14 +95,21 @@ static i64 rice_get(RD *r, i64 *v, i64 cap, int gap, i64 limit) {
     return (i64)m;
 }
 
+/* The payload's class header: how many classes past the first (0 or 1) and the bound */
+static int class_head(RD *r, u64 *nb, u64 *bound) {
+    int e;
+    *bound = 0;
+    if ((e = varint_get(r, nb))) return e;
+    if (*nb > 1) return E_CLASSES;
+    return *nb ? varint_get(r, bound) : 0;
+}
+
 /* Total changes in a payload (from its coordinate streams' headers), or an error. */
 i64 delta_count(const uint8_t *buf, i64 len) {
     RD r = {buf, buf + len};
     u64 nb, bound, total = 0;
     int e;
-    if ((e = varint_get(&r, &nb))) return e;
-    if (nb > 1) return E_CLASSES;
-    if (nb && (e = varint_get(&r, &bound))) return e;
+    if ((e = class_head(&r, &nb, &bound))) return e;
     for (u64 c = 0; c <= nb; c++) {
         u64 m, k, nbits;
         if ((e = rice_head(&r, &m, &k, &nbits))) return e;
@@ -166,11 +173,9 @@ NEW_VALUES(new_values_4o, 4, 1)
 i64 delta_decode(const void *o, i64 n, int w, int mant, int expb, const uint8_t *buf, i64 len, i64 *pos,
                  void *vals, i64 m, void *out) {
     RD r = {buf, buf + len};
-    u64 nb, bound = 0;
+    u64 nb, bound;
     int e;
-    if ((e = varint_get(&r, &nb))) return e;
-    if (nb > 1) return E_CLASSES;
-    if (nb && (e = varint_get(&r, &bound))) return e;
+    if ((e = class_head(&r, &nb, &bound))) return e;
     if (bound >= (1ull << expb)) return E_BOUND;
     u32 t = (u32)(bound << mant);
     i64 m1 = 0;
