@@ -12,12 +12,13 @@ from strop.model.mismatch import recompute
 
 def test_linear_is_batch_invariant():
     torch.manual_seed(0)
-    w = torch.randn(96, 64)
-    x = torch.randn(300, 64)
-    full = det.linear(x, w)
-    for m in (1, 2, 7, 9, 16, 17, 40):
-        for off in (0, 5):
-            assert torch.equal(det.linear(x[off : off + m], w), full[off : off + m])
+    for dtype in (torch.float32, torch.bfloat16):  # bf16 multiplies in fp32 on a CPU
+        w = torch.randn(96, 64).to(dtype)
+        x = torch.randn(300, 64).to(dtype)
+        full = det.linear(x, w)
+        for m in (1, 2, 7, 9, 16, 17, 40):
+            for off in (0, 5):
+                assert torch.equal(det.linear(x[off : off + m], w), full[off : off + m])
 
 
 def test_attention_ignores_keys_past_the_query():
@@ -67,3 +68,14 @@ def test_bitwise_in_bf16_serving_dtype(tiny_moe, tiny_tokenizer):
     for o in eng.generate(prompts, SamplingParams(max_tokens=10, seed=0, stop_token_ids=[])):
         lp, routing = recompute(model, o.prompt_ids, o.token_ids, routing=o.routing, deterministic=True)
         assert torch.equal(lp, torch.tensor(o.logprobs)) and (routing.numpy() == o.routing).all()
+
+
+def test_kept_weight_conversions_follow_updates():
+    w, x = torch.randn(8, 16).bfloat16(), torch.randn(3, 16).bfloat16()
+    with torch.no_grad():
+        a = det.linear(x, w)  # a bf16 weight on a CPU: multiplied in fp32, the fp32 copy kept
+        w.mul_(2)  # in place through torch: its version counter moves
+        assert torch.equal(det.linear(x, w), a * 2)
+        w.view(torch.int16).numpy()[:] = (w * 2).view(torch.int16).numpy()  # unseen by the version counter
+        det.forget_conversions()
+        assert torch.equal(det.linear(x, w), a * 4)

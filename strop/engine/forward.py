@@ -105,6 +105,7 @@ class Forward:
 
     def refresh(self) -> None:
         """Rebuild the weights derived from the model's (fused q/k/v); call after changing weights."""
+        det.forget_conversions()  # updates may write through numpy views, unseen by version counters
         self._fused, self._qkv_sizes, self._packed, self._qk_norm, self._blocked = {}, {}, {}, {}, {}
         self._step, self._head = None, None
         if self.deterministic or self.arch == "deepseek_v3":

@@ -16,6 +16,8 @@ every op with a reduction gets a fixed shape or a fixed order:
   and a token's expert outputs are added in ascending expert id.
 - row-wise ops (RMSNorm, softmax, log_softmax, top-k) reduce along one row of fixed length and
   are batch-invariant as they stand (checked in the tests).
+- on a CPU, bf16/fp16 products run in fp32 (torch's half-precision GEMMs are many times slower
+  there), rounded back once per product; converted weights are kept between forwards.
 
 `deterministic_mode(model)` switches a Hugging Face model (the trainer's forward) onto these ops;
 the engine calls them directly in its own forward. Under both, engine logprobs equal the
@@ -24,6 +26,7 @@ mask is built here, padding masks are ignored). `F.linear` is patched process-wi
 duration of the context: other threads running a model at the same time go through it too.
 """
 
+import weakref
 from contextlib import contextmanager
 
 import torch
@@ -34,18 +37,56 @@ QUERY_CHUNK = 32  # queries per attention pass (bounds the [.., queries, keys, d
 ATTN_NAME = "strop_deterministic"
 
 
+def _gemm_dtype(t: torch.Tensor) -> torch.dtype:
+    """The dtype the tile GEMMs run in: fp32 for half-precision tensors on a CPU, where torch's bf16
+    GEMMs run 10-50x slower than fp32 ones (no native bf16 units; measured on this AVX2 machine).
+    Products of bf16 values are exact in fp32, and the fp32 sum is rounded to the tensor's dtype
+    once; engine and trainer both go through here, so they still agree bit for bit."""
+    return torch.float32 if t.device.type == "cpu" and t.dtype in (torch.bfloat16, torch.float16) else t.dtype
+
+
+_converted: dict[int, tuple] = {}  # id(weight) -> (weakref to it, its version, the weight in the GEMM dtype)
+
+
+def forget_conversions() -> None:
+    """Drop every kept conversion. Writes that bypass torch (numpy or C views of a tensor's memory,
+    as the weight-sync patcher makes) do not move version counters: call this after them."""
+    _converted.clear()
+
+
+def _weight_in(w: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
+    """w in dtype dt. A weight that needs no gradient here keeps its converted copy until it is
+    changed in place through torch (its version counter moves), freed, or `forget_conversions`
+    runs, so an engine or a no-grad recompute does not convert every weight on every forward; under
+    autograd the conversion is part of the graph."""
+    if w.dtype == dt:
+        return w
+    if torch.is_grad_enabled() and w.requires_grad:
+        return w.to(dt)
+    hit = _converted.get(id(w))
+    if hit is not None and hit[0]() is w and hit[1] == w._version:
+        return hit[2]
+    if hit is None or hit[0]() is not w:
+        weakref.finalize(w, _converted.pop, id(w), None)
+    out = w.detach().to(dt)
+    _converted[id(w)] = (weakref.ref(w), w._version, out)
+    return out
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear` whose value for a row never depends on the other rows: x [..., K] @ weight[N, K].T."""
     lead, K, N = x.shape[:-1], x.shape[-1], weight.shape[0]
     x2 = x.reshape(-1, K)
     M = x2.shape[0]
     n = max(1, -(-M // TILE))
-    if M == n * TILE and x2.is_contiguous() and x2.data_ptr() % 64 == 0:
+    dt = _gemm_dtype(x)
+    if M == n * TILE and x2.is_contiguous() and x2.data_ptr() % 64 == 0 and dt == x.dtype:
         buf = x2  # already whole tiles, cache-line aligned like a fresh buffer
     else:  # a fresh buffer also fixes alignment, which MKL's results may depend on
-        buf = x2.new_zeros(n * TILE, K)
+        buf = x2.new_zeros(n * TILE, K, dtype=dt)
         buf[:M] = x2
-    out = torch.bmm(buf.view(n, TILE, K), weight.t().unsqueeze(0).expand(n, K, N)).reshape(n * TILE, N)[:M]
+    w = _weight_in(weight, dt).t().unsqueeze(0).expand(n, K, N)
+    out = torch.bmm(buf.view(n, TILE, K), w).reshape(n * TILE, N)[:M].to(x.dtype)
     if bias is not None:
         out = out + bias
     return out.reshape(*lead, N)
@@ -96,15 +137,25 @@ def experts(module, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -
     never depends on which rows share its tile; only the grouping into calls changes with N: for
     a decode batch that hits most experts every expert runs on one tile of all rows; otherwise
     each expert's rows are packed into zero-padded tiles, gathered into one bmm per projection
-    when there are few tiles or looped per expert when there are many (prefill). Per token the k weighted outputs are
-    added to zero in ascending expert id. `module` is an HF experts module (gate_up_proj
-    [E, 2I, H], down_proj [E, H, I], act_fn).
+    when there are few tiles or looped per expert when there are many (prefill). The products run
+    in `_gemm_dtype`, each rounded back to x's dtype. Per token the k weighted outputs are added
+    to zero in ascending expert id. `module` is an HF experts module (gate_up_proj [E, 2I, H],
+    down_proj [E, H, I], act_fn).
     """
     N, k = ids.shape
     E, H = module.num_experts, x.shape[1]
     ids_sorted, perm = ids.sort(dim=1)
     w_sorted = weights.gather(1, perm)
-    gu_w, down_w = module.gate_up_proj.transpose(1, 2), module.down_proj.transpose(1, 2)  # [E, H, 2I], [E, I, H]
+    dt = _gemm_dtype(x)  # weights and tiles in it, each product rounded back to x's dtype
+
+    def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.bmm(a.to(dt), b).to(x.dtype)
+
+    gate_up, down = _weight_in(module.gate_up_proj, dt), _weight_in(module.down_proj, dt)
+
+    def weights_of(e) -> tuple[torch.Tensor, torch.Tensor]:  # experts e's [.., H, 2I] and [.., I, H]
+        return gate_up[e].transpose(-1, -2), down[e].transpose(-1, -2)
+
     flat = ids_sorted.reshape(-1)
     order = torch.argsort(flat, stable=True)  # pairs grouped by expert, tokens ascending within
     counts = torch.bincount(flat, minlength=E)
@@ -114,25 +165,27 @@ def experts(module, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -
     dest = ((tiles.cumsum(0) - tiles)[expert_of_pair] * TILE + rank)  # row of each pair in the tiles
     n_tiles = int(tiles.sum())
     if N <= TILE and n_tiles > E // 2:  # decode with most experts hit: every expert on the one tile of all rows
-        buf = x.new_zeros(TILE, H)
+        buf = x.new_zeros(TILE, H, dtype=dt)
         buf[:N] = x
-        gate, up = torch.bmm(buf.expand(E, TILE, H), gu_w).chunk(2, dim=-1)
-        y = torch.bmm(module.act_fn(gate) * up, down_w)  # [E, TILE, H]
+        gu_w, down_w = weights_of(slice(None))
+        gate, up = bmm(buf.expand(E, TILE, H), gu_w).chunk(2, dim=-1)
+        y = bmm(module.act_fn(gate) * up, down_w)  # [E, TILE, H]
         rows = (ids_sorted * TILE + torch.arange(N)[:, None]).reshape(-1)
         return _ordered_sum(y.reshape(-1, H).index_select(0, rows).view(N, k, H) * w_sorted[..., None])
     tile_expert = torch.repeat_interleave(torch.arange(E), tiles)
-    buf = x.new_zeros(n_tiles * TILE, H).index_copy(0, dest, x.index_select(0, order // k))
+    buf = x.new_zeros(n_tiles * TILE, H, dtype=dt).index_copy(0, dest, x.index_select(0, order // k).to(dt))
     tiles_x = buf.view(n_tiles, TILE, H)
     if n_tiles <= 2 * E:  # few tiles per expert: gather their (contiguous) matrices, one bmm per projection
-        gu_t = module.gate_up_proj.index_select(0, tile_expert).transpose(1, 2)  # as det.linear sees a weight
-        gate, up = torch.bmm(tiles_x, gu_t).chunk(2, dim=-1)
-        y = torch.bmm(module.act_fn(gate) * up, module.down_proj.index_select(0, tile_expert).transpose(1, 2))
+        gu_t, down_t = weights_of(tile_expert)  # gathered (contiguous) matrices, as det.linear sees a weight
+        gate, up = bmm(tiles_x, gu_t).chunk(2, dim=-1)
+        y = bmm(module.act_fn(gate) * up, down_t)
     else:  # many (prefill): per expert, its tiles against the weight broadcast, no copies
         ys, at = [], 0
         for e, t in enumerate(tiles.tolist()):
             if t:
-                gate, up = torch.bmm(tiles_x[at : at + t], gu_w[e].expand(t, -1, -1)).chunk(2, dim=-1)
-                ys.append(torch.bmm(module.act_fn(gate) * up, down_w[e].expand(t, -1, -1)))
+                gu_w, down_w = weights_of(e)
+                gate, up = bmm(tiles_x[at : at + t], gu_w.expand(t, -1, -1)).chunk(2, dim=-1)
+                ys.append(bmm(module.act_fn(gate) * up, down_w.expand(t, -1, -1)))
                 at += t
         y = torch.cat(ys)
     contrib = torch.empty(N * k, H, dtype=x.dtype).index_copy(0, order, y.reshape(-1, H).index_select(0, dest))
