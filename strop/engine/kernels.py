@@ -52,7 +52,6 @@ def _build() -> ctypes.CDLL | None:
                        ("moe_experts", [P] * 5 + [I64] + [P] * 5 + [I64] * 5),
                        ("linear_bf16", [P, I64, P, P, I64, I64]),
                        ("sample_top_p", [P] * 6 + [I64] * 2),
-                       ("route_softmax", [P] * 3 + [I64] * 4),
                        ("attn_decode_block", [P] * 3 + [F32] + [P] * 3 + [F32] + [P] * 9 + [F32] + [P] * 2 + [I64] * 6 + [F32])):
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = None, args
