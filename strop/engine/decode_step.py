@@ -6,14 +6,11 @@ each paying microseconds of argument conversion and tensor plumbing; on the demo
 the forward refreshes its derived weights, and a step passes only its tokens, slots and positions.
 """
 
-import ctypes
 from dataclasses import dataclass
 
 import torch
 
 from strop.engine import kernels
-
-_P, _I64 = ctypes.c_void_p, ctypes.c_int64
 
 
 @dataclass
@@ -61,9 +58,9 @@ class DecodeStep:
                experts[0][1].shape[2], int(bf16), self.width if head is not None else 0]
         self._cfg = torch.tensor(cfg, dtype=torch.int64)
         sizes = torch.empty(2, dtype=torch.int64)
-        kernels.bind("decode_step_scratch", [_P, _I64, _P])(self._cfg.data_ptr(), max_rows, sizes.data_ptr())
+        kernels.function("decode_step_scratch")(self._cfg.data_ptr(), max_rows, sizes.data_ptr())
         self._fs, self._is = torch.empty(int(sizes[0])), torch.empty(int(sizes[1]), dtype=torch.int64)
-        self._fn = kernels.bind("decode_step", [_P] * 3 + [_I64] + [_P] * 7)
+        self._fn = kernels.function("decode_step")
         self._fixed = (self._cfg.data_ptr(), self._ptrs.data_ptr(), self._vals.data_ptr())
         self._max_rows = max_rows
 

@@ -52,6 +52,9 @@ def _build() -> ctypes.CDLL | None:
                        ("moe_experts", [P] * 5 + [I64] + [P] * 5 + [I64] * 5),
                        ("linear_bf16", [P, I64, P, P, I64, I64]),
                        ("sample_top_p", [P] * 6 + [I64] * 2),
+                       ("softmax_rows", [P] * 2 + [I64] * 2),
+                       ("decode_step_scratch", [P, I64, P]),
+                       ("decode_step", [P] * 3 + [I64] + [P] * 7),
                        ("attn_decode_block", [P] * 3 + [F32] + [P] * 3 + [F32] + [P] * 9 + [F32] + [P] * 2 + [I64] * 6 + [F32])):
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = None, args
@@ -70,18 +73,16 @@ def available() -> bool:
     return _lib is not None
 
 
-def bind(name: str, argtypes: list) -> ctypes._CFuncPtr:
-    """The kernel `name` with its ctypes signature set, for wrappers outside this module."""
-    fn = getattr(_lib, name)
-    fn.restype, fn.argtypes = None, argtypes
-    return fn
+def function(name: str) -> ctypes._CFuncPtr:
+    """The kernel `name`, its ctypes signature set once in `_build`, for wrappers outside this module."""
+    return getattr(_lib, name)
 
 
 def softmax(x: torch.Tensor) -> torch.Tensor:
     """Row softmax of fp32 x [N, V]; its exp is within 2 ulp of expf (torch's is within 1)."""
     x = x.contiguous()
     out = torch.empty_like(x)
-    bind("softmax_rows", [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2)(x.data_ptr(), out.data_ptr(), *x.shape)
+    _lib.softmax_rows(x.data_ptr(), out.data_ptr(), *x.shape)
     return out
 
 
