@@ -501,7 +501,13 @@ class BwrapSandbox:
             return
         self._closed = True
         self._kill()
-        _rmtree(self.dir)
+        try:
+            # a sandbox that wrote nothing leaves these four empty directories (work/work is
+            # overlay's): removing them directly costs a third of rmtree's fd-safe walk
+            for sub in ("work/work", "work", "upper", ""):
+                os.rmdir(self.dir / sub)
+        except OSError:  # files in the upper layer (or an index dir in work): remove the rest
+            _rmtree(self.dir)
 
     def __enter__(self) -> "BwrapSandbox":
         return self
