@@ -34,7 +34,6 @@ import ctypes
 import functools
 import json
 import os
-import platform
 import queue
 import select
 import shlex
@@ -311,7 +310,7 @@ def _request_short_slice() -> None:
     change, only how finely a sandbox's processes interleave with others; the processes inside
     the sandbox inherit it, and could have asked for it themselves. Nice and policy are kept.
     """
-    nrs = _SCHED_SETATTR_GETATTR.get(platform.machine())
+    nrs = _SCHED_SETATTR_GETATTR.get(os.uname().machine)
     libc = ctypes.CDLL(None, use_errno=True)
     attr = _SchedAttr()
     if nrs is None or libc.syscall(nrs[1], 0, ctypes.byref(attr), ctypes.sizeof(attr), 0) != 0:
