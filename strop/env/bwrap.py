@@ -64,7 +64,7 @@ SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "var")
 EMPTY_DIRS = ("boot", "media", "mnt", "opt", "root", "run", "srv", "sys")  # the host sysfs shows host devices
 _SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _CHECK_EVERY_S = 0.2  # workspace-size poll period while a command runs
-# scheduler slice the sandbox's processes request: below every default (0.75-3 ms, by CPU count)
+# scheduler slice the sandbox's processes request: below the default (0.7-3 ms by kernel and CPU count)
 _SLICE_NS = 300_000
 _SCHED_SETATTR_GETATTR = {"x86_64": (314, 315), "aarch64": (274, 275)}  # syscall numbers
 _OPEN: "weakref.WeakSet[BwrapSandbox]" = weakref.WeakSet()  # closed at exit if the caller did not
