@@ -14,8 +14,8 @@ experts; in fp32 with the C kernels (`strop.engine.kernels`) a pure decode step 
 is one C call (`strop.engine.decode_step`), else one per attention block and MLP. Close to the
 trainer (~1e-6 in logprob, fp32) but not bitwise. Deterministic: the HF modules' own arithmetic
 (HF RMSNorm and rotary code, `strop.model.routing` routers) on `strop.model.deterministic` ops
-(linear, attention, experts); it then equals the trainer's `deterministic_mode` forward bit for
-bit.
+(linear, attention, experts, sigmoid, silu); it then equals the trainer's `deterministic_mode`
+forward bit for bit.
 """
 
 from dataclasses import dataclass
@@ -62,6 +62,8 @@ class Forward:
         if self.arch not in ("qwen3_moe", "qwen3", "deepseek_v3"):
             raise ValueError(f"the engine does not implement the {self.arch} architecture")
         self.deterministic = deterministic
+        if deterministic and self.cfg.hidden_act != "silu":
+            raise ValueError(f"deterministic mode computes silu activations only, not {self.cfg.hidden_act}")
         self.lin = det.linear if deterministic else F.linear
         # The lean path: precomputed RoPE tables, joint q/k norm and rotation, batched prefill attention.
         self.fast = not deterministic and self.arch != "deepseek_v3"
@@ -364,15 +366,15 @@ class Forward:
     # -- MLP / MoE -------------------------------------------------------------------------------
 
     def _dense(self, mlp, x):
-        lin = self.lin
-        return lin(mlp.act_fn(lin(x, mlp.gate_proj.weight)) * lin(x, mlp.up_proj.weight), mlp.down_proj.weight)
+        lin, act = self.lin, det.silu if self.deterministic else mlp.act_fn
+        return lin(act(lin(x, mlp.gate_proj.weight)) * lin(x, mlp.up_proj.weight), mlp.down_proj.weight)
 
     def _mlp(self, mlp, x, routing: list, rows: torch.Tensor | None = None):
         """The MLP's output for x[rows] (all rows when None); the router runs on every row."""
         if not hasattr(mlp, "experts"):
             return self._dense(mlp, x if rows is None else x[rows])
         logits = router_logits(mlp.gate, x, self.lin)
-        weights, ids = route(mlp.gate, logits)
+        weights, ids = route(mlp.gate, logits, det.sigmoid if self.deterministic else torch.sigmoid)
         routing.append(ids)
         if rows is not None:
             x, ids, weights = x[rows], ids[rows], weights[rows]

@@ -16,14 +16,22 @@ every op with a reduction gets a fixed shape or a fixed order:
   and a token's expert outputs are added in ascending expert id.
 - row-wise ops (RMSNorm, softmax, log_softmax, top-k) reduce along one row of fixed length and
   are batch-invariant as they stand (checked in the tests).
+- `sigmoid`, `silu`: ATen's kernels for these round differently in a loop's vectorized body and
+  in its scalar remainder (~4% of values differ in the last bit), and which elements fall in the
+  remainder depends on the tensor's size and the CPU's vector width (the last <32 floats with
+  AVX-512, <16 with AVX2), so a row's activation changed with the number of rows beside it: a
+  DeepSeek router's weights and shared expert differed between engine decode and trainer on
+  AVX-512. Here they are built from `exp`, whose kernel runs the remainder through the vector
+  code too, and exactly rounded arithmetic.
 - on a CPU, bf16/fp16 products run in fp32 (torch's half-precision GEMMs are many times slower
   there), rounded back once per product; converted weights are kept between forwards.
 
 `deterministic_mode(model)` switches a Hugging Face model (the trainer's forward) onto these ops;
 the engine calls them directly in its own forward. Under both, engine logprobs equal the
 trainer's full-sequence logprobs bit for bit. Right-padded or unpadded batches only (the causal
-mask is built here, padding masks are ignored). `F.linear` is patched process-wide for the
-duration of the context: other threads running a model at the same time go through it too.
+mask is built here, padding masks are ignored); silu activations only. `F.linear`, `F.silu` and
+`Tensor.sigmoid` are patched process-wide for the duration of the context: other threads running
+a model at the same time go through them too.
 """
 
 import weakref
@@ -92,6 +100,25 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return out.reshape(*lead, N)
 
 
+def _one_plus_exp_neg(f: torch.Tensor) -> torch.Tensor:
+    """1 + exp(-f) with the exponent capped at 88 (exp(88) ~ 1.7e38 is finite): below f = -88 the
+    sigmoid it divides into stays under 6.1e-39 and gradients stay finite (inf * 0 would be NaN)."""
+    return 1 + torch.exp(-f.clamp(min=-88.0))
+
+
+def sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """`torch.sigmoid` whose value for an element never depends on the tensor's size or layout:
+    1 / (1 + exp(-x)), in fp32 for half-precision x, rounded back once."""
+    return (1 / _one_plus_exp_neg(x.float())).to(x.dtype)
+
+
+def silu(x: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+    """`F.silu` (same signature), batch-invariant like `sigmoid`: x / (1 + exp(-x))."""
+    f = x.float()
+    out = (f / _one_plus_exp_neg(f)).to(x.dtype)
+    return x.copy_(out) if inplace else out
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, scaling: float) -> torch.Tensor:
     """Causal attention with a fixed reduction order per query.
 
@@ -140,7 +167,7 @@ def experts(module, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -
     when there are few tiles or looped per expert when there are many (prefill). The products run
     in `_gemm_dtype`, each rounded back to x's dtype. Per token the k weighted outputs are added
     to zero in ascending expert id. `module` is an HF experts module (gate_up_proj [E, 2I, H],
-    down_proj [E, H, I], act_fn).
+    down_proj [E, H, I]) with a silu act_fn, computed by `silu`.
     """
     N, k = ids.shape
     E, H = module.num_experts, x.shape[1]
@@ -169,7 +196,7 @@ def experts(module, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -
         buf[:N] = x
         gu_w, down_w = weights_of(slice(None))
         gate, up = bmm(buf.expand(E, TILE, H), gu_w).chunk(2, dim=-1)
-        y = bmm(module.act_fn(gate) * up, down_w)  # [E, TILE, H]
+        y = bmm(silu(gate) * up, down_w)  # [E, TILE, H]
         rows = (ids_sorted * TILE + torch.arange(N)[:, None]).reshape(-1)
         return _ordered_sum(y.reshape(-1, H).index_select(0, rows).view(N, k, H) * w_sorted[..., None])
     tile_expert = torch.repeat_interleave(torch.arange(E), tiles)
@@ -178,14 +205,14 @@ def experts(module, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -
     if n_tiles <= 2 * E:  # few tiles per expert: gather their (contiguous) matrices, one bmm per projection
         gu_t, down_t = weights_of(tile_expert)  # gathered (contiguous) matrices, as det.linear sees a weight
         gate, up = bmm(tiles_x, gu_t).chunk(2, dim=-1)
-        y = bmm(module.act_fn(gate) * up, down_t)
+        y = bmm(silu(gate) * up, down_t)
     else:  # many (prefill): per expert, its tiles against the weight broadcast, no copies
         ys, at = [], 0
         for e, t in enumerate(tiles.tolist()):
             if t:
                 gu_w, down_w = weights_of(e)
                 gate, up = bmm(tiles_x[at : at + t], gu_w.expand(t, -1, -1)).chunk(2, dim=-1)
-                ys.append(bmm(module.act_fn(gate) * up, down_w.expand(t, -1, -1)))
+                ys.append(bmm(silu(gate) * up, down_w.expand(t, -1, -1)))
                 at += t
         y = torch.cat(ys)
     contrib = torch.empty(N * k, H, dtype=x.dtype).index_copy(0, order, y.reshape(-1, H).index_select(0, dest))
@@ -226,18 +253,22 @@ def _register() -> None:
 
 @contextmanager
 def deterministic_mode(model):
-    """Run a Hugging Face policy on batch-invariant ops: `attention`, `experts`, every `F.linear` tiled."""
-    _register()
+    """Run a Hugging Face policy on batch-invariant ops: `attention`, `experts`, every `F.linear`
+    tiled, every `F.silu` and `Tensor.sigmoid` (the DeepSeek router's) through `silu` and `sigmoid`."""
     cfg = model.config
-    saved = cfg._attn_implementation, getattr(cfg, "_experts_implementation", None), torch.nn.functional.linear
+    if cfg.hidden_act != "silu":
+        raise ValueError(f"deterministic mode computes silu activations only, not {cfg.hidden_act}")
+    _register()
+    saved = (cfg._attn_implementation, getattr(cfg, "_experts_implementation", None), torch.nn.functional.linear,
+             torch.nn.functional.silu, torch.Tensor.sigmoid)
     cfg._attn_implementation = ATTN_NAME
     if saved[1] is not None:
         cfg._experts_implementation = ATTN_NAME
-    torch.nn.functional.linear = linear
+    torch.nn.functional.linear, torch.nn.functional.silu, torch.Tensor.sigmoid = linear, silu, sigmoid
     try:
         yield model
     finally:
-        torch.nn.functional.linear = saved[2]
+        torch.nn.functional.linear, torch.nn.functional.silu, torch.Tensor.sigmoid = saved[2:]
         cfg._attn_implementation = saved[0]
         if saved[1] is not None:
             cfg._experts_implementation = saved[1]

@@ -39,11 +39,12 @@ def router_logits(gate, x: torch.Tensor, linear: Callable | None = None) -> torc
     return linear(x, gate.weight)
 
 
-def route(gate, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def route(gate, logits: torch.Tensor, sigmoid: Callable = torch.sigmoid) -> tuple[torch.Tensor, torch.Tensor]:
     """The architecture's own choice: (weights [T, k], ids [T, k]) from logits [T, E]; mirrors the
-    Hugging Face router forwards op for op so results agree bitwise."""
+    Hugging Face router forwards op for op so results agree bitwise. `sigmoid` replaces the
+    sigmoid router's `Tensor.sigmoid` (the deterministic engine passes its batch-invariant one)."""
     if _is_sigmoid_router(gate):
-        scores = logits.sigmoid()
+        scores = sigmoid(logits)
         choice = scores + gate.e_score_correction_bias
         n_group, E = gate.num_group, gate.num_experts
         group_scores = choice.view(-1, n_group, E // n_group).topk(2, dim=-1)[0].sum(dim=-1)
