@@ -12,7 +12,14 @@ demo-size model comes from `--checkpoint` or is randomly initialised at the `Mod
 defaults (speed does not depend on the weights' values), its weights rounded to bf16 values as
 an RL engine holds them (the trainer publishes bf16 snapshots; both sides compute in fp32, and the
 engine streams its expert weights as bf16, which is lossless for such values). The deterministic
-engine is timed as well, which is the cost of batch invariance.
+engine is timed as well, which is the cost of batch invariance. Prefix reuse is off here: the
+repeats rerun the same prompts, which HF generate prefills every time.
+
+`--multi-turn` times agent-style episodes instead: B concurrent episodes (1 and 16) of 4 turns,
+each prompt the previous prompt + its completion + a tool observation, as the harness builds them
+(a 220-token system prompt shared by all episodes, a 60-token instruction, 48 generated tokens and
+a 150-token observation per turn), on engines with and without prefix reuse. Each engine is warmed
+with one round of episodes first, so parked sequences (and the system prompt) are in steady state.
 """
 
 import argparse
@@ -29,6 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-len", type=int, default=32, help="prompt tokens per sequence")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads for both sides (default 1, as strop runs engines; 0 = STROP_THREADS or all cores)")
+    parser.add_argument("--multi-turn", action="store_true",
+                        help="time multi-turn episodes with and without prefix reuse instead of the HF comparison")
     parser.add_argument("--json", help="write results to this JSON file")
 
 
@@ -95,6 +104,73 @@ def time_engine(engine, prompts: list[list[int]], new_tokens: int) -> tuple[floa
     return w1 - w0, c1 - c0
 
 
+def time_episodes(engine, firsts: list[list[int]], observations: list[list[list[int]]], new_tokens: int) -> tuple[float, float]:
+    """(wall, process CPU) seconds of len(firsts) episodes in lockstep: each turn generates for every
+    episode together, then appends its completion and its next observation to its prompt."""
+    from strop.engine.engine import SamplingParams
+
+    sp = SamplingParams(max_tokens=new_tokens, temperature=1.0, top_p=0.95, stop_token_ids=[])
+    prompts = [list(p) for p in firsts]
+    w0, c0 = _clocks()
+    for obs in observations:
+        outs = engine.generate(prompts, sp)
+        prompts = [p + o.token_ids + x for p, o, x in zip(prompts, outs, obs)]
+    outs = engine.generate(prompts, sp)
+    w1, c1 = _clocks()
+    assert all(len(o.token_ids) == new_tokens for o in outs)
+    return w1 - w0, c1 - c0
+
+
+def run_multi_turn(args: argparse.Namespace, model, tok, stream, threads: int) -> int:
+    from strop.engine.engine import Engine
+
+    system, instruction, obs_len, turns, new_tokens = 220, 60, 150, 4, 48
+    max_len = system + instruction + turns * (new_tokens + obs_len) + 8
+    engines = {name: Engine(model, tok, max_batch=64, max_len=max_len, deterministic=det, reuse_min=reuse)
+               for name, det, reuse in (("engine", False, 0), ("engine+reuse", False, 32),
+                                        ("deterministic", True, 0), ("deterministic+reuse", True, 32))}
+    head = prompts_from(stream, 1, system, 7)[0]
+    rows, result = [], {"threads": threads, "turns": turns, "new_tokens": new_tokens, "system": system,
+                        "instruction": instruction, "observation": obs_len,
+                        "model": args.checkpoint or "random demo-size qwen3_moe", "cpu": platform.processor() or platform.machine()}
+    reps = 2 if args.quick else 3
+
+    def episodes(bs: int, seed: int):
+        firsts = [head + p for p in prompts_from(stream, bs, instruction, seed)]
+        obs = [prompts_from(stream, bs, obs_len, seed * 100 + t) for t in range(turns - 1)]
+        return firsts, obs
+
+    for e in engines.values():  # warm up, and park a round of episodes
+        time_episodes(e, *episodes(4, 99), new_tokens)
+    for bs in (1, 16):
+        runs = []
+        for rep in range(reps):  # fresh episodes each repeat (they share only the system prompt)
+            firsts, obs = episodes(bs, 1000 * bs + rep)
+            runs.append({})
+            for name, e in engines.items():
+                reused0, prefilled0 = e.prefix_reused_tokens, e.prefilled_tokens
+                runs[-1][name] = time_episodes(e, firsts, obs, new_tokens)
+                runs[-1][name + ":prefill"] = (e.prefilled_tokens - prefilled0, e.prefix_reused_tokens - reused0)
+        n = bs * turns * new_tokens
+        best = {name: (n / min(r[name][0] for r in runs), n / min(r[name][1] for r in runs)) for name in engines}
+        for mode in ("engine", "deterministic"):
+            prefilled, reused = runs[-1][f"{mode}+reuse:prefill"]
+            row = {"episodes": bs, "mode": mode, "tok_s": best[mode][0], "reuse_tok_s": best[f"{mode}+reuse"][0],
+                   "speedup": best[f"{mode}+reuse"][0] / best[mode][0],
+                   "cpu_speedup": best[f"{mode}+reuse"][1] / best[mode][1],
+                   "prefill_per_episode": runs[-1][mode + ":prefill"][0] / bs,
+                   "reuse_prefill_per_episode": prefilled / bs, "reused_per_episode": reused / bs}
+            rows.append(row)
+            result.update({f"{mode}_{k}_eps{bs}": v for k, v in row.items() if k not in ("episodes", "mode")})
+    print(f"multi-turn episodes, prefix reuse vs none: {result['model']}, {turns} turns of {new_tokens} tokens, "
+          f"{system}-token system prompt + {instruction}-token instruction, {obs_len}-token observations, "
+          f"T=1 top-p 0.95, {threads} threads, {result['cpu']}; tok_s = generated tokens/s")
+    print(format_table(rows, ["episodes", "mode", "tok_s", "reuse_tok_s", "speedup", "cpu_speedup", "prefill_per_episode",
+                              "reuse_prefill_per_episode", "reused_per_episode"]))
+    write_json(args.json, result | {"rows": rows})
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from strop.threads import set_threads
 
@@ -109,9 +185,12 @@ def run(args: argparse.Namespace) -> int:
     with torch.no_grad():  # the values engines hold in RL: the trainer ships bf16 snapshots
         for p in model.parameters():
             p.copy_(p.bfloat16().float())
+    if args.multi_turn:
+        return run_multi_turn(args, model, tok, stream, threads)
     max_len = args.prompt_len + new_tokens + 8
-    engines = {"engine": Engine(model, tok, max_batch=64, max_len=max_len),
-               "deterministic": Engine(model, tok, max_batch=64, max_len=max_len, deterministic=True)}
+    # Prefix reuse off: repeats rerun the same prompts, which HF generate has to prefill every time.
+    engines = {"engine": Engine(model, tok, max_batch=64, max_len=max_len, reuse_min=0),
+               "deterministic": Engine(model, tok, max_batch=64, max_len=max_len, deterministic=True, reuse_min=0)}
     warm = prompts_from(stream, 2, args.prompt_len, 99)
     time_hf(model, tok, warm, 2)
     for e in engines.values():

@@ -11,11 +11,24 @@ Run it synchronously (`generate`) or on a background thread (`start`; then `subm
 thread, with callbacks for streaming). Weight updates land between steps, in place, without
 dropping requests; tokens sampled after an update carry the new version (their KV-cache prefix
 was computed by the old weights and is kept, as in-flight RL updates do).
+
+Prefix reuse. A finished request's slot is parked with its KV (prompt and generated tokens but the
+last, which was never fed back) and the routing of those positions. A new request whose prompt
+shares at least `reuse_min` leading tokens with a parked sequence prefills only the rest: when the
+prompt extends the whole parked sequence (the next turn of an agent episode, whose prompt is the
+previous prompt + completion + tool output) it takes that slot over; when only a shorter prefix is
+shared (the system prompt, a sibling of an RL group) the shared KV rows are copied into the slot the
+request gets, and the parked entry stays. A request with no match takes a free slot, else evicts
+the least recently parked one. Reused KV and routing are those the earlier request computed: after
+a weight update they come from the older weights, the same approximation in-flight updates make
+for running requests (prompt tokens carry no version). In deterministic mode a suffix prefilled
+against cached keys is bitwise what the full prompt's prefill gives (every op is batch invariant
+and attention reads keys in a fixed order).
 """
 
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -48,6 +61,21 @@ class Completion:
     error: str | None = None
 
 
+@dataclass
+class _Parked:
+    """A finished sequence whose KV stays in `slot` until evicted."""
+
+    slot: int
+    tokens: np.ndarray  # [T] ids whose KV is cached, positions 0..T-1
+    routing: torch.Tensor | None  # [T, n_moe_layers, k]
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if diff.size else n
+
+
 class Request:
     """One generation in flight. `done` is set when `result` is ready."""
 
@@ -60,6 +88,7 @@ class Request:
         self.routing: list[torch.Tensor] = []
         self.text: str | None = None  # set early only when a stop string cut it
         self.slot = -1
+        self.reused = 0  # leading prompt tokens whose KV came from a parked sequence
         self.generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         self.done = threading.Event()
         self.result: Completion | None = None
@@ -113,7 +142,7 @@ def _notify(callback: Callable | None, req: Request) -> None:
 
 class Engine:
     def __init__(self, model, tokenizer, max_batch: int = 64, max_len: int | None = None,
-                 deterministic: bool = False, seed: int = 0, version: int = 0):
+                 deterministic: bool = False, seed: int = 0, version: int = 0, reuse_min: int = 32):
         self.model, self.tokenizer = model.eval(), tokenizer
         self.max_batch = max_batch
         self.max_len = max_len or min(int(model.config.max_position_embeddings), 2048)
@@ -125,12 +154,16 @@ class Engine:
         self._running: list[Request] = []
         self._updates: deque[WeightUpdate] = deque()
         self._free = list(range(max_batch))
+        self.reuse_min = reuse_min  # shortest prefix worth reusing; 0 turns prefix reuse off
+        self._parked: OrderedDict[int, _Parked] = OrderedDict()  # by slot, least recently parked first
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stop = False
         self.pauses: list[float] = []
         self.tokens_generated = 0
         self.peak_batch = 0  # most sequences in one step so far
+        self.prefilled_tokens = 0  # prompt tokens run through the model
+        self.prefix_reused_tokens = 0  # prompt tokens whose KV came from a parked sequence instead
 
     @classmethod
     def from_checkpoint(cls, path: str, **kwargs) -> "Engine":
@@ -170,6 +203,11 @@ class Engine:
         for r in reqs:
             r.done.wait()
         return [r.result for r in reqs]
+
+    def stats(self) -> dict:
+        return {"version": self.version, "tokens_generated": self.tokens_generated, "peak_batch": self.peak_batch,
+                "prefilled_tokens": self.prefilled_tokens, "prefix_reused_tokens": self.prefix_reused_tokens,
+                "parked": len(self._parked)}
 
     # -- weights -------------------------------------------------------------------------------
 
@@ -220,16 +258,17 @@ class Engine:
         self._apply_updates()
         with self._lock:
             new = []
-            while self._waiting and self._free:
+            while self._waiting and (self._free or self._parked):
                 req = self._waiting.popleft()
-                req.slot = self._free.pop(0)
+                self._admit(req)
                 new.append(req)
         batch = self._running + new
         if not batch:
             return False
         self.peak_batch = max(self.peak_batch, len(batch))
         segments = [Segment(r.slot, len(r.prompt_ids) + len(r.token_ids) - 1, [r.token_ids[-1]]) for r in self._running]
-        segments += [Segment(r.slot, 0, r.prompt_ids) for r in new]
+        segments += [Segment(r.slot, r.reused, r.prompt_ids[r.reused :]) for r in new]
+        self.prefilled_tokens += sum(len(r.prompt_ids) - r.reused for r in new)
         try:
             logits, routing = self.forward(segments)
             tokens, logprobs = self._sample(logits, batch)
@@ -259,6 +298,39 @@ class Engine:
         self._running.sort(key=lambda r: r.slot)  # decode rows in slot order read the cache without a gather
         return True
 
+    def _admit(self, req: Request) -> None:
+        """Give `req` a slot (caller holds the lock and knows one is free or parked), reusing the
+        longest parked prefix of its prompt: `req.reused` leading tokens need no prefill."""
+        best, m = None, 0
+        if self.reuse_min > 0 and self._parked:
+            prompt = np.asarray(req.prompt_ids)
+            for entry in self._parked.values():
+                n = _common_prefix(prompt, entry.tokens)
+                if n > m:
+                    best, m = entry, n
+            if m < self.reuse_min:
+                best, m = None, 0
+        # A prompt that holds the whole parked sequence takes its slot over (nothing of it is lost).
+        take_over = best is not None and m == len(best.tokens)
+        m = min(m, len(req.prompt_ids) - 1)  # the last prompt token is always run: it gives the logits
+        if take_over:
+            req.slot = self._parked.pop(best.slot).slot
+        else:
+            if self._free:
+                req.slot = self._free.pop(0)
+            else:
+                req.slot = self._parked.popitem(last=False)[1].slot
+            if best is not None and best.slot != req.slot:  # share a prefix: copy its KV rows
+                for kc, vc in zip(self.forward.k_cache, self.forward.v_cache):
+                    kc[req.slot, :, :m] = kc[best.slot, :, :m]
+                    vc[req.slot, :, :m] = vc[best.slot, :, :m]
+                self._parked.move_to_end(best.slot)
+        if best is not None:
+            req.reused = m
+            if best.routing is not None:
+                req.routing.append(best.routing[:m])
+            self.prefix_reused_tokens += m
+
     def _sample(self, logits: torch.Tensor, batch: list[Request]) -> tuple[list[int], list[float]]:
         """One token per row and its logprob under the distribution sampled from (temperature, then
         top-p renormalised); temperature 0 takes the argmax."""
@@ -282,12 +354,19 @@ class Engine:
         return None
 
     def _finish(self, r: Request, reason: str, error: str | None = None) -> None:
+        routing = torch.cat(r.routing) if r.routing else None
         with self._lock:
-            self._free.append(r.slot)
-            self._free.sort()
+            # The KV of every token but the last sampled one is cached: park it for a later prompt to extend.
+            cached = len(r.prompt_ids) + len(r.token_ids) - 1
+            if reason != "error" and self.reuse_min > 0 and cached >= self.reuse_min:
+                tokens = np.asarray(r.prompt_ids + r.token_ids[:-1])
+                self._parked[r.slot] = _Parked(r.slot, tokens, None if routing is None else routing.clone())
+            else:
+                self._free.append(r.slot)
+                self._free.sort()
         if r.text is None:  # the stop token itself is not part of the text
             r.text = self.tokenizer.decode(r.token_ids[:-1] if reason == "stop" else r.token_ids)
-        routing = torch.cat(r.routing).numpy() if r.routing else None
+        routing = routing.numpy() if routing is not None else None
         r.result = Completion(r.prompt_ids, r.token_ids, r.logprobs, r.versions, r.text, reason, routing, error)
         r.done.set()
         _notify(r.on_done, r)
