@@ -87,6 +87,7 @@ class SFTSection:
     demo_tests: bool = opt(True, "demonstrations run the visible tests before submitting (one pytest run per episode)")
     demo_check: bool = opt(True, "keep only demonstrations the checker scores 1.0 (else: those that submitted)")
     demo_workers: int = opt(4, "oracle episodes run at once while producing demonstrations", ge=1)
+    difficulties: list[int] = opt([], "task difficulties the demonstrations cover (e.g. those RL trains on); [] = all")
     val_fraction: float = opt(0.1, "fraction of demonstrations held out for early stopping", gt=0, le=0.5)
     batch_size: int = opt(8, "segments per step", ge=1)
     lr: float = opt(1e-3, "peak learning rate", gt=0)

@@ -149,16 +149,20 @@ def solve(tasks: list[Task], tokenizer, config: HarnessConfig = HarnessConfig(),
 
 
 def oracle_traces(suite: str, split: str, tokenizer, limit: int | None = None, config: HarnessConfig = HarnessConfig(),
-                  check: bool = True, run_tests: bool = True, workers: int = 1, **suite_opts) -> list[Episode]:
+                  check: bool = True, run_tests: bool = True, workers: int = 1,
+                  difficulties: list[int] | None = None) -> list[Episode]:
     """SFT warm-start demonstrations: the oracle's episodes on up to `limit` tasks of a suite split
-    (difficulties interleaved) that the checker scores 1.0 (with `check=False`, that submitted:
-    half the cost, no verification). Their `segments` are the training sequences, with loss on the oracle's
-    turns only."""
+    (of the given `difficulties`, all when None; interleaved) that the checker scores 1.0 (with
+    `check=False`, that submitted: half the cost, no verification). Their `segments` are the training
+    sequences, with loss on the oracle's turns only."""
     from strop.env.suites import load_suite
 
-    if limit is not None and suite == "synthetic":
-        suite_opts.setdefault("limit", -(-limit // 3))  # synthetic's limit is per difficulty (3 of them)
-    tasks = load_suite(suite, split, **suite_opts)
+    if suite == "synthetic":  # it generates tasks per difficulty, `limit` of each: only as many as needed
+        chosen = difficulties or [1, 2, 3]
+        per = None if limit is None else -(-limit // len(chosen))
+        tasks = [t for d in chosen for t in load_suite(suite, split, difficulty=d, limit=per)]
+    else:
+        tasks = [t for t in load_suite(suite, split) if not difficulties or t.metadata.get("difficulty") in difficulties]
     by_difficulty: dict = {}
     for task in tasks:
         by_difficulty.setdefault(task.metadata.get("difficulty"), []).append(task)

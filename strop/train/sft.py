@@ -5,7 +5,8 @@ Training stops by early stopping on held-out demonstration loss (whole episodes 
 a short budget, and the best weights are kept: the gain RL shows must not come from a weak start.
 
 Outputs in `<run_dir>/sft/`: `demos.jsonl` (cached demonstrations), `model/` (best weights, HF
-format), `metrics.jsonl`, `loss.png`.
+format; written at every improvement, so a killed run leaves its best so far), `metrics.jsonl`,
+`loss.png`, and `result.json` once training has finished.
 """
 
 import argparse
@@ -38,7 +39,8 @@ def load_demonstrations(cfg: Config, tokenizer, path: Path) -> list:
         return [Episode.from_dict(json.loads(line)) for line in path.read_text().splitlines()]
     harness = HarnessConfig(max_context=cfg.model.max_positions)
     episodes = oracle_traces(cfg.sft.suite, "train", tokenizer, limit=cfg.sft.episodes, config=harness,
-                             check=cfg.sft.demo_check, run_tests=cfg.sft.demo_tests, workers=cfg.sft.demo_workers)
+                             check=cfg.sft.demo_check, run_tests=cfg.sft.demo_tests, workers=cfg.sft.demo_workers,
+                             difficulties=cfg.sft.difficulties)
     if len(episodes) < 2:
         raise UserError(f"only {len(episodes)} oracle demonstrations on suite {cfg.sft.suite!r}; need at least 2")
     path.write_text("".join(json.dumps(ep.to_dict()) + "\n" for ep in episodes))
@@ -136,6 +138,8 @@ def sft(cfg: Config, base: str | None = None) -> dict:
             row["val_loss"] = evaluate()
             if row["val_loss"] < best_loss - 1e-4:
                 best_loss, best_state, best_step, bad_evals = row["val_loss"], copy.deepcopy(model.state_dict()), step, 0
+                # on disk at once: a run killed later still leaves its best policy to evaluate or keep
+                save_model(model, tokenizer, out / "model", extra={"sft": {"step": step, "val_loss": best_loss, "finished": False}})
             else:
                 bad_evals += 1
         log.write(row)
