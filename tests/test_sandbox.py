@@ -260,3 +260,33 @@ def test_sandbox_processes_get_a_short_scheduler_slice(sb):
         pytest.skip("this kernel does not show se.slice")
     line = next(l for l in sched.splitlines() if l.startswith("se.slice"))
     assert int(line.split()[-1]) == bwrap._SLICE_NS
+
+
+def test_concurrent_sweeps_of_dead_roots_do_not_raise(tmp_path):
+    """Threads starting their first sandbox at once sweep the same dead roots: a file another
+    thread removed first is not an error."""
+    import threading
+
+    from strop.env import bwrap
+
+    errors = []
+
+    def sweep():
+        try:
+            bwrap._sweep_dead(tmp_path)
+        except Exception as e:  # noqa: BLE001 - the test collects whatever escapes
+            errors.append(e)
+
+    for _ in range(3):
+        for root in range(6):
+            for sbx in range(20):
+                work = tmp_path / f"strop-sbx-99999{root:02d}-x" / f"sbx-{sbx}" / "work" / "work"
+                work.mkdir(parents=True)
+                for i in range(4):
+                    (work / f"f{i}").write_text("x")
+        threads = [threading.Thread(target=sweep) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors and not list(tmp_path.iterdir())

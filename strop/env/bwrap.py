@@ -398,11 +398,16 @@ def _static_argv(image: str, limits: Limits) -> tuple[str, ...]:
 
 def _rmtree(path: Path) -> None:
     """rmtree that also removes directories left unwritable (overlay's work dir is mode 000)."""
-    def fix(func, p, _exc):
+    def fix(func, p, exc_info):
+        if isinstance(exc_info[1], FileNotFoundError):
+            return  # removed meanwhile: threads starting their first sandbox sweep the same dead roots
         os.chmod(os.path.dirname(p), 0o700)
         if os.path.isdir(p) and not os.path.islink(p):
             os.chmod(p, 0o700)
-        func(p)
+        if func in (os.rmdir, os.unlink):
+            func(p)
+        else:  # the directory could not be opened or listed (os.open, os.scandir) before the chmod
+            shutil.rmtree(p)
     shutil.rmtree(path, onerror=fix)
 
 
