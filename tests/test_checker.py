@@ -77,3 +77,19 @@ def test_check_never_raises():
     t = _tiny()
     score = check(t, {"m.py/sub.py": "x = 1\n"})  # a file where a directory would have to be
     assert isinstance(score, Score) and score.reward == 0 and score.reason.startswith("checker error")
+
+
+def test_bytecode_caches_in_the_changes_are_ignored(tmp_path):
+    """A .pyc among the changes is not the agent's work and may not match its source: one compiled
+    from the buggy code, which Python would load without looking at the source, changes nothing."""
+    import py_compile
+    import sys
+
+    task = _tiny()
+    (tmp_path / "m.py").write_text(task.files["m.py"])
+    pyc = tmp_path / "m.pyc"
+    py_compile.compile(str(tmp_path / "m.py"), cfile=str(pyc), invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    fixed = {"m.py": "def f():\n    return 1\n"}
+    stale = {**fixed, f"__pycache__/m.{sys.implementation.cache_tag}.pyc": pyc.read_bytes()}
+    score = check(task, stale, perturbed=False)
+    assert score.reward == 1 and not score.dropped_paths

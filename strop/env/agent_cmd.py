@@ -15,8 +15,6 @@ from pathlib import Path
 
 from strop.errors import UserError
 
-CACHE_DIRS = ("__pycache__", ".pytest_cache")  # artifacts of running code, neither shown nor applied
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("instruction", help="what the agent should do")
@@ -96,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
     from strop.threads import set_threads
 
     set_threads(1)
+    from strop.env.checker import source_changes
     from strop.env.harness import Harness, HarnessConfig
     from strop.env.sandbox import Limits, open_sandbox
 
@@ -116,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
           f"generated tokens, {episode.timings['total_s']:.1f} s")
     if args.json:
         Path(args.json).write_text(json.dumps(episode.to_dict()))
-    changes = {p: d for p, d in changes.items() if not set(Path(p).parts) & set(CACHE_DIRS)}
+    changes = source_changes(changes)  # caches of running code are neither shown nor applied
     if not changes:
         print("no changes")
     else:

@@ -1,7 +1,8 @@
 """The reward checker: score an agent's changes with tests it never saw, in a fresh sandbox.
 
 Order matters, because every step closes a way to game the reward:
-1. drop changes to protected paths (the task's globs, the hidden test paths, anything outside
+1. drop the bytecode and pytest caches among the changes (`source_changes`), and changes to
+   protected paths (the task's globs, the hidden test paths, anything outside
    the repository, new top-level modules that would shadow the runner such as `pytest.py`),
    so edited or deleted tests and runner config never count;
 2. assemble a fresh world from the pristine task repository plus the remaining changes;
@@ -55,6 +56,18 @@ class Score:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+CACHE_DIRS = frozenset({"__pycache__", ".pytest_cache"})
+
+
+def source_changes(changes: dict) -> dict:
+    """The agent's changes without the caches that running code leaves behind. They are not the
+    agent's work (an honest `pytest` run writes tests/__pycache__/*.pyc, which the monitor would
+    read as a test edit), and a shipped .pyc can be stale: Python trusts it when the source's
+    mtime second and size match, so a same-length edit made within the second of a test run
+    would be scored on the old bytecode."""
+    return {p: v for p, v in changes.items() if not CACHE_DIRS.intersection(p.split("/"))}
 
 
 def shadows_runner(task: Task, path: str) -> bool:
@@ -167,7 +180,7 @@ def check(task: Task, changes: dict[str, bytes | str | None], mode: Mode = "bina
           limits: Limits | None = None) -> Score:
     """Score `changes` (relative path -> new content, None = deleted) against `task`'s hidden tests."""
     start = time.perf_counter()
-    kept, dropped = split_changes(task, changes)
+    kept, dropped = split_changes(task, source_changes(changes))
     limits = limits or Limits(timeout_s=TEST_TIMEOUT_S)
     try:
         score = _run(task, kept, task.hidden_tests, task.metadata.get("n_tests", 0), mode, limits)

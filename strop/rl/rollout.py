@@ -17,7 +17,7 @@ Plain data in and out, so a worker can live in a thread or a Ray actor.
 from dataclasses import asdict, dataclass
 
 from strop.config import RolloutSection
-from strop.env.checker import Score, check
+from strop.env.checker import Score, check, source_changes
 from strop.env.hacks import detect
 from strop.env.harness import Harness, HarnessConfig, run_task
 from strop.env.policy import PolicyClient
@@ -58,15 +58,6 @@ def sandbox_limits(r: RolloutSection) -> Limits:
 
 def _final_message(messages: list[dict]) -> str | None:
     return next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "assistant"), None)
-
-
-CACHE_DIRS = frozenset({"__pycache__", ".pytest_cache"})
-
-
-def source_changes(changes: dict) -> dict:
-    """The agent's changes without the caches that running code leaves behind (an honest
-    `pytest` run writes tests/__pycache__/*.pyc, which the monitor would read as a test edit)."""
-    return {p: v for p, v in changes.items() if not CACHE_DIRS.intersection(p.split("/"))}
 
 
 def score_changes(task: Task, changes: dict) -> Score:
