@@ -58,9 +58,10 @@ def strop(*args: str, **kw) -> subprocess.Popen:
 
 def test_killed_run_resumes_bit_for_bit(tmp_path):
     full = tmp_path / "full.toml"
-    full.write_text(tiny_run_toml(tmp_path, "full"))
+    # long enough that a kill up to 0.3 s after the first checkpoint lands mid-run on a fast machine too
+    full.write_text(tiny_run_toml(tmp_path, "full", steps=100))
     killed = tmp_path / "killed.toml"
-    killed.write_text(tiny_run_toml(tmp_path, "killed"))
+    killed.write_text(tiny_run_toml(tmp_path, "killed", steps=100))
 
     ref = strop("midtrain", "-c", str(full))
     assert ref.wait(timeout=300) == 0, ref.stderr.read()
@@ -70,7 +71,7 @@ def test_killed_run_resumes_bit_for_bit(tmp_path):
     deadline = time.time() + 120
     while not ckpt.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
-    time.sleep(random.Random(os.getpid()).uniform(0.0, 1.0))
+    time.sleep(random.Random(os.getpid()).uniform(0.0, 0.3))
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (tmp_path / "killed" / "midtrain" / "model").exists(), "the run finished before it was killed"
