@@ -290,3 +290,29 @@ def test_concurrent_sweeps_of_dead_roots_do_not_raise(tmp_path):
         for t in threads:
             t.join()
         assert not errors and not list(tmp_path.iterdir())
+
+
+def test_rmtree_removes_nested_unreadable_directories():
+    """Overlay leaves work/work (and index dirs inside it) mode 000; without root's override of
+    permissions, removing a dead layer must open each of them up in turn."""
+    import shutil
+    import sys
+    import tempfile
+
+    script = ("import os, sys; from pathlib import Path; from strop.env.bwrap import _rmtree\n"
+              "root = Path(sys.argv[1]); inner = root / 'sbx' / 'work' / 'work' / 'index'\n"
+              "inner.mkdir(parents=True); (inner / 'f').write_text('x')\n"
+              "os.chmod(inner, 0); os.chmod(inner.parent, 0)\n"
+              "_rmtree(root); assert not root.exists()\n")
+    base = Path(tempfile.mkdtemp(dir="/tmp"))  # pytest's tmp_path sits under a root-only directory
+    try:
+        cmd = [sys.executable, "-c", script, str(base / "layer")]
+        if os.geteuid() == 0:  # root reads mode-000 directories anyway: run as nobody
+            if shutil.which("setpriv") is None:
+                pytest.skip("needs setpriv to drop root")
+            os.chmod(base, 0o777)
+            cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *cmd]
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+        assert out.returncode == 0, out.stderr
+    finally:
+        bwrap._rmtree(base)

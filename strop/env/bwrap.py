@@ -406,8 +406,8 @@ def _rmtree(path: Path) -> None:
             os.chmod(p, 0o700)
         if func in (os.rmdir, os.unlink):
             func(p)
-        else:  # the directory could not be opened or listed (os.open, os.scandir) before the chmod
-            shutil.rmtree(p)
+        else:  # the directory could not be opened or listed (os.open, os.scandir) before the chmod;
+            _rmtree(p)  # what it holds may be unwritable too (overlay's work/work, its index dirs)
     shutil.rmtree(path, onerror=fix)
 
 
