@@ -66,6 +66,15 @@ def test_edit_file_exact_unique_replace(sandbox):
     assert err(sandbox, "edit_file", {"path": "nope.py", "old": "a", "new": "b"}) == "no such file: nope.py"
 
 
+def test_edit_not_found_shows_the_closest_text(sandbox):
+    ok(sandbox, "write_file", path="f.py", content="def f(a, b):\n    if a <= b:\n        return a\n    return b\n")
+    message = err(sandbox, "edit_file", {"path": "f.py", "old": "    if a < b:\n", "new": "    if a > b:\n"})
+    assert message == "old text not found in f.py; closest text:\n2|     if a <= b:"
+    two = err(sandbox, "edit_file", {"path": "f.py", "old": "if a<=b:\n        return(a)", "new": "x"})
+    assert two.endswith("closest text:\n2|     if a <= b:\n3|         return a")
+    assert err(sandbox, "edit_file", {"path": "f.py", "old": "import os", "new": "x"}) == "old text not found in f.py"
+
+
 def test_write_file_creates_directories(sandbox):
     assert ok(sandbox, "write_file", path="a/b/c.py", content="pass\n") == "wrote a/b/c.py (1 lines)"
     assert sandbox.read_file("a/b/c.py") == b"pass\n"

@@ -13,6 +13,7 @@ File tools act through the sandbox's confined host-side file API (fast, no proce
 the production machine's.
 """
 
+import difflib
 from dataclasses import dataclass
 
 from strop.env.sandbox import Sandbox
@@ -21,6 +22,7 @@ MAX_READ_LINES = 120  # lines per read_file call when no end is given
 MAX_LIST_ENTRIES = 200
 MAX_GREP_LINES = 60
 MAX_LINE_CHARS = 200  # a grep hit or listed line longer than this is cut
+HINT_MIN_RATIO = 0.6  # an edit's old text this alike to some lines of the file gets them shown in the error
 RUN_TIMEOUT_S = 30.0  # default (and, times 4, the largest) timeout of the run tool
 
 
@@ -139,13 +141,35 @@ def _edit_file(sb: Sandbox, path: str, old: str, new: str, *, limit: int) -> Too
     text = _read_text(sb, path)
     count = text.count(old)
     if count == 0:
-        return _error(f"old text not found in {path}")
+        return _error(f"old text not found in {path}" + _closest_hint(text, old))
     if count > 1:
         return _error(f"old text occurs {count} times in {path}; add context to make it unique")
     at = text.index(old)
     _write_text(sb, path, text[:at] + new + text[at + len(old):])
     first = text.count("\n", 0, at) + 1
     return ToolResult(f"edited {path} (line {first})")
+
+
+def _closest_hint(text: str, old: str) -> str:
+    """The lines of `text` most like `old` (as many lines as `old` has), numbered as read_file shows
+    them, when they are alike enough to be what the model meant: a model that misremembered a line
+    can copy it from the error instead of guessing again, as editors' "did you mean" does."""
+    lines = text.splitlines()
+    want = old.strip("\n")
+    n = want.count("\n") + 1
+    if not lines or not want.strip() or n > len(lines):
+        return ""
+    matcher = difflib.SequenceMatcher(autojunk=False)
+    matcher.set_seq2(want)
+    best, best_at = 0.0, 0
+    for i in range(len(lines) - n + 1):
+        matcher.set_seq1("\n".join(lines[i : i + n]))
+        if matcher.real_quick_ratio() > best and matcher.quick_ratio() > best and (r := matcher.ratio()) > best:
+            best, best_at = r, i
+    if best < HINT_MIN_RATIO:
+        return ""
+    shown = "\n".join(f"{i + 1}| {lines[i]}" for i in range(best_at, best_at + n))
+    return f"; closest text:\n{shown}"
 
 
 def _write_file(sb: Sandbox, path: str, content: str, *, limit: int) -> ToolResult:
