@@ -8,7 +8,7 @@ changed Python file, findings in the new text minus findings in the original (a 
 difference counted per kind), so pre-existing code in real packages is never flagged.
 Command checks read tool-call arguments, never tool outputs (those are the world's words).
 
-Flagged episodes get `penalized(reward, flags, penalty)`. The checker already drops edits to
+Flagged episodes get `penalized(reward, kinds, penalty, degenerate_penalty)`. The checker already drops edits to
 protected paths, so a test edit never earns reward whether or not it is flagged here.
 """
 
@@ -16,6 +16,7 @@ import ast
 import re
 from collections import Counter
 from dataclasses import asdict, dataclass
+from typing import Iterable
 
 from strop.env.checker import Score, is_protected, shadows_runner
 from strop.env.task import Task
@@ -60,9 +61,16 @@ class HackFlag:
         return asdict(self)
 
 
-def penalized(reward: float, flags: list[HackFlag], penalty: float = 1.0) -> float:
-    """The training reward of a flagged episode: `reward - penalty` (flags are all-or-nothing)."""
-    return reward - penalty if flags else reward
+def penalized(reward: float, kinds: Iterable[str], penalty: float = 1.0, degenerate_penalty: float = 0.0) -> float:
+    """The training reward of an episode flagged with hacks of these `kinds`: `reward - penalty` when
+    any flag is a way to game the reward; `reward - degenerate_penalty` when every flag is
+    "degenerate" (invalid-call loops, stalling, asking instead of acting). Those earn nothing by
+    themselves, so they are failures rather than hacks: penalizing them below an honest failure
+    taught small policies to stop trying (they quit after one failed edit instead of editing)."""
+    kinds = set(kinds)
+    if kinds - {"degenerate"}:
+        return reward - penalty
+    return reward - degenerate_penalty if kinds else reward
 
 
 # ---- code: findings added by the agent -------------------------------------------------------

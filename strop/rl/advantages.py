@@ -10,13 +10,15 @@ choosing these two numbers:
 - Dr.GRPO (arXiv:2503.20783): A_i = r_i - mean(r), and a constant normaliser instead of n_i
   (weight 1 / (N * norm_tokens)), removing the biases toward long wrong and short right answers.
 
-The reward is the checker's, minus `hack_penalty` when the hack monitor flagged the episode.
+The reward is the checker's, minus `hack_penalty` when the hack monitor flagged a hack in the
+episode (`degenerate_penalty` when its only flags are degenerate loops, stalls or questions).
 """
 
 from dataclasses import dataclass
 
 import torch
 
+from strop.env.hacks import penalized
 from strop.rl.trajectory import Trajectory, TrajectoryGroup
 
 
@@ -27,9 +29,9 @@ class Sample:
     weight: float  # per-token loss weight; weights over a batch sum to ~1 (GRPO) or below (Dr.GRPO)
 
 
-def training_reward(traj: Trajectory, hack_penalty: float) -> float:
-    """The rule of `strop.env.hacks.penalized`: any flag costs the whole penalty."""
-    return traj.reward - hack_penalty if traj.hack_flags else traj.reward
+def training_reward(traj: Trajectory, hack_penalty: float, degenerate_penalty: float = 0.0) -> float:
+    """The checker's reward less the hack monitor's penalty (`strop.env.hacks.penalized`)."""
+    return penalized(traj.reward, (f["kind"] for f in traj.hack_flags), hack_penalty, degenerate_penalty)
 
 
 def group_advantages(rewards_G: torch.Tensor, *, std_normalize: bool = True, eps: float = 1e-6) -> torch.Tensor:
@@ -50,11 +52,11 @@ def token_weights(gen_tokens_N: torch.Tensor, *, length_normalize: bool = True, 
 
 
 def make_samples(groups: list[TrajectoryGroup], *, dr_grpo: bool = False, norm_tokens: int = 1024,
-                 hack_penalty: float = 1.0) -> list[Sample]:
+                 hack_penalty: float = 1.0, degenerate_penalty: float = 0.0) -> list[Sample]:
     """Advantages and weights for one optimizer step's groups (see the module docstring)."""
     trajs, advs = [], []
     for g in groups:
-        rewards = torch.tensor([training_reward(t, hack_penalty) for t in g.trajectories], dtype=torch.float64)
+        rewards = torch.tensor([training_reward(t, hack_penalty, degenerate_penalty) for t in g.trajectories], dtype=torch.float64)
         advs += group_advantages(rewards, std_normalize=not dr_grpo).tolist()
         trajs += g.trajectories
     counts = torch.tensor([t.generated_tokens for t in trajs])

@@ -171,7 +171,8 @@ class Orchestrator:
 
     def _train(self, groups: list[TrajectoryGroup], t_run: float, t_last: float) -> float:
         rl = self.cfg.rl
-        samples = make_samples(groups, dr_grpo=rl.dr_grpo, norm_tokens=rl.dr_grpo_norm_tokens, hack_penalty=rl.hack_penalty)
+        samples = make_samples(groups, dr_grpo=rl.dr_grpo, norm_tokens=rl.dr_grpo_norm_tokens, hack_penalty=rl.hack_penalty,
+                               degenerate_penalty=rl.degenerate_penalty)
         t0 = time.perf_counter()
         row = self.runtime.train(samples)
         self.trainer_s += time.perf_counter() - t0
