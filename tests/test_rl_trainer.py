@@ -109,6 +109,29 @@ def test_policy_learns_a_toy_reward(tiny_moe, tiny_tokenizer):
     assert rows[0]["mismatch_mean_abs_dlogp"] < 1e-4
 
 
+def test_rows_without_signal_run_forward_only(tiny_moe, tiny_tokenizer):
+    """Samples with advantage 0 change nothing in the update (their loss is exactly 0) but still
+    count in the step's metrics; a step with no signal at all leaves the weights as they were."""
+    from strop.rl.advantages import Sample
+
+    rl = RLSection(lr=1e-2, micro_batch=16)
+    torch.manual_seed(0)
+    groups = sample_groups(tiny_moe, 0, 2, 4, 3, 0)
+    signal = [Sample(t, a, 1 / 24) for t, a in zip(groups[0].trajectories, [1.0, -1.0, 0.5, -0.5])]
+    flat = [Sample(t, 0.0, 1 / 24) for t in groups[1].trajectories]
+    with_flat, alone = (RLTrainer(copy.deepcopy(tiny_moe), rl, pad_id=tiny_tokenizer.pad_token_id) for _ in range(2))
+    row = with_flat.step(signal + flat)
+    alone.step(signal)
+    for (name, p), q in zip(with_flat.model.named_parameters(), alone.model.parameters()):
+        torch.testing.assert_close(p, q, msg=name)
+    assert row["no_signal_frac"] == 0.5 and row["gen_tokens"] == 24 and row["mismatch_mean_abs_dlogp"] < 1e-4
+
+    before = copy.deepcopy(with_flat.model.state_dict())
+    row = with_flat.step(flat)
+    assert row["no_signal_frac"] == 1.0 and row["gen_tokens"] == 12 and with_flat.version == 2
+    assert all(torch.equal(before[k], v) for k, v in with_flat.model.state_dict().items())
+
+
 def test_stale_samples_are_importance_corrected(tiny_moe, tiny_tokenizer):
     """Samples from version 0 trained at version 2: ratios move off 1, staleness is reported; one
     version later they are past the bound and the trainer refuses them."""

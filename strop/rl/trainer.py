@@ -118,17 +118,24 @@ class RLTrainer:
         t0 = time.perf_counter()
         rows = [(seg, s.advantage, s.weight) for s in samples for seg in s.trajectory.segments if any(seg.loss_mask)]
         rows.sort(key=lambda row: len(row[0]))  # similar lengths share a micro-batch: less padding
+        # A row with advantage 0 (its group all solved or all failed) has a loss of exactly 0 when no
+        # KL term is added: it only needs a forward pass, for the step's metrics, not a backward one.
+        learning = [row for row in rows if row[1] != 0.0 or self.rl.kl_coef > 0]
+        idle = [row for row in rows if not (row[1] != 0.0 or self.rl.kl_coef > 0)]
         self.optimizer.zero_grad(set_to_none=True)
         sums: Counter = Counter()
         loss_total, tokens = 0.0, 0
         behavior_lp, trainer_lp = [], []  # on generated tokens, for the mismatch metrics
-        for i in range(0, len(rows), self.rl.micro_batch):
-            batch = build_batch(rows[i : i + self.rl.micro_batch], self.pad_id)
-            with self.replay_ctx(self.model, batch):
+        chunks = [(learn, part[i : i + self.rl.micro_batch]) for learn, part in ((True, learning), (False, idle))
+                  for i in range(0, len(part), self.rl.micro_batch)]
+        for learn, chunk in chunks:
+            batch = build_batch(chunk, self.pad_id)
+            with self.replay_ctx(self.model, batch), torch.set_grad_enabled(learn):
                 logprobs = token_logprobs(self.model, batch)
-            loss, m = policy_loss(logprobs, batch.behavior_BT, batch.advantages_BT, batch.weights_BT, batch.mask_BT, self.rl)
-            loss.backward()  # weights carry the normalisation: micro-batch losses add up to the batch loss
-            loss_total += loss.item()
+                loss, m = policy_loss(logprobs, batch.behavior_BT, batch.advantages_BT, batch.weights_BT, batch.mask_BT, self.rl)
+            if learn:
+                loss.backward()  # weights carry the normalisation: micro-batch losses add up to the batch loss
+                loss_total += loss.item()
             behavior_lp.append(batch.behavior_BT[batch.mask_BT])
             trainer_lp.append(logprobs.detach()[batch.mask_BT])
             tokens += int(batch.lengths_B.sum())
@@ -152,12 +159,13 @@ class RLTrainer:
             "grad_norm": float(grad_norm),
             "samples": len(trajs),
             "reward": sum(t.reward for t in trajs) / len(trajs),
-            "train_reward": sum(training_reward(t, self.rl.hack_penalty) for t in trajs) / len(trajs),
+            "train_reward": sum(training_reward(t, self.rl.hack_penalty, self.rl.degenerate_penalty) for t in trajs) / len(trajs),
             "solve_rate": sum(t.solved for t in trajs) / len(trajs),
             "hacked": sum(bool(t.hack_flags) for t in trajs),
             **{k: sums[k] / n_tok for k in ("k3", "clip_frac", "mask_frac", "trunc_frac", "ratio_mean")},
             **{f"mismatch_{k}": v for k, v in mismatch.items() if k not in ("tokens", "k3")},
             "gen_tokens": int(sums["tokens"]),
+            "no_signal_frac": len(idle) / max(len(rows), 1),  # rows run forward-only (advantage 0)
             "tokens": int(tokens),  # every position trained on (context and generated)
             "tokens_per_s": tokens / seconds,
             "staleness_max": max(staleness),
