@@ -16,6 +16,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("midtrain",): ("strop.train.midtrain", "continue pretraining a policy on code tokens"),
     ("sft",): ("strop.train.sft", "SFT warm start on the oracle's demonstration episodes (early stopping)"),
     ("eval", "midtrain"): ("strop.train.eval_midtrain", "held-out bits per byte vs gzip -9 and zstd -19"),
+    ("eval", "policy"): ("strop.rl.eval_cmd", "held-out solve rate of a policy, per difficulty, with 95% intervals"),
     ("bench", "midtrain"): ("strop.bench.midtrain", "mid-training tokens/s on this machine"),
     ("serve",): ("strop.engine.serve", "serve a checkpoint over the OpenAI-compatible API (+ weight updates)"),
     ("bench", "engine"): ("strop.bench.engine", "engine tokens/s vs HF generate at batch 1, 16, 64"),

@@ -18,6 +18,7 @@ def run_cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
     (["midtrain", "--set", "midtrain.steps=many"], "midtrain.steps"),
     (["midtrain", "-c", "/no/such.toml"], "does not exist"),
     (["eval", "midtrain", "--checkpoint", "/tmp"], "not a model directory"),
+    (["eval", "policy", "--policy", "/tmp"], "no policy at"),
     (["frobnicate"], "unknown command"),
 ])
 def test_user_mistakes_exit_2_with_one_line(args, needle, tmp_path):

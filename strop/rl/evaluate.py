@@ -8,6 +8,7 @@ engine shared by `workers` threads, so their turns decode as one batch.
 
 import math
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
@@ -45,7 +46,7 @@ def _figures(solved: list[bool]) -> dict:
 
 
 def evaluate(cfg: Config, policy_dir: str, tasks: list[Task] | None = None, progress: bool = False) -> dict:
-    """{solve_rate, solve_rate_ci95, eval_episodes, by_difficulty: {d: same}, hacked, wall_s}."""
+    """{solve_rate, solve_rate_ci95, eval_episodes, by_difficulty: {d: same}, hacked, stop_reasons, wall_s}."""
     from strop.engine.engine import Engine
 
     tasks = eval_tasks(cfg) if tasks is None else tasks
@@ -67,7 +68,9 @@ def evaluate(cfg: Config, policy_dir: str, tasks: list[Task] | None = None, prog
         by_d.setdefault(int(task.metadata.get("difficulty", 0)), []).append(traj.solved and not traj.hack_flags)
     result = {**_figures([s for v in by_d.values() for s in v]),
               "by_difficulty": {str(d): _figures(v) for d, v in sorted(by_d.items())},
-              "hacked": sum(bool(t.hack_flags) for t in trajs), "wall_s": round(time.perf_counter() - t0, 1)}
+              "hacked": sum(bool(t.hack_flags) for t in trajs),
+              "stop_reasons": dict(Counter(t.stop_reason for t in trajs).most_common()),
+              "wall_s": round(time.perf_counter() - t0, 1)}
     if progress:
         print(f"[eval] {policy_dir}: solve rate {result['solve_rate']:.3f} {result['solve_rate_ci95']} "
               f"over {result['eval_episodes']} episodes", flush=True)
