@@ -59,6 +59,20 @@ def test_get_task_and_unknown_names():
         get_task("synthetic", "synthetic-d9-eval-0000")
 
 
+def test_synthetic_variant_narrows_the_bugs_to_its_themes():
+    tasks = load_suite("synthetic/parse", "train", difficulty=2, limit=30)
+    parse = {f.name for f in LIBRARY if f.theme == "parse"}
+    assert {t.metadata["function"] for t in tasks} <= parse and len({t.metadata["function"] for t in tasks}) >= 5
+    assert all(t.id.startswith("synthetic-parse-d2-train-") and t.suite == "synthetic" for t in tasks)
+    assert get_task("synthetic", tasks[3].id).to_dict() == tasks[3].to_dict()  # the id is enough to rebuild it
+    evals = {json.dumps(t.files, sort_keys=True) for t in load_suite("synthetic/parse", "eval", difficulty=2)}
+    assert not any(json.dumps(t.files, sort_keys=True) in evals for t in tasks)
+    assert load_suite("synthetic/seq+parse", "eval", difficulty=1, limit=1)[0].id == "synthetic-parse+seq-d1-eval-0000"
+    for bad in ("synthetic/poetry", "humaneval/parse"):
+        with pytest.raises(UserError):
+            load_suite(bad, "eval", limit=1)
+
+
 def test_humaneval_has_all_problems_with_stub_and_reference():
     tasks = load_suite("humaneval")
     assert len(tasks) == 164 and len({t.id for t in tasks}) == 164

@@ -157,7 +157,7 @@ def oracle_traces(suite: str, split: str, tokenizer, limit: int | None = None, c
     sequences, with loss on the oracle's turns only."""
     from strop.env.suites import load_suite
 
-    if suite == "synthetic":  # it generates tasks per difficulty, `limit` of each: only as many as needed
+    if suite.partition("/")[0] == "synthetic":  # it generates tasks per difficulty, `limit` of each: only as many as needed
         chosen = difficulties or [1, 2, 3]
         per = None if limit is None else -(-limit // len(chosen))
         tasks = [t for d in chosen for t in load_suite(suite, split, difficulty=d, limit=per)]
@@ -192,7 +192,7 @@ def run_oracle_episodes(n: int, tokenizer=None, suite: str = "synthetic", split:
     from strop.env.suites import load_suite
 
     tokenizer = tokenizer or default_tokenizer()
-    tasks = load_suite(suite, split, limit=-(-n // 3)) if suite == "synthetic" else load_suite(suite, split)
+    tasks = load_suite(suite, split, limit=-(-n // 3)) if suite.partition("/")[0] == "synthetic" else load_suite(suite, split)
     tasks = (tasks * -(-n // max(len(tasks), 1)))[:n]
     harness = Harness(tokenizer)
     start = time.perf_counter()

