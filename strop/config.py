@@ -122,6 +122,8 @@ class RLSection:
     dr_grpo: bool = opt(False, "Dr.GRPO: no std normalisation of advantages, no per-sample length normalisation")
     dr_grpo_norm_tokens: int = opt(1024, "Dr.GRPO: the constant per-sample token normaliser (the generation budget)", ge=1)
     kl_coef: float = opt(0.0, "weight of the k3 KL to the behavior policy in the loss", ge=0)
+    skip_zero_advantage: bool = opt(True, "samples with advantage 0 run forward-only (their loss is exactly 0 without a KL "
+                                    "term); false runs their backward too: same update, full cost")
     hack_penalty: float = opt(1.0, "subtracted from the reward of a trajectory flagged with a hack", ge=0)
     degenerate_penalty: float = opt(0.0, "subtracted instead when every flag is 'degenerate' (invalid-call loops, stalling, "
                                     "asking): failures, not hacks; a penalty here teaches a weak policy to stop trying", ge=0)

@@ -3,6 +3,7 @@ a few steps of sampling from the policy itself, router replay plugs in as a cont
 every version in bf16, and a restored checkpoint repeats a step bitwise."""
 
 import copy
+import dataclasses
 import time
 
 import pytest
@@ -130,6 +131,8 @@ def test_rows_without_signal_run_forward_only(tiny_moe, tiny_tokenizer):
     row = with_flat.step(flat)
     assert row["no_signal_frac"] == 1.0 and row["gen_tokens"] == 12 and with_flat.version == 2
     assert all(torch.equal(before[k], v) for k, v in with_flat.model.state_dict().items())
+    full_cost = RLTrainer(copy.deepcopy(tiny_moe), dataclasses.replace(rl, skip_zero_advantage=False), pad_id=tiny_tokenizer.pad_token_id)
+    assert full_cost.step(signal + flat)["no_signal_frac"] == 0.0
 
 
 def test_stale_samples_are_importance_corrected(tiny_moe, tiny_tokenizer):

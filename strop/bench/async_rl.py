@@ -28,9 +28,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-BENCH = ["rl.group_size=4", "rl.batch_groups=2", "rl.max_staleness=2", "rollout.workers=8", "rollout.engine_batch=16",
-         "rollout.max_turns=2", "rollout.max_turn_tokens=48", "rollout.max_context=1536", "rollout.ckpt_every=1000",
-         "rollout.eval_difficulties=[1]"]
+# The default policy is untrained, so every reward is 0 and every advantage too: the trainer would
+# only run forward passes. skip_zero_advantage=false makes it train every sample, as it does the
+# samples of a policy that gets rewards, so the bench measures the full cost of a training step.
+BENCH = ["rl.group_size=4", "rl.batch_groups=2", "rl.max_staleness=2", "rl.skip_zero_advantage=false", "rollout.workers=8",
+         "rollout.engine_batch=16", "rollout.max_turns=2", "rollout.max_turn_tokens=48", "rollout.max_context=1536",
+         "rollout.ckpt_every=1000", "rollout.eval_difficulties=[1]"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

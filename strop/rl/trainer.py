@@ -120,8 +120,9 @@ class RLTrainer:
         rows.sort(key=lambda row: len(row[0]))  # similar lengths share a micro-batch: less padding
         # A row with advantage 0 (its group all solved or all failed) has a loss of exactly 0 when no
         # KL term is added: it only needs a forward pass, for the step's metrics, not a backward one.
-        learning = [row for row in rows if row[1] != 0.0 or self.rl.kl_coef > 0]
-        idle = [row for row in rows if not (row[1] != 0.0 or self.rl.kl_coef > 0)]
+        train_all = self.rl.kl_coef > 0 or not self.rl.skip_zero_advantage
+        learning = [row for row in rows if train_all or row[1] != 0.0]
+        idle = [row for row in rows if not (train_all or row[1] != 0.0)]
         self.optimizer.zero_grad(set_to_none=True)
         sums: Counter = Counter()
         loss_total, tokens = 0.0, 0
