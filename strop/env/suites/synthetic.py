@@ -13,8 +13,8 @@ failing call. 2: two modules, a failing visible test, an instruction naming only
 failing call. Everything derives from `random.Random("synthetic/{difficulty}/{split}/{i}")`.
 
 The variant `synthetic/parse` (themes joined by "+") draws every bug from functions of those
-themes only, with its own seeds and ids (`synthetic-parse-d1-train-0007`): fewer distinct bugs, so a
-tiny policy sees each of them many times within minutes of RL.
+themes only, with its own seeds and ids (`synthetic-parse-d1-train-0007`): fewer distinct bugs,
+so a few hundred demonstrations show each of them many times.
 """
 
 import copy
