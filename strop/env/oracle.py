@@ -155,9 +155,9 @@ def oracle_traces(suite: str, split: str, tokenizer, limit: int | None = None, c
     (of the given `difficulties`, all when None; interleaved) that the checker scores 1.0 (with
     `check=False`, that submitted: half the cost, no verification). Their `segments` are the training
     sequences, with loss on the oracle's turns only."""
-    from strop.env.suites import load_suite
+    from strop.env.suites import load_suite, split_name
 
-    if suite.partition("/")[0] == "synthetic":  # it generates tasks per difficulty, `limit` of each: only as many as needed
+    if split_name(suite)[0] == "synthetic":  # it generates tasks per difficulty, `limit` of each: only as many as needed
         chosen = difficulties or [1, 2, 3]
         per = None if limit is None else -(-limit // len(chosen))
         tasks = [t for d in chosen for t in load_suite(suite, split, difficulty=d, limit=per)]
@@ -189,10 +189,10 @@ def default_tokenizer():
 def run_oracle_episodes(n: int, tokenizer=None, suite: str = "synthetic", split: str = "eval") -> float:
     """Oracle episodes per second: `n` full episodes (sandbox start, every tool call, diff, close),
     checking excluded; tasks come from the suite split in order."""
-    from strop.env.suites import load_suite
+    from strop.env.suites import load_suite, split_name
 
     tokenizer = tokenizer or default_tokenizer()
-    tasks = load_suite(suite, split, limit=-(-n // 3)) if suite.partition("/")[0] == "synthetic" else load_suite(suite, split)
+    tasks = load_suite(suite, split, limit=-(-n // 3)) if split_name(suite)[0] == "synthetic" else load_suite(suite, split)
     tasks = (tasks * -(-n // max(len(tasks), 1)))[:n]
     harness = Harness(tokenizer)
     start = time.perf_counter()

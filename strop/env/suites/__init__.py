@@ -21,9 +21,15 @@ def list_suites() -> list[str]:
     return list(SUITES)
 
 
+def split_name(name: str) -> tuple[str, str]:
+    """"synthetic/parse" -> ("synthetic", "parse"); "humaneval" -> ("humaneval", "")."""
+    base, _, variant = name.partition("/")
+    return base, variant
+
+
 def suite_module(name: str):
     """The module of suite `name` ("suite" or "suite/variant"; a variant only where the suite has them)."""
-    base, _, variant = name.partition("/")
+    base, variant = split_name(name)
     if base not in SUITES:
         raise UserError(f"unknown suite {name!r}; choose from {', '.join(SUITES)}")
     module = importlib.import_module(SUITES[base])
@@ -36,7 +42,7 @@ def load_suite(name: str, split: str | None = None, **opts) -> list[Task]:
     module = suite_module(name)
     if split not in (None, "train", "eval"):
         raise UserError(f"unknown split {split!r}; choose train or eval")
-    variant = name.partition("/")[2]
+    variant = split_name(name)[1]
     return module.load(split, **opts, **({"variant": variant} if variant else {}))
 
 

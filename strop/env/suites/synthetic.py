@@ -210,15 +210,13 @@ def load(split: str | None = None, difficulty: int | None = None, limit: int | N
 def get(task_id: str) -> Task | None:
     """One task by id without generating the suite; None if the id is not one of its tasks."""
     parts = task_id.split("-")
-    if len(parts) == 5:  # a variant's task: synthetic-THEMES-dN-split-index
-        variant = parts.pop(1)
-        if parse_themes(variant) != tuple(variant.split("+")):  # not in canonical (sorted) order
-            return None
-    else:
-        variant = ""
+    variant = parts.pop(1) if len(parts) == 5 else ""  # a variant's task: synthetic-THEMES-dN-split-index
+    themes = parse_themes(variant)
+    if "+".join(themes) != variant:  # not in canonical (sorted) order
+        return None
     if len(parts) != 4 or parts[0] != "synthetic" or parts[1] not in ("d1", "d2", "d3") or not parts[3].isdigit():
         return None
-    d, split, i, themes = int(parts[1][1]), parts[2], int(parts[3]), parse_themes(variant)
+    d, split, i = int(parts[1][1]), parts[2], int(parts[3])
     if split not in SIZES or (split == "eval" and i >= SIZES["eval"]):
         return None
     task = make_task(d, split, i, themes)
