@@ -19,6 +19,7 @@ def run_cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
     (["midtrain", "-c", "/no/such.toml"], "does not exist"),
     (["eval", "midtrain", "--checkpoint", "/tmp"], "not a model directory"),
     (["eval", "policy", "--policy", "/tmp"], "no policy at"),
+    (["bench", "async", "--repeats", "0"], "at least 1"),
     (["frobnicate"], "unknown command"),
 ])
 def test_user_mistakes_exit_2_with_one_line(args, needle, tmp_path):

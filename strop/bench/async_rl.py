@@ -5,11 +5,14 @@ disaggregated placement: the trainer in its own process pinned to the first core
 rollout threads (and their sandboxes) to the rest — at scale the trainer cluster and the inference
 clusters are disjoint too.
 
-Reports steps/hour (the orchestrator's loop wall time; model loading excluded), trainer and engine
-busy fractions (seconds spent stepping / loop wall time), samples dropped for staleness, and the
-held-out solve rate of each run's final policy with its 95% interval. JSON: `speedup` (async
-steps/hour over sync) and objects `sync` and `async` with `steps_per_hour`, `trainer_busy`,
-`engine_busy`, `dropped`, `solve_rate` (+ `solve_rate_ci95`, `eval_episodes`, `steps`, `wall_s`).
+The two modes run as interleaved pairs (`--repeats`, default 3): a shared VM's speed drifts within
+minutes, and the two runs of a pair see nearly the same machine. `speedup` is the median of the
+pairs' ratios (`speedups` lists them). Each mode reports, pooled over its repeats, steps/hour (the
+orchestrator's loop wall time; model loading excluded), trainer and engine busy fractions (seconds
+spent stepping / loop wall time) and samples dropped for staleness, and the held-out solve rate of
+its last run's final policy with a 95% interval. JSON: `speedup`, `speedups` and objects `sync` and
+`async` with `steps_per_hour`, `trainer_busy`, `engine_busy`, `dropped`, `solve_rate` (+
+`solve_rate_ci95`, `eval_episodes`, `steps`, `wall_s`).
 
 Asynchrony can hide at most the shorter of the two phases, so its gain depends on their balance:
 (g + t) / max(g, t) for generation time g and training time t per step, before the two sides
@@ -24,6 +27,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -41,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     add_config_arguments(parser)
     parser.add_argument("--quick", action="store_true", help="a few steps and a small eval (under a minute)")
-    parser.add_argument("--steps", type=int, help="optimizer steps per mode (default 40, quick 3)")
+    parser.add_argument("--steps", type=int, help="optimizer steps per mode and repeat (default 40, quick 10)")
+    parser.add_argument("--repeats", type=int, help="interleaved sync/async pairs; the speedup is their median (default 3, quick 1)")
     parser.add_argument("--eval-episodes", type=int, help="held-out episodes per mode (default 100, quick 2)")
     parser.add_argument("--policy", help="model directory to train (default: a small MoE sized so both phases balance)")
     parser.add_argument("--out", default="runs/bench-async", help="working directory")
@@ -66,21 +71,27 @@ def tiny_policy(out: Path) -> Path:
     return path
 
 
-def measure(cfg, mode: str, policy: Path, out: Path, eval_tasks: list, cpus) -> dict:
-    from strop.rl.evaluate import evaluate
+def train_once(cfg, mode: str, policy: Path, out: Path, cpus) -> dict:
+    """One RL run in `mode` from `policy`; its loop figures (model loading excluded)."""
     from strop.rl.train_cmd import train_rl
 
     shutil.rmtree(out / mode, ignore_errors=True)
     r = train_rl(cfg, mode=mode, policy_dir=policy, out_dir=out / mode, cpus=cpus, trainer_process=True,
                  quiet=True)
-    held_out = evaluate(cfg, str(out / mode / "model"), eval_tasks)
-    wall = r["wall_s"]
     rows = [json.loads(line) for line in (out / mode / "metrics.jsonl").read_text().splitlines()]
-    return {"steps": r["steps"], "trained_tokens": sum(row["tokens"] for row in rows), "wall_s": round(wall, 1),
-            "steps_per_hour": round(r["steps"] * 3600 / wall, 1),
-            "trainer_busy": round(r["trainer_s"] / wall, 3), "engine_busy": round(r["engine_busy_s"] / wall, 3),
-            "dropped": r["buffer"]["dropped"].get("stale", 0), "solve_rate": held_out["solve_rate"],
-            "solve_rate_ci95": held_out["solve_rate_ci95"], "eval_episodes": held_out["eval_episodes"]}
+    return {"steps": r["steps"], "trained_tokens": sum(row["tokens"] for row in rows), "wall_s": r["wall_s"],
+            "trainer_s": r["trainer_s"], "engine_s": r["engine_busy_s"], "dropped": r["buffer"]["dropped"].get("stale", 0)}
+
+
+def pooled(runs: list[dict]) -> dict:
+    """A mode's figures over its repeats: totals, and fractions of the total wall time."""
+    wall = sum(r["wall_s"] for r in runs)
+    steps = sum(r["steps"] for r in runs)
+    return {"steps": steps, "trained_tokens": sum(r["trained_tokens"] for r in runs), "wall_s": round(wall, 1),
+            "steps_per_hour": round(steps * 3600 / wall, 1),
+            "trainer_busy": round(sum(r["trainer_s"] for r in runs) / wall, 3),
+            "engine_busy": round(sum(r["engine_s"] for r in runs) / wall, 3),
+            "dropped": sum(r["dropped"] for r in runs)}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -89,12 +100,18 @@ def run(args: argparse.Namespace) -> int:
     set_threads(1)  # one core per role: the placement, not torch's pool, decides who runs where
     from strop.bench.table import format_table, write_json
     from strop.config import load_config
-    from strop.rl.evaluate import eval_tasks
+    from strop.errors import UserError
+    from strop.rl.evaluate import eval_tasks, evaluate
     from strop.rl.train_cmd import train_rl
     from strop.runtime.inline import split_cores
 
-    steps = args.steps or (3 if args.quick else 40)
-    episodes = args.eval_episodes or (2 if args.quick else 100)
+    def given(value: int | None, quick: int, full: int) -> int:
+        return (quick if args.quick else full) if value is None else value
+
+    steps, repeats = given(args.steps, 10, 40), given(args.repeats, 1, 3)
+    episodes = given(args.eval_episodes, 2, 100)
+    if min(steps, repeats, episodes) < 1:
+        raise UserError("bench async: --steps, --repeats and --eval-episodes must be at least 1")
     cfg = load_config(args.config, BENCH + [f"rl.steps={steps}", f"rollout.eval_episodes={episodes}"] + args.overrides)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -107,17 +124,32 @@ def run(args: argparse.Namespace) -> int:
     train_rl(replace(cfg, rl=replace(cfg.rl, steps=2)), mode="sync", policy_dir=policy, out_dir=out / "warm-up",
              cpus=cpus, trainer_process=True, quiet=True)
     shutil.rmtree(out / "warm-up", ignore_errors=True)
+    # Interleaved pairs: a shared VM's speed drifts by tens of percent within minutes, and a pair
+    # run back to back sees nearly the same machine; the median pair is robust to one bad stretch.
+    runs: dict[str, list[dict]] = {"sync": [], "async": []}
+    ratios = []
+    for i in range(repeats):
+        for mode in ("sync", "async"):
+            runs[mode].append(train_once(cfg, mode, policy, out, cpus))
+        sync, async_ = runs["sync"][-1], runs["async"][-1]
+        ratios.append(sync["wall_s"] / async_["wall_s"])  # same step count: the steps/hour ratio
+        print(f"[bench async] pair {i + 1}/{repeats}: sync {sync['wall_s']:.1f} s, async {async_['wall_s']:.1f} s, "
+              f"{ratios[-1]:.2f}x", flush=True)
+    speedup = statistics.median(ratios)
     results = {}
     for mode in ("sync", "async"):
-        results[mode] = measure(cfg, mode, policy, out, tasks, cpus)
-        print(f"[bench async] {mode}: {results[mode]}", flush=True)
-    speedup = results["async"]["steps_per_hour"] / results["sync"]["steps_per_hour"]
+        held_out = evaluate(cfg, str(out / mode / "model"), tasks)  # the last repeat's final policy
+        results[mode] = {**pooled(runs[mode]), "solve_rate": held_out["solve_rate"],
+                         "solve_rate_ci95": held_out["solve_rate_ci95"], "eval_episodes": held_out["eval_episodes"]}
     rows = [{"mode": m, **{k: v for k, v in r.items() if k != "solve_rate_ci95"}} for m, r in results.items()]
-    print(f"sync vs async RL, {steps} steps each, policy {policy}, placement {cpus} ({time.perf_counter() - t0:.0f} s)")
+    print(f"sync vs async RL, {repeats} x {steps} steps each, policy {policy}, placement {cpus} "
+          f"({time.perf_counter() - t0:.0f} s)")
     print(format_table(rows, ["mode", "steps", "wall_s", "steps_per_hour", "trainer_busy", "engine_busy", "dropped",
                               "solve_rate", "eval_episodes"]))
-    print(f"speedup (async / sync steps per hour): {speedup:.2f}x")
-    write_json(args.json, {"speedup": round(speedup, 3), **results, "policy": str(policy), "steps": steps,
+    print(f"speedup (async / sync steps per hour, median of {repeats} interleaved pairs): {speedup:.2f}x "
+          f"(pairs: {', '.join(f'{r:.2f}' for r in ratios)})")
+    write_json(args.json, {"speedup": round(speedup, 3), "speedups": [round(r, 3) for r in ratios], **results,
+                           "policy": str(policy), "steps": steps, "repeats": repeats,
                            "group_size": cfg.rl.group_size, "batch_groups": cfg.rl.batch_groups,
                            "max_staleness": cfg.rl.max_staleness, "cpus": os.cpu_count(),
                            "load_avg_1m": round(os.getloadavg()[0], 2)})  # a shared machine's load skews every figure
