@@ -1,7 +1,8 @@
 """`strop eval policy --policy DIR [--config F] [--set rollout.eval_episodes=50] [--json F]`: the
 held-out solve rate of any saved policy, exactly as the demo measures its stages (greedy unless
 `rollout.eval_temperature` says otherwise), overall and per difficulty with 95% intervals, and how
-the episodes ended: a policy that learned to quit shows up as `no_tool_call` stops.
+the episodes ended: a policy that learned to quit shows up as `no_tool_call` stops, and one whose
+edits never apply as `no changes` outcomes.
 """
 
 import argparse
@@ -34,5 +35,6 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(rows, ["difficulty", "solved", "episodes", "solve_rate", "ci95"]))
     print(f"temperature {cfg.rollout.eval_temperature:g}; hack-flagged {result['hacked']}; "
           f"stops {json.dumps(result['stop_reasons'])}; {result['wall_s']} s")
+    print(f"outcomes {json.dumps(result['outcomes'])}")
     write_json(args.json, {"policy": args.policy, "temperature": cfg.rollout.eval_temperature, **result})
     return 0

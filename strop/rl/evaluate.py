@@ -20,6 +20,7 @@ from strop.env.suites import load_suite
 from strop.env.task import Task
 from strop.engine.policy_client import EnginePolicy
 from strop.rl.rollout import WorkItem, harness_config, rollout, sandbox_limits
+from strop.rl.trajectory import Trajectory
 
 Z95 = 1.959964
 
@@ -45,8 +46,20 @@ def _figures(solved: list[bool]) -> dict:
             "eval_episodes": len(solved)}
 
 
+def outcome(traj: Trajectory) -> str:
+    """How an episode ended for the checker: solved (flagged or not), never changed the code,
+    changed it but the hidden tests fail, or the checker's own failure (timeout, crash)."""
+    if traj.solved:
+        return "solved, hack-flagged" if traj.hack_flags else "solved"
+    reason = traj.breakdown.get("reason", "")
+    if reason == "no changes":
+        return "no changes"
+    return "tests failed" if reason.endswith("did not pass") else reason.split(":")[0]
+
+
 def evaluate(cfg: Config, policy_dir: str, tasks: list[Task] | None = None, progress: bool = False) -> dict:
-    """{solve_rate, solve_rate_ci95, eval_episodes, by_difficulty: {d: same}, hacked, stop_reasons, wall_s}."""
+    """{solve_rate, solve_rate_ci95, eval_episodes, by_difficulty: {d: same}, hacked, stop_reasons,
+    outcomes (see `outcome`), wall_s}."""
     from strop.engine.engine import Engine
 
     tasks = eval_tasks(cfg) if tasks is None else tasks
@@ -70,6 +83,7 @@ def evaluate(cfg: Config, policy_dir: str, tasks: list[Task] | None = None, prog
               "by_difficulty": {str(d): _figures(v) for d, v in sorted(by_d.items())},
               "hacked": sum(bool(t.hack_flags) for t in trajs),
               "stop_reasons": dict(Counter(t.stop_reason for t in trajs).most_common()),
+              "outcomes": dict(Counter(outcome(t) for t in trajs).most_common()),
               "wall_s": round(time.perf_counter() - t0, 1)}
     if progress:
         print(f"[eval] {policy_dir}: solve rate {result['solve_rate']:.3f} {result['solve_rate_ci95']} "
