@@ -151,6 +151,7 @@ class RolloutSection:
     max_turns: int = opt(6, "assistant turns per episode", ge=1)
     max_context: int = opt(1024, "tokens per context window", ge=64)
     max_turn_tokens: int = opt(160, "tokens per assistant turn", ge=8)
+    max_invalid_turns: int = opt(3, "consecutive turns whose every tool call was rejected end the episode", ge=1)
     temperature: float = opt(1.0, "sampling temperature of rollouts", gt=0)
     command_timeout_s: float = opt(10.0, "wall-clock limit per sandbox command", gt=0)
     retries: int = opt(2, "times a rollout lost with its engine or worker is relaunched elsewhere", ge=0)

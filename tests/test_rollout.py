@@ -88,3 +88,10 @@ def test_wilson_interval():
     assert lo == 0.0 and 0.015 < hi < 0.02
     lo, hi = wilson(100, 200)
     assert lo < 0.5 < hi and hi - lo == pytest.approx(0.137, abs=0.002)
+
+
+def test_harness_config_carries_every_rollout_limit():
+    config = harness_config(RolloutSection(max_turns=7, max_context=2048, max_turn_tokens=64, max_invalid_turns=5,
+                                           temperature=0.5))
+    assert (config.max_turns, config.max_context, config.max_turn_tokens, config.max_invalid_turns,
+            config.temperature) == (7, 2048, 64, 5, 0.5)

@@ -49,7 +49,7 @@ class WorkItem:
 
 def harness_config(r: RolloutSection) -> HarnessConfig:
     return HarnessConfig(max_turns=r.max_turns, max_context=r.max_context, max_turn_tokens=r.max_turn_tokens,
-                         temperature=r.temperature)
+                         max_invalid_turns=r.max_invalid_turns, temperature=r.temperature)
 
 
 def sandbox_limits(r: RolloutSection) -> Limits:
