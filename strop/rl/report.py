@@ -48,7 +48,8 @@ def _eval_row(name: str, ev: dict) -> str:
     lo, hi = ev["solve_rate_ci95"]
     by_d = ", ".join(f"d{d}: {v['solve_rate']:.3f} [{v['solve_rate_ci95'][0]:.3f}, {v['solve_rate_ci95'][1]:.3f}] "
                      f"(n={v['eval_episodes']})" for d, v in ev.get("by_difficulty", {}).items())
-    return f"| {name} | {ev['solve_rate']:.3f} | [{lo:.3f}, {hi:.3f}] | {ev['eval_episodes']} | {by_d} |"
+    outcomes = ", ".join(f"{k} {n}" for k, n in ev.get("outcomes", {}).items())
+    return f"| {name} | {ev['solve_rate']:.3f} | [{lo:.3f}, {hi:.3f}] | {ev['eval_episodes']} | {by_d} | {outcomes} |"
 
 
 def write_report(out_dir: Path, metrics_path: Path, evals: dict[str, dict]) -> Path:
@@ -72,8 +73,9 @@ def write_report(out_dir: Path, metrics_path: Path, evals: dict[str, dict]) -> P
     last = rows[-1] if rows else {}
     lines = ["# strop run report", ""]
     if evals:
-        lines += ["## Held-out evaluation", "", "| policy | solve rate | 95% interval | episodes | by difficulty |",
-                  "|---|---|---|---|---|", *[_eval_row(k, v) for k, v in evals.items()], ""]
+        lines += ["## Held-out evaluation", "",
+                  "| policy | solve rate | 95% interval | episodes | by difficulty | outcomes |",
+                  "|---|---|---|---|---|---|", *[_eval_row(k, v) for k, v in evals.items()], ""]
         if {"sft", "rl"} <= evals.keys():
             gain = evals["rl"]["solve_rate"] - evals["sft"]["solve_rate"]
             lines += [f"RL changed the held-out solve rate by **{gain * 100:+.1f} points**.", ""]
