@@ -42,5 +42,5 @@ def test_run_oracle_episodes_reports_a_rate(tiny_tokenizer):
 @pytest.mark.slow
 def test_oracle_solves_99_percent_of_synthetic_eval(tiny_tokenizer):
     tasks = load_suite("synthetic", "eval", limit=20)
-    report = solve(tasks, tiny_tokenizer)
-    assert report["rate"] >= 0.99, report["failures"]
+    report = solve(tasks, tiny_tokenizer, HarnessConfig(max_context=4096))  # the test tokenizer's windows run long
+    assert report["rate"] >= 0.99, [r for r in report["results"] if r["reward"] < 1.0]
