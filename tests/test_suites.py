@@ -57,6 +57,9 @@ def test_get_task_and_unknown_names():
         load_suite("nope")
     with pytest.raises(UserError):
         get_task("synthetic", "synthetic-d9-eval-0000")
+    for malformed in ("synthetic-zzz-d1-eval-0001", "synthetic-d1-eval-0001-x"):  # not an id, not a bad theme name
+        with pytest.raises(UserError, match="no task"):
+            get_task("synthetic", malformed)
 
 
 def test_synthetic_variant_narrows_the_bugs_to_its_themes():

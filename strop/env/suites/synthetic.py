@@ -211,7 +211,10 @@ def get(task_id: str) -> Task | None:
     """One task by id without generating the suite; None if the id is not one of its tasks."""
     parts = task_id.split("-")
     variant = parts.pop(1) if len(parts) == 5 else ""  # a variant's task: synthetic-THEMES-dN-split-index
-    themes = parse_themes(variant)
+    try:
+        themes = parse_themes(variant)
+    except UserError:  # not a theme list: not an id of this suite (the caller says "no task")
+        return None
     if "+".join(themes) != variant:  # not in canonical (sorted) order
         return None
     if len(parts) != 4 or parts[0] != "synthetic" or parts[1] not in ("d1", "d2", "d3") or not parts[3].isdigit():
