@@ -7,6 +7,8 @@ prints one line and exits 2). The resolved config is written into each run direc
 
 import argparse
 import dataclasses
+import math
+import re
 import tomllib
 import types
 import typing
@@ -25,12 +27,22 @@ def opt(default: Any, help: str, *, ge: float | None = None, le: float | None = 
     return field(default=default, metadata=meta)
 
 
+RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+=-]{0,99}")  # one directory name, never a path
+
+
 @dataclass
 class RunSection:
     name: str = opt("run", "run name; outputs go to out_dir/name")
     out_dir: str = opt("runs", "directory that holds run directories")
     seed: int = opt(0, "global seed", ge=0)
     threads: int = opt(0, "torch intra-op threads; 0 = all cores", ge=0)
+
+    def __post_init__(self) -> None:
+        # The name becomes a directory that `strop demo --fresh` deletes: a path ("", ".", "..",
+        # "a/b") would make that out_dir itself, its parent or another folder.
+        if not RUN_NAME.fullmatch(self.name):
+            raise UserError(f"config key 'run.name' ({self.name!r}) must be one directory name: letters, digits "
+                            "and . _ + - = (at most 100, not starting with '.' or '-')")
 
 
 @dataclass
@@ -198,6 +210,8 @@ def _check_value(key: str, value: Any, tp: Any, meta: dict) -> Any:
         raise UserError(f"config key {key!r}: expected {tp.__name__}, got {type(value).__name__} {value!r}")
     if not isinstance(value, tp):
         raise UserError(f"config key {key!r}: expected {tp.__name__}, got {type(value).__name__} {value!r}")
+    if tp is float and not math.isfinite(value):  # TOML spells them inf and nan; no setting means either
+        raise UserError(f"config key {key!r}: {value!r} is not a finite number")
     for bound, ok, word in (("ge", lambda v, b: v >= b, ">="), ("le", lambda v, b: v <= b, "<="), ("gt", lambda v, b: v > b, ">")):
         b = meta.get(bound)
         if b is not None and not ok(value, b):
@@ -240,10 +254,16 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
     data: dict = {}
     if path:
         p = Path(path)
+        if p.is_dir():
+            raise UserError(f"config file {str(p)!r} is a directory; pass a .toml file")
         if not p.is_file():
             raise UserError(f"config file {str(p)!r} does not exist")
         try:
-            data = tomllib.loads(p.read_text())
+            data = tomllib.loads(p.read_text(encoding="utf-8"))
+        except OSError as e:
+            raise UserError(f"config file {str(p)!r} cannot be read: {e.strerror}") from None
+        except UnicodeDecodeError as e:
+            raise UserError(f"config file {str(p)!r} is not UTF-8 text (byte {e.start})") from None
         except tomllib.TOMLDecodeError as e:
             raise UserError(f"config file {str(p)!r} is not valid TOML: {e}") from None
     for text in overrides:

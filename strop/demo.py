@@ -7,13 +7,13 @@ reused), so a rerun only does what is missing or was interrupted. Every stage ad
 
 import argparse
 import json
-import shutil
 import time
 from pathlib import Path
 from typing import Callable
 
 from strop.config import Config, add_config_arguments, load_config
 from strop.errors import UserError
+from strop.outputs import remove_run_dir
 
 DEFAULT_CONFIG = "examples/demo.toml"
 
@@ -93,10 +93,11 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     set_threads(cfg.run.threads or None)
     summary_path = cfg.run_dir / "summary.json"
-    if args.fresh and cfg.run_dir.exists():
-        shutil.rmtree(cfg.run_dir)  # stages also keep their own results (models, eval.json): start clean
+    if args.fresh:  # stages also keep their own results (models, eval.json): start clean
+        remove_run_dir(cfg.run_dir, Path(cfg.run.out_dir))  # only a run directory the demo made
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    summary_path.write_text(json.dumps(summary, indent=2))  # marks the directory as a demo run's (see strop.outputs)
     t_demo = time.perf_counter()
     for name, fn in STAGES:
         if name in summary:

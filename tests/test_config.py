@@ -24,9 +24,12 @@ def test_defaults_and_overrides(tmp_path):
     (["model.arch=llama"], "model.arch"),
     (["data.dirs=3"], "data.dirs"),
     (["novalue"], "key=value"),
+    (["rl.lr=inf"], "rl.lr.*not a finite number"),
+    (["rl.lr=nan"], "rl.lr.*not a finite number"),
+    (["rollout.temperature=-inf"], "not a finite number"),
 ])
 def test_bad_values_name_the_key(overrides, message):
-    with pytest.raises(UserError, match=message.replace(".", r"\.")):
+    with pytest.raises(UserError, match=message if ".*" in message else message.replace(".", r"\.")):
         load_config(None, overrides)
 
 
@@ -37,6 +40,12 @@ def test_bad_files(tmp_path):
     bad.write_text("[run\nname=")
     with pytest.raises(UserError, match="not valid TOML"):
         load_config(bad)
+    latin1 = tmp_path / "latin1.toml"
+    latin1.write_bytes('[run]\nname = "caf\xe9"\n'.encode("latin-1"))
+    with pytest.raises(UserError, match="not UTF-8"):
+        load_config(latin1)
+    with pytest.raises(UserError, match="is a directory"):
+        load_config(tmp_path)
 
 
 def test_toml_roundtrip(tmp_path):

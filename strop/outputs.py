@@ -1,0 +1,67 @@
+"""Writing outputs safely: what a command may delete, and files written whole or not at all.
+
+A command deletes only a run directory it made (`remove_run_dir`), never a path it was handed
+that merely resolves somewhere: not `out_dir` itself, not a parent of it or of the working
+directory, not something reached through a symbolic link, not a folder strop did not create.
+A file a later step trusts (a weight delta, a decoded snapshot) is written to a temporary file
+beside it and renamed into place (`write_atomic`), so a kill mid-write leaves the previous file,
+never a truncated one.
+"""
+
+import glob
+import os
+import shutil
+from pathlib import Path
+
+from strop.errors import UserError
+
+RUN_MARKER = "summary.json"  # `strop demo` writes it into every run directory it makes, first thing
+
+
+def remove_run_dir(run_dir: Path, out_dir: Path) -> None:
+    """Delete `run_dir` (= out_dir/name) for a fresh run, or raise UserError saying why not."""
+    if run_dir.is_symlink():
+        raise UserError(f"not deleting {str(run_dir)!r}: it is a symbolic link")
+    if not run_dir.exists():
+        return
+    resolved, parent = run_dir.resolve(), out_dir.resolve()
+    if resolved.parent != parent:
+        raise UserError(f"not deleting {str(run_dir)!r}: it resolves to {str(resolved)!r}, outside {str(parent)!r}")
+    cwd = Path.cwd().resolve()
+    if cwd == resolved or resolved in cwd.parents:
+        raise UserError(f"not deleting {str(run_dir)!r}: it holds the working directory")
+    if not resolved.is_dir() or not (resolved / RUN_MARKER).is_file():
+        raise UserError(f"not deleting {str(run_dir)!r}: it is not a strop run directory (no {RUN_MARKER}); "
+                        "delete it yourself or choose another run.name")
+    shutil.rmtree(resolved)
+
+
+def check_output_file(path: str | os.PathLike) -> Path:
+    """The path a command will write a file to, refused up front (before any work) when it cannot be:
+    a directory, or a file in a directory that does not exist."""
+    p = Path(path)
+    if p.is_dir():
+        raise UserError(f"output {str(p)!r} is a directory; give a file name")
+    if not p.parent.is_dir():
+        raise UserError(f"output {str(p)!r}: directory {str(p.parent)!r} does not exist")
+    return p
+
+
+def write_atomic(path: str | os.PathLike, data: bytes | memoryview) -> None:
+    """Write `data` to `path` through a temporary file in the same directory, flushed to disk and
+    renamed over `path` (a rename within one file system is atomic)."""
+    p = Path(path)
+    for stale in p.parent.glob(f".{glob.escape(p.name)}.*.tmp"):  # left by a writer killed before its rename
+        pid = stale.name[len(p.name) + 2 : -4]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            stale.unlink(missing_ok=True)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
