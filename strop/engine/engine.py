@@ -113,19 +113,28 @@ class WeightUpdate:
 
 
 def load_weights_file(path: str) -> dict[str, torch.Tensor]:
-    """Tensors by name from a safetensors file or every *.safetensors in a directory."""
+    """Tensors by live parameter name from a safetensors file or every *.safetensors in a model
+    directory (per-expert checkpoint tensors fused as the live model holds them, see
+    `strop.model.checkpoint_names`). Raises ValueError with the same message whatever went wrong
+    (missing, not a file, not safetensors), so an HTTP client cannot tell which paths exist."""
     from pathlib import Path
 
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    from strop.model.checkpoint_names import fuse_experts
+
     p = Path(path)
-    files = sorted(p.glob("*.safetensors")) if p.is_dir() else [p]
-    if not files or not all(f.is_file() for f in files):
-        raise ValueError(f"no safetensors weights at {path!r}")
-    out: dict[str, torch.Tensor] = {}
-    for f in files:
-        out.update(load_file(str(f)))
-    return out
+    try:
+        files = sorted(p.glob("*.safetensors")) if p.is_dir() else [p]
+        out: dict[str, torch.Tensor] = {}
+        for f in files:
+            out.update(load_file(str(f)))
+    except (OSError, SafetensorError, ValueError):
+        out = {}
+    if not out:
+        raise ValueError(f"no safetensors weights could be read at {path!r}")
+    return fuse_experts(out)
 
 
 def _notify(callback: Callable | None, req: Request) -> None:
@@ -214,14 +223,44 @@ class Engine:
     def update_weights(self, tensors: dict | None = None, apply_fn: Callable | None = None, version: int | None = None) -> WeightUpdate:
         """Queue new weights: full `tensors` by parameter name, and/or `apply_fn(named_tensors)` that
         mutates them in place (a delta applier). Applied between decode steps; returns a handle
-        whose `wait()` gives the pause length."""
-        upd = WeightUpdate(self.version + 1 if version is None else version, tensors, apply_fn)
+        whose `wait()` gives the pause length.
+
+        `tensors` is checked whole before anything is queued (names, shapes, dtypes, finite values
+        after the cast to the live dtype) and `version` may not go back: a refused update raises
+        ValueError here and leaves the served model untouched."""
+        tensors = None if tensors is None else self._checked(tensors)
         with self._lock:
+            last = self._updates[-1].version if self._updates else self.version
+            version = last + 1 if version is None else version
+            if version < max(last, 0):
+                raise ValueError(f"weights version {version} is older than version {last}; versions never go back")
+            upd = WeightUpdate(version, tensors, apply_fn)
             self._updates.append(upd)
             self._lock.notify()
         if self._thread is None:
             self._apply_updates()
         return upd
+
+    def _checked(self, tensors: dict) -> dict[str, torch.Tensor]:
+        """`tensors` cast to the live dtypes, or ValueError naming the first tensor that does not fit."""
+        if not tensors:
+            raise ValueError("a weight update needs at least one tensor")
+        named = self.named_tensors()
+        out = {}
+        for name, t in tensors.items():
+            live = named.get(name)
+            if live is None:
+                raise ValueError(f"weight {name!r}: no such tensor in the model")
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(live.shape):
+                raise ValueError(f"weight {name!r}: shape {tuple(getattr(t, 'shape', ()))} does not match the "
+                                 f"model's {tuple(live.shape)}")
+            if t.dtype != live.dtype and not (t.dtype.is_floating_point and live.dtype.is_floating_point):
+                raise ValueError(f"weight {name!r}: dtype {t.dtype} cannot replace the model's {live.dtype}")
+            t = t.detach().to(live.dtype)
+            if live.dtype.is_floating_point and not bool(torch.isfinite(t).all()):
+                raise ValueError(f"weight {name!r}: holds NaN or infinite values (as {live.dtype})")
+            out[name] = t
+        return out
 
     def named_tensors(self) -> dict[str, torch.Tensor]:
         # remove_duplicate=False: tied weights are reachable under every name (lm_head.weight too)
@@ -237,9 +276,7 @@ class Engine:
             try:
                 with torch.no_grad():
                     named = self.named_tensors()
-                    for name, t in (upd.tensors or {}).items():
-                        if name not in named or named[name].shape != t.shape:
-                            raise ValueError(f"weight {name!r}: no such tensor of shape {tuple(t.shape)} in the model")
+                    for name, t in (upd.tensors or {}).items():  # checked whole by update_weights: cannot fail
                         named[name].copy_(t)
                     if upd.apply_fn is not None:
                         upd.apply_fn(named)

@@ -6,6 +6,8 @@
     POST /v1/chat/completions messages + tools (strop.data.chat renders and parses); logprobs; stream
     GET  /weights/version     {"version": v}
     POST /weights/update      {"path": safetensors file or model dir, "version": v?} -> {"version", "pause_s"}
+                              (checked whole, then applied all at once: a 400 leaves the model as it was;
+                              versions never go back)
 
 Every choice carries what RL needs beyond the OpenAI fields: `token_ids` and `prompt_token_ids`
 (vLLM's names), `routed_experts` when the request asks `return_routed_experts` (vLLM's field:
@@ -60,7 +62,7 @@ class ChatRequest(_Sampling):
 
 class WeightsRequest(BaseModel):
     path: str
-    version: int | None = None
+    version: int | None = Field(None, ge=0)
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
@@ -100,9 +102,11 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
 
     @app.post("/weights/update")
     async def weights_update(req: WeightsRequest):
+        def load_and_apply() -> float:  # reading, checking and casting the tensors is CPU work: off the event loop
+            return engine.update_weights(tensors=load_weights_file(req.path), version=req.version).wait(300)
+
         try:
-            tensors = await asyncio.to_thread(load_weights_file, req.path)
-            pause = await asyncio.to_thread(engine.update_weights(tensors=tensors, version=req.version).wait, 300)
+            pause = await asyncio.to_thread(load_and_apply)
         except ValueError as e:
             raise ClientError(400, str(e)) from None
         return {"version": engine.version, "pause_s": pause}
