@@ -9,6 +9,7 @@ import importlib
 import sys
 
 from strop.errors import UserError
+from strop.outputs import check_output_file
 
 # command words -> (module, one-line help). Add a row to add a command.
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
@@ -70,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
 
     retain_freed_memory()  # training and decode steps reallocate the same buffers: keep them (see strop.memory)
     try:
+        if getattr(args, "json", None):  # every command's --json report: refused before the work, not after it
+            check_output_file(args.json, make_parents=True)
         return int(module.run(args) or 0)
     except UserError as e:
         print(f"strop: error: {e}", file=sys.stderr)

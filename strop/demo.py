@@ -13,7 +13,7 @@ from typing import Callable
 
 from strop.config import Config, add_config_arguments, load_config
 from strop.errors import UserError
-from strop.outputs import remove_run_dir
+from strop.outputs import remove_run_dir, write_atomic
 
 DEFAULT_CONFIG = "examples/demo.toml"
 
@@ -42,7 +42,7 @@ def _held_out(cfg: Config, model_dir: Path) -> dict:
     if path.is_file():
         return json.loads(path.read_text())
     figures = evaluate(cfg, str(model_dir), progress=True)
-    path.write_text(json.dumps(figures, indent=2))
+    write_atomic(path, json.dumps(figures, indent=2))
     return figures
 
 
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         remove_run_dir(cfg.run_dir, Path(cfg.run.out_dir))  # only a run directory the demo made
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-    summary_path.write_text(json.dumps(summary, indent=2))  # marks the directory as a demo run's (see strop.outputs)
+    write_atomic(summary_path, json.dumps(summary, indent=2))  # marks the directory as a demo run's (see strop.outputs)
     t_demo = time.perf_counter()
     for name, fn in STAGES:
         if name in summary:
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         result = fn(cfg)
         summary[name] = {**result, "wall_s": round(time.perf_counter() - t0, 1)}
-        summary_path.write_text(json.dumps(summary, indent=2))
+        write_atomic(summary_path, json.dumps(summary, indent=2))
         print(f"[demo] {name}: done in {summary[name]['wall_s']:.0f} s")
     print(f"[demo] finished in {time.perf_counter() - t_demo:.0f} s; summary: {summary_path}")
     print(json.dumps(summary, indent=2))

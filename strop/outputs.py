@@ -3,14 +3,17 @@
 A command deletes only a run directory it made (`remove_run_dir`), never a path it was handed
 that merely resolves somewhere: not `out_dir` itself, not a parent of it or of the working
 directory, not something reached through a symbolic link, not a folder strop did not create.
-A file a later step trusts (a weight delta, a decoded snapshot) is written to a temporary file
-beside it and renamed into place (`write_atomic`), so a kill mid-write leaves the previous file,
-never a truncated one.
+A file a later step trusts (a weight delta, a decoded snapshot, a cache, a result) is written to a
+temporary file beside it and renamed into place (`write_atomic`), so a kill mid-write leaves the
+previous file, never a truncated one; a directory of them (a model, a checkpoint) likewise
+(`atomic_dir`).
 """
 
 import glob
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from strop.errors import UserError
@@ -36,21 +39,28 @@ def remove_run_dir(run_dir: Path, out_dir: Path) -> None:
     shutil.rmtree(resolved)
 
 
-def check_output_file(path: str | os.PathLike) -> Path:
+def check_output_file(path: str | os.PathLike, make_parents: bool = False) -> Path:
     """The path a command will write a file to, refused up front (before any work) when it cannot be:
-    a directory, or a file in a directory that does not exist."""
+    a directory, or a file in a directory that does not exist (created instead with `make_parents`)."""
     p = Path(path)
     if p.is_dir():
         raise UserError(f"output {str(p)!r} is a directory; give a file name")
+    if make_parents:
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"output {str(p)!r}: cannot create its directory: {e.strerror}") from None
     if not p.parent.is_dir():
         raise UserError(f"output {str(p)!r}: directory {str(p.parent)!r} does not exist")
     return p
 
 
-def write_atomic(path: str | os.PathLike, data: bytes | memoryview) -> None:
-    """Write `data` to `path` through a temporary file in the same directory, flushed to disk and
-    renamed over `path` (a rename within one file system is atomic)."""
+def write_atomic(path: str | os.PathLike, data: bytes | memoryview | str) -> None:
+    """Write `data` (str as UTF-8) to `path` through a temporary file in the same directory,
+    flushed to disk and renamed over `path` (a rename within one file system is atomic)."""
     p = Path(path)
+    if isinstance(data, str):
+        data = data.encode()
     for stale in p.parent.glob(f".{glob.escape(p.name)}.*.tmp"):  # left by a writer killed before its rename
         pid = stale.name[len(p.name) + 2 : -4]
         if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
@@ -65,3 +75,20 @@ def write_atomic(path: str | os.PathLike, data: bytes | memoryview) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def atomic_dir(path: Path) -> Iterator[Path]:
+    """Yield an empty temporary directory beside `path`; once the block has filled it, it replaces
+    `path`. The previous directory is renamed to `<path>.old` first and removed last, so a kill at
+    any moment leaves a whole directory at `path` or at `<path>.old`, never a half-written one."""
+    path = Path(path)
+    tmp, old = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    yield tmp
+    shutil.rmtree(old, ignore_errors=True)  # a previous run killed before it removed its .old
+    if path.exists():
+        os.replace(path, old)
+    os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)

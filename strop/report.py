@@ -3,6 +3,8 @@
 import json
 from pathlib import Path
 
+from strop.outputs import write_atomic
+
 
 class MetricsLog:
     """Append-only JSONL metrics file that a resumed run trims back to its checkpoint step."""
@@ -25,7 +27,7 @@ class MetricsLog:
     def truncate_after(self, step: int) -> None:
         """Drop rows past `step` (written after the last checkpoint by a killed run)."""
         rows = [r for r in self.read() if r.get("step", 0) <= step]
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
 def plot_metrics(rows: list[dict], path: Path, keys: list[str], title: str = "", x: str = "step", ylabel: str = "",

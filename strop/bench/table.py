@@ -1,7 +1,8 @@
 """Printing benchmark results as an aligned text table and writing them as JSON."""
 
 import json
-from pathlib import Path
+
+from strop.outputs import check_output_file, write_atomic
 
 
 def format_table(rows: list[dict], columns: list[str]) -> str:
@@ -18,6 +19,6 @@ def format_table(rows: list[dict], columns: list[str]) -> str:
 
 
 def write_json(path: str | None, payload: dict) -> None:
+    """`payload` as indented JSON at `path` (parents created), written whole or not at all."""
     if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(payload, indent=2))
+        write_atomic(check_output_file(path, make_parents=True), json.dumps(payload, indent=2))

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from strop.errors import UserError
+from strop.outputs import write_atomic
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -114,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nstopped: {episode.stop_reason}{detail} after {episode.turns} turns, {episode.generated_tokens} "
           f"generated tokens, {episode.timings['total_s']:.1f} s")
     if args.json:
-        Path(args.json).write_text(json.dumps(episode.to_dict()))
+        write_atomic(args.json, json.dumps(episode.to_dict()))
     changes = source_changes(changes)  # caches of running code are neither shown nor applied
     if not changes:
         print("no changes")

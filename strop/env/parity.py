@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from strop.errors import UserError
+from strop.outputs import write_atomic
 
 # name -> shell command. Multi-line outputs are compared whole and shown by their first lines.
 PROBES: dict[str, str] = {
@@ -136,5 +137,5 @@ def run(args: argparse.Namespace) -> int:
     diffs = [r["probe"] for r in rows if not r["same"]]
     print(f"\n{len(diffs)} of {len(rows)} probes differ: {', '.join(diffs) or 'none'}")
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+        write_atomic(args.json, json.dumps(rows, indent=2))
     return 0

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from strop.config import ModelSection
-from strop.errors import UserError
+from strop.errors import UserError, one_line
 
 ARCHITECTURES = {
     "qwen3_moe": "Qwen3MoeForCausalLM",
@@ -104,16 +104,21 @@ def load_model(path: str | Path, dtype: str = "float32"):
         raise UserError(f"{str(p / 'config.json')!r} is not valid JSON") from None
     if arch not in ARCHITECTURES.values():
         raise UserError(f"{str(p)!r} holds a {arch}; supported: {sorted(ARCHITECTURES.values())}")
-    return AutoModelForCausalLM.from_pretrained(str(p), dtype=getattr(torch, dtype))
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(p), dtype=getattr(torch, dtype))
+    except Exception as e:  # damaged weights or config (their loaders raise many types): the user's files, one line
+        raise UserError(f"cannot load the model in {str(p)!r}: {one_line(e)}") from None
 
 
 def save_model(model, tokenizer, path: str | Path, extra: dict | None = None) -> None:
-    """HF format (config.json + model.safetensors + tokenizer files) and a strop.json sidecar."""
-    p = Path(path)
-    p.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(p))
-    tokenizer.save_pretrained(str(p))
-    (p / "strop.json").write_text(json.dumps(extra or {}, indent=2))
+    """HF format (config.json + model.safetensors + tokenizer files) and a strop.json sidecar,
+    replacing `path` whole (a kill mid-save leaves the previous model, see `strop.outputs.atomic_dir`)."""
+    from strop.outputs import atomic_dir
+
+    with atomic_dir(Path(path)) as p:
+        model.save_pretrained(str(p))
+        tokenizer.save_pretrained(str(p))
+        (p / "strop.json").write_text(json.dumps(extra or {}, indent=2))
 
 
 def is_moe(model) -> bool:

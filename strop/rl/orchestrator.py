@@ -29,9 +29,7 @@ sampler position and the RNG state; rerunning the command resumes from it.
 
 import contextlib
 import json
-import os
 import random
-import shutil
 import time
 from collections import Counter
 from pathlib import Path
@@ -40,6 +38,7 @@ from typing import Callable, ContextManager, Literal, Protocol
 import torch
 
 from strop.config import Config
+from strop.outputs import atomic_dir, write_atomic
 from strop.rl.advantages import Sample, make_samples
 from strop.rl.buffer import StalenessBuffer
 from strop.rl.rollout import WorkItem
@@ -226,21 +225,13 @@ class Orchestrator:
     def save(self, wall_s: float) -> None:
         """Everything a rerun needs, written to a temporary directory and renamed into place, so a
         kill at any point leaves the previous checkpoint or this one, never half of one."""
-        tmp = self.ckpt_dir.with_name("checkpoint.tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        torch.save(self.runtime.state_dict(), tmp / "trainer.pt")
-        state = {"step": self.step, "mode": self.mode, "wall_s": wall_s, "trainer_s": self.trainer_s,
-                 "sampler_position": self.sampler.position, "rng": _rng_to_json(self.rng.getstate()),
-                 "counts": dict(self.counts), "buffer": self.buffer.state_dict(),
-                 "inflight": [i.to_dict() for i in self.inflight.values()]}
-        (tmp / "run.json").write_text(json.dumps(state))
-        old = self.ckpt_dir.with_name("checkpoint.old")
-        shutil.rmtree(old, ignore_errors=True)
-        if self.ckpt_dir.exists():
-            os.rename(self.ckpt_dir, old)
-        os.rename(tmp, self.ckpt_dir)
-        shutil.rmtree(old, ignore_errors=True)
+        with atomic_dir(self.ckpt_dir) as tmp:
+            torch.save(self.runtime.state_dict(), tmp / "trainer.pt")
+            state = {"step": self.step, "mode": self.mode, "wall_s": wall_s, "trainer_s": self.trainer_s,
+                     "sampler_position": self.sampler.position, "rng": _rng_to_json(self.rng.getstate()),
+                     "counts": dict(self.counts), "buffer": self.buffer.state_dict(),
+                     "inflight": [i.to_dict() for i in self.inflight.values()]}
+            (tmp / "run.json").write_text(json.dumps(state))
 
     def resume(self) -> bool:
         """Load the last checkpoint if there is one (relaunching the work that was in flight)."""
@@ -259,7 +250,7 @@ class Orchestrator:
         # metrics rows past the checkpoint belong to steps that will be redone
         if self.metrics_path.is_file():
             rows = [ln for ln in self.metrics_path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= self.step]
-            self.metrics_path.write_text("".join(r + "\n" for r in rows))
+            write_atomic(self.metrics_path, "".join(r + "\n" for r in rows))
         for d in state["inflight"]:
             item = WorkItem(**{**d, "version": self.runtime.version})
             assert self.buffer.admit(item.version, 1), "no room to relaunch in-flight work on resume"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from strop.config import Config, add_config_arguments, config_from_args, to_dict
 from strop.errors import UserError
+from strop.outputs import write_atomic
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -85,7 +86,7 @@ def train_rl(cfg: Config, *, mode: str = "async", runtime: str = "inline", polic
     finally:
         rt.close()
     result = {"mode": mode, "runtime": runtime, **result}
-    (out / "result.json").write_text(json.dumps(result, indent=2))
+    write_atomic(out / "result.json", json.dumps(result, indent=2))  # marks the run finished: whole or absent
     write_report(out, out / "metrics.jsonl", {})
     return result
 

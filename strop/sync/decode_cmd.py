@@ -4,6 +4,7 @@ import argparse
 import os
 
 from strop.errors import UserError
+from strop.outputs import check_output_file, write_atomic
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -18,6 +19,7 @@ def run(args: argparse.Namespace) -> int:
     set_threads()
     from strop.sync import codec, tensors
 
+    check_output_file(args.output)
     for path in (args.base, args.delta):
         if not os.path.isfile(path):
             raise UserError(f"no such file: {path}")
@@ -31,6 +33,6 @@ def run(args: argparse.Namespace) -> int:
         new = codec.decode(base, blob)
     except codec.DeltaError as e:
         raise UserError(f"{args.delta}: {e}") from None
-    tensors.save(new, args.output)
+    write_atomic(args.output, tensors.to_bytes(new))  # a kill mid-write leaves the previous file whole
     print(f"{args.output}: {len(new)} tensors, each verified against the trainer's checksum")
     return 0

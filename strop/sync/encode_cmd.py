@@ -5,6 +5,7 @@ import os
 import time
 
 from strop.errors import UserError
+from strop.outputs import check_output_file, write_atomic
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -21,6 +22,7 @@ def run(args: argparse.Namespace) -> int:
     set_threads()
     from strop.sync import codec, tensors
 
+    check_output_file(args.output)  # before the work: a bad -o is a user mistake, not a traceback after it
     states = []
     for path in (args.base, args.new):
         if not os.path.isfile(path):
@@ -33,8 +35,7 @@ def run(args: argparse.Namespace) -> int:
     t = time.perf_counter()
     blob = codec.encode(states[0], states[1], version=args.version, base_version=base_version)
     dt = time.perf_counter() - t
-    with open(args.output, "wb") as f:
-        f.write(blob)
+    write_atomic(args.output, blob)  # a kill mid-write leaves the previous file, never a truncated one
     raw = sum(x.nbytes for x in states[1].values())
     h = codec.read_header(blob)
     methods = {m: sum(e.method == m for e in h.entries) for m in ("same", "delta", "full")}

@@ -1,39 +1,31 @@
 """Resumable training checkpoints: model, optimizer, scheduler, step and RNG states, written
-atomically (a temp directory renamed into place) so a kill at any moment leaves the previous
-checkpoint intact."""
+atomically (`strop.outputs.atomic_dir`) so a kill at any moment leaves the previous checkpoint
+intact."""
 
 import json
-import os
 import random
-import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from strop.outputs import atomic_dir
+
 
 def save_checkpoint(path: Path, model, optimizer, scheduler, step: int, state: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    weights = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
-    save_file(weights, str(tmp / "model.safetensors"))  # clones: tied tensors must not share memory
-    torch.save(
-        {
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
-        },
-        tmp / "trainer.pt",
-    )
-    (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=2))
-    old = path.with_name(path.name + ".old")
-    if path.exists():
-        os.replace(path, old)
-    os.replace(tmp, path)
-    shutil.rmtree(old, ignore_errors=True)
-
+    with atomic_dir(path) as tmp:
+        weights = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+        save_file(weights, str(tmp / "model.safetensors"))  # clones: tied tensors must not share memory
+        torch.save(
+            {
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+            },
+            tmp / "trainer.pt",
+        )
+        (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=2))
 
 
 def load_checkpoint(path: Path, model, optimizer, scheduler) -> dict:

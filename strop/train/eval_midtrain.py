@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from strop.errors import UserError
+from strop.outputs import write_atomic
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -110,5 +111,5 @@ def run(args: argparse.Namespace) -> int:
     for key, name in (("val_bits_per_byte", "strop model"), ("gzip_bits_per_byte", "gzip -9"), ("zstd_bits_per_byte", "zstd -19")):
         print(f"  {name:<12} {result[key]:.3f} bits/byte")
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        write_atomic(args.json, json.dumps(result, indent=2))
     return 0

@@ -10,6 +10,7 @@ Outputs in the run directory: `tokenizer/`, `tokens.npy` (cached train stream), 
 """
 
 import argparse
+import io
 import json
 import math
 import time
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from strop.config import Config, add_config_arguments, config_from_args, to_dict, to_toml
+from strop.outputs import atomic_dir, write_atomic
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,7 +42,8 @@ def prepare_tokenizer(cfg: Config, corpus, run_dir: Path):
     if (tok_dir / "tokenizer.json").is_file():
         return load_tokenizer(tok_dir)
     tokenizer = train_tokenizer(corpus.train, cfg.data.vocab_size, cfg.data.tokenizer_sample_bytes)
-    tokenizer.save_pretrained(str(tok_dir))
+    with atomic_dir(tok_dir) as tmp:  # the cache is trusted on resume: whole or absent
+        tokenizer.save_pretrained(str(tmp))
     return tokenizer
 
 
@@ -109,7 +112,9 @@ def midtrain(cfg: Config, stop_after: int | None = None) -> dict:
         tokens = np.load(tok_cache)
     else:  # a margin over what the run can consume, so windows are rarely seen twice
         tokens = tokenize_documents(tokenizer, corpus.train, limit=2 * m.steps * tokens_per_step, seed=cfg.run.seed)
-        np.save(tok_cache, tokens)
+        buf = io.BytesIO()
+        np.save(buf, tokens)
+        write_atomic(tok_cache, buf.getbuffer())  # trusted on resume: whole or absent
     val_tokens = tokenize_documents(tokenizer, corpus.val)
     data = PackedBatches(tokens, cfg.data.seq_len, m.batch_size, cfg.run.seed)
     val = PackedBatches(val_tokens, cfg.data.seq_len, m.batch_size, cfg.run.seed)

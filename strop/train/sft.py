@@ -16,6 +16,7 @@ from pathlib import Path
 
 from strop.config import Config, add_config_arguments, config_from_args, to_dict
 from strop.errors import UserError
+from strop.outputs import write_atomic
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,7 +44,7 @@ def load_demonstrations(cfg: Config, tokenizer, path: Path) -> list:
                              difficulties=cfg.sft.difficulties)
     if len(episodes) < 2:
         raise UserError(f"only {len(episodes)} oracle demonstrations on suite {cfg.sft.suite!r}; need at least 2")
-    path.write_text("".join(json.dumps(ep.to_dict()) + "\n" for ep in episodes))
+    write_atomic(path, "".join(json.dumps(ep.to_dict()) + "\n" for ep in episodes))  # a cache: whole or absent
     return episodes
 
 
@@ -162,5 +163,5 @@ def sft(cfg: Config, base: str | None = None) -> dict:
         "val_ppl": math.exp(best_loss),
     }
     save_model(model, tokenizer, out / "model", extra={"config": to_dict(cfg), "sft": result})
-    (out / "result.json").write_text(json.dumps(result, indent=2))
+    write_atomic(out / "result.json", json.dumps(result, indent=2))
     return result
