@@ -56,7 +56,7 @@ class Completion:
     logprobs: list[float]
     versions: list[int]
     text: str
-    finish_reason: str  # "stop" | "length" | "error"
+    finish_reason: str  # "stop" | "length" | "abort" (cancelled, or the engine stopped) | "error"
     routing: np.ndarray | None = None  # [prompt + generated - 1, n_moe_layers, k]: every position the model read
     error: str | None = None
 
@@ -90,6 +90,7 @@ class Request:
         self.slot = -1
         self.reused = 0  # leading prompt tokens whose KV came from a parked sequence
         self.generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        self.cancelled = False  # set by Engine.cancel; the loop retires it at its next step
         self.done = threading.Event()
         self.result: Completion | None = None
 
@@ -152,9 +153,14 @@ def _notify(callback: Callable | None, req: Request) -> None:
 class Engine:
     def __init__(self, model, tokenizer, max_batch: int = 64, max_len: int | None = None,
                  deterministic: bool = False, seed: int = 0, version: int = 0, reuse_min: int = 32):
+        limit = int(model.config.max_position_embeddings)
+        if max_batch < 1:  # no slot would ever admit a request: every one would wait forever
+            raise ValueError(f"max_batch must be at least 1 (got {max_batch})")
+        if max_len is not None and not 2 <= max_len <= limit:
+            raise ValueError(f"max_len must be in [2, {limit}] (the model's limit), got {max_len}")
         self.model, self.tokenizer = model.eval(), tokenizer
         self.max_batch = max_batch
-        self.max_len = max_len or min(int(model.config.max_position_embeddings), 2048)
+        self.max_len = max_len or min(limit, 2048)
         self.forward = Forward(model, max_batch, self.max_len, deterministic=deterministic)
         self.version = version
         self.generator = torch.Generator().manual_seed(seed)
@@ -201,6 +207,13 @@ class Engine:
             self._waiting.append(req)
             self._lock.notify()
         return req
+
+    def cancel(self, req: Request) -> None:
+        """Stop generating for `req` (its client went away): the loop finishes it with reason
+        "abort" at its next step, keeping the tokens so far. A finished request is left as it is."""
+        with self._lock:
+            req.cancelled = True
+            self._lock.notify()
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None) -> list[Completion]:
         """Generate for every prompt (token ids); batches them together. Works with or without the loop thread."""
@@ -293,6 +306,15 @@ class Engine:
     def step(self) -> bool:
         """One engine iteration; returns False when there was nothing to do."""
         self._apply_updates()
+        with self._lock:
+            aborted = [r for r in self._waiting if r.cancelled]
+            if aborted:
+                self._waiting = deque(r for r in self._waiting if not r.cancelled)
+        for r in aborted:  # never admitted: no slot to give back
+            self._finish(r, "abort")
+        for r in [r for r in self._running if r.cancelled]:
+            self._running.remove(r)
+            self._finish(r, "abort")
         with self._lock:
             new = []
             while self._waiting and (self._free or self._parked):
@@ -395,7 +417,9 @@ class Engine:
         with self._lock:
             # The KV of every token but the last sampled one is cached: park it for a later prompt to extend.
             cached = len(r.prompt_ids) + len(r.token_ids) - 1
-            if reason != "error" and self.reuse_min > 0 and cached >= self.reuse_min:
+            if r.slot < 0:
+                pass  # never admitted (aborted while waiting): no slot to give back
+            elif reason != "error" and self.reuse_min > 0 and cached >= self.reuse_min:
                 tokens = np.asarray(r.prompt_ids + r.token_ids[:-1])
                 self._parked[r.slot] = _Parked(r.slot, tokens, None if routing is None else routing.clone())
             else:
@@ -423,9 +447,16 @@ class Engine:
                         self._lock.wait(0.05)
 
     def stop(self) -> None:
+        """Stop the loop thread; requests still waiting or running finish with reason "abort", so
+        nobody waits on them forever."""
         self._stop = True
         with self._lock:
             self._lock.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+        with self._lock:
+            left, self._waiting = list(self._waiting) + self._running, deque()
+            self._running = []
+        for r in left:
+            self._finish(r, "abort", "the engine stopped")

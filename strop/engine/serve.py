@@ -1,7 +1,18 @@
-"""`strop serve`: a checkpoint behind the OpenAI-compatible API (see `strop.engine.server`)."""
+"""`strop serve`: a checkpoint behind the OpenAI-compatible API (see `strop.engine.server`).
+
+Impossible settings (a port outside 0-65535, no KV-cache slot, a context past the model's limit)
+and a port already in use are refused before the model loads, as one line and exit 2. On SIGTERM
+or Ctrl-C requests in flight get `GRACEFUL_S` seconds to finish; then they are cancelled (which
+cancels their generation) and the process ends by the signal, as uvicorn re-raises it.
+"""
 
 import argparse
+import socket
 from pathlib import Path
+
+from strop.errors import UserError
+
+GRACEFUL_S = 5
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -15,7 +26,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: STROP_THREADS or all cores)")
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port, or UserError (taken by the server, so nothing can take the
+    port between this check and serving)."""
+    if not 0 <= port <= 65535:
+        raise UserError(f"--port must be in 0..65535, got {port}")
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        return socket.create_server((host, port), family=family)
+    except OSError as e:  # in use, no such interface, a privileged port
+        raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.max_batch < 1:
+        raise UserError(f"--max-batch must be at least 1, got {args.max_batch}")
+    if args.max_len is not None and args.max_len < 2:
+        raise UserError(f"--max-len must be at least 2, got {args.max_len}")
+    if args.threads is not None and args.threads < 1:
+        raise UserError(f"--threads must be at least 1, got {args.threads}")
+    sock = listen(args.host, args.port)
     from strop.threads import set_threads
 
     set_threads(args.threads)
@@ -24,14 +54,20 @@ def run(args: argparse.Namespace) -> int:
     from strop.engine.engine import Engine
     from strop.engine.server import create_app
 
-    engine = Engine.from_checkpoint(args.checkpoint, max_batch=args.max_batch, max_len=args.max_len,
-                                    deterministic=args.deterministic)
+    try:
+        engine = Engine.from_checkpoint(args.checkpoint, max_batch=args.max_batch, max_len=args.max_len,
+                                        deterministic=args.deterministic)
+    except ValueError as e:  # e.g. --max-len past the model's limit
+        raise UserError(str(e)) from None
     name = args.name or Path(args.checkpoint).resolve().name
     engine.start()
-    print(f"strop serve: {name} on http://{args.host}:{args.port} (max batch {args.max_batch}, "
+    port = sock.getsockname()[1]
+    print(f"strop serve: {name} on http://{args.host}:{port} (max batch {args.max_batch}, "
           f"{'deterministic' if args.deterministic else 'default'} ops)", flush=True)
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, name), log_level="warning",
+                                           timeout_graceful_shutdown=GRACEFUL_S))
     try:
-        uvicorn.run(create_app(engine, name), host=args.host, port=args.port, log_level="warning")
+        server.run(sockets=[sock])
     finally:
         engine.stop()
     return 0

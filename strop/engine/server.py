@@ -14,7 +14,10 @@ Every choice carries what RL needs beyond the OpenAI fields: `token_ids` and `pr
 [positions, MoE layers, top_k], every position the model read), and `policy_versions` (one per
 token). Requests from all connections meet in one engine loop thread, so concurrent requests
 are batched together. Malformed requests get a 4xx with an OpenAI-style error body; nothing a
-client sends can stop the server.
+client sends can stop the server. CPU work (tokenizing, rendering chat, loading weights) runs off
+the event loop, so one big request never stalls the others; bodies and prompts too long for the
+engine's context are refused before they are parsed or tokenized (`strop.engine.request_limits`);
+a request whose client goes away (closed stream or connection) stops generating at the next step.
 """
 
 import asyncio
@@ -31,6 +34,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from strop.data.chat import IM_END, parse_assistant, render
 from strop.engine.engine import Engine, SamplingParams, load_weights_file
+from strop.engine.request_limits import BodyLimit, body_limit, longest_token_chars
+
+DISCONNECT_POLL_S = 0.25  # how often a waiting request checks that its client is still there
 
 
 class _Sampling(BaseModel):
@@ -78,6 +84,15 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
     """The app around an engine whose loop thread is running."""
     app = FastAPI(title="strop engine")
     tok = engine.tokenizer
+    token_chars = longest_token_chars(tok)
+    max_chars = engine.max_len * token_chars  # any longer text is more tokens than the context holds
+    app.add_middleware(BodyLimit, max_bytes=body_limit(engine.max_len, token_chars))
+
+    async def encode(text: str) -> list[int]:
+        if len(text) > max_chars:
+            raise ClientError(400, f"prompt of {len(text)} characters is longer than this engine's context of "
+                                   f"{engine.max_len} tokens can hold")
+        return await asyncio.to_thread(tok.encode, text)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
@@ -119,21 +134,32 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
         return SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, stop=stop,
                               stop_token_ids=stop_ids, seed=req.seed)
 
-    async def run(prompt_ids: list[int], sp: SamplingParams, n: int, stream_cb=None):
-        """Submit n samples and await them; raises ClientError for requests the engine refuses."""
+    async def run(prompt_ids: list[int], sp: SamplingParams, n: int, request: Request, stream_cb=None):
+        """Submit n samples and await them; raises ClientError for requests the engine refuses.
+        Whatever ends the wait early (the client went away, the task was cancelled) cancels the
+        samples still generating."""
         loop = asyncio.get_running_loop()
-        futures = []
-        for i in range(n):
-            fut = loop.create_future()
-            spi = sp if sp.seed is None or i == 0 else SamplingParams(**{**sp.__dict__, "seed": sp.seed + i})
-            on_token = (lambda r, i=i: loop.call_soon_threadsafe(stream_cb, i, r)) if stream_cb else None
-            try:
-                engine.submit(prompt_ids, spi, on_token=on_token,
-                              on_done=lambda r, f=fut: loop.call_soon_threadsafe(_resolve, f, r.result))
-            except ValueError as e:
-                raise ClientError(400, str(e)) from None
-            futures.append(fut)
-        return await asyncio.gather(*futures)
+        futures, submitted = [], []
+        try:
+            for i in range(n):
+                fut = loop.create_future()
+                spi = sp if sp.seed is None or i == 0 else SamplingParams(**{**sp.__dict__, "seed": sp.seed + i})
+                on_token = (lambda r, i=i: loop.call_soon_threadsafe(stream_cb, i, r)) if stream_cb else None
+                try:
+                    submitted.append(engine.submit(prompt_ids, spi, on_token=on_token,
+                                                   on_done=lambda r, f=fut: loop.call_soon_threadsafe(_resolve, f, r.result)))
+                except ValueError as e:
+                    raise ClientError(400, str(e)) from None
+                futures.append(fut)
+            everything = asyncio.gather(*futures)
+            while not (await asyncio.wait({everything}, timeout=DISCONNECT_POLL_S))[0]:
+                if await request.is_disconnected():
+                    raise ClientError(499, "client closed the request")  # nobody reads it; ends the wait
+            return everything.result()
+        finally:
+            for r in submitted:
+                if not r.done.is_set():
+                    engine.cancel(r)
 
     def extras(c, routed: bool) -> dict:
         out = {"token_ids": c.token_ids, "prompt_token_ids": c.prompt_ids, "policy_versions": c.versions}
@@ -142,19 +168,19 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
         return out
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest):
+    async def completions(req: CompletionRequest, request: Request):
         prompts = req.prompt if isinstance(req.prompt, list) and req.prompt and isinstance(req.prompt[0], (str, list)) else [req.prompt]
         if len(prompts) != 1:
             raise ClientError(400, "one prompt per request (send concurrent requests instead; they are batched together)")
         prompt = prompts[0]
-        ids = tok.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        ids = await encode(prompt) if isinstance(prompt, str) else list(prompt)
         sp = params(req, 16, [])  # plain completion: no implicit stop token
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         if req.stream:
-            return _stream(run, ids, sp, req.n, lambda i, delta, fin: {
+            return _stream(run, ids, sp, req.n, request, lambda i, delta, fin: {
                 "id": rid, "object": "text_completion", "created": created, "model": model_name,
                 "choices": [{"index": i, "text": delta or "", "logprobs": None, "finish_reason": fin}]}, tok.decode)
-        outs = await run(ids, sp, req.n)
+        outs = await run(ids, sp, req.n, request)
         choices = []
         for i, c in enumerate(outs):
             _raise_if_failed(c)
@@ -169,25 +195,25 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
                 "choices": choices, "usage": _usage(ids, outs)}
 
     @app.post("/v1/chat/completions")
-    async def chat(req: ChatRequest):
+    async def chat(req: ChatRequest, request: Request):
         for i, m in enumerate(req.messages):
             if m.get("role") not in ("system", "user", "assistant", "tool") or not isinstance(m.get("content", ""), (str, type(None))):
                 raise ClientError(400, f"messages[{i}]: needs a role in system/user/assistant/tool and string content")
         tools = None if req.tool_choice == "none" else req.tools
         try:
-            text = render(req.messages, tools, add_generation_prompt=True)
+            text = await asyncio.to_thread(render, req.messages, tools, add_generation_prompt=True)
         except (KeyError, TypeError, AttributeError) as e:
             raise ClientError(400, f"messages or tools are malformed: {type(e).__name__}: {e}") from None
-        ids = tok.encode(text)
+        ids = await encode(text)
         sp = params(req, 512, [tok.convert_tokens_to_ids(IM_END)])
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if req.stream:
-            return _stream(run, ids, sp, req.n, lambda i, delta, fin: {
+            return _stream(run, ids, sp, req.n, request, lambda i, delta, fin: {
                 "id": rid, "object": "chat.completion.chunk", "created": created, "model": model_name,
                 "choices": [{"index": i, "delta": ({"role": "assistant", "content": delta} if delta is not None else {}),
                              "logprobs": None, "finish_reason": fin}]},
                 lambda ids: tok.decode([t for t in ids if t not in sp.stop_token_ids]))
-        outs = await run(ids, sp, req.n)
+        outs = await run(ids, sp, req.n, request)
         choices = []
         for i, c in enumerate(outs):
             _raise_if_failed(c)
@@ -231,36 +257,42 @@ def _offsets(tokens: list[str]) -> list[int]:
     return out
 
 
-def _stream(run, ids, sp, n, chunk, decode) -> StreamingResponse:
+def _stream(run, ids, sp, n, request, chunk, decode) -> StreamingResponse:
     """Server-sent events: a chunk per new piece of text, a last chunk with finish_reason, [DONE].
-    (Text streamed before a stop string is recognised is not taken back.)"""
+    (Text streamed before a stop string is recognised is not taken back.) A stream the client
+    closes stops its generation: the response is cancelled, and with it `run`."""
     queue: asyncio.Queue = asyncio.Queue()
     sent = [""] * n
 
     async def events():
-        task = asyncio.ensure_future(run(ids, sp, n, stream_cb=lambda i, r: queue.put_nowait((i, list(r.token_ids)))))
-        while True:
-            get = asyncio.ensure_future(queue.get())
-            done, _ = await asyncio.wait({get, task}, return_when=asyncio.FIRST_COMPLETED)
-            if get in done:
-                i, token_ids = get.result()
-                text = decode(token_ids)
-                if len(text) > len(sent[i]) and text.startswith(sent[i]) and not text.endswith("\ufffd"):
-                    yield f"data: {json.dumps(chunk(i, text[len(sent[i]):], None))}\n\n"  # (split UTF-8 waits)
-                    sent[i] = text
-                continue
-            get.cancel()
-            try:
-                outs = task.result()
-            except ClientError as e:
-                yield f"data: {json.dumps({'error': {'message': e.message, 'code': e.status}})}\n\n"
+        task = asyncio.ensure_future(run(ids, sp, n, request, stream_cb=lambda i, r: queue.put_nowait((i, list(r.token_ids)))))
+        get = None
+        try:
+            while True:
+                get = asyncio.ensure_future(queue.get())
+                done, _ = await asyncio.wait({get, task}, return_when=asyncio.FIRST_COMPLETED)
+                if get in done:
+                    i, token_ids = get.result()
+                    text = decode(token_ids)
+                    if len(text) > len(sent[i]) and text.startswith(sent[i]) and not text.endswith("\ufffd"):
+                        yield f"data: {json.dumps(chunk(i, text[len(sent[i]):], None))}\n\n"  # (split UTF-8 waits)
+                        sent[i] = text
+                    continue
+                try:
+                    outs = task.result()
+                except ClientError as e:
+                    yield f"data: {json.dumps({'error': {'message': e.message, 'code': e.status}})}\n\n"
+                    break
+                for i, c in enumerate(outs):
+                    if len(c.text) > len(sent[i]) and c.text.startswith(sent[i]):
+                        yield f"data: {json.dumps(chunk(i, c.text[len(sent[i]):], None))}\n\n"
+                    yield f"data: {json.dumps(chunk(i, None, c.finish_reason))}\n\n"
                 break
-            for i, c in enumerate(outs):
-                if len(c.text) > len(sent[i]) and c.text.startswith(sent[i]):
-                    yield f"data: {json.dumps(chunk(i, c.text[len(sent[i]):], None))}\n\n"
-                yield f"data: {json.dumps(chunk(i, None, c.finish_reason))}\n\n"
-            break
-        yield "data: [DONE]\n\n"
+            yield "data: [DONE]\n\n"
+        finally:  # also when the client went away mid-stream: cancelling `run` cancels the generation
+            task.cancel()
+            if get is not None:
+                get.cancel()
 
     return StreamingResponse(events(), media_type="text/event-stream")
 
