@@ -120,6 +120,15 @@ def test_infinite_loop_times_out(sb):
     assert sb.exec("echo back").stdout == "back\n"  # a fresh server took over the same workspace
 
 
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), 0, -1])
+def test_a_timeout_that_would_mean_no_limit_is_refused(sb, timeout):
+    """`nan <= 0` is false, and a NaN or infinite deadline never passes: `sleep 61` ran unbounded."""
+    with pytest.raises(ValueError, match="timeout"):
+        sb.exec("sleep 61", timeout=timeout)
+    with pytest.raises(ValueError, match="timeout"):
+        Limits(timeout_s=timeout)
+
+
 def test_cpu_limit_kills_busy_loop(world):
     with open_sandbox(world, Limits(cpu_s=1)) as s:
         r = s.exec("while :; do :; done", timeout=20)  # wall time >> 1 s only on a very busy machine

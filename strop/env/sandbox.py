@@ -6,6 +6,7 @@ and reports what changed. Backends (bubblewrap here; containers, microVMs, remot
 plug in behind `open_sandbox`.
 """
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
@@ -22,6 +23,20 @@ class Limits:
     workspace_mb: int = 256  # total size of the copy-on-write upper layer
     timeout_s: float = 30.0  # default wall-clock limit per command; kills the whole process tree
     output_bytes: int = 65536  # stdout and stderr are each capped at this many bytes
+
+    def __post_init__(self) -> None:
+        check_timeout(self.timeout_s)
+        for name in ("cpu_s", "memory_mb", "max_procs", "file_size_mb", "workspace_mb", "output_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"sandbox limit {name} must be at least 1, got {getattr(self, name)}")
+
+
+def check_timeout(seconds: float) -> float:
+    """A wall-clock limit must be a positive finite number: `nan <= 0` is false, and a NaN or
+    infinite deadline never passes, so either would mean no limit at all."""
+    if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"a timeout must be a positive number of seconds, got {seconds!r}")
+    return float(seconds)
 
 
 @dataclass

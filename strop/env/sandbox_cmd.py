@@ -7,6 +7,7 @@ timeout, like coreutils `timeout`.
 """
 
 import argparse
+import math
 import sys
 import tempfile
 from pathlib import Path
@@ -30,11 +31,12 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("no command given: strop sandbox run [options] -- CMD [ARGS...]")
     if args.world is not None and not args.world.is_dir():
         raise UserError(f"--world {args.world} is not a directory")
-    if args.timeout <= 0 or args.memory <= 0:
-        raise UserError("--timeout and --memory must be positive")
-
     from strop.env.sandbox import Limits, open_sandbox
 
+    if not (math.isfinite(args.timeout) and args.timeout > 0):  # `nan <= 0` is false: NaN meant no limit
+        raise UserError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
+    if args.memory < 1:
+        raise UserError(f"--memory must be at least 1 MB, got {args.memory}")
     limits = Limits(memory_mb=args.memory, timeout_s=args.timeout)
     streams = {1: sys.stdout.buffer, 2: sys.stderr.buffer}
 
