@@ -19,9 +19,10 @@ from typing import Any, Literal
 from strop.errors import UserError
 
 
-def opt(default: Any, help: str, *, ge: float | None = None, le: float | None = None, gt: float | None = None) -> Any:
-    """A config field with help text and optional numeric bounds."""
-    meta = {"help": help, "ge": ge, "le": le, "gt": gt}
+def opt(default: Any, help: str, *, ge: float | None = None, le: float | None = None, gt: float | None = None,
+        nonempty: bool = False) -> Any:
+    """A config field with help text and optional numeric bounds; `nonempty` refuses an empty list."""
+    meta = {"help": help, "ge": ge, "le": le, "gt": gt, "nonempty": nonempty}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -155,7 +156,7 @@ class RLSection:
 @dataclass
 class RolloutSection:
     suite: str = opt("synthetic", "task suite: RL samples its train split, evaluation its eval split")
-    difficulties: list[int] = opt([1], "task difficulties RL trains on")
+    difficulties: list[int] = opt([1], "task difficulties RL trains on", nonempty=True)
     train_tasks: int = opt(500, "train tasks per difficulty", ge=1)
     workers: int = opt(4, "rollouts in flight at once (threads inline, actors on Ray)", ge=1)
     engines: int = opt(1, "inference engines", ge=1)
@@ -168,7 +169,7 @@ class RolloutSection:
     command_timeout_s: float = opt(10.0, "wall-clock limit per sandbox command", gt=0)
     retries: int = opt(2, "times a rollout lost with its engine or worker is relaunched elsewhere", ge=0)
     ckpt_every: int = opt(1, "checkpoint the whole run every N steps", ge=1)
-    eval_difficulties: list[int] = opt([1, 2], "held-out difficulties evaluated")
+    eval_difficulties: list[int] = opt([1, 2], "held-out difficulties evaluated", nonempty=True)
     eval_episodes: int = opt(200, "held-out episodes per evaluated difficulty", ge=1)
     eval_temperature: float = opt(0.0, "sampling temperature of held-out evaluation; 0 = greedy", ge=0)
 
@@ -202,6 +203,8 @@ def _check_value(key: str, value: Any, tp: Any, meta: dict) -> Any:
     if origin is list:
         if not isinstance(value, list):
             raise UserError(f"config key {key!r}: expected a list, got {type(value).__name__} {value!r}")
+        if meta.get("nonempty") and not value:
+            raise UserError(f"config key {key!r}: the list may not be empty")
         (item_tp,) = typing.get_args(tp)
         return [_check_value(f"{key}[{i}]", v, item_tp, {}) for i, v in enumerate(value)]
     if tp is float and isinstance(value, int) and not isinstance(value, bool):

@@ -33,3 +33,57 @@ def test_user_mistakes_exit_2_with_one_line(args, needle, tmp_path):
 def test_help_lists_commands():
     out = run_cli("--help")
     assert out.returncode == 0 and "midtrain" in out.stdout
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """A small base/new safetensors pair, a delta between them, and broken inputs."""
+    import struct
+
+    import numpy as np
+
+    from strop.sync import codec, tensors
+
+    d = tmp_path_factory.mktemp("cli")
+    rng = np.random.default_rng(0)
+    base = {"w": tensors.Tensor("BF16", (64,), rng.integers(0, 1 << 15, 64, dtype=np.uint16))}
+    new = {"w": tensors.Tensor("BF16", (64,), base["w"].data ^ (rng.random(64) < 0.1).astype(np.uint16))}
+    tensors.save(base, str(d / "base.safetensors"))
+    tensors.save(new, str(d / "new.safetensors"))
+    (d / "delta.bin").write_bytes(codec.encode(base, new, version=1, base_version=0))
+    header = b'{"a":1}'
+    (d / "header.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+    (d / "latin1.toml").write_bytes('[run]\nname = "caf\xe9"\n'.encode("latin-1"))
+    (d / "a_file").write_text("x")
+    (d / "policy").mkdir()
+    (d / "policy" / "config.json").write_text('{"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe"}')
+    (d / "policy" / "model.safetensors").write_bytes(b"garbage" * 100)
+    return d
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["sync", "encode", "--base", "{d}/base.safetensors", "--new", "{d}/new.safetensors", "-o", "{d}"], "is a directory"),
+    (["sync", "encode", "--base", "{d}/base.safetensors", "--new", "{d}/new.safetensors", "-o", "{d}/missing/dir/f"], "does not exist"),
+    (["sync", "decode", "--base", "{d}/base.safetensors", "{d}/delta.bin", "-o", "{d}"], "is a directory"),
+    (["sync", "decode", "--base", "{d}/base.safetensors", "{d}/delta.bin", "-o", "{d}/missing/dir/f"], "does not exist"),
+    (["sync", "encode", "--base", "{d}/header.safetensors", "--new", "{d}/new.safetensors", "-o", "{d}/x"], "malformed"),
+    (["sync", "decode", "--base", "{d}/header.safetensors", "{d}/delta.bin", "-o", "{d}/x"], "malformed"),
+    (["midtrain", "-c", "{d}/latin1.toml"], "not UTF-8"),
+    (["midtrain", "-c", "{d}"], "is a directory"),
+    (["midtrain", "--set", "rl.lr=inf"], "not a finite number"),
+    (["tasks", "export", "--suite", "synthetic", "synthetic-d1-eval-0000", "{d}/a_file"], "not a directory"),
+    (["tasks", "check", "--suite", "synthetic", "synthetic-d1-eval-0000", "{d}", "--json", "{d}/a_file/x.json"], "cannot create"),
+    (["eval", "policy", "--policy", "{d}/policy"], "cannot load"),
+    (["eval", "policy", "--policy", "{d}/policy", "--set", "rollout.eval_difficulties=[]"], "rollout.eval_difficulties"),
+    (["eval", "policy", "--policy", "{d}/policy", "--set", "rollout.eval_difficulties=[7]"], "difficult"),
+    (["serve", "--checkpoint", "{d}/policy", "--port", "99999"], "--port"),
+    (["serve", "--checkpoint", "{d}/policy", "--max-batch", "0"], "--max-batch"),
+    (["sandbox", "run", "--timeout", "nan", "--", "true"], "--timeout"),
+    (["sandbox", "run", "--timeout", "inf", "--", "true"], "--timeout"),
+])
+def test_reported_tracebacks_are_one_line_exit_2(files, args, needle):
+    out = run_cli(*[a.replace("{d}", str(files)) for a in args])
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr
+    assert needle in out.stderr, out.stderr
+    assert len([line for line in out.stderr.splitlines() if line.startswith("strop: error")]) == 1

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from strop.data.chat import CHAT_TEMPLATE, EOS, IM_END, PAD, SPECIAL_TOKENS
 from strop.data.corpus import Document
-from strop.errors import UserError
+from strop.errors import UserError, one_line
 
 
 def train_tokenizer(docs: list[Document], vocab_size: int, sample_bytes: int):
@@ -49,7 +49,10 @@ def load_tokenizer(path: str | Path):
     p = Path(path)
     if not (p / "tokenizer.json").is_file():
         raise UserError(f"{str(p)!r} has no tokenizer.json: not a strop or Hugging Face tokenizer directory")
-    return AutoTokenizer.from_pretrained(str(p))
+    try:
+        return AutoTokenizer.from_pretrained(str(p))
+    except Exception as e:  # a damaged tokenizer.json or config (many error types): the user's files, one line
+        raise UserError(f"cannot load the tokenizer in {str(p)!r}: {one_line(e)}") from None
 
 
 def document_separator_id(tokenizer) -> int:

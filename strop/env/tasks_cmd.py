@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from strop.errors import UserError
+from strop.outputs import write_atomic
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,13 +63,19 @@ def run(args: argparse.Namespace) -> int:
     task = get_task(args.suite, args.id)
     root = Path(args.dir)
     if args.action == "export":
-        if root.exists() and any(root.iterdir()):
-            raise UserError(f"{root} is not empty")
+        note = root.parent / f"{root.name}.instruction.txt"
+        if root.exists() and (not root.is_dir() or any(root.iterdir())):
+            raise UserError(f"{root} is {'not empty' if root.is_dir() else 'not a directory'}; export writes a new or empty one")
+        if note.exists():
+            raise UserError(f"{note} exists; export does not overwrite it")
         from strop.env.checker import materialize
 
-        root.mkdir(parents=True, exist_ok=True)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"cannot create {root}: {e.strerror}") from None
         materialize(task, root)
-        (root.parent / f"{root.name}.instruction.txt").write_text(task.instruction + "\n")
+        note.write_text(task.instruction + "\n")
         print(task.instruction)
         print(f"wrote {len(task.files)} files to {root} (instruction also in {root.name}.instruction.txt beside it)")
         return 0
@@ -90,5 +97,5 @@ def run(args: argparse.Namespace) -> int:
     for f in flags:
         print(f"hack flag {f.kind}: {f.evidence}")
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        write_atomic(args.json, json.dumps(result, indent=2))
     return 0

@@ -7,6 +7,7 @@ load with `safetensors.torch.load_file`, and files written by it load here.
 """
 
 import json
+import math
 import struct
 from dataclasses import dataclass
 
@@ -58,17 +59,32 @@ def from_bytes(buf: bytes | memoryview) -> StateDict:
     (n,) = struct.unpack("<Q", buf[:8])
     if 8 + n > len(buf):
         raise ValueError("not a safetensors file (header runs past the end)")
-    header = json.loads(bytes(buf[8 : 8 + n]))
+    try:
+        header = json.loads(bytes(buf[8 : 8 + n]))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise ValueError("not a safetensors file (its header is not JSON)") from None
+    if not isinstance(header, dict):
+        raise ValueError("not a safetensors file (its header is not a JSON object)")
     header.pop("__metadata__", None)
     data = buf[8 + n :]
     out = {}
     for name, h in header.items():
+        if not _well_formed(h):
+            raise ValueError(f"safetensors entry {name!r} is malformed (needs dtype, shape and data_offsets)")
         begin, end = h["data_offsets"]
         dt = bits_dtype(h["dtype"])
-        if end > len(data) or (end - begin) != dt.itemsize * int(np.prod(h["shape"], dtype=np.int64)):
+        if not 0 <= begin <= end <= len(data) or (end - begin) != dt.itemsize * math.prod(h["shape"]):
             raise ValueError(f"safetensors entry {name!r} is truncated or inconsistent")
         out[name] = Tensor(h["dtype"], tuple(h["shape"]), np.frombuffer(data[begin:end], dtype=dt))
     return out
+
+
+def _well_formed(h) -> bool:
+    def naturals(v) -> bool:
+        return isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)
+
+    return (isinstance(h, dict) and isinstance(h.get("dtype"), str) and naturals(h.get("shape"))
+            and naturals(h.get("data_offsets")) and len(h["data_offsets"]) == 2)
 
 
 def to_bytes(state: StateDict) -> bytes:

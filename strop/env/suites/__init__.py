@@ -9,6 +9,7 @@
 """
 
 import importlib
+import inspect
 
 from strop.env.task import Task
 from strop.errors import UserError
@@ -43,6 +44,10 @@ def load_suite(name: str, split: str | None = None, **opts) -> list[Task]:
     if split not in (None, "train", "eval"):
         raise UserError(f"unknown split {split!r}; choose train or eval")
     variant = split_name(name)[1]
+    unknown = sorted(set(opts) - set(inspect.signature(module.load).parameters))
+    if unknown:  # e.g. a difficulty for a suite without difficulties
+        raise UserError(f"suite {name!r} takes no {unknown[0]!r} (its options: "
+                        f"{', '.join(p for p in inspect.signature(module.load).parameters if p != 'split') or 'none'})")
     return module.load(split, **opts, **({"variant": variant} if variant else {}))
 
 

@@ -28,6 +28,7 @@ from strop.env.task import Task
 from strop.errors import UserError
 
 SIZES = {"train": 2000, "eval": 300}
+DIFFICULTIES = (1, 2, 3)
 PACKAGES = ["toolbox", "utilkit", "corelib", "helpers", "pyutils", "commons", "basekit", "libtools"]
 MODULES = {"math": ["mathutil", "numeric", "calc"], "text": ["strings", "textops", "formatting"],
            "parse": ["parsing", "readers", "decode"], "seq": ["seqs", "listops", "collections_ext"]}
@@ -118,7 +119,7 @@ def parse_themes(variant: str) -> tuple[str, ...]:
 
 def make_task(difficulty: int, split: str, index: int, themes: tuple[str, ...] = ()) -> Task:
     """Task `index` of (difficulty, split), its bug in a function of `themes` (any when empty); deterministic."""
-    assert difficulty in (1, 2, 3), difficulty
+    assert difficulty in DIFFICULTIES, difficulty
     rng = Random(f"synthetic/{'+'.join(themes) + '/' if themes else ''}{difficulty}/{split}/{index}")
     while True:  # rejection sampling: a few bug/input draws fail verification
         task = _attempt(rng, difficulty, split, index, themes)
@@ -189,8 +190,10 @@ def load(split: str | None = None, difficulty: int | None = None, limit: int | N
     """Tasks of one split (both when None) and difficulty (all when None); `limit` per
     (split, difficulty). Train skips any task whose files equal an eval task's."""
     themes = parse_themes(variant)
+    if difficulty is not None and difficulty not in DIFFICULTIES:
+        raise UserError(f"suite synthetic has no difficulty {difficulty}; its difficulties are {list(DIFFICULTIES)}")
     out = []
-    for d in ([difficulty] if difficulty else [1, 2, 3]):
+    for d in ([difficulty] if difficulty else DIFFICULTIES):
         n_eval = min(SIZES["eval"], limit or SIZES["eval"])
         evals = [make_task(d, "eval", i, themes) for i in range(SIZES["eval"] if split != "eval" else n_eval)]
         if split in (None, "eval"):
