@@ -80,6 +80,8 @@ def files(tmp_path_factory):
     (["serve", "--checkpoint", "{d}/policy", "--max-batch", "0"], "--max-batch"),
     (["sandbox", "run", "--timeout", "nan", "--", "true"], "--timeout"),
     (["sandbox", "run", "--timeout", "inf", "--", "true"], "--timeout"),
+    (["agent", "--world", "{d}", "--endpoint", "http://127.0.0.1:9", "--tokenizer", "{d}", "hi"], "--endpoint"),
+    (["agent", "--world", "{d}", "--endpoint", "not a url", "--tokenizer", "{d}", "hi"], "--endpoint"),
 ])
 def test_reported_tracebacks_are_one_line_exit_2(files, args, needle):
     out = run_cli(*[a.replace("{d}", str(files)) for a in args])

@@ -201,3 +201,25 @@ def test_small_tensors_share_a_group_payload_and_damage_names_its_members(snaps)
     with pytest.raises(codec.DeltaError, match="wrong base") as err:
         codec.decode(wrong, blob, check_base=False)  # the members' result crcs catch it
     assert "t2" in err.value.tensors
+
+
+def test_bench_sync_on_equal_snapshots_says_so(tmp_path):
+    """The reproduction: an RL stage whose weights did not change left two equal snapshots, and
+    `strop bench sync` crashed dividing by the empty index-value delta. Now the newest differing
+    pair is measured, and a directory of equal ones is a one-line error before any work."""
+    import subprocess
+    import sys
+
+    from strop.bench.sync import _load_demo_run
+
+    rng = np.random.default_rng(0)
+    w = rng.integers(0, 1 << 15, 1000, dtype=np.uint16)
+    for v, data in ((1, w ^ 1), (2, w), (3, w)):  # v2 -> v3 changed nothing
+        tensors.save({"w": tensors.Tensor("BF16", (1000,), data)}, str(tmp_path / f"v{v:06d}.safetensors"))
+    (old, new), info = _load_demo_run(str(tmp_path))
+    assert "v000001" in info["source"] and not np.array_equal(old["w"].data, new["w"].data)
+    (tmp_path / "v000001.safetensors").unlink()
+    assert _load_demo_run(str(tmp_path)) is None
+    out = subprocess.run([sys.executable, "-m", "strop.cli", "bench", "sync", "--quick", "--no-fanout",
+                          "--demo-run", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "all equal" in out.stderr and "Traceback" not in out.stderr, out.stderr

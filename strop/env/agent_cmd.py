@@ -49,7 +49,12 @@ def _policy(args):
         return EnginePolicy(engine), tokenizer, engine.max_len
     if not args.tokenizer:
         raise UserError("--endpoint needs --tokenizer DIR (the policy's tokenizer, for the chat format's token ids)")
-    return EndpointClient(args.endpoint, model=args.model), load_tokenizer(args.tokenizer), None
+    client = EndpointClient(args.endpoint, model=args.model)
+    try:
+        client.connect()  # before the sandbox starts: an unreachable endpoint is a user mistake
+    except ConnectionError as e:
+        raise UserError(f"--endpoint: {e}") from None
+    return client, load_tokenizer(args.tokenizer), None
 
 
 def _show(message: dict) -> None:

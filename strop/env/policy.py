@@ -65,9 +65,22 @@ class EndpointClient:
         except urllib.error.HTTPError as e:
             raise RuntimeError(f"{self.url}: HTTP {e.code}: {e.read()[:300].decode(errors='replace')}") from None
 
+    def connect(self) -> str:
+        """Check that the server answers `/v1/models` and settle the model (the first listed when
+        `model` is None); raises ConnectionError saying why not (unreachable, not such a server)."""
+        try:
+            models = [m["id"] for m in self._request("/v1/models")["data"]]
+        except (OSError, ValueError, RuntimeError, KeyError, TypeError) as e:  # URLError is an OSError
+            raise ConnectionError(f"{self.url} is not an OpenAI-compatible server that answers: "
+                                  f"{getattr(e, 'reason', None) or e}") from None
+        if not models or (self.model is not None and self.model not in models):
+            raise ConnectionError(f"{self.url} serves {models}, not {self.model!r}")
+        self.model = self.model or models[0]
+        return self.model
+
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         if self.model is None:
-            self.model = self._request("/v1/models")["data"][0]["id"]
+            self.connect()
         body = {"model": self.model, "prompt": prompt_ids, "max_tokens": params.max_tokens,
                 "temperature": params.temperature, "top_p": params.top_p, "logprobs": 0,
                 "stop_token_ids": list(params.stop_token_ids), "skip_special_tokens": False,
