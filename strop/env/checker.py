@@ -24,14 +24,13 @@ import fnmatch
 import secrets
 import shutil
 import sys
-import tempfile
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
-from strop.env.sandbox import Limits, open_sandbox
+from strop.env.sandbox import Limits, open_sandbox, scratch_dir
 from strop.env.task import Task
 
 Mode = Literal["binary", "fraction"]
@@ -140,7 +139,7 @@ def _prepare(task: Task, root: Path, kept: dict, tests: dict[str, str]) -> Path:
 
 
 def _run(task: Task, kept: dict, tests: dict[str, str], n_tests: int, mode: Mode, limits: Limits) -> Score:
-    world = Path(tempfile.mkdtemp(prefix="strop-check-"))
+    world = scratch_dir("check")
     sandbox = None
     try:
         sandbox = open_sandbox(_prepare(task, world, kept, tests), limits)

@@ -25,15 +25,13 @@ Self-summarization (a later issue) plugs in there; without a hook, a full window
 """
 
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 from strop.data.chat import EOS, GENERATION_PROMPT, IM_END, SPECIAL_TOKENS, parse_assistant, render_message, render_system
 from strop.env.policy import PolicyClient, SamplingParams
-from strop.env.sandbox import WORKDIR, Limits, Sandbox, open_sandbox
+from strop.env.sandbox import WORKDIR, Limits, Sandbox, open_sandbox, scratch_dir
 from strop.env.segment import Episode, Segment
 from strop.env.task import Task
 from strop.env.tools import TOOLS, execute
@@ -210,7 +208,7 @@ def run_task(harness: Harness, policy: PolicyClient, task: Task, limits: Limits 
     and the workspace changes (relative path -> bytes, None = deleted) for the checker."""
     from strop.env.checker import materialize
 
-    world = Path(tempfile.mkdtemp(prefix="strop-world-"))
+    world = scratch_dir("world")
     try:
         materialize(task, world)
         sandbox = open_sandbox(world, limits)

@@ -14,8 +14,8 @@ learns from the task itself.
 
 import argparse
 import json
+import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 from strop.errors import UserError
@@ -120,13 +120,18 @@ def run(args: argparse.Namespace) -> int:
 
     from strop.threads import set_threads
 
+    from strop.env.sandbox import scratch_dir
+
     host_env = dict(os.environ)  # before set_threads adds OMP_NUM_THREADS & co, which `nproc` obeys
     set_threads(1)
     if args.world is not None and not args.world.is_dir():
         raise UserError(f"--world {args.world} is not a directory")
-    with tempfile.TemporaryDirectory(prefix="strop-world-") as empty:
-        world = args.world or Path(empty)
+    empty = scratch_dir("world")  # swept by a later strop process if this one is killed
+    try:
+        world = args.world or empty
         rows = compare(probe_sandbox(world), probe_host(world, host_env))
+    finally:
+        shutil.rmtree(empty, ignore_errors=True)
     w = args.width
     name_w = max(len(r["probe"]) for r in rows)
     print(f"{'probe':<{name_w}}  {'sandbox':<{w}}  {'host':<{w}}  same")

@@ -7,11 +7,14 @@ plug in behind `open_sandbox`.
 """
 
 import math
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
 
 WORKDIR = "/home/dev/repo"  # where the repository appears inside the sandbox (the production path)
+SCRATCH_KINDS = ("sbx", "world", "check")  # host directories strop-<kind>-<pid>-*, swept when <pid> is dead
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,14 @@ class Sandbox(Protocol):
     def close(self) -> None:
         """Kill everything still running and delete the copy-on-write layer. Idempotent."""
         ...
+
+
+def scratch_dir(kind: str) -> Path:
+    """A fresh host directory for a world a sandbox opens (a task's repository, a checker's world),
+    named strop-<kind>-<pid>-* in the temp dir. Its owner removes it; when the owner is killed first,
+    the next strop process to start a sandbox removes it (the backend's sweep of dead owners')."""
+    assert kind in SCRATCH_KINDS, kind
+    return Path(tempfile.mkdtemp(prefix=f"strop-{kind}-{os.getpid()}-"))
 
 
 def open_sandbox(world: Path, limits: Limits = Limits(), image: str = "/") -> Sandbox:

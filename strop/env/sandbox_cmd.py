@@ -8,8 +8,8 @@ timeout, like coreutils `timeout`.
 
 import argparse
 import math
+import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from strop.errors import UserError
@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("no command given: strop sandbox run [options] -- CMD [ARGS...]")
     if args.world is not None and not args.world.is_dir():
         raise UserError(f"--world {args.world} is not a directory")
-    from strop.env.sandbox import Limits, open_sandbox
+    from strop.env.sandbox import Limits, open_sandbox, scratch_dir
 
     if not (math.isfinite(args.timeout) and args.timeout > 0):  # `nan <= 0` is false: NaN meant no limit
         raise UserError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
@@ -44,12 +44,15 @@ def run(args: argparse.Namespace) -> int:
         streams[stream].write(data)
         streams[stream].flush()
 
-    with tempfile.TemporaryDirectory(prefix="strop-world-") as empty:
-        sb = open_sandbox(args.world or Path(empty), limits)
+    empty = scratch_dir("world")  # swept by a later strop process if this one is killed
+    try:
+        sb = open_sandbox(args.world or empty, limits)
         try:
             res = sb.exec(cmd, on_output=show)
         finally:
             sb.close()
+    finally:
+        shutil.rmtree(empty, ignore_errors=True)
     if res.stdout_truncated or res.stderr_truncated:
         print(f"\nstrop: output truncated at {limits.output_bytes} bytes per stream", file=sys.stderr)
     if res.timed_out:
