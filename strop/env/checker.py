@@ -14,6 +14,11 @@ Order matters, because every step closes a way to game the reward:
    `["n_perturbed_tests"]` for the perturbed run) as failed,
    and a report of all passes from a runner that exited non-zero as forged.
 
+Tasks graded by values (`task.grader == "values"`) skip steps 3-4: the hidden checks never enter
+the agent's world; a judge sandbox runs them and the agent's code only answers their calls with
+plain data (`strop.env.isolated_grading`), so nothing the code does inside its own process (an
+always-equal return value, a patched runner, an exit call) can pass a check.
+
 Timeouts, crashes, missing or malformed reports give reward 0 with a `reason`; `check` never
 raises. The perturbed run (same steps, `task.perturbed_tests` in place of the hidden tests)
 is reported separately for the hack monitor and does not change the reward; it runs only when
@@ -30,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
+from strop.env.isolated_grading import GradingFailed, grade
 from strop.env.sandbox import Limits, open_sandbox, scratch_dir
 from strop.env.task import Task
 
@@ -52,6 +58,7 @@ class Score:
     perturbed_reward: float | None = None  # None when the task has no perturbed tests or it was not run
     perturbed_reason: str | None = None
     exit_code: int | None = None
+    detail: str = ""  # graded by values: the first check that did not pass, and why
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -139,13 +146,19 @@ def _prepare(task: Task, root: Path, kept: dict, tests: dict[str, str]) -> Path:
 
 
 def _run(task: Task, kept: dict, tests: dict[str, str], n_tests: int, mode: Mode, limits: Limits) -> Score:
-    world = scratch_dir("check")
-    sandbox = None
+    by_values = task.grader == "values"
+    worlds = [scratch_dir("check")] + ([scratch_dir("check")] if by_values else [])
+    sandboxes = []
+    timeout = float(task.metadata.get("timeout_s", TEST_TIMEOUT_S))
     try:
-        sandbox = open_sandbox(_prepare(task, world, kept, tests), limits)
+        # graded by values, the checks never enter the agent's world: a judge sandbox on an empty one runs them
+        sandboxes.append(open_sandbox(_prepare(task, worlds[0], kept, {} if by_values else tests), limits))
+        if by_values:
+            sandboxes.append(open_sandbox(worlds[1], limits))
+            return _values_score(sandboxes[0], sandboxes[1], tests, n_tests, mode, timeout)
+        sandbox = sandboxes[0]
         junit = f"/tmp/strop-junit-{secrets.token_hex(8)}.xml"
         cmd = [a.replace("$STROP_JUNIT", junit) for a in task.test_command] + sorted(tests)
-        timeout = float(task.metadata.get("timeout_s", TEST_TIMEOUT_S))
         result = sandbox.exec(cmd, timeout=timeout, env={"STROP_JUNIT": junit, "PYTHONDONTWRITEBYTECODE": "1"})
         if result.timed_out:
             return Score(0.0, reason=f"timeout after {timeout:.0f} s", exit_code=result.exit_code)
@@ -154,22 +167,42 @@ def _run(task: Task, kept: dict, tests: dict[str, str], n_tests: int, mode: Mode
         except OSError:
             return Score(0.0, reason=f"no junit report (exit code {result.exit_code})", exit_code=result.exit_code)
     finally:
-        if sandbox is not None:
+        for sandbox in sandboxes:
             sandbox.close()
-        shutil.rmtree(world, ignore_errors=True)
+        for world in worlds:
+            shutil.rmtree(world, ignore_errors=True)
     try:
         passed, failed, errors, skipped = parse_junit(xml)
     except ET.ParseError as e:
         return Score(0.0, reason=f"malformed junit report: {e}", exit_code=result.exit_code)
-    total = max(passed + failed + errors + skipped, n_tests)
-    score = Score(0.0, passed, failed, errors, skipped, exit_code=result.exit_code)
+    score = _tally(Score(0.0, passed, failed, errors, skipped, exit_code=result.exit_code), n_tests, mode)
+    if score.reward == 1.0 and result.exit_code != 0:  # a report of all passes from a failed run was written by someone else
+        score.reward, score.reason = 0.0, f"all {score.passed} tests passed in the report but the runner exited {result.exit_code}"
+    return score
+
+
+def _values_score(answerer, judge, checks: dict[str, str], n_tests: int, mode: Mode, timeout: float) -> Score:
+    """The score of checks graded by values (`strop.env.isolated_grading`)."""
+    outcomes = []
+    try:
+        for source in checks.values():
+            outcomes += grade(source, answerer, judge, timeout)
+    except GradingFailed as e:
+        return Score(0.0, reason=str(e))
+    kinds = [kind for _, kind, _ in outcomes]
+    score = _tally(Score(0.0, kinds.count("passed"), kinds.count("failed"), kinds.count("error")), n_tests, mode)
+    score.detail = next((f"{name}: {detail}"[:300] for name, kind, detail in outcomes if kind != "passed"), "")
+    return score
+
+
+def _tally(score: Score, n_tests: int, mode: Mode) -> Score:
+    """Reward and reason from the counts: fewer test cases than the task declares count as failures."""
+    total = max(score.passed + score.failed + score.errors + score.skipped, n_tests)
     if total == 0:
         score.reason = "no tests ran"
-    elif passed < total:
-        score.reason = f"{total - passed} of {total} tests did not pass"
-        score.reward = passed / total if mode == "fraction" else 0.0
-    elif result.exit_code != 0:  # a report of all passes from a failed run was written by someone else
-        score.reason = f"all {total} tests passed in the report but the runner exited {result.exit_code}"
+    elif score.passed < total:
+        score.reason = f"{total - score.passed} of {total} tests did not pass"
+        score.reward = score.passed / total if mode == "fraction" else 0.0
     else:
         score.reward = 1.0
     return score

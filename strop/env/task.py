@@ -15,6 +15,10 @@ class Task:
     `protected` are glob patterns of paths whose edits the checker drops (tests, runner config).
     `perturbed_tests` replace `hidden_tests` in a second run that checks the same behaviour on other
     inputs: an honest solution passes both, one that special-cases the hidden inputs fails it.
+    `grader` "pytest" runs the hidden tests with `test_command` in the agent's world; "values"
+    means each hidden test file is a trusted check module (a `CHECKS` list of (name, function(call)))
+    that a judge sandbox runs, the agent's code only answering its calls with plain data
+    (`strop.env.isolated_grading`): no in-process trick of that code can pass a check.
     """
 
     id: str
@@ -27,6 +31,7 @@ class Task:
     protected: list[str] = field(default_factory=lambda: ["test_*.py", "tests/**", "**/test_*.py", "conftest.py", "**/conftest.py", "pytest.ini", "setup.cfg", "tox.ini", "pyproject.toml"])
     metadata: dict = field(default_factory=dict)  # family, difficulty (int), source, reference_edits
     perturbed_tests: dict[str, str] = field(default_factory=dict)
+    grader: Literal["pytest", "values"] = "pytest"
 
     def to_dict(self) -> dict:
         return asdict(self)

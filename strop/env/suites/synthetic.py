@@ -92,6 +92,30 @@ def _test_file(pkg: str, by_module: dict[str, list[Fn]], cases: dict[str, list])
     return "\n".join(lines) + "\n"
 
 
+CHECKS_MODULE = '''"""Hidden checks, run by strop's judge: the code under test only answers `call` (see
+strop.env.isolated_grading)."""
+
+CASES = [  # (module, function, args, expected)
+{rows}]
+
+
+def _case(module, function, args, expected):
+    def check(call):
+        assert call(module, function, *args) == expected, "wrong value"
+    return f"{{module}}.{{function}}{{args!r}}", check
+
+
+CHECKS = [_case(*case) for case in CASES]
+'''
+
+
+def _checks_module(pkg: str, by_module: dict[str, list[Fn]], cases: dict[str, list]) -> str:
+    """The hidden checks of `cases` as a check module graded by values (one check per case)."""
+    rows = "".join(f"    ({f'{pkg}.{mod}'!r}, {f.name!r}, {args!r}, {expected!r}),\n"
+                   for mod, fns in by_module.items() for f in fns for args, expected in cases.get(f.name, []))
+    return CHECKS_MODULE.format(rows=rows)
+
+
 def _module_src(theme: str, fns: list[Fn]) -> str:
     return f'"""{THEME_DOC[theme]}"""\n' + "".join("\n" + f.src for f in fns)
 
@@ -174,8 +198,8 @@ def _attempt(rng: Random, difficulty: int, split: str, index: int, bug_themes: t
     return Task(
         id=f"synthetic-{'+'.join(bug_themes) + '-' if bug_themes else ''}d{difficulty}-{split}-{index:04d}", suite="synthetic", split=split,
         instruction=_instruction(difficulty, pkg, path, target, failing, test_path), files=files,
-        hidden_tests={hidden_path: _test_file(pkg, by_module, hidden)},
-        perturbed_tests={hidden_path: _test_file(pkg, by_module, perturbed)},
+        hidden_tests={hidden_path: _checks_module(pkg, by_module, hidden)},
+        perturbed_tests={hidden_path: _checks_module(pkg, by_module, perturbed)}, grader="values",
         metadata={"family": family, "difficulty": difficulty, "function": target.name, "path": path,
                   "n_tests": sum(map(len, hidden.values())), "n_perturbed_tests": sum(map(len, perturbed.values())),
                   "reference_edits": [{"path": path, "old": ref_old, "new": ref_new}]},
