@@ -239,10 +239,11 @@ def run(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     # the demo's snapshots first: a bad --demo-run is a user mistake, found before minutes of work
-    demo_run = args.demo_run or (DEMO_SNAPSHOTS if len(glob.glob(f"{DEMO_SNAPSHOTS}/*.safetensors")) >= 2 else None)
-    loaded = _load_demo_run(demo_run) if demo_run else None
-    if demo_run and loaded is None:
-        if args.demo_run:
+    given = args.demo_run is not None
+    demo_run = args.demo_run if given else (DEMO_SNAPSHOTS if len(glob.glob(f"{DEMO_SNAPSHOTS}/*.safetensors")) >= 2 else None)
+    loaded = _load_demo_run(demo_run) if demo_run is not None else None
+    if demo_run is not None and loaded is None:
+        if given:
             raise UserError(f"--demo-run {demo_run}: its snapshots are all equal (the weights did not change); "
                             "there is no delta to measure")
         print(f"  {demo_run}: the snapshots are equal (the RL run changed no weight); capturing a delta here", flush=True)
