@@ -39,6 +39,28 @@ def remove_run_dir(run_dir: Path, out_dir: Path) -> None:
     shutil.rmtree(resolved)
 
 
+OUTPUT_MARKER = ".strop-output"  # in a directory a command made and may therefore overwrite and clear
+
+
+def claim_dir(path: Path, command: str) -> Path:
+    """`path` as the output directory of `command`, which will overwrite and delete things inside it:
+    it must be new, empty, or made by `command` before (it holds OUTPUT_MARKER naming it), never a
+    folder of the user's (`strop train --out runs/sft/model` would overwrite that model's config.json)."""
+    path = Path(path)
+    marker = path / OUTPUT_MARKER
+    if path.exists() and not path.is_dir():
+        raise UserError(f"output directory {str(path)!r} is a file")
+    if path.is_dir() and any(path.iterdir()) and not (marker.is_file() and marker.read_text().strip() == command):
+        raise UserError(f"output directory {str(path)!r} is not empty and was not made by `strop {command}`; "
+                        "choose a new or empty one")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create output directory {str(path)!r}: {e.strerror}") from None
+    marker.write_text(command + "\n")
+    return path
+
+
 def check_output_file(path: str | os.PathLike, make_parents: bool = False) -> Path:
     """The path a command will write a file to, refused up front (before any work) when it cannot be:
     a directory, or a file in a directory that does not exist (created instead with `make_parents`)."""

@@ -73,7 +73,7 @@ def files(tmp_path_factory):
     (["midtrain", "--set", "rl.lr=inf"], "not a finite number"),
     (["tasks", "export", "--suite", "synthetic", "synthetic-d1-eval-0000", "{d}/a_file"], "not a directory"),
     (["tasks", "check", "--suite", "synthetic", "synthetic-d1-eval-0000", "{d}", "--json", "{d}/a_file/x.json"], "cannot create"),
-    (["eval", "policy", "--policy", "{d}/policy"], "cannot load"),
+    (["eval", "policy", "--policy", "{d}/policy", "--set", "rollout.eval_episodes=1"], "cannot load"),
     (["eval", "policy", "--policy", "{d}/policy", "--set", "rollout.eval_difficulties=[]"], "rollout.eval_difficulties"),
     (["eval", "policy", "--policy", "{d}/policy", "--set", "rollout.eval_difficulties=[7]"], "difficult"),
     (["serve", "--checkpoint", "{d}/policy", "--port", "99999"], "--port"),
@@ -81,6 +81,8 @@ def files(tmp_path_factory):
     (["sandbox", "run", "--timeout", "nan", "--", "true"], "--timeout"),
     (["sandbox", "run", "--timeout", "inf", "--", "true"], "--timeout"),
     (["agent", "--world", "{d}", "--endpoint", "http://127.0.0.1:9", "--tokenizer", "{d}", "hi"], "--endpoint"),
+    (["train", "--policy", "{d}/policy", "--out", "{d}/policy"], "not made by `strop train`"),
+    (["bench", "async", "--out", "{d}"], "not made by `strop bench async`"),
     (["agent", "--world", "{d}", "--endpoint", "not a url", "--tokenizer", "{d}", "hi"], "--endpoint"),
 ])
 def test_reported_tracebacks_are_one_line_exit_2(files, args, needle):
@@ -89,3 +91,16 @@ def test_reported_tracebacks_are_one_line_exit_2(files, args, needle):
     assert "Traceback" not in out.stderr
     assert needle in out.stderr, out.stderr
     assert len([line for line in out.stderr.splitlines() if line.startswith("strop: error")]) == 1
+
+
+def test_tasks_check_json_into_a_new_directory_is_written(files, tmp_path):
+    """`tasks check ... --json missing/dir/x.json` raised after the check had run; its parents are
+    made up front instead, as every --json report's are."""
+    import json
+
+    repo = tmp_path / "repo"
+    assert run_cli("tasks", "export", "--suite", "synthetic", "synthetic-d1-eval-0000", str(repo)).returncode == 0
+    out = tmp_path / "missing" / "dir" / "x.json"
+    res = run_cli("tasks", "check", "--suite", "synthetic", "synthetic-d1-eval-0000", str(repo), "--json", str(out))
+    assert res.returncode == 0, res.stderr
+    assert json.loads(out.read_text())["reward"] == 0.0  # the bug is still there

@@ -12,7 +12,7 @@ import pytest
 
 from strop.config import load_config
 from strop.errors import UserError
-from strop.outputs import check_output_file, remove_run_dir, write_atomic
+from strop.outputs import check_output_file, claim_dir, remove_run_dir, write_atomic
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -69,6 +69,23 @@ def test_remove_run_dir_guards(tmp_path, monkeypatch):
     remove_run_dir(run, out)  # a run directory the demo made: removed
     assert not run.exists() and out.is_dir()
     remove_run_dir(run, out)  # nothing there: nothing to do
+
+
+def test_claim_dir_never_takes_a_folder_it_did_not_make(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    with pytest.raises(UserError, match="not made by `strop train`"):
+        claim_dir(model, "train")
+    assert sorted(p.name for p in model.iterdir()) == ["config.json"]
+    assert claim_dir(tmp_path / "new" / "rl", "train").is_dir()
+    claim_dir(tmp_path / "new" / "rl", "train")  # its own: taken again (a resumed run)
+    with pytest.raises(UserError, match="bench async"):
+        claim_dir(tmp_path / "new" / "rl", "bench async")
+    (tmp_path / "empty").mkdir()
+    claim_dir(tmp_path / "empty", "train")
+    with pytest.raises(UserError, match="is a file"):
+        claim_dir(model / "config.json", "train")
 
 
 def test_check_output_file(tmp_path):

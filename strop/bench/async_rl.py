@@ -101,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
     from strop.bench.table import format_table, write_json
     from strop.config import load_config
     from strop.errors import UserError
+    from strop.outputs import claim_dir
     from strop.rl.evaluate import eval_tasks, evaluate
     from strop.rl.train_cmd import train_rl
     from strop.runtime.inline import split_cores
@@ -113,8 +114,7 @@ def run(args: argparse.Namespace) -> int:
     if min(steps, repeats, episodes) < 1:
         raise UserError("bench async: --steps, --repeats and --eval-episodes must be at least 1")
     cfg = load_config(args.config, BENCH + [f"rl.steps={steps}", f"rollout.eval_episodes={episodes}"] + args.overrides)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = claim_dir(Path(args.out), "bench async")  # it deletes and rewrites its runs in there
     t0 = time.perf_counter()
     policy = Path(args.policy) if args.policy else tiny_policy(out)
     tasks = eval_tasks(cfg)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from strop.config import Config, add_config_arguments, config_from_args, to_dict
 from strop.errors import UserError
-from strop.outputs import write_atomic
+from strop.outputs import claim_dir, write_atomic
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,9 +66,9 @@ def train_rl(cfg: Config, *, mode: str = "async", runtime: str = "inline", polic
     out = Path(out_dir or cfg.run_dir / "rl")
     if not is_model_dir(policy_dir):
         raise UserError(f"no policy at {str(policy_dir)!r}; run `strop sft` first or pass --policy DIR")
+    claim_dir(out, "train")  # it overwrites config.json, checkpoint/, model/ in there
     if (out / "result.json").is_file():
         return json.loads((out / "result.json").read_text())
-    out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
     tasks = {t.id: t for t in train_tasks(cfg)}
     rt = start_runtime(cfg, runtime, str(policy_dir), tasks, ray_address=ray_address, cpus=cpus,
