@@ -52,7 +52,7 @@ def demonstrator_mix(s: SFTSection):
     """The demonstrator population the `[sft]` section describes."""
     from strop.env.oracle import DemonstratorMix
 
-    return DemonstratorMix(careful=s.careful, wrong_first=s.wrong_first, misremember=s.misremember,
+    return DemonstratorMix(careful=s.careful, suspects=s.suspects, misremember=s.misremember,
                            max_wrong=s.max_wrong, run_tests=s.demo_tests)
 
 
