@@ -102,6 +102,8 @@ class SFTSection:
     lr: float = opt(1e-3, "peak learning rate", gt=0)
     warmup_steps: int = opt(20, "linear warmup steps", ge=0)
     max_steps: int = opt(2000, "upper bound on optimizer steps; early stopping usually ends sooner", ge=1)
+    min_lr_ratio: float = opt(1.0, "lr at max_steps as a fraction of the peak, reached by a cosine after warmup "
+                              "(1 = constant)", ge=0, le=1)
     eval_every: int = opt(25, "held-out demonstration loss every N steps", ge=1)
     patience: int = opt(4, "stop after this many evaluations without improvement", ge=1)
     weight_decay: float = opt(0.0, "AdamW weight decay", ge=0)
