@@ -3,7 +3,7 @@
 Impossible settings (a port outside 0-65535, no KV-cache slot, a context past the model's limit)
 and a port already in use are refused before the model loads, as one line and exit 2. On SIGTERM
 or Ctrl-C requests in flight get `GRACEFUL_S` seconds to finish; then they are cancelled (which
-cancels their generation) and the process ends by the signal, as uvicorn re-raises it.
+cancels their generation), and uvicorn re-raises the signal: SIGTERM exits 143 like any command.
 """
 
 import argparse
@@ -38,14 +38,8 @@ def listen(host: str, port: int) -> socket.socket:
         raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.max_batch < 1:
-        raise UserError(f"--max-batch must be at least 1, got {args.max_batch}")
-    if args.max_len is not None and args.max_len < 2:
-        raise UserError(f"--max-len must be at least 2, got {args.max_len}")
-    if args.threads is not None and args.threads < 1:
-        raise UserError(f"--threads must be at least 1, got {args.threads}")
-    sock = listen(args.host, args.port)
+def serve(args: argparse.Namespace, sock: socket.socket) -> None:
+    """Load the checkpoint and serve it on `sock` until SIGTERM or Ctrl-C."""
     from strop.threads import set_threads
 
     set_threads(args.threads)
@@ -70,4 +64,15 @@ def run(args: argparse.Namespace) -> int:
         server.run(sockets=[sock])
     finally:
         engine.stop()
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.max_batch < 1:
+        raise UserError(f"--max-batch must be at least 1, got {args.max_batch}")
+    if args.max_len is not None and args.max_len < 2:
+        raise UserError(f"--max-len must be at least 2, got {args.max_len}")
+    if args.threads is not None and args.threads < 1:
+        raise UserError(f"--threads must be at least 1, got {args.threads}")
+    with listen(args.host, args.port) as sock:  # closed however serving ends, or fails to start
+        serve(args, sock)
     return 0
