@@ -1,6 +1,8 @@
 """Shared fixtures: a tokenizer trained in-session on a slice of real code, and tiny models of
 each supported architecture built from it. No downloads."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -41,3 +43,34 @@ def tiny_moe(tiny_tokenizer):
 
     torch.manual_seed(0)
     return build_model(tiny_model_section("qwen3_moe"), tiny_tokenizer, seed=0).eval()
+
+
+@contextlib.contextmanager
+def served_tiny_moe(tokenizer, **engine_kwargs):
+    """A tiny Qwen3-MoE engine behind the real HTTP server on a free port: yields (url, engine)."""
+    from strop.engine.engine import Engine
+    from strop.engine.server import serve_in_thread
+    from strop.model.policy import build_model
+
+    model = build_model(tiny_model_section("qwen3_moe"), tokenizer, seed=0).eval()
+    engine = Engine(model, tokenizer, **engine_kwargs)
+    url, stop = serve_in_thread(engine, "tiny")
+    try:
+        yield url, engine
+    finally:
+        stop()
+
+
+def write_delta_files(d, elements: int = 64) -> None:
+    """`d/base.safetensors`, `d/new.safetensors` (10% of the bf16 values changed) and `d/delta.bin`
+    taking one to the other: real inputs for the sync commands and their fuzzing."""
+    import numpy as np
+
+    from strop.sync import codec, tensors
+
+    rng = np.random.default_rng(0)
+    base = {"w": tensors.Tensor("BF16", (elements,), rng.integers(0, 1 << 15, elements, dtype=np.uint16))}
+    new = {"w": tensors.Tensor("BF16", (elements,), base["w"].data ^ (rng.random(elements) < 0.1).astype(np.uint16))}
+    tensors.save(base, str(d / "base.safetensors"))
+    tensors.save(new, str(d / "new.safetensors"))
+    (d / "delta.bin").write_bytes(codec.encode(base, new, version=1, base_version=0))

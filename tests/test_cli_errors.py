@@ -40,17 +40,10 @@ def files(tmp_path_factory):
     """A small base/new safetensors pair, a delta between them, and broken inputs."""
     import struct
 
-    import numpy as np
-
-    from strop.sync import codec, tensors
+    from tests.conftest import write_delta_files
 
     d = tmp_path_factory.mktemp("cli")
-    rng = np.random.default_rng(0)
-    base = {"w": tensors.Tensor("BF16", (64,), rng.integers(0, 1 << 15, 64, dtype=np.uint16))}
-    new = {"w": tensors.Tensor("BF16", (64,), base["w"].data ^ (rng.random(64) < 0.1).astype(np.uint16))}
-    tensors.save(base, str(d / "base.safetensors"))
-    tensors.save(new, str(d / "new.safetensors"))
-    (d / "delta.bin").write_bytes(codec.encode(base, new, version=1, base_version=0))
+    write_delta_files(d)
     header = b'{"a":1}'
     (d / "header.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
     (d / "latin1.toml").write_bytes('[run]\nname = "caf\xe9"\n'.encode("latin-1"))

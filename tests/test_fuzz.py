@@ -27,6 +27,7 @@ import torch
 from strop.cli import main
 from strop.config import Config, load_config
 from strop.errors import UserError
+from tests.conftest import served_tiny_moe, write_delta_files
 
 REPO = Path(__file__).resolve().parents[1]
 FAST, SLOW = 1, 12  # case-count multipliers
@@ -124,15 +125,8 @@ def test_fuzz_config_values_long():
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
     """Files the commands are pointed at: real ones, damaged ones, directories, missing paths."""
-    from strop.sync import codec, tensors
-
     d = tmp_path_factory.mktemp("fuzz")
-    rng = np.random.default_rng(0)
-    base = {"w": tensors.Tensor("BF16", (256,), rng.integers(0, 1 << 15, 256, dtype=np.uint16))}
-    new = {"w": tensors.Tensor("BF16", (256,), base["w"].data ^ (rng.random(256) < 0.1).astype(np.uint16))}
-    tensors.save(base, str(d / "base.safetensors"))
-    tensors.save(new, str(d / "new.safetensors"))
-    (d / "delta.bin").write_bytes(codec.encode(base, new, version=1, base_version=0))
+    write_delta_files(d, 256)
     (d / "junk.bin").write_bytes(os.urandom(300))
     (d / "empty").write_bytes(b"")
     (d / "dir").mkdir()
@@ -322,16 +316,8 @@ def test_fuzz_decode_command_long(inputs):
 
 @pytest.fixture(scope="module")
 def served(tiny_tokenizer):
-    from strop.engine.engine import Engine
-    from strop.engine.server import serve_in_thread
-    from strop.model.policy import build_model
-    from tests.conftest import tiny_model_section
-
-    model = build_model(tiny_model_section("qwen3_moe"), tiny_tokenizer, seed=0).eval()
-    engine = Engine(model, tiny_tokenizer, max_batch=4, max_len=128)
-    url, stop = serve_in_thread(engine, "tiny")
-    yield url, engine
-    stop()
+    with served_tiny_moe(tiny_tokenizer, max_batch=4, max_len=128) as s:
+        yield s
 
 
 VALID = {

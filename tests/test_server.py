@@ -7,8 +7,6 @@ import httpx
 import pytest
 
 from strop.engine.client import EngineClient, InProcessClient
-from strop.engine.engine import Engine
-from strop.engine.server import serve_in_thread
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a command",
                                            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}}]
@@ -16,14 +14,10 @@ TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a
 
 @pytest.fixture(scope="module")
 def server(tiny_tokenizer):
-    from strop.model.policy import build_model
-    from tests.conftest import tiny_model_section
+    from tests.conftest import served_tiny_moe
 
-    model = build_model(tiny_model_section("qwen3_moe"), tiny_tokenizer, seed=0).eval()
-    engine = Engine(model, tiny_tokenizer, max_batch=8, max_len=256)
-    url, stop = serve_in_thread(engine, "tiny")
-    yield url, engine
-    stop()
+    with served_tiny_moe(tiny_tokenizer, max_batch=8, max_len=256) as s:
+        yield s
 
 
 def test_openai_client_models_complete_chat_stream(server):

@@ -16,29 +16,25 @@ import pytest
 
 from strop.cli import main
 from strop.engine.engine import Engine, SamplingParams
-from strop.engine.server import serve_in_thread
 from strop.model.policy import build_model, save_model
-from tests.conftest import tiny_model_section
+from tests.conftest import served_tiny_moe, tiny_model_section
 
 
 @pytest.fixture
 def slow_server(tiny_tokenizer, monkeypatch):
     """A served engine whose every step takes at least 20 ms, so a long generation stays in flight
     for seconds (the tiny model alone finishes hundreds of tokens in well under a second)."""
-    model = build_model(tiny_model_section("qwen3_moe"), tiny_tokenizer, seed=0).eval()
-    engine = Engine(model, tiny_tokenizer, max_batch=4, max_len=512)
-    real_step = engine.step
+    with served_tiny_moe(tiny_tokenizer, max_batch=4, max_len=512) as (url, engine):
+        real_step = engine.step
 
-    def step():
-        busy = real_step()
-        if busy:
-            time.sleep(0.02)
-        return busy
+        def step():  # the loop thread looks it up on the instance at every iteration
+            busy = real_step()
+            if busy:
+                time.sleep(0.02)
+            return busy
 
-    monkeypatch.setattr(engine, "step", step)
-    url, stop = serve_in_thread(engine, "tiny")
-    yield url, engine
-    stop()
+        monkeypatch.setattr(engine, "step", step)
+        yield url, engine
 
 
 def idle_after(engine: Engine, timeout: float = 10.0) -> bool:

@@ -11,20 +11,16 @@ from safetensors.torch import load_file, save_file
 
 from strop.engine.client import EngineClient, EngineError
 from strop.engine.engine import Engine, load_weights_file
-from strop.engine.server import serve_in_thread
 from strop.model.policy import build_model, load_model, save_model
-from tests.conftest import tiny_model_section
+from tests.conftest import served_tiny_moe, tiny_model_section
 
 PROMPT = "def add(a, b):"
 
 
 @pytest.fixture(scope="module")
 def served(tiny_tokenizer):
-    model = build_model(tiny_model_section("qwen3_moe"), tiny_tokenizer, seed=0).eval()
-    engine = Engine(model, tiny_tokenizer, max_batch=4, max_len=128)
-    url, stop = serve_in_thread(engine, "tiny")
-    yield EngineClient(url), engine
-    stop()
+    with served_tiny_moe(tiny_tokenizer, max_batch=4, max_len=128) as (url, engine):
+        yield EngineClient(url), engine
 
 
 def greedy(client: EngineClient) -> list[int]:
