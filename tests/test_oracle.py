@@ -16,7 +16,7 @@ def tasks():
 
 def test_plan_locates_reads_edits_tests_and_submits(tasks):
     names = [[c["function"]["name"] for c in m["tool_calls"]][0] for m in plan(tasks[0])]
-    assert names == ["grep", "read_file", "edit_file", "run", "submit"]  # difficulty 1 names the file and function
+    assert names == ["read_file", "edit_file", "run", "submit"]  # difficulty 1 names the file
     first = [m["tool_calls"][0]["function"] for m in plan(tasks[1])][0]  # difficulty 2 names a failing test file
     assert first["name"] == "run" and "--tb=no tests/test_" in first["arguments"]["command"]
     assert [m["tool_calls"][0]["function"]["name"] for m in plan(tasks[2])][0] == "grep"  # 3 quotes a call
@@ -55,19 +55,19 @@ def test_a_careless_demonstrator_gives_up_after_a_rejected_edit_and_a_careful_on
 
     from strop.env.oracle import DemoStyle, misremembered
 
-    task, slip = next((t, slip) for t in _parse_tasks() if any(s["before"] for s in t.metadata["suspect_edits"])
-                      and (slip := misremembered(t, Random(0))) is not None)
+    task = next(t for t in _parse_tasks() if any(s["before"] for s in t.metadata["suspect_edits"]))
     suspect = {**next(s for s in task.metadata["suspect_edits"] if s["before"]), "kind": "suspect"}
-    assert slip["old"] not in task.files[slip["path"]]
+    slip = misremembered(task, Random(0))
+    assert slip is not None and slip["old"] not in task.files[slip["path"]]
     config = HarnessConfig(max_context=4096)
     careless, changes = oracle_episode(task, tiny_tokenizer, config, style=DemoStyle(careful=False, wrong=(suspect,)))
-    assert [c["name"] for c in careless.tool_calls] == ["grep", "read_file", "edit_file", "submit"]
-    assert careless.tool_calls[2]["error"] and not changes  # the bug is still there
+    assert [c["name"] for c in careless.tool_calls] == ["read_file", "edit_file", "submit"]
+    assert careless.tool_calls[1]["error"] and not changes  # the bug is still there
     careful, changes = oracle_episode(task, tiny_tokenizer, config, style=DemoStyle(careful=True, wrong=(suspect, slip)))
     errors = [c["error"] is not None for c in careful.tool_calls]
-    assert [c["name"] for c in careful.tool_calls] == ["grep", "read_file", "edit_file", "edit_file", "edit_file", "run", "submit"]
-    assert errors == [False, False, True, True, False, False, False]
-    assert "closest text" in careful.tool_calls[3]["output"]  # the misremembered line is shown as it is
+    assert [c["name"] for c in careful.tool_calls] == ["read_file", "edit_file", "edit_file", "edit_file", "run", "submit"]
+    assert errors == [False, True, True, False, False, False]
+    assert "closest text" in careful.tool_calls[2]["output"]  # the misremembered line is shown as it is
     assert check(task, changes, perturbed=False).reward == 1.0
 
 

@@ -2,11 +2,11 @@
 tools with the task's reference solution (`metadata["reference_edits"]`), with a configurable
 share of the mistakes real logged traces have.
 
-At its best (the default `DemoStyle`) it behaves like a careful agent — locate the code (grep for
-the function that the instruction, or the failing tests it names, point to, and read it from its
-def; else read the named file, whole when it is short, so the demonstration never relies on knowing
-the bug's line, or list the repository), apply each edit with `edit_file`, run the visible tests,
-submit. Its turns are real token ids (its intended assistant text, rendered in the
+At its best (the default `DemoStyle`) it behaves like a careful agent — locate the code (read the
+named file; or grep for the function that the instruction, or the failing tests it names, point
+to; or list the repository), read the file (whole when it is short, so the demonstration never
+relies on knowing the bug's line; else around the bug), apply each edit with `edit_file`, run the
+visible tests, submit. Its turns are real token ids (its intended assistant text, rendered in the
 chat format and encoded once by the tokenizer), so its episodes are demonstration data for the SFT
 warm start and exercise exactly the code path a trained policy does.
 
@@ -51,7 +51,6 @@ from strop.env.tools import closest_lines
 
 CONTEXT_LINES = 4  # lines read around an edit, each side, in a file too long to read whole
 WHOLE_FILE_LINES = 100  # files up to this long are read whole: the bug's line is not something an agent knows
-FUNCTION_LINES = 13  # a located function is read this many lines from its def (the longest synthetic function)
 _TEST_FILE = re.compile(r"(^|/)(test_[^/]*|[^/]*_test)\.py$")
 FIRST_EDIT = "Here is the bug; fixing it."
 RETRY = {"suspect": "Not in the file: the bug is elsewhere.", "misremember": "I'll copy the exact text it shows."}
@@ -143,14 +142,7 @@ def plan(task: Task, style: DemoStyle = DemoStyle()) -> list[dict]:
     files = dict(task.files)
     for i, edit in enumerate(edits):
         path, text = edit["path"], files.get(edit["path"], "")
-        defined = re.search(rf"^def {re.escape(function)}\(", text, re.MULTILINE) if function and i == 0 else None
-        if defined:  # read the function it located, from its def: what the instruction or the tests point to
-            if first in task.instruction:
-                turns.append(_call(f"Let me find `{function}`.", "grep", pattern=f"def {function}\\(", path=path))
-            line = text.count("\n", 0, defined.start()) + 1
-            turns.append(_call(f"I'll read `{function}`.", "read_file", path=path, start=line,
-                               end=line + FUNCTION_LINES - 1))
-        elif i == 0 or path != edits[i - 1]["path"]:
+        if i == 0 or path != edits[i - 1]["path"]:
             if text.count("\n") <= WHOLE_FILE_LINES:  # what an agent can do without knowing where the bug is
                 turns.append(_call(f"I'll read `{path}`.", "read_file", path=path))
             else:
