@@ -55,7 +55,9 @@ def test_honest_answers_pass_and_failures_say_why():
     assert fixed.reward == 1 and fixed.passed == TASK.metadata["n_tests"] and fixed.perturbed_reward == 1, fixed
     quick = dataclasses.replace(TASK, metadata={**TASK.metadata, "timeout_s": 2})
     hang = check(quick, replaced(f"def {FN}(*args):\n    while True:\n        pass\n"), perturbed=False)
-    assert hang.reward == 0 and hang.reason == "timeout after 2 s", hang
+    # the agent's loop times out its answering run; on a machine loaded past 2 s per interpreter
+    # start, the judge's first run (before any call reaches the agent's code) times out first
+    assert hang.reward == 0 and hang.reason in ("timeout after 2 s", "the checks did not finish within 2 s"), hang
     gone = check(TASK, replaced("import os\nos._exit(3)\n"), perturbed=False)
     assert gone.reward == 0 and "no answers (exit code 3)" in gone.reason
     raised = check(TASK, replaced(f"def {FN}(*args):\n    raise KeyError('x')\n"), perturbed=False)

@@ -102,9 +102,6 @@ def run(args: argparse.Namespace) -> int:
     from strop.config import load_config
     from strop.errors import UserError
     from strop.outputs import claim_dir
-    from strop.rl.evaluate import eval_tasks, evaluate
-    from strop.rl.train_cmd import train_rl
-    from strop.runtime.inline import split_cores
 
     def given(value: int | None, quick: int, full: int) -> int:
         return (quick if args.quick else full) if value is None else value
@@ -115,6 +112,11 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("bench async: --steps, --repeats and --eval-episodes must be at least 1")
     cfg = load_config(args.config, BENCH + [f"rl.steps={steps}", f"rollout.eval_episodes={episodes}"] + args.overrides)
     out = claim_dir(Path(args.out), "bench async")  # it deletes and rewrites its runs in there
+    # the heavy imports only now: a refused --out answers at once, before seconds of torch and Ray
+    from strop.rl.evaluate import eval_tasks, evaluate
+    from strop.rl.train_cmd import train_rl
+    from strop.runtime.inline import split_cores
+
     t0 = time.perf_counter()
     policy = Path(args.policy) if args.policy else tiny_policy(out)
     tasks = eval_tasks(cfg)
