@@ -14,7 +14,7 @@ import json
 import time
 from pathlib import Path
 
-from strop.config import Config, add_config_arguments, config_from_args, to_dict
+from strop.config import Config, SFTSection, add_config_arguments, config_from_args, to_dict
 from strop.errors import UserError
 
 
@@ -38,13 +38,22 @@ def load_demonstrations(cfg: Config, tokenizer, path: Path) -> list:
     if path.is_file():
         return [Episode.from_dict(json.loads(line)) for line in path.read_text().splitlines()]
     harness = HarnessConfig(max_context=cfg.model.max_positions)
-    episodes = oracle_traces(cfg.sft.suite, "train", tokenizer, limit=cfg.sft.episodes, config=harness,
-                             check=cfg.sft.demo_check, run_tests=cfg.sft.demo_tests, workers=cfg.sft.demo_workers,
-                             difficulties=cfg.sft.difficulties)
+    episodes, styles = oracle_traces(cfg.sft.suite, "train", tokenizer, limit=cfg.sft.episodes, config=harness,
+                                     check=cfg.sft.demo_check, mix=demonstrator_mix(cfg.sft), workers=cfg.sft.demo_workers,
+                                     difficulties=cfg.sft.difficulties, seed=cfg.run.seed)
+    print(f"[sft] demonstrations: {len(episodes)} kept; {json.dumps(styles)}", flush=True)
     if len(episodes) < 2:
         raise UserError(f"only {len(episodes)} oracle demonstrations on suite {cfg.sft.suite!r}; need at least 2")
     path.write_text("".join(json.dumps(ep.to_dict()) + "\n" for ep in episodes))
     return episodes
+
+
+def demonstrator_mix(s: SFTSection):
+    """The demonstrator population the `[sft]` section describes."""
+    from strop.env.oracle import DemonstratorMix
+
+    return DemonstratorMix(careful=s.careful, wrong_first=s.wrong_first, misremember=s.misremember,
+                           max_wrong=s.max_wrong, run_tests=s.demo_tests)
 
 
 def pad_batch(segments: list, pad_id: int):

@@ -169,6 +169,7 @@ def _attempt(rng: Random, difficulty: int, split: str, index: int, bug_themes: t
         files[test_path] = _test_file(pkg, others, visible)
 
     ref_old, ref_new = reference_edit(files[path], fixed)
+    suspects = _suspect_edits(target, (old, new), files[path], fixed, path)
     hidden_path = "tests/test_hidden.py"
     return Task(
         id=f"synthetic-{'+'.join(bug_themes) + '-' if bug_themes else ''}d{difficulty}-{split}-{index:04d}", suite="synthetic", split=split,
@@ -177,8 +178,24 @@ def _attempt(rng: Random, difficulty: int, split: str, index: int, bug_themes: t
         perturbed_tests={hidden_path: _test_file(pkg, by_module, perturbed)},
         metadata={"family": family, "difficulty": difficulty, "function": target.name, "path": path,
                   "n_tests": sum(map(len, hidden.values())), "n_perturbed_tests": sum(map(len, perturbed.values())),
-                  "reference_edits": [{"path": path, "old": ref_old, "new": ref_new}]},
+                  "reference_edits": [{"path": path, "old": ref_old, "new": ref_new}], "suspect_edits": suspects},
     )
+
+
+def _suspect_edits(target: Fn, bug: tuple[str, str], buggy: str, fixed: str, path: str) -> list[dict]:
+    """Plausible wrong fixes: for every other bug `target` is known to have, the edit that would fix
+    it were it the injected one. Only those whose old text is not in the buggy file are kept, so
+    `edit_file` rejects each of them (what a demonstrator that suspects the wrong bug runs into)."""
+    out = []
+    for family, pairs in sorted(target.bugs.items()):
+        for old, new in pairs:
+            if (old, new) == bug:
+                continue
+            other = fixed.replace(target.src, target.src.replace(old, new))
+            e_old, e_new = reference_edit(other, fixed)
+            if buggy.count(e_old) == 0:
+                out.append({"path": path, "old": e_old, "new": e_new, "family": family})
+    return out
 
 
 def _fingerprint(task: Task) -> str:
