@@ -98,14 +98,17 @@ class _Node(abc.ABC):
                         return self.send_error(404)
                 except MissingPiece as e:
                     return self.send_error(404, str(e).encode("ascii", "replace").decode())
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
                 bucket = TokenBucket(node.link_rate) if node.link_rate and kind != "head" else None
-                for i in range(0, len(body), CHUNK):
-                    if bucket:
-                        bucket.take(min(CHUNK, len(body) - i))
-                    self.wfile.write(body[i : i + CHUNK])
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    for i in range(0, len(body), CHUNK):
+                        if bucket:
+                            bucket.take(min(CHUNK, len(body) - i))
+                        self.wfile.write(body[i : i + CHUNK])
+                except (BrokenPipeError, ConnectionResetError):
+                    return  # the receiver gave up waiting (its timeout) and will ask again: nothing was sent
                 if kind != "head":
                     with node.cond:
                         node.sent_bytes += len(body)
