@@ -4,28 +4,17 @@ deltas through the relays. The fast test runs 2 nodes for a few steps; the slow 
 trainer cluster, two inference clusters) over shaped links, with an engine joining and another
 killed mid-run."""
 
-import dataclasses
 import json
 
 import pytest
 
 from strop.config import load_config
-from tests.conftest import tiny_model_section
+from tests.conftest import record_trained
 
 # Zero reward, zero gradient: weight decay makes every version's delta real (see test_weight_transport).
 BASE = ["rl.group_size=2", "rl.batch_groups=1", "rl.lr=1e-3", "rl.weight_decay=0.1", "rl.skip_zero_advantage=false",
         "rollout.workers=2", "rollout.engine_batch=4", "rollout.train_tasks=6", "rollout.max_turns=1",
         "rollout.max_turn_tokens=16", "rollout.max_context=1536", "rollout.ckpt_every=100", "rollout.retries=3"]
-
-
-@pytest.fixture(scope="module")
-def policy_dir(tmp_path_factory, tiny_tokenizer):
-    from strop.model.policy import build_model, save_model
-
-    path = tmp_path_factory.mktemp("policy")
-    save_model(build_model(dataclasses.replace(tiny_model_section(), max_positions=2048), tiny_tokenizer, seed=0),
-               tiny_tokenizer, path)
-    return path
 
 
 def _engines_match_trainer(rt) -> bool:
@@ -35,7 +24,7 @@ def _engines_match_trainer(rt) -> bool:
     return all(ray.get(e.weights_crc32.remote()) == want for e in rt.engines.values())
 
 
-def test_two_nodes_trainer_and_one_inference_cluster(tmp_path, policy_dir):
+def test_two_nodes_trainer_and_one_inference_cluster(tmp_path, tiny_policy_dir):
     import ray
 
     from strop.rl.orchestrator import Orchestrator, router_replay
@@ -48,7 +37,7 @@ def test_two_nodes_trainer_and_one_inference_cluster(tmp_path, policy_dir):
     tasks = {t.id: t for t in train_tasks(cfg)}
     with local_cluster(["a"]) as address:
         nodes = {n["Labels"].get("strop-cluster", "trainer"): n["NodeID"] for n in ray.nodes()}
-        rt = start_ray(cfg, str(policy_dir), tasks, router_replay, address=address, rollout_actors=1,
+        rt = start_ray(cfg, str(tiny_policy_dir), tasks, router_replay, address=address, rollout_actors=1,
                        store_url=str(tmp_path / "weights"))
         try:
             matched = []
@@ -67,7 +56,7 @@ def test_two_nodes_trainer_and_one_inference_cluster(tmp_path, policy_dir):
 
 
 @pytest.mark.slow
-def test_three_nodes_two_clusters_engines_join_and_leave_over_shaped_links(tmp_path, policy_dir):
+def test_three_nodes_two_clusters_engines_join_and_leave_over_shaped_links(tmp_path, tiny_policy_dir):
     import ray
 
     from strop.rl.orchestrator import Orchestrator, router_replay
@@ -80,15 +69,8 @@ def test_three_nodes_two_clusters_engines_join_and_leave_over_shaped_links(tmp_p
     tasks = {t.id: t for t in train_tasks(cfg)}
     with local_cluster(["a", "b"]) as address:
         nodes = {n["Labels"].get("strop-cluster"): n["NodeID"] for n in ray.nodes()}
-        rt = start_ray(cfg, str(policy_dir), tasks, router_replay, address=address, store_url=str(tmp_path / "weights"))
-        trained: list = []
-        train = rt.train
-
-        def recording_train(samples):
-            trained.extend(s.trajectory.key for s in samples)
-            return train(samples)
-
-        rt.train = recording_train
+        rt = start_ray(cfg, str(tiny_policy_dir), tasks, router_replay, address=address, store_url=str(tmp_path / "weights"))
+        trained = record_trained(rt)
         events: dict = {}
 
         def churn(row):

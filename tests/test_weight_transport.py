@@ -4,14 +4,12 @@ the transport (bytes counted on both), every engine's weights equal the trainer'
 bit for bit after each sync, and a delta damaged or lost in the store mid-run is repaired one
 tensor at a time while the run goes on."""
 
-import dataclasses
 import json
 
 import pytest
 import torch
 
 from strop.config import load_config
-from tests.conftest import tiny_model_section
 
 # The random policy earns no reward, so its gradients are zero; weight decay (applied once the step
 # runs backward: skip_zero_advantage=false) still moves every weight by lr * wd relative per step,
@@ -22,17 +20,7 @@ CONFIG = ["rl.group_size=2", "rl.batch_groups=1", "rl.steps=3", "rl.lr=1e-3", "r
           "rollout.max_turns=1", "rollout.max_turn_tokens=16", "rollout.max_context=1536", "rollout.ckpt_every=100"]
 
 
-@pytest.fixture(scope="module")
-def policy_dir(tmp_path_factory, tiny_tokenizer):
-    from strop.model.policy import build_model, save_model
-
-    path = tmp_path_factory.mktemp("policy")
-    save_model(build_model(dataclasses.replace(tiny_model_section(), max_positions=2048), tiny_tokenizer, seed=0),
-               tiny_tokenizer, path)
-    return path
-
-
-def _run(tmp_path, policy_dir, *, trainer_process: bool, on_step=None, steps: int = 3):
+def _run(tmp_path, policy_dir, *, trainer_process: bool, steps: int = 3):
     from strop.rl.orchestrator import Orchestrator, router_replay
     from strop.rl.train_cmd import train_tasks
     from strop.runtime.inline import split_cores, start_inline
@@ -43,13 +31,9 @@ def _run(tmp_path, policy_dir, *, trainer_process: bool, on_step=None, steps: in
                       store_url=str(tmp_path / "weights"))
     checked = []
 
-    def log(row):
-        checked.append(_engines_equal_trainer(rt))
-        if on_step:
-            on_step(rt, row)
-
     try:
-        orch = Orchestrator(cfg, rt, list(tasks), "sync", tmp_path / "rl", log=log)
+        orch = Orchestrator(cfg, rt, list(tasks), "sync", tmp_path / "rl",
+                            log=lambda row: checked.append(_engines_equal_trainer(rt)))
         result = orch.run()
         stats = rt.trainer.sync_stats()
         reply_bytes = dict(getattr(rt.trainer, "reply_bytes", {}))
@@ -67,11 +51,11 @@ def _engines_equal_trainer(rt) -> bool:
     return all(torch.equal(e.named_tensors()[k], t.float()) for e in rt.engines for k, t in trainer.items())
 
 
-def test_only_deltas_leave_the_trainer_process_and_engines_match_it_bit_for_bit(tmp_path, policy_dir):
+def test_only_deltas_leave_the_trainer_process_and_engines_match_it_bit_for_bit(tmp_path, tiny_policy_dir):
     from strop.sync import codec
     from strop.sync.store import Store
 
-    result, rows, checked, stats, reply_bytes, _, snapshot_bytes = _run(tmp_path, policy_dir, trainer_process=True)
+    result, rows, checked, stats, reply_bytes, _, snapshot_bytes = _run(tmp_path, tiny_policy_dir, trainer_process=True)
     assert result["steps"] == 3 and checked == [True, True, True]
     store = Store(str(tmp_path / "weights"))
     deltas = [store.manifest(v).nbytes for v in (1, 2, 3)]
@@ -84,7 +68,7 @@ def test_only_deltas_leave_the_trainer_process_and_engines_match_it_bit_for_bit(
     assert reply_bytes["step"] / 3 < 16_000 < snapshot_bytes
 
 
-def test_a_delta_damaged_or_lost_in_the_store_is_repaired_per_tensor_and_the_run_goes_on(tmp_path, policy_dir,
+def test_a_delta_damaged_or_lost_in_the_store_is_repaired_per_tensor_and_the_run_goes_on(tmp_path, tiny_policy_dir,
                                                                                          monkeypatch):
     """The in-process trainer writes version 2's delta with one tensor's payload corrupted and loses
     version 3's file: engines repair just the tensors those deltas failed to deliver."""
@@ -107,7 +91,7 @@ def test_a_delta_damaged_or_lost_in_the_store_is_repaired_per_tensor_and_the_run
             damaged[3] = sorted(n for n, (_, _, crc) in manifest.tensors.items() if crc != store.manifest(2).tensors[n][2])
 
     monkeypatch.setattr(Store, "put_delta", faulty_put_delta)  # the trainer runs in this process
-    result, _, checked, _, _, repaired, _ = _run(tmp_path, policy_dir, trainer_process=False, steps=4)
+    result, _, checked, _, _, repaired, _ = _run(tmp_path, tiny_policy_dir, trainer_process=False, steps=4)
     assert result["steps"] == 4 and checked == [True] * 4
     # both engines fetched the tensors of the one damaged payload, nothing else
     assert sorted({r[3:] for r in repaired if r.startswith("v2:")}) == damaged[2]
