@@ -85,3 +85,20 @@ def test_live_weights_that_are_not_bf16_are_refused():
     live = {"w": torch.tensor([1.0, 1.0 + 2**-20])}
     with pytest.raises(ValueError, match="not bf16"):
         EngineSync(live)
+
+
+def test_staging_with_a_base_copies_dense_tensors_whole_and_scatters_sparse_ones():
+    from strop.sync import codec
+
+    old = {"dense": torch.randn(4096).bfloat16(), "sparse": torch.randn(4096).bfloat16()}
+    new = {k: t.clone() for k, t in old.items()}
+    new["dense"][::4] = (old["dense"][::4].float() * 1.02).bfloat16()  # a quarter changed: a delta, but dense
+    new["sparse"][:10] += 1
+    base = {k: bits_view(t.clone()) for k, t in old.items()}
+    blob = codec.encode(base, {k: bits_view(t) for k, t in new.items()}, version=1, base_version=0)
+    patch, failed = prepare_patch(base, {k: t.crc32() for k, t in base.items()}, blob)
+    live = {k: t.float() for k, t in old.items()}
+    staged = stage(patch, live, {k: "BF16" for k in live}, base)
+    assert not failed and staged.cpu_puts["dense"][1] == slice(None) and len(staged.cpu_puts["sparse"][1]) == 10
+    apply_inplace(live, staged)
+    assert all(torch.equal(live[k], new[k].float()) and torch.equal(staged.values[k], new[k].float()) for k in new)

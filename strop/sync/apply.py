@@ -38,6 +38,7 @@ from strop.sync.tensors import Tensor
 _DTYPES = {torch.bfloat16: ("BF16", torch.int16), torch.float16: ("F16", torch.int16),
            torch.float32: ("F32", torch.int32)}
 _TORCH = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
+DENSE = 16  # a CPU tensor with more than 1/DENSE of its elements changed is copied whole, not scattered
 
 
 def bits_view(t: torch.Tensor) -> Tensor:
@@ -63,12 +64,14 @@ def _live_bits(wire: str, live: torch.Tensor, name: str) -> Callable[[np.ndarray
 class Staged:
     """A verified patch with its indices and values already on the live tensors' devices.
     CPU tensors are patched through numpy views: a single-threaded scatter, because torch's
-    intra-op thread pool costs more to wake (tens of ms on a busy machine) than the write."""
+    intra-op thread pool costs more to wake (tens of ms on a busy machine) than the write; where
+    the whole new tensor is staged anyway and more than 1/DENSE of it changed, a contiguous copy
+    of it (an order of magnitude cheaper per element than a scatter)."""
 
     version: int
     names: list[str] = field(default_factory=list)  # every tensor the patch touches
     puts: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
-    cpu_puts: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)  # view, idx, vals
+    cpu_puts: dict[str, tuple[np.ndarray, np.ndarray | slice, np.ndarray]] = field(default_factory=dict)  # view, idx, vals
     copies: dict[str, torch.Tensor] = field(default_factory=dict)
     values: dict[str, torch.Tensor] = field(default_factory=dict)  # whole new tensors, when staged with a base
 
@@ -86,13 +89,16 @@ def stage(patch: Patch, live: dict[str, torch.Tensor], wire: dict[str, str] | No
     for name, (pos, vals) in patch.changes.items():
         t = live[name]
         widen = _live_bits(wire.get(name) or _DTYPES[t.dtype][0], t, name)
+        whole = None
         if base is not None:
             bits = base[name].data.copy()
             bits[pos] = vals
-            out.values[name] = _as_torch(widen(bits), t)
+            whole = widen(bits)
+            out.values[name] = _as_torch(whole, t)
         vals = widen(vals)
         if t.device.type == "cpu":
-            out.cpu_puts[name] = (bits_view(t).data, pos, vals)
+            dense = whole is not None and len(pos) * DENSE > len(whole)
+            out.cpu_puts[name] = (bits_view(t).data, slice(None), whole) if dense else (bits_view(t).data, pos, vals)
             continue
         as_int = _DTYPES[t.dtype][1]
         idx = torch.from_numpy(pos).to(t.device, non_blocking=True)
