@@ -18,7 +18,7 @@ import torch
 
 from strop.sync.apply import EngineSync
 from strop.sync.publisher import TrainerSync
-from strop.sync.relay import Relay
+from strop.sync.relay import Relay, http_link
 from strop.sync.synthetic import adamw_snapshots
 
 
@@ -57,7 +57,7 @@ def run_fanout(clusters: int = 4, engines_per_cluster: int = 3, versions: int = 
                    for _ in range(clusters * engines_per_cluster)]
         stop = threading.Event()
         threads = [threading.Thread(target=e.follow, daemon=True,
-                                    args=(trainer.publisher.store, relays[i // engines_per_cluster].url,
+                                    args=(trainer.publisher.store, http_link(relays[i // engines_per_cluster].url),
                                           trainer.origin_url, stop))
                    for i, e in enumerate(engines)]
         for t in threads:

@@ -126,7 +126,7 @@ class InlineRuntime:
         for i in range(r.engines):
             engine = TimedEngine(load_model(policy_dir), self.tokenizer, max_batch=r.engine_batch, max_len=r.max_context,
                                  seed=cfg.run.seed + i, cpus=cpus.rollout if cpus else None)
-            self.synced.append(SyncedEngine(engine, self.store_url, self.relay.url, self.trainer.origin_url))
+            self.synced.append(SyncedEngine(engine, self.store_url, self.relay.link(), self.trainer.origin_url))
             engine.start()
             self.engines.append(engine)
         self.wait_synced()  # engines serve exactly the bf16 weights the trainer published
@@ -158,8 +158,11 @@ class InlineRuntime:
 
     def train(self, samples: list[Sample]) -> dict:
         """One trainer step; the trainer publishes the new version itself, and the engines'
-        sync threads swap it in as it arrives."""
-        return self.trainer.step(samples)
+        sync threads swap it in as it arrives. The relay pulls it right away, while the trainer
+        waits for its next call: a busy trainer process answers its origin's requests late."""
+        row = self.trainer.step(samples)
+        self.relay.pull(row["version"])
+        return row
 
     def wait_synced(self) -> None:
         """Block until every engine serves the last published version."""

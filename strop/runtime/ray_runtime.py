@@ -112,11 +112,12 @@ class EngineActor:
         from strop.model.policy import load_model
         from strop.runtime.inline import TimedEngine
         from strop.runtime.weights import SyncedEngine
+        from strop.sync.relay import http_link
 
         self.label = label
         self.engine = TimedEngine(load_model(policy_dir), load_tokenizer(policy_dir), max_batch=r.engine_batch,
                                   max_len=r.max_context, seed=seed, cpus=cpus)
-        self.synced = SyncedEngine(self.engine, store_url, relay_url, origin_url)
+        self.synced = SyncedEngine(self.engine, store_url, http_link(relay_url), origin_url)
         self.engine.start()
 
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:

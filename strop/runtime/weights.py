@@ -1,7 +1,8 @@
 """An engine kept current by the weight transport (`strop.sync`): the same wiring in every runtime.
 
 The engine first rounds its own weights (loaded from the policy directory) to bf16 values, as the
-trainer publishes them. A sync thread then follows its cluster's relay: each version's delta is
+trainer publishes them. A sync thread then follows its cluster's relay (over HTTP, or by direct calls when the relay runs
+in the engine's process): each version's delta is
 verified by the engine's replica against the trainer's checksums, staged, and swapped into the
 live weights between two decode steps (`Engine.update_weights`). The engine's packed copies of
 the tensors that changed (and only those) are rebuilt from their new values on the sync thread
@@ -17,11 +18,12 @@ import torch
 from strop.config import Config
 from strop.engine.engine import Engine
 from strop.sync.apply import EngineSync, Staged, apply_inplace
+from strop.sync.relay import RelayLink
 from strop.sync.store import Store
 
 
 class SyncedEngine:
-    def __init__(self, engine: Engine, store_url: str, relay_url: str, origin_url: str):
+    def __init__(self, engine: Engine, store_url: str, relay: RelayLink, origin_url: str):
         self.engine = engine
         store = Store(store_url)
         names = sorted(store.manifest(store.head()["snapshot"]).tensors)
@@ -32,7 +34,7 @@ class SyncedEngine:
         engine.update_weights(apply_fn=lambda named: _round_to_bf16([named[n] for n in names])).wait()
         self.sync = EngineSync({n: named[n] for n in names}, version=-1, swap=self._swap, with_values=True)
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.sync.follow, args=(store, relay_url, origin_url, self.stop),
+        self.thread = threading.Thread(target=self.sync.follow, args=(store, relay, origin_url, self.stop),
                                        name="strop-weight-sync", daemon=True)
         self.thread.start()
 

@@ -4,7 +4,7 @@ How an engine is kept current (the engine owns its loop; sync never calls into i
 
     sync = EngineSync(live, swap=...)   # live: the engine's tensors by the trainer's names
     # a background thread follows the cluster's relay, walking the chain with a `Replica`:
-    sync.follow(store, relay_url, origin_url)
+    sync.follow(store, relay_link, origin_url, stop)
     # `swap(staged)` runs `apply_inplace(live, staged)` between two decode steps and returns the pause
 
 All the work that takes time — fetching, decoding, verifying every tensor against the
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from strop.sync.relay import LONG_POLL_S, fetcher, get, tensor_fetcher
+from strop.sync.relay import RelayLink, tensor_fetcher
 from strop.sync.replica import Patch, Replica, SyncReport
 from strop.sync.store import MissingPiece, Store
 from strop.sync.tensors import Tensor
@@ -188,11 +188,11 @@ class EngineSync:
             self.cond.notify_all()
         return rep
 
-    def follow(self, store: Store, relay_url: str, origin_url: str, stop: threading.Event) -> None:
+    def follow(self, store: Store, relay: RelayLink, origin_url: str, stop: threading.Event) -> None:
         """Sync-thread loop: long-poll the relay and advance to each version it announces, until
         `stop`. Deltas come from the relay; single tensors (a join, a repair) from the store, or
         from the trainer's origin when the store cannot rebuild them."""
-        fetch, from_origin = fetcher(relay_url), tensor_fetcher(origin_url)
+        from_origin = tensor_fetcher(origin_url)
 
         def tensor(name: str, v: int) -> Tensor:
             try:
@@ -203,9 +203,9 @@ class EngineSync:
         try:
             while not stop.is_set():
                 try:
-                    head = int(get(f"{relay_url}/head?after={self.version}", timeout=LONG_POLL_S + 5))
+                    head = relay.head(self.version)
                     if head > self.version:
-                        self.advance(store, head, fetch=fetch, tensor=tensor)
+                        self.advance(store, head, fetch=relay.delta, tensor=tensor)
                 except (OSError, MissingPiece):  # relay restarting, or the store mid-GC: ask again
                     stop.wait(0.2)
         except BaseException as e:  # a swap the engine refused: waiters must not wait forever

@@ -25,6 +25,8 @@ import threading
 import time
 import urllib.request
 from collections import Counter, OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, quote, unquote, urlparse
 
@@ -206,6 +208,23 @@ class Relay(_Node):
     def latest(self) -> int:
         return self._latest
 
+    def pull(self, v: int) -> None:
+        """Fetch version v now and announce it: for a caller that knows v was just published (the
+        inline runtime, between two trainer steps, when the trainer's origin is idle and answers at
+        once) rather than waiting for the long poll. A delta the origin cannot serve is announced
+        all the same: engines asking for it get a MissingPiece and repair per tensor."""
+        try:
+            self.delta(v)
+        except MissingPiece:
+            pass
+        with self.cond:
+            self._latest = max(self._latest, v)
+            self.cond.notify_all()
+
+    def link(self) -> "RelayLink":
+        """This relay as a receiver in its own process reaches it: direct calls, no HTTP."""
+        return RelayLink(self.wait_newer, self.delta)
+
     def _follow(self) -> None:
         """Long-poll upstream; prefetch each new version (the last `keep` of them, after a gap)
         before announcing it downstream, so engines asking for it are served from memory."""
@@ -254,6 +273,23 @@ class Relay(_Node):
             self.pulling.pop(v, None)
         ev.set()
         return body
+
+
+@dataclass(frozen=True)
+class RelayLink:
+    """How a receiver reaches its relay: `head(after)` long-polls for a version newer than `after`
+    (answering the latest at timeout), `delta(v)` fetches one (a failure is a MissingPiece). Over
+    HTTP (`http_link`) from another process; by direct calls (`Relay.link`) from the relay's own
+    process, where every HTTP request would queue its client and its server thread for the GIL
+    behind the engine and rollout threads (seconds of lag per version under load)."""
+
+    head: Callable[[int], int]
+    delta: Callable[[int], bytes]
+
+
+def http_link(relay_url: str) -> RelayLink:
+    return RelayLink(lambda after: int(get(f"{relay_url}/head?after={after}", timeout=LONG_POLL_S + 5)),
+                     fetcher(relay_url))
 
 
 def get(url: str, timeout: float = 60.0) -> bytes:
