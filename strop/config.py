@@ -89,11 +89,12 @@ class SFTSection:
                            "as unfiltered logs hold them: a careless demonstrator's failures included)")
     careful: float = opt(1.0, "share of demonstrators that read each tool result, retry a rejected edit and run the "
                          "visible tests; the rest submit whatever they have (see strop.env.oracle)", ge=0, le=1)
-    wrong_first: float = opt(0.0, "chance that a demonstrator's attempt at the fix is wrong (another bug the function "
-                             "is known to have, or the right line misremembered), so edit_file rejects it", ge=0, le=0.95)
-    misremember: float = opt(0.3, "share of wrong attempts that misremember the right line rather than suspect "
-                             "another bug", ge=0, le=1)
-    max_wrong: int = opt(2, "most wrong attempts a careful demonstrator makes before the right edit", ge=1)
+    suspects: float = opt(0.0, "share of demonstrators that, instead of finding the bug by reading, try the function's "
+                          "known bugs in the usual order, so attempts ahead of the injected one are rejected", ge=0, le=1)
+    misremember: float = opt(0.0, "chance that a demonstrator misremembers the text of the line it fixes, so edit_file "
+                             "rejects that attempt and shows the closest text", ge=0, le=1)
+    max_wrong: int = opt(2, "most rejected attempts a careful demonstrator makes before the right edit (keep it below "
+                         "rollout.max_invalid_turns: that many rejected turns in a row end an episode)", ge=1)
     demo_workers: int = opt(4, "oracle episodes run at once while producing demonstrations", ge=1)
     difficulties: list[int] = opt([], "task difficulties the demonstrations cover (e.g. those RL trains on); [] = all")
     val_fraction: float = opt(0.1, "fraction of demonstrations held out for early stopping", gt=0, le=0.5)
@@ -101,6 +102,8 @@ class SFTSection:
     lr: float = opt(1e-3, "peak learning rate", gt=0)
     warmup_steps: int = opt(20, "linear warmup steps", ge=0)
     max_steps: int = opt(2000, "upper bound on optimizer steps; early stopping usually ends sooner", ge=1)
+    min_lr_ratio: float = opt(1.0, "lr at max_steps as a fraction of the peak, reached by a cosine after warmup "
+                              "(1 = constant)", ge=0, le=1)
     eval_every: int = opt(25, "held-out demonstration loss every N steps", ge=1)
     patience: int = opt(4, "stop after this many evaluations without improvement", ge=1)
     weight_decay: float = opt(0.0, "AdamW weight decay", ge=0)

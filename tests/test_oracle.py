@@ -55,8 +55,8 @@ def test_a_careless_demonstrator_gives_up_after_a_rejected_edit_and_a_careful_on
 
     from strop.env.oracle import DemoStyle, misremembered
 
-    task = next(t for t in _parse_tasks() if t.metadata["suspect_edits"])
-    suspect = {**task.metadata["suspect_edits"][0], "kind": "suspect"}
+    task = next(t for t in _parse_tasks() if any(s["before"] for s in t.metadata["suspect_edits"]))
+    suspect = {**next(s for s in task.metadata["suspect_edits"] if s["before"]), "kind": "suspect"}
     slip = misremembered(task, Random(0))
     assert slip is not None and slip["old"] not in task.files[slip["path"]]
     config = HarnessConfig(max_context=4096)
@@ -76,7 +76,7 @@ def test_demonstrator_mix_draws_the_configured_population(tiny_tokenizer):
 
     tasks = _parse_tasks(12)
     report = solve(tasks, tiny_tokenizer, HarnessConfig(max_context=4096), check=True,
-                   mix=DemonstratorMix(careful=0.5, wrong_first=0.6), workers=2)
+                   mix=DemonstratorMix(careful=0.5, suspects=0.7, misremember=0.3), workers=2)
     styles = report["styles"]
     assert styles["off_plan"] == 0 and styles["wrong_first"] == styles["recovered"] + styles["gave_up"]
     assert 0 < styles["careful"] < len(tasks) and styles["recovered"] > 0 and styles["gave_up"] > 0

@@ -14,15 +14,16 @@ Logged traces of people and agents are of mixed quality, and a warm start cloned
 oracle has nothing for RL to sharpen (it never recovers, because it never needed to). So a
 `DemonstratorMix` draws each demonstration's `DemoStyle`:
 
-- its first attempt at the fix is wrong with probability `wrong_first` (and each further attempt
-  again, up to `max_wrong`): either it suspects another bug the function is known to have
-  (`metadata["suspect_edits"]`, whose old text is not in the file) or, with probability
-  `misremember`, it has the right line but misremembers its text (indentation, quotes, spacing).
-  Either way `edit_file` rejects the edit; for a misremembered line the error shows the closest
-  text.
-- a careful demonstrator (probability `careful`) reads the error and tries again — the next
-  suspect, or the exact text the error shows — and runs the visible tests before submitting; a
-  careless one submits whatever it has, so a rejected first attempt leaves the bug in place.
+- instead of finding the bug by reading, a demonstrator checks the usual suspects with probability
+  `suspects`: the function's known bugs in the library's order (`metadata["suspect_edits"]`), so
+  every one ahead of the injected bug is an edit whose old text is not in the file;
+- it misremembers the right line's text (indentation, quotes, spacing) with probability
+  `misremember`.
+Either way `edit_file` rejects the attempt (for a misremembered line the error shows the closest
+text). A careful demonstrator (probability `careful`) reads the error and tries again — the next
+suspect, or the exact text the error shows — up to `max_wrong` rejected attempts, and runs the
+visible tests before submitting; a careless one submits after its first rejected attempt, so the
+bug stays in place.
 
 Both kinds say the same things up to the first decision that tells them apart, so the policy
 cloned from the mixture recovers with about the probability `careful` — sometimes, which is what
@@ -77,22 +78,20 @@ class DemonstratorMix:
     """The population of demonstrators the SFT data is drawn from (see the module docstring)."""
 
     careful: float = 1.0
-    wrong_first: float = 0.0
-    misremember: float = 0.3
-    max_wrong: int = 2
+    suspects: float = 0.0
+    misremember: float = 0.0
+    max_wrong: int = 2  # the harness ends an episode after 3 rejected turns in a row (max_invalid_turns)
     run_tests: bool = True
 
     def draw(self, task: Task, rng: Random) -> DemoStyle:
         careful = rng.random() < self.careful
-        suspects = list(task.metadata.get("suspect_edits", []))
-        rng.shuffle(suspects)
         wrong: list[dict] = []
-        while len(wrong) < (self.max_wrong if careful else 1) and rng.random() < self.wrong_first:
-            slip = misremembered(task, rng) if rng.random() < self.misremember else None
-            if slip is None and not suspects:
-                break
-            wrong.append(slip if slip is not None else {**suspects.pop(), "kind": "suspect"})
-        return DemoStyle(careful=careful, run_tests=self.run_tests and careful, wrong=tuple(wrong))
+        if rng.random() < self.suspects:
+            wrong += [{**s, "kind": "suspect"} for s in task.metadata.get("suspect_edits", []) if s["before"]]
+        if rng.random() < self.misremember and (slip := misremembered(task, rng)) is not None:
+            wrong.append(slip)
+        return DemoStyle(careful=careful, run_tests=self.run_tests and careful,
+                         wrong=tuple(wrong[: self.max_wrong if careful else 1]))
 
 
 def _slips(old: str, rng: Random) -> list[str]:

@@ -183,18 +183,20 @@ def _attempt(rng: Random, difficulty: int, split: str, index: int, bug_themes: t
 
 
 def _suspect_edits(target: Fn, bug: tuple[str, str], buggy: str, fixed: str, path: str) -> list[dict]:
-    """Plausible wrong fixes: for every other bug `target` is known to have, the edit that would fix
-    it were it the injected one. Only those whose old text is not in the buggy file are kept, so
-    `edit_file` rejects each of them (what a demonstrator that suspects the wrong bug runs into)."""
-    out = []
-    for family, pairs in sorted(target.bugs.items()):
+    """The usual suspects: for every other bug `target` is known to have, in the library's order, the
+    edit that would fix it were it the injected one, marked `before` when it comes ahead of the
+    injected bug in that order. Only those whose old text is not in the buggy file are kept, so
+    `edit_file` rejects each of them (what a demonstrator checking the usual suspects runs into)."""
+    out, before = [], True
+    for family, pairs in target.bugs.items():
         for old, new in pairs:
             if (old, new) == bug:
+                before = False
                 continue
             other = fixed.replace(target.src, target.src.replace(old, new))
             e_old, e_new = reference_edit(other, fixed)
             if buggy.count(e_old) == 0:
-                out.append({"path": path, "old": e_old, "new": e_new, "family": family})
+                out.append({"path": path, "old": e_old, "new": e_new, "family": family, "before": before})
     return out
 
 
