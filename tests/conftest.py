@@ -54,16 +54,3 @@ def tiny_policy_dir(tmp_path_factory, tiny_tokenizer):
     save_model(build_model(dataclasses.replace(tiny_model_section(), max_positions=2048), tiny_tokenizer, seed=0),
                tiny_tokenizer, path)
     return path
-
-
-def record_trained(runtime) -> list:
-    """Wrap `runtime.train` to record every trained trajectory's key (to check nothing trains twice)."""
-    trained: list = []
-    train = runtime.train
-
-    def recording_train(samples):
-        trained.extend(s.trajectory.key for s in samples)
-        return train(samples)
-
-    runtime.train = recording_train
-    return trained

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from strop.config import load_config
-from tests.conftest import record_trained
+from strop.runtime import record_trained
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from strop.config import load_config
-from tests.conftest import record_trained
+from strop.runtime import record_trained
 
 # Zero reward, zero gradient: weight decay makes every version's delta real (see test_weight_transport).
 BASE = ["rl.group_size=2", "rl.batch_groups=1", "rl.lr=1e-3", "rl.weight_decay=0.1", "rl.skip_zero_advantage=false",

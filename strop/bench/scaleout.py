@@ -69,19 +69,13 @@ def run_once(cfg, policy: Path, mode: str, out: Path, address: str) -> dict:
 
     from strop.rl.orchestrator import Orchestrator, router_replay
     from strop.rl.train_cmd import train_tasks
+    from strop.runtime import record_trained
     from strop.runtime.ray_runtime import start_ray
 
     tasks = {t.id: t for t in train_tasks(cfg)}
     store = str(out / "weights")
     rt = start_ray(cfg, str(policy), tasks, router_replay, address=address, store_url=store)
-    trained: list = []
-    train = rt.train
-
-    def recording_train(samples):
-        trained.extend(s.trajectory.key for s in samples)
-        return train(samples)
-
-    rt.train = recording_train
+    trained = record_trained(rt)
     joined_at: dict[str, float] = {name: 0.0 for name in rt.engines}
     lost: list[str] = []
 
