@@ -94,10 +94,11 @@ class TrainerActor:
         return self.local.sync_stats()
 
     def weights_crc32(self) -> dict[str, int]:
-        """CRC-32C of each tensor of the last published bf16 snapshot (to compare with engines)."""
+        """CRC-32C of each tensor of the last published bf16 snapshot, widened to fp32 (exact), to
+        compare with the engines' live weights bit for bit."""
         from strop.sync.apply import bits_view
 
-        return {k: bits_view(v).crc32() for k, v in self.local.bf16_state_dict().items()}
+        return {k: bits_view(v.float()).crc32() for k, v in self.local.bf16_state_dict().items()}
 
 
 @ray.remote(num_cpus=0, max_concurrency=64)
@@ -138,12 +139,11 @@ class EngineActor:
                 "repaired_bytes": sum(rep.repaired_bytes for rep in s.reports)}
 
     def weights_crc32(self) -> dict[str, int]:
-        """CRC-32C of each live tensor narrowed to bf16 (exact: the engine holds bf16 values)."""
-        import torch
-
+        """CRC-32C of each live tensor as fp32 (as it is, or widened from bf16: both exact), so a
+        live weight that is not exactly the trainer's bf16 value shows."""
         from strop.sync.apply import bits_view
 
-        return {k: bits_view(t.detach().to(torch.bfloat16)).crc32() for k, t in self.synced.sync.live.items()}
+        return {k: bits_view(t.detach().float()).crc32() for k, t in self.synced.sync.live.items()}
 
 
 class RayPolicy:
