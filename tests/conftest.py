@@ -74,3 +74,16 @@ def write_delta_files(d, elements: int = 64) -> None:
     tensors.save(base, str(d / "base.safetensors"))
     tensors.save(new, str(d / "new.safetensors"))
     (d / "delta.bin").write_bytes(codec.encode(base, new, version=1, base_version=0))
+
+
+@pytest.fixture(scope="session")
+def tiny_policy_dir(tmp_path_factory, tiny_tokenizer):
+    """A saved tiny MoE policy (its tokenizer beside it) with room for 2048-token contexts."""
+    import dataclasses
+
+    from strop.model.policy import build_model, save_model
+
+    path = tmp_path_factory.mktemp("policy")
+    save_model(build_model(dataclasses.replace(tiny_model_section(), max_positions=2048), tiny_tokenizer, seed=0),
+               tiny_tokenizer, path)
+    return path

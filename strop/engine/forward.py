@@ -18,7 +18,9 @@ trainer (~1e-6 in logprob, fp32) but not bitwise. Deterministic: the HF modules'
 forward bit for bit.
 """
 
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +30,19 @@ from strop.engine.decode_step import DecodeStep
 from strop.engine.decode_step import Layer as DecodeLayer
 from strop.model import deterministic as det
 from strop.model.routing import moe_blocks, route, router_logits, routing_dtype
+
+
+@dataclass
+class Derived:
+    """Derived weights of the parameters `names` (None: all), by module id, from `Forward.prepare`."""
+
+    names: Collection[str] | None
+    fused: dict = field(default_factory=dict)
+    qkv_sizes: dict = field(default_factory=dict)
+    qk_norm: dict = field(default_factory=dict)
+    blocked: dict = field(default_factory=dict)
+    packed: dict = field(default_factory=dict)
+    head: tuple = ()  # (packed head or None,) when it was rebuilt
 
 
 @dataclass
@@ -98,6 +113,7 @@ class Forward:
             half = cos.shape[-1] // 2
             sign = torch.cat([-torch.ones(half), torch.ones(half)]).to(dtype)
             self._cos, self._sin = cos[0][:, None, :].contiguous(), (sin[0] * sign)[:, None, :].contiguous()
+        self._prefixes = {id(m): f"{name}." for name, m in model.named_modules()}  # for refresh(names)
         self.refresh()
 
     def _kv_shape(self, attn) -> tuple[int, int, int]:
@@ -105,32 +121,66 @@ class Forward:
             return attn.num_heads, attn.qk_head_dim, attn.v_head_dim
         return self.cfg.num_key_value_heads, attn.head_dim, attn.head_dim
 
-    def refresh(self) -> None:
-        """Rebuild the weights derived from the model's (fused q/k/v); call after changing weights."""
-        det.forget_conversions()  # updates may write through numpy views, unseen by version counters
-        self._fused, self._qkv_sizes, self._packed, self._qk_norm, self._blocked = {}, {}, {}, {}, {}
-        self._step, self._head = None, None
+    def refresh(self, names: Collection[str] | None = None) -> None:
+        """Rebuild the weights derived from the model's (fused q/k/v, the kernels' packed layouts, the
+        one-call decode step); call after changing weights. `names`: the parameters that changed
+        (`named_parameters` names); only their derived weights are rebuilt. None: all of them."""
+        self.install(self.prepare(names))
+
+    def prepare(self, names: Collection[str] | None = None, weights: Mapping[str, torch.Tensor] | None = None) -> Derived:
+        """The derived weights of the parameters `names` (None: all), computed from `weights` (new
+        values by parameter name, the model's dtype; the model's own tensors for the rest) without
+        changing what this forward runs: an engine prepares an update's repacking while it keeps
+        decoding, writes the new values into the model, and `install`s these at the same pause."""
+        weights = weights or {}
+
+        def get(module, attr: str) -> torch.Tensor:
+            return weights.get(self._prefixes[id(module)] + attr, getattr(module, attr))
+
+        def changed(module) -> bool:
+            prefix = self._prefixes[id(module)]
+            return names is None or any(n.startswith(prefix) for n in names)
+
+        out = Derived(names)
         if self.deterministic or self.arch == "deepseek_v3":
-            return
+            return out
         with torch.no_grad():
             for layer in self.model.model.layers:
                 a = layer.self_attn
+                if not changed(a):
+                    continue
                 projs = (a.q_proj, a.k_proj, a.v_proj)
-                w = torch.cat([p.weight for p in projs])
-                b = torch.cat([p.bias for p in projs]) if a.q_proj.bias is not None else None
-                self._fused[id(a)] = (w, b)
-                self._qkv_sizes[id(a)] = [p.weight.shape[0] for p in projs]
+                w = torch.cat([get(p, "weight") for p in projs])
+                b = torch.cat([get(p, "bias") for p in projs]) if a.q_proj.bias is not None else None
+                out.fused[id(a)] = (w, b)
+                out.qkv_sizes[id(a)] = [p.weight.shape[0] for p in projs]
                 heads, kv_heads = a.q_proj.weight.shape[0] // a.head_dim, a.k_proj.weight.shape[0] // a.head_dim
-                self._qk_norm[id(a)] = torch.cat([a.q_norm.weight.expand(heads, -1), a.k_norm.weight.expand(kv_heads, -1)])
+                out.qk_norm[id(a)] = torch.cat([get(a.q_norm, "weight").expand(heads, -1),
+                                                get(a.k_norm, "weight").expand(kv_heads, -1)])
                 if self.native and w.shape[0] % 32 == 0 and a.o_proj.weight.shape[0] % 32 == 0:  # one C call per decode block
-                    self._blocked[id(a)] = ((kernels.pack_linear(w), b),
-                                            (kernels.pack_linear(a.o_proj.weight), a.o_proj.bias))
-        with torch.no_grad():
-            self._packed = {id(b.experts): kernels.pack_experts(b.experts) for b in self.blocks if self._kernel_fits(b.experts)}
-        if self.native:
-            with torch.no_grad():
-                self._head = kernels.pack_head(self.model.lm_head.weight)
-            self._step = self._decode_step()
+                    o_bias = get(a.o_proj, "bias") if a.o_proj.bias is not None else None
+                    out.blocked[id(a)] = ((kernels.pack_linear(w), b), (kernels.pack_linear(get(a.o_proj, "weight")), o_bias))
+            for block in self.blocks:
+                e = block.experts
+                if changed(e) and self._kernel_fits(e):
+                    out.packed[id(e)] = kernels.pack_experts(SimpleNamespace(gate_up_proj=get(e, "gate_up_proj"),
+                                                                             down_proj=get(e, "down_proj")))
+            if self.native and changed(self.model.lm_head):
+                out.head = (kernels.pack_head(get(self.model.lm_head, "weight")),)
+        return out
+
+    def install(self, derived: Derived) -> None:
+        """Make prepared derived weights the ones this forward runs (and rebuild the decode step)."""
+        det.forget_conversions()  # updates may write through numpy views, unseen by version counters
+        if derived.names is None:
+            self._fused, self._qkv_sizes, self._packed, self._qk_norm, self._blocked = {}, {}, {}, {}, {}
+            self._head = None
+        for mine, new in ((self._fused, derived.fused), (self._qkv_sizes, derived.qkv_sizes), (self._qk_norm, derived.qk_norm),
+                          (self._blocked, derived.blocked), (self._packed, derived.packed)):
+            mine.update(new)
+        if derived.head:
+            (self._head,) = derived.head
+        self._step = self._decode_step() if self.native else None
 
     def _decode_step(self) -> DecodeStep | None:
         """The one-call C decode step over every layer's weights, resolved once (nn.Module attribute
