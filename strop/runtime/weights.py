@@ -31,7 +31,10 @@ class SyncedEngine:
         missing = [n for n in names if n not in named]
         if missing:
             raise ValueError(f"the engine's model has no tensors {missing[:3]}: it is not the trainer's policy")
-        engine.update_weights(apply_fn=lambda named: _round_to_bf16([named[n] for n in names])).wait()
+        # the same weights, rounded as the trainer publishes them: not a new version (versions never go back,
+        # and the trainer's first one may be the engine's own)
+        engine.update_weights(apply_fn=lambda named: _round_to_bf16([named[n] for n in names]),
+                              version=engine.version).wait()
         self.sync = EngineSync({n: named[n] for n in names}, version=-1, swap=self._swap, with_values=True)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.sync.follow, args=(store, relay, origin_url, self.stop),
