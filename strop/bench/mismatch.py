@@ -130,11 +130,13 @@ def run_episodes(engine, episodes: list[dict]) -> tuple[list, list, float]:
 
 def trainer_pass(model, batches: list, replay: bool, deterministic: bool, backward: bool):
     """The trainer's logprobs of the generated tokens and the routing its forward chose, per
-    micro-batch, and the process CPU seconds; with `backward` also their gradient (a step's work)."""
+    micro-batch, and the process CPU seconds; with `backward` also their gradient (a step's work,
+    which includes packing the step's new weights for the kernels once)."""
     from contextlib import ExitStack
 
     import torch
 
+    from strop.model import kernel_ops
     from strop.model.deterministic import deterministic_mode
     from strop.model.routing import capture_routing
     from strop.rl.orchestrator import router_replay
@@ -142,6 +144,8 @@ def trainer_pass(model, batches: list, replay: bool, deterministic: bool, backwa
 
     logprobs, routing = [], []
     t0 = time.process_time()
+    if backward:
+        kernel_ops.forget_packs()  # a training step sees new weights
     for batch in batches:
         with ExitStack() as stack:
             if deterministic:

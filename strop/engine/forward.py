@@ -81,7 +81,7 @@ class Forward:
             det.check_supported(model)
         self.deterministic = deterministic
         dtype = next(model.parameters()).dtype
-        self.kernel_path = deterministic or (dtype == torch.float32 and self._kernels_fit())
+        self.kernel_path = deterministic or (dtype == torch.float32 and det.unsupported(model) is None)
         self.max_slots, self.max_len = max_slots, max_len
         self.blocks = moe_blocks(model)
         self.num_experts = self.blocks[0].gate.num_experts if self.blocks else 0
@@ -101,14 +101,6 @@ class Forward:
             sign = torch.cat([-torch.ones(half), torch.ones(half)]).to(dtype)
             self._cos, self._sin = cos[0][:, None, :].contiguous(), (sin[0] * sign)[:, None, :].contiguous()
         self.refresh()
-
-    def _kernels_fit(self) -> bool:
-        """Whether the kernel path can run this model: kernels built, silu, expert widths it takes."""
-        try:
-            det.check_supported(self.model)
-        except ValueError:
-            return False
-        return True
 
     def _kv_shape(self, attn) -> tuple[int, int, int]:
         if self.arch == "deepseek_v3":  # MLA: cache the expanded per-head keys and values

@@ -40,19 +40,25 @@ ROPE_CHUNK = 256  # positions per rotary-table call: a position's value never de
 _tables: dict[int, tuple] = {}  # id(rotary module) -> (weakref, cos [P, d], sin [P, d])
 
 
-def check_supported(model) -> None:
-    """ValueError unless deterministic mode can run this model here."""
+def unsupported(model) -> str | None:
+    """Why deterministic mode cannot run this model here, or None when it can."""
     cfg = model.config
     if cfg.model_type not in ARCHITECTURES:
-        raise ValueError(f"deterministic mode does not implement the {cfg.model_type} architecture")
+        return f"deterministic mode does not implement the {cfg.model_type} architecture"
     if cfg.hidden_act != "silu":
-        raise ValueError(f"deterministic mode computes silu activations only, not {cfg.hidden_act}")
+        return f"deterministic mode computes silu activations only, not {cfg.hidden_act}"
     if not kernels.available():
-        raise ValueError("deterministic mode runs on strop's C kernels: they need a C compiler (cc) and "
-                         "STROP_NO_KERNELS unset")
-    for block in moe_blocks(model):
-        if not kernels.experts_fit(block.experts.gate_up_proj):
-            raise ValueError("deterministic mode needs expert widths (hidden, 2 x intermediate) that are multiples of 32")
+        return "deterministic mode runs on strop's C kernels: they need a C compiler (cc) and STROP_NO_KERNELS unset"
+    if not all(kernels.experts_fit(b.experts.gate_up_proj) for b in moe_blocks(model)):
+        return "deterministic mode needs expert widths (hidden, 2 x intermediate) that are multiples of 32"
+    return None
+
+
+def check_supported(model) -> None:
+    """ValueError unless deterministic mode can run this model here."""
+    reason = unsupported(model)
+    if reason:
+        raise ValueError(reason)
 
 
 def rope_tables(model, n: int) -> tuple[torch.Tensor, torch.Tensor]:
