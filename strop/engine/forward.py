@@ -79,7 +79,6 @@ class Forward:
             raise ValueError(f"the engine does not implement the {self.arch} architecture")
         if deterministic:
             det.check_supported(model)
-        self.deterministic = deterministic
         dtype = next(model.parameters()).dtype
         self.kernel_path = deterministic or (dtype == torch.float32 and det.unsupported(model) is None)
         self.max_slots, self.max_len = max_slots, max_len
