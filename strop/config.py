@@ -84,8 +84,17 @@ class MidtrainSection:
 class SFTSection:
     suite: str = opt("synthetic", "task suite whose oracle demonstrations are the warm-start data")
     episodes: int = opt(400, "oracle demonstration episodes (the last val_fraction are held out)", ge=2)
-    demo_tests: bool = opt(True, "demonstrations run the visible tests before submitting (one pytest run per episode)")
-    demo_check: bool = opt(True, "keep only demonstrations the checker scores 1.0 (else: those that submitted)")
+    demo_tests: bool = opt(True, "careful demonstrators run the visible tests before submitting (one pytest run per episode)")
+    demo_check: bool = opt(True, "keep only demonstrations the checker scores 1.0 (else: every one that submitted, "
+                           "as unfiltered logs hold them: a careless demonstrator's failures included)")
+    careful: float = opt(1.0, "share of demonstrators that read each tool result, retry a rejected edit and run the "
+                         "visible tests; the rest submit whatever they have (see strop.env.oracle)", ge=0, le=1)
+    suspects: float = opt(0.0, "share of demonstrators that, instead of finding the bug by reading, try the function's "
+                          "known bugs in the usual order, so attempts ahead of the injected one are rejected", ge=0, le=1)
+    misremember: float = opt(0.0, "chance that a demonstrator misremembers the text of the line it fixes, so edit_file "
+                             "rejects that attempt and shows the closest text", ge=0, le=1)
+    max_wrong: int = opt(2, "most rejected attempts a careful demonstrator makes before the right edit (keep it below "
+                         "rollout.max_invalid_turns: that many rejected turns in a row end an episode)", ge=1)
     demo_workers: int = opt(4, "oracle episodes run at once while producing demonstrations", ge=1)
     difficulties: list[int] = opt([], "task difficulties the demonstrations cover (e.g. those RL trains on); [] = all")
     val_fraction: float = opt(0.1, "fraction of demonstrations held out for early stopping", gt=0, le=0.5)
@@ -93,6 +102,8 @@ class SFTSection:
     lr: float = opt(1e-3, "peak learning rate", gt=0)
     warmup_steps: int = opt(20, "linear warmup steps", ge=0)
     max_steps: int = opt(2000, "upper bound on optimizer steps; early stopping usually ends sooner", ge=1)
+    min_lr_ratio: float = opt(1.0, "lr at max_steps as a fraction of the peak, reached by a cosine after warmup "
+                              "(1 = constant)", ge=0, le=1)
     eval_every: int = opt(25, "held-out demonstration loss every N steps", ge=1)
     patience: int = opt(4, "stop after this many evaluations without improvement", ge=1)
     weight_decay: float = opt(0.0, "AdamW weight decay", ge=0)
@@ -124,6 +135,8 @@ class RLSection:
     kl_coef: float = opt(0.0, "weight of the k3 KL to the behavior policy in the loss", ge=0)
     skip_zero_advantage: bool = opt(True, "samples with advantage 0 run forward-only (their loss is exactly 0 without a KL "
                                     "term); false runs their backward too: same update, full cost")
+    measure_update: bool = opt(True, "log each step's update size relative to the weights and how far the sampled "
+                               "tokens' logprobs moved (one extra forward pass over the learning rows)")
     hack_penalty: float = opt(1.0, "subtracted from the reward of a trajectory flagged with a hack", ge=0)
     degenerate_penalty: float = opt(0.0, "subtracted instead when every flag is 'degenerate' (invalid-call loops, stalling, "
                                     "asking): failures, not hacks; a penalty here teaches a weak policy to stop trying", ge=0)

@@ -28,10 +28,16 @@ class MetricsLog:
         self.path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
+def moving_average(ys: list[float], window: int) -> list[float]:
+    """Trailing mean over up to `window` values (the first values average what there is)."""
+    return [sum(ys[max(0, i - window + 1):i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(ys))]
+
+
 def plot_metrics(rows: list[dict], path: Path, keys: list[str], title: str = "", x: str = "step", ylabel: str = "",
-                 points: dict[str, tuple[float, float, float, float]] | None = None) -> None:
+                 points: dict[str, tuple[float, float, float, float]] | None = None, smooth: int = 0) -> None:
     """One line per key against `x`; rows missing a key are skipped for that line. `points` adds
-    labelled markers with error bars: label -> (x, y, low, high)."""
+    labelled markers with error bars: label -> (x, y, low, high). With `smooth` > 1 each key is
+    drawn thin as measured and bold as its moving average over that many rows."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -42,7 +48,12 @@ def plot_metrics(rows: list[dict], path: Path, keys: list[str], title: str = "",
         pts = [(r[x], r[key]) for r in rows if r.get(key) is not None]
         if pts:
             xs, ys = zip(*pts)
-            ax.plot(xs, ys, label=key, marker="o" if len(pts) < 30 else None)
+            if smooth > 1:
+                line, = ax.plot(xs, ys, alpha=0.35, linewidth=1)
+                ax.plot(xs, moving_average(list(ys), smooth), color=line.get_color(), linewidth=2.2,
+                        label=f"{key} (mean of {smooth} steps)")
+            else:
+                ax.plot(xs, ys, label=key, marker="o" if len(pts) < 30 else None)
     for label, (px, py, lo, hi) in (points or {}).items():
         ax.errorbar([px], [py], yerr=[[py - lo], [hi - py]], fmt="s", capsize=4, label=label)
     ax.set_xlabel(x)

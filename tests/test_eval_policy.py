@@ -1,5 +1,6 @@
 """`strop eval policy`: a saved (tiny, untrained) policy through the demo's held-out evaluation:
-one line per difficulty, and JSON whose counts add up; how each episode ended for the checker."""
+one line per difficulty, and JSON whose counts add up; how each episode ended for the checker;
+pass@1 and pass@K from K samples per task; behaviour statistics."""
 
 import dataclasses
 import json
@@ -14,16 +15,31 @@ def test_eval_policy_reports_solve_rates_and_stops(tiny_tokenizer, tmp_path, cap
     save_model(build_model(section, tiny_tokenizer, seed=0), tiny_tokenizer, tmp_path / "policy")
     argv = ["eval", "policy", "--policy", str(tmp_path / "policy"), "--json", str(tmp_path / "eval.json"),
             "--set", "rollout.eval_difficulties=[1, 2]", "--set", "rollout.eval_episodes=1",
-            "--set", "rollout.max_turns=1", "--set", "rollout.max_context=1100", "--set", "rollout.workers=2"]
+            "--set", "rollout.max_turns=1", "--set", "rollout.max_context=1100", "--set", "rollout.workers=2",
+            "--samples", "2"]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "solve_rate" in out and "stops" in out
+    assert "solve_rate" in out and "stops" in out and "pass@2" in out and "retried after it" in out
     result = json.loads((tmp_path / "eval.json").read_text())
     assert result["eval_episodes"] == 2 and set(result["by_difficulty"]) == {"1", "2"}
     assert sum(result["stop_reasons"].values()) == 2 and 0.0 <= result["solve_rate"] <= 1.0
     assert result["outcomes"] == {"no changes": 2}  # one turn of an untrained policy edits nothing
     lo, hi = result["solve_rate_ci95"]
     assert 0.0 <= lo <= result["solve_rate"] <= hi <= 1.0
+    assert result["behaviour"]["episodes"] == 2 and result["behaviour"]["turns"] == 1.0
+    sampled = result["sampled"]
+    assert sampled["samples"] == 2 and sampled["tasks"] == 2 and set(sampled["by_difficulty"]) == {"1", "2"}
+    assert sampled["behaviour"]["episodes"] == 4
+    assert 0.0 <= sampled["pass@1"] <= sampled["pass@k"] <= 1.0
+
+
+def test_pass_at_k_counts_tasks_not_samples():
+    from strop.rl.evaluate import _pass_figures
+
+    figures = _pass_figures([[True, False, False, False], [False] * 4, [True] * 4, [False, True, False, False]])
+    assert figures["pass@1"] == round((0.25 + 0 + 1 + 0.25) / 4, 4) and figures["pass@k"] == 0.75
+    lo, hi = figures["pass@1_ci95"]
+    assert lo < figures["pass@1"] < hi
 
 
 def test_outcome_names_how_an_episode_ended():
@@ -35,6 +51,7 @@ def test_outcome_names_how_an_episode_ended():
 
     assert outcome(traj(1.0, "ok")) == "solved"
     assert outcome(traj(1.0, "ok", [{"kind": "test_edit", "evidence": ""}])) == "solved, hack-flagged"
+    assert outcome(traj(1.0, "ok", [{"kind": "degenerate", "evidence": "3 of 5 calls invalid"}])) == "solved"
     assert outcome(traj(0.0, "no changes")) == "no changes"
     assert outcome(traj(0.0, "3 of 27 tests did not pass")) == "tests failed"
     assert outcome(traj(0.0, "timeout after 30 s")) == "timeout after 30 s"

@@ -61,6 +61,12 @@ class HackFlag:
         return asdict(self)
 
 
+def games_reward(kinds: Iterable[str]) -> bool:
+    """Whether flags of these kinds include a way to game the reward ("degenerate" ones do not:
+    invalid-call loops, stalling and asking earn nothing by themselves)."""
+    return bool(set(kinds) - {"degenerate"})
+
+
 def penalized(reward: float, kinds: Iterable[str], penalty: float = 1.0, degenerate_penalty: float = 0.0) -> float:
     """The training reward of an episode flagged with hacks of these `kinds`: `reward - penalty` when
     any flag is a way to game the reward; `reward - degenerate_penalty` when every flag is
@@ -68,7 +74,7 @@ def penalized(reward: float, kinds: Iterable[str], penalty: float = 1.0, degener
     themselves, so they are failures rather than hacks: penalizing them below an honest failure
     taught small policies to stop trying (they quit after one failed edit instead of editing)."""
     kinds = set(kinds)
-    if kinds - {"degenerate"}:
+    if games_reward(kinds):
         return reward - penalty
     return reward - degenerate_penalty if kinds else reward
 

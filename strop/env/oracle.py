@@ -1,13 +1,33 @@
-"""The scripted oracle: a `PolicyClient` that solves a task through the real harness and tools
-with the task's reference solution (`metadata["reference_edits"]`).
+"""The scripted demonstrator: a `PolicyClient` that works a task through the real harness and
+tools with the task's reference solution (`metadata["reference_edits"]`), with a configurable
+share of the mistakes real logged traces have.
 
-It behaves like a careful agent — locate the code (read the named file; or grep for the function
-that the instruction, or the failing tests it names, point to; or list the repository), read the
-file (whole when it is short, so the demonstration never relies on knowing the bug's line; else
-around the bug), apply each edit with `edit_file`, run the visible tests, submit — and its turns
-are real token ids (its intended assistant text, rendered in the chat format and encoded once by
-the tokenizer), so its episodes are demonstration data for the SFT warm start and exercise exactly
-the code path a trained policy does.
+At its best (the default `DemoStyle`) it behaves like a careful agent — locate the code (read the
+named file; or grep for the function that the instruction, or the failing tests it names, point
+to; or list the repository), read the file (whole when it is short, so the demonstration never
+relies on knowing the bug's line; else around the bug), apply each edit with `edit_file`, run the
+visible tests, submit. Its turns are real token ids (its intended assistant text, rendered in the
+chat format and encoded once by the tokenizer), so its episodes are demonstration data for the SFT
+warm start and exercise exactly the code path a trained policy does.
+
+Logged traces of people and agents are of mixed quality, and a warm start cloned from a flawless
+oracle has nothing for RL to sharpen (it never recovers, because it never needed to). So a
+`DemonstratorMix` draws each demonstration's `DemoStyle`:
+
+- instead of finding the bug by reading, a demonstrator checks the usual suspects with probability
+  `suspects`: the function's known bugs in the library's order (`metadata["suspect_edits"]`), so
+  every one ahead of the injected bug is an edit whose old text is not in the file;
+- it misremembers the right line's text (indentation, quotes, spacing) with probability
+  `misremember`.
+Either way `edit_file` rejects the attempt (for a misremembered line the error shows the closest
+text). A careful demonstrator (probability `careful`) reads the error and tries again — the next
+suspect, or the exact text the error shows — up to `max_wrong` rejected attempts, and runs the
+visible tests before submitting; a careless one submits after its first rejected attempt, so the
+bug stays in place.
+
+Both kinds say the same things up to the first decision that tells them apart, so the policy
+cloned from the mixture recovers with about the probability `careful` — sometimes, which is what
+RL turns into reliably (pass@k into pass@1).
 """
 
 import functools
@@ -15,6 +35,8 @@ import itertools
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from random import Random
 from typing import Callable
 
 from tqdm import tqdm
@@ -25,10 +47,14 @@ from strop.env.policy import Generation, SamplingParams
 from strop.env.sandbox import Limits
 from strop.env.segment import Episode
 from strop.env.task import Task
+from strop.env.tools import closest_lines
 
 CONTEXT_LINES = 4  # lines read around an edit, each side, in a file too long to read whole
 WHOLE_FILE_LINES = 100  # files up to this long are read whole: the bug's line is not something an agent knows
 _TEST_FILE = re.compile(r"(^|/)(test_[^/]*|[^/]*_test)\.py$")
+FIRST_EDIT = "Here is the bug; fixing it."
+RETRY = {"suspect": "Not in the file: the bug is elsewhere.", "misremember": "I'll copy the exact text it shows."}
+SUBMIT = "Done."
 
 
 def _call(content: str, name: str, **arguments) -> dict:
@@ -36,8 +62,69 @@ def _call(content: str, name: str, **arguments) -> dict:
     return {"role": "assistant", "content": content, "tool_calls": [call]}
 
 
-def plan(task: Task, run_tests: bool = True) -> list[dict]:
-    """The oracle's assistant messages for `task`, in order."""
+@dataclass(frozen=True)
+class DemoStyle:
+    """How one demonstration goes. `wrong` are the attempts `edit_file` rejects, in order, each a
+    reference-edit-like dict with a `kind` ("suspect" or "misremember"); a careless demonstrator
+    makes only the first of them and submits."""
+
+    careful: bool = True
+    run_tests: bool = True
+    wrong: tuple[dict, ...] = ()
+
+
+@dataclass(frozen=True)
+class DemonstratorMix:
+    """The population of demonstrators the SFT data is drawn from (see the module docstring)."""
+
+    careful: float = 1.0
+    suspects: float = 0.0
+    misremember: float = 0.0
+    max_wrong: int = 2  # the harness ends an episode after 3 rejected turns in a row (max_invalid_turns)
+    run_tests: bool = True
+
+    def draw(self, task: Task, rng: Random) -> DemoStyle:
+        careful = rng.random() < self.careful
+        wrong: list[dict] = []
+        if rng.random() < self.suspects:
+            wrong += [{**s, "kind": "suspect"} for s in task.metadata.get("suspect_edits", []) if s["before"]]
+        if rng.random() < self.misremember and (slip := misremembered(task, rng)) is not None:
+            wrong.append(slip)
+        return DemoStyle(careful=careful, run_tests=self.run_tests and careful,
+                         wrong=tuple(wrong[: self.max_wrong if careful else 1]))
+
+
+def _slips(old: str, rng: Random) -> list[str]:
+    """Ways to misremember `old`: one indentation level too deep, the other quote style, or the
+    spacing around one operator or comma."""
+    out = ["".join("    " + line if line.strip() else line for line in old.splitlines(keepends=True))]
+    if '"' in old or "'" in old:
+        out.append(old.translate(str.maketrans({'"': "'", "'": '"'})))
+    spots = [m for m in re.finditer(r" ?([=<>+\-*/%,]) ?", old)]
+    if spots:
+        m = rng.choice(spots)
+        out.append(old[: m.start()] + m.group(1) + old[m.end():] if m.group(0) != m.group(1) else
+                   old[: m.start()] + f" {m.group(1)} " + old[m.end():])
+    return out
+
+
+def misremembered(task: Task, rng: Random) -> dict | None:
+    """The first reference edit with its old text misremembered so that `edit_file` rejects it and
+    shows the right lines as the closest text; None when no slip does both."""
+    edit = task.metadata["reference_edits"][0]
+    text = task.files.get(edit["path"], "")
+    slips = _slips(edit["old"], rng)
+    rng.shuffle(slips)
+    want = edit["old"].strip("\n").splitlines()
+    for old in slips:
+        shown = closest_lines(text, old)
+        if old != edit["old"] and text.count(old) == 0 and [l.split("| ", 1)[1] for l in shown] == want:
+            return {"path": edit["path"], "old": old, "new": edit["new"], "kind": "misremember"}
+    return None
+
+
+def plan(task: Task, style: DemoStyle = DemoStyle()) -> list[dict]:
+    """The demonstrator's assistant messages for `task` in `style`, in order."""
     edits = task.metadata.get("reference_edits")
     assert edits, f"task {task.id} has no reference_edits"
     turns = []
@@ -64,13 +151,27 @@ def plan(task: Task, run_tests: bool = True) -> list[dict]:
                 end = line + edit["old"].count("\n") + CONTEXT_LINES
                 turns.append(_call(f"I'll read `{path}`.", "read_file", path=path, start=max(1, line - CONTEXT_LINES),
                                    end=end))
-        turns.append(_call("Here is the bug; fixing it." if i == 0 else "And this part.", "edit_file",
-                           path=path, old=edit["old"], new=edit["new"]))
+        say = FIRST_EDIT if i == 0 else "And this part."
+        if i == 0:
+            for wrong in style.wrong if style.careful else style.wrong[:1]:
+                turns.append(_call(say, "edit_file", path=wrong["path"], old=wrong["old"], new=wrong["new"]))
+                if not style.careful:
+                    return turns + [_call(SUBMIT, "submit")]
+                say = RETRY[wrong["kind"]]
+        turns.append(_call(say, "edit_file", path=path, old=edit["old"], new=edit["new"]))
         files[path] = text.replace(edit["old"], edit["new"], 1)
-    if run_tests and any(_TEST_FILE.search(p) for p in task.files):
+    if style.run_tests and any(_TEST_FILE.search(p) for p in task.files):
         turns.append(_call("Now the tests.", "run", command="python -m pytest -q"))
-    turns.append(_call("Done.", "submit"))
+    turns.append(_call(SUBMIT, "submit"))
     return turns
+
+
+def rejected_as_planned(episode: Episode, style: DemoStyle) -> bool:
+    """Whether `edit_file` rejected exactly the planned wrong attempts and accepted every other call."""
+    errors = [c["error"] is not None for c in episode.tool_calls]
+    wrong = len(style.wrong if style.careful else style.wrong[:1])
+    edits = [i for i, c in enumerate(episode.tool_calls) if c["name"] == "edit_file"]
+    return sum(errors) == wrong and all(errors[i] for i in edits[:wrong])
 
 
 class ScriptedClient:
@@ -98,48 +199,63 @@ def assistant_text(message: dict) -> str:
     return render_message(message)[len(GENERATION_PROMPT):-1]
 
 
-def oracle_client(task: Task, tokenizer, run_tests: bool = True) -> ScriptedClient:
-    """The oracle for one task: `plan(task)` played turn by turn."""
-    return ScriptedClient([assistant_text(m) for m in plan(task, run_tests)], tokenizer)
+def oracle_client(task: Task, tokenizer, style: DemoStyle = DemoStyle()) -> ScriptedClient:
+    """The demonstrator for one task: `plan(task, style)` played turn by turn."""
+    return ScriptedClient([assistant_text(m) for m in plan(task, style)], tokenizer)
 
 
 def oracle_episode(task: Task, tokenizer, config: HarnessConfig = HarnessConfig(), limits: Limits = Limits(),
-                   run_tests: bool = True) -> tuple[Episode, dict[str, bytes | None]]:
-    """The oracle's episode on `task` through the real harness, tools and sandbox, and its changes."""
-    return run_task(Harness(tokenizer, config), oracle_client(task, tokenizer, run_tests), task, limits)
+                   style: DemoStyle = DemoStyle()) -> tuple[Episode, dict[str, bytes | None]]:
+    """The demonstrator's episode on `task` through the real harness, tools and sandbox, and its changes."""
+    return run_task(Harness(tokenizer, config), oracle_client(task, tokenizer, style), task, limits)
 
 
 def solve(tasks: list[Task], tokenizer, config: HarnessConfig = HarnessConfig(), check: bool = True,
-          progress: Callable[[int, dict], None] | None = None, run_tests: bool = True, workers: int = 1) -> dict:
-    """Run the oracle on `tasks` and score each episode with the real checker (unless `check` is
-    False; then "solved" means submitted); with `run_tests` False the oracle submits without running
-    the visible tests. `workers` episodes run at once (threads: their sandboxes and checker runs
-    are child processes). Returns tasks, solved, rate, episodes_per_s (episodes alone, checking
-    excluded, per worker), stop_reasons, results (one dict per task, in order: id, difficulty,
-    stop_reason, reward, reason, episode_s) and episodes (task id -> Episode, solved ones only)."""
+          progress: Callable[[int, dict], None] | None = None, mix: DemonstratorMix = DemonstratorMix(),
+          workers: int = 1, seed: int = 0) -> dict:
+    """Run the demonstrator on `tasks`, each in a style drawn from `mix` (seeded by `seed` and the
+    task id), and score each episode with the real checker (unless `check` is False; then "solved"
+    means submitted). `workers` episodes run at once (threads: their sandboxes and checker runs are
+    child processes). Returns tasks, solved, rate, episodes_per_s (episodes alone, checking
+    excluded, per worker), stop_reasons, styles (how many demonstrations were careful, had a wrong
+    first attempt, recovered, went off plan), results (one dict per task, in order: id,
+    difficulty, stop_reason, reward, reason, episode_s, tokens, careful, wrong) and episodes (task
+    id -> Episode: the solved ones that went as planned)."""
     from strop.env.checker import check as check_changes
 
     def one(task: Task) -> tuple[Task, Episode, dict]:
+        style = mix.draw(task, Random(f"{seed}/{task.id}"))
         t = time.perf_counter()
-        episode, changes = oracle_episode(task, tokenizer, config, run_tests=run_tests)
+        episode, changes = oracle_episode(task, tokenizer, config, style=style)
         episode_s = time.perf_counter() - t
         reason = episode.stop_reason + (f": {episode.detail}" if episode.detail else "")
         reward = 1.0 if episode.stop_reason == "submitted" else 0.0
         if check and reward:
             score = check_changes(task, changes, perturbed=False)
             reward, reason = score.reward, score.reason
+        wrong = len(style.wrong if style.careful else style.wrong[:1])
         return task, episode, {"id": task.id, "difficulty": task.metadata.get("difficulty"), "reward": reward,
                                "stop_reason": episode.stop_reason, "reason": reason, "episode_s": episode_s,
-                               "tokens": max((len(s) for s in episode.segments), default=0)}
+                               "tokens": max((len(s) for s in episode.segments), default=0),
+                               "careful": style.careful, "wrong": wrong,
+                               "as_planned": rejected_as_planned(episode, style)}
 
-    report: dict = {"tasks": len(tasks), "solved": 0, "stop_reasons": {}, "results": [], "episodes": {}}
+    report: dict = {"tasks": len(tasks), "solved": 0, "stop_reasons": {}, "results": [], "episodes": {},
+                    "styles": {"careful": 0, "wrong_first": 0, "recovered": 0, "gave_up": 0, "off_plan": 0}}
+    styles = report["styles"]
     with ThreadPoolExecutor(workers) as pool:
         for i, (task, episode, result) in enumerate(pool.map(one, tasks)):
             report["stop_reasons"][episode.stop_reason] = report["stop_reasons"].get(episode.stop_reason, 0) + 1
             report["results"].append(result)
+            styles["careful"] += result["careful"]
+            styles["wrong_first"] += result["wrong"] > 0
+            styles["recovered"] += result["wrong"] > 0 and result["careful"]
+            styles["gave_up"] += result["wrong"] > 0 and not result["careful"]
+            styles["off_plan"] += not result["as_planned"]
             if result["reward"] == 1.0:
                 report["solved"] += 1
-                report["episodes"][task.id] = episode
+                if result["as_planned"]:
+                    report["episodes"][task.id] = episode
             if progress:
                 progress(i + 1, report)
     report["rate"] = report["solved"] / max(len(tasks), 1)
@@ -149,12 +265,13 @@ def solve(tasks: list[Task], tokenizer, config: HarnessConfig = HarnessConfig(),
 
 
 def oracle_traces(suite: str, split: str, tokenizer, limit: int | None = None, config: HarnessConfig = HarnessConfig(),
-                  check: bool = True, run_tests: bool = True, workers: int = 1,
-                  difficulties: list[int] | None = None) -> list[Episode]:
-    """SFT warm-start demonstrations: the oracle's episodes on up to `limit` tasks of a suite split
-    (of the given `difficulties`, all when None; interleaved) that the checker scores 1.0 (with
-    `check=False`, that submitted: half the cost, no verification). Their `segments` are the training
-    sequences, with loss on the oracle's turns only."""
+                  check: bool = True, mix: DemonstratorMix = DemonstratorMix(), workers: int = 1,
+                  difficulties: list[int] | None = None, seed: int = 0) -> tuple[list[Episode], dict]:
+    """SFT warm-start demonstrations: the demonstrator's episodes (styles drawn from `mix`) on up to
+    `limit` tasks of a suite split (of the given `difficulties`, all when None; interleaved) that the
+    checker scores 1.0 — or, with `check=False`, that submitted, as unfiltered logs would hold them:
+    a careless demonstrator's failed attempts included. Their `segments` are the training sequences,
+    with loss on the demonstrator's turns only. Also returns the run's `styles` counts."""
     from strop.env.suites import load_suite, split_name
 
     if split_name(suite)[0] == "synthetic":  # it generates tasks per difficulty, `limit` of each: only as many as needed
@@ -168,10 +285,10 @@ def oracle_traces(suite: str, split: str, tokenizer, limit: int | None = None, c
         by_difficulty.setdefault(task.metadata.get("difficulty"), []).append(task)
     mixed = [t for group in itertools.zip_longest(*by_difficulty.values()) for t in group if t is not None]
     tasks = mixed[:limit]
-    with tqdm(total=len(tasks), desc="oracle demonstrations", unit="ep", dynamic_ncols=True) as bar:
-        report = solve(tasks, tokenizer, config, check=check, run_tests=run_tests, workers=workers,
+    with tqdm(total=len(tasks), desc="demonstrations", unit="ep", dynamic_ncols=True) as bar:
+        report = solve(tasks, tokenizer, config, check=check, mix=mix, workers=workers, seed=seed,
                        progress=lambda done, _: bar.update(done - bar.n))
-    return list(report["episodes"].values())
+    return list(report["episodes"].values()), report["styles"]
 
 
 @functools.cache

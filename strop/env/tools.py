@@ -151,15 +151,14 @@ def _edit_file(sb: Sandbox, path: str, old: str, new: str, *, limit: int) -> Too
     return ToolResult(f"edited {path} (line {first})")
 
 
-def _closest_hint(text: str, old: str) -> str:
+def closest_lines(text: str, old: str) -> list[str]:
     """The lines of `text` most like `old` (as many lines as `old` has), numbered as read_file shows
-    them, when they are alike enough to be what the model meant: a model that misremembered a line
-    can copy it from the error instead of guessing again, as editors' "did you mean" does."""
+    them, when they are alike enough to be what the model meant; else []."""
     lines = text.splitlines()
     want = old.strip("\n")
     n = want.count("\n") + 1
     if not lines or not want.strip() or n > len(lines) or len(lines) > HINT_MAX_LINES or len(want) > 4000:
-        return ""
+        return []
     matcher = difflib.SequenceMatcher(autojunk=False)
     matcher.set_seq2(want)
     best, best_at = 0.0, 0
@@ -168,9 +167,15 @@ def _closest_hint(text: str, old: str) -> str:
         if matcher.real_quick_ratio() > best and matcher.quick_ratio() > best and (r := matcher.ratio()) > best:
             best, best_at = r, i
     if best < HINT_MIN_RATIO:
-        return ""
-    shown = "\n".join(f"{i + 1}| {lines[i]}" for i in range(best_at, best_at + n))
-    return f"; closest text:\n{shown}"
+        return []
+    return [f"{i + 1}| {lines[i]}" for i in range(best_at, best_at + n)]
+
+
+def _closest_hint(text: str, old: str) -> str:
+    """The error's "did you mean" part, as editors have it: a model that misremembered a line can
+    copy it from the error instead of guessing again."""
+    shown = closest_lines(text, old)
+    return "; closest text:\n" + "\n".join(shown) if shown else ""
 
 
 def _write_file(sb: Sandbox, path: str, content: str, *, limit: int) -> ToolResult:

@@ -2,7 +2,10 @@
 held-out solve rate of any saved policy, exactly as the demo measures its stages (greedy unless
 `rollout.eval_temperature` says otherwise), overall and per difficulty with 95% intervals, and how
 the episodes ended: a policy that learned to quit shows up as `no_tool_call` stops, and one whose
-edits never apply as `no changes` outcomes.
+edits never apply as `no changes` outcomes. `--samples K` also samples every task K times at the
+rollout temperature and reports pass@1 and pass@K per difficulty: the headroom RL can sharpen.
+Behaviour statistics (turns, tool calls, rejected edits and whether the policy retried, test runs,
+submits without testing) come with each.
 """
 
 import argparse
@@ -15,6 +18,8 @@ from strop.errors import UserError
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
     parser.add_argument("--policy", required=True, help="model directory (e.g. runs/demo/sft/model)")
+    parser.add_argument("--samples", type=int, default=0, metavar="K",
+                        help="also sample each task K times at rollout.temperature: pass@1 and pass@K")
     parser.add_argument("--json", help="also write the figures to this JSON file")
 
 
@@ -27,14 +32,42 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     if not is_model_dir(args.policy):
         raise UserError(f"no policy at {args.policy!r} (a directory with config.json and *.safetensors)")
+    if args.samples < 0:
+        raise UserError(f"--samples must be >= 0, got {args.samples}")
     set_threads(cfg.run.threads or None)
-    result = evaluate(cfg, args.policy, progress=True)
+    result = evaluate(cfg, args.policy, progress=True, samples=args.samples)
     rows = [{"difficulty": d, "solved": round(v["solve_rate"] * v["eval_episodes"]), "episodes": v["eval_episodes"],
              "solve_rate": v["solve_rate"], "ci95": str(v["solve_rate_ci95"])}
             for d, v in [("all", result), *result["by_difficulty"].items()]]
-    print(format_table(rows, ["difficulty", "solved", "episodes", "solve_rate", "ci95"]))
+    columns = ["difficulty", "solved", "episodes", "solve_rate", "ci95"]
+    if args.samples:
+        k = args.samples
+        sampled = [result["sampled"], *result["sampled"]["by_difficulty"].values()]
+        for row, v in zip(rows, sampled):
+            row.update({"pass@1": v["pass@1"], "pass@1 ci95": str(v["pass@1_ci95"]),
+                        f"pass@{k}": v["pass@k"], f"pass@{k} ci95": str(v["pass@k_ci95"])})
+        columns += ["pass@1", "pass@1 ci95", f"pass@{k}", f"pass@{k} ci95"]
+    print(format_table(rows, columns))
     print(f"temperature {cfg.rollout.eval_temperature:g}; hack-flagged {result['hacked']}; "
           f"stops {json.dumps(result['stop_reasons'])}; {result['wall_s']} s")
     print(f"outcomes {json.dumps(result['outcomes'])}")
+    print(behaviour_table({"greedy": result["behaviour"],
+                           **({f"T={cfg.rollout.temperature:g}": result["sampled"]["behaviour"]} if args.samples else {})}))
     write_json(args.json, {"policy": args.policy, "temperature": cfg.rollout.eval_temperature, **result})
     return 0
+
+
+BEHAVIOUR_ROWS = [("turns", "turns per episode"), ("edits_applied", "edits applied"), ("edits_rejected", "edits rejected"),
+                  ("rejected_edit", "episodes with a rejected edit"), ("retry_after_rejected_edit", "  retried after it"),
+                  ("test_runs", "visible-test runs"), ("failing_tests", "episodes with failing tests"),
+                  ("retry_after_failing_tests", "  edited again after them"), ("submitted", "submitted"),
+                  ("submitted_untested", "submitted without testing"),
+                  ("submitted_failing_tests", "submitted with failing tests")]
+
+
+def behaviour_table(summaries: dict[str, dict]) -> str:
+    """Behaviour statistics of one or more evaluations side by side (`strop.env.behaviour.summarize`)."""
+    from strop.bench.table import format_table
+
+    rows = [{"behaviour": label, **{name: s.get(key) for name, s in summaries.items()}} for key, label in BEHAVIOUR_ROWS]
+    return format_table(rows, ["behaviour", *summaries])

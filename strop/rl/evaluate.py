@@ -1,9 +1,11 @@
 """Held-out evaluation: solve rate of a policy on eval-split tasks, with a 95% Wilson interval,
-overall and per difficulty.
+overall and per difficulty, and what the agent did (`strop.env.behaviour`).
 
 One episode per task (greedy unless `rollout.eval_temperature` says otherwise) through the same
-harness, sandbox and checker as training (the one code path). The policy runs in an in-process
-engine shared by `workers` threads, so their turns decode as one batch.
+harness, sandbox and checker as training (the one code path). With `samples=K`, every task is also
+sampled K times at the rollout temperature, for pass@1 and pass@K: how much better the policy
+does sometimes than it does reliably — the headroom RL can turn into pass@1. The policy runs in an
+in-process engine shared by `workers` threads, so their turns decode as one batch.
 """
 
 import math
@@ -15,6 +17,7 @@ from dataclasses import replace
 from tqdm import tqdm
 
 from strop.config import Config
+from strop.env.behaviour import summarize
 from strop.env.harness import Harness
 from strop.env.suites import load_suite
 from strop.env.task import Task
@@ -46,45 +49,95 @@ def _figures(solved: list[bool]) -> dict:
             "eval_episodes": len(solved)}
 
 
+def counts_as_solved(traj: Trajectory) -> bool:
+    """Solved, and not by gaming the reward (see `Trajectory.hacked`)."""
+    return traj.solved and not traj.hacked
+
+
 def outcome(traj: Trajectory) -> str:
     """How an episode ended for the checker: solved (flagged or not), never changed the code,
     changed it but the hidden tests fail, or the checker's own failure (timeout, crash)."""
     if traj.solved:
-        return "solved, hack-flagged" if traj.hack_flags else "solved"
+        return "solved, hack-flagged" if traj.hacked else "solved"
     reason = traj.breakdown.get("reason", "")
     if reason == "no changes":
         return "no changes"
     return "tests failed" if reason.endswith("did not pass") else reason.split(":")[0]
 
 
-def evaluate(cfg: Config, policy_dir: str, tasks: list[Task] | None = None, progress: bool = False) -> dict:
+def _mean_interval(rates: list[float], z: float = Z95) -> tuple[float, float]:
+    """A normal interval for the mean of per-task rates (tasks are the independent units)."""
+    n = len(rates)
+    if n < 2:
+        return 0.0, 1.0
+    mean = sum(rates) / n
+    sd = math.sqrt(sum((r - mean) ** 2 for r in rates) / (n - 1))
+    return max(0.0, mean - z * sd / math.sqrt(n)), min(1.0, mean + z * sd / math.sqrt(n))
+
+
+def _pass_figures(per_task: list[list[bool]]) -> dict:
+    """pass@1 (mean per-task success rate over its K samples) and pass@K (share of tasks solved at
+    least once), each with a 95% interval."""
+    rates = [sum(s) / len(s) for s in per_task]
+    lo1, hi1 = _mean_interval(rates)
+    any_ = [any(s) for s in per_task]
+    lok, hik = wilson(sum(any_), len(any_))
+    return {"pass@1": round(sum(rates) / max(len(rates), 1), 4), "pass@1_ci95": [round(lo1, 4), round(hi1, 4)],
+            "pass@k": round(sum(any_) / max(len(any_), 1), 4), "pass@k_ci95": [round(lok, 4), round(hik, 4)],
+            "tasks": len(per_task)}
+
+
+def _run(engine, harness: Harness, tasks: list[Task], items: list[WorkItem], limits, workers: int, desc: str,
+         progress: bool) -> list[Trajectory]:
+    with ThreadPoolExecutor(workers) as pool:
+        done = pool.map(lambda ti: rollout(ti[0], EnginePolicy(engine), harness, ti[1], limits), zip(tasks, items))
+        return list(tqdm(done, total=len(tasks), desc=desc, unit="ep", disable=not progress))
+
+
+def evaluate(cfg: Config, policy_dir: str, tasks: list[Task] | None = None, progress: bool = False,
+             samples: int = 0) -> dict:
     """{solve_rate, solve_rate_ci95, eval_episodes, by_difficulty: {d: same}, hacked, stop_reasons,
-    outcomes (see `outcome`), wall_s}."""
+    outcomes (see `outcome`), behaviour (`strop.env.behaviour.summarize`), wall_s}; with `samples`
+    K > 0 also `sampled`: {temperature, samples, pass@1, pass@k (k = K) with intervals, by_difficulty,
+    behaviour}."""
     from strop.engine.engine import Engine
 
     tasks = eval_tasks(cfg) if tasks is None else tasks
     r = cfg.rollout
     engine = Engine.from_checkpoint(policy_dir, max_batch=r.engine_batch, max_len=r.max_context, seed=cfg.run.seed)
-    harness = Harness(engine.tokenizer, replace(harness_config(r), temperature=r.eval_temperature))
+    greedy = Harness(engine.tokenizer, replace(harness_config(r), temperature=r.eval_temperature))
     limits = sandbox_limits(r)
+    difficulty = [int(t.metadata.get("difficulty", 0)) for t in tasks]
     t0 = time.perf_counter()
     engine.start()
     try:
-        with ThreadPoolExecutor(r.workers) as pool:
-            items = [WorkItem(t.id, f"eval-{t.id}", 0, cfg.run.seed, engine.version) for t in tasks]
-            done = pool.map(lambda ti: rollout(ti[0], EnginePolicy(engine), harness, ti[1], limits), zip(tasks, items))
-            trajs = list(tqdm(done, total=len(tasks), desc=f"held-out eval {policy_dir}", unit="ep", disable=not progress))
+        items = [WorkItem(t.id, f"eval-{t.id}", 0, cfg.run.seed, engine.version) for t in tasks]
+        trajs = _run(engine, greedy, tasks, items, limits, r.workers, f"held-out eval {policy_dir}", progress)
+        sampled = []
+        if samples:
+            sampler = Harness(engine.tokenizer, harness_config(r))
+            many = [(t, WorkItem(t.id, f"eval-{t.id}", k, cfg.run.seed * 1000 + k + 1, engine.version))
+                    for t in tasks for k in range(samples)]
+            sampled = _run(engine, sampler, [t for t, _ in many], [i for _, i in many], limits, r.workers,
+                           f"held-out eval {policy_dir}, {samples} samples per task", progress)
     finally:
         engine.stop()
     by_d: dict[int, list[bool]] = {}
-    for task, traj in zip(tasks, trajs):
-        by_d.setdefault(int(task.metadata.get("difficulty", 0)), []).append(traj.solved and not traj.hack_flags)
+    for d, traj in zip(difficulty, trajs):
+        by_d.setdefault(d, []).append(counts_as_solved(traj))
     result = {**_figures([s for v in by_d.values() for s in v]),
               "by_difficulty": {str(d): _figures(v) for d, v in sorted(by_d.items())},
-              "hacked": sum(bool(t.hack_flags) for t in trajs),
+              "hacked": sum(t.hacked for t in trajs),
               "stop_reasons": dict(Counter(t.stop_reason for t in trajs).most_common()),
               "outcomes": dict(Counter(outcome(t) for t in trajs).most_common()),
-              "wall_s": round(time.perf_counter() - t0, 1)}
+              "behaviour": summarize([t.behaviour for t in trajs])}
+    if samples:
+        per_task = [[counts_as_solved(t) for t in sampled[i * samples:(i + 1) * samples]] for i in range(len(tasks))]
+        result["sampled"] = {"temperature": r.temperature, "samples": samples, **_pass_figures(per_task),
+                             "by_difficulty": {str(d): _pass_figures([p for p, dd in zip(per_task, difficulty) if dd == d])
+                                               for d in sorted(set(difficulty))},
+                             "behaviour": summarize([t.behaviour for t in sampled])}
+    result["wall_s"] = round(time.perf_counter() - t0, 1)
     if progress:
         print(f"[eval] {policy_dir}: solve rate {result['solve_rate']:.3f} {result['solve_rate_ci95']} "
               f"over {result['eval_episodes']} episodes", flush=True)

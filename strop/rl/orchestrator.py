@@ -40,12 +40,15 @@ from typing import Callable, ContextManager, Literal, Protocol
 import torch
 
 from strop.config import Config
+from strop.env.behaviour import summarize
 from strop.rl.advantages import Sample, make_samples
 from strop.rl.buffer import StalenessBuffer
 from strop.rl.rollout import WorkItem
 from strop.rl.trajectory import Trajectory, TrajectoryGroup
 
 Mode = Literal["sync", "async"]
+# behaviour statistics logged per step (`strop.env.behaviour.summarize`): what RL changes
+TRACKED_BEHAVIOUR = ("retry_after_rejected_edit", "rejected_edit", "test_runs", "submitted_untested", "turns")
 
 
 class Runtime(Protocol):
@@ -186,9 +189,13 @@ class Orchestrator:
         self.counts["hacked"] += sum(bool(t.hack_flags) for t in trajs)
         self.counts["trained"] += len(trajs)
         stats = self.buffer.stats()
+        behaviour = summarize([t.behaviour for t in trajs])
         row = {
             "step": self.step, "mode": self.mode, **row,
             "groups": len(groups),
+            "mixed_groups": sum(len({s.advantage for s in samples if s.trajectory.group_id == g.group_id}) > 1
+                                for g in groups) / len(groups),
+            **{f"behaviour_{k}": behaviour.get(k) for k in TRACKED_BEHAVIOUR},
             "hack_kinds": dict(Counter(f["kind"] for t in trajs for f in t.hack_flags)),
             "hacked_total": self.counts["hacked"],
             "dropped": stats["dropped"],

@@ -1,9 +1,11 @@
 """The RL run report: `report.md` with PNG plots, made from an RL run's `metrics.jsonl` and the
 held-out evaluations before and after RL — what a person looks at to see whether a run learned.
 
-Plots: training reward and solve rate per step (with the held-out solve rates and their 95%
-intervals), the staleness histogram over all trained samples, bytes synced to the engines,
-engine/trainer mismatch, and trainer/engine busy fractions.
+Plots: training reward and solve rate per step with their moving averages (and the held-out solve
+rates with their 95% intervals), what the policy did per step and before vs after RL (behaviour),
+why a step moved the policy or did not (mixed groups, update size, logprob movement, clipping),
+the staleness histogram over all trained samples, bytes synced to the engines, engine/trainer
+mismatch, and trainer/engine busy fractions.
 """
 
 import json
@@ -13,13 +15,75 @@ from pathlib import Path
 from strop.report import plot_metrics
 
 
+SMOOTH = 5  # steps in the moving averages of per-step curves
+# (key in `strop.env.behaviour.summarize`, label): what the behaviour plot and table compare
+BEHAVIOUR = [("rejected_edit", "episodes with a rejected edit"), ("retry_after_rejected_edit", "retried after it"),
+             ("test_runs", "visible-test runs per episode"), ("submitted_untested", "submitted untested"),
+             ("submitted_failing_tests", "submitted with failing tests")]
+
+
 def _line(rows: list[dict], keys: list[str], path: Path, title: str, ylabel: str = "",
-          evals: dict[str, dict] | None = None) -> str:
+          evals: dict[str, dict] | None = None, smooth: int = 0) -> str:
     last = max((r["step"] for r in rows), default=1)
     points = {f"held-out solve rate, {name}": (at, ev["solve_rate"], *ev["solve_rate_ci95"])
               for (name, ev), at in zip((evals or {}).items(), (0, last))}
-    plot_metrics(rows, path, keys, title, ylabel=ylabel, points=points)
+    plot_metrics(rows, path, keys, title, ylabel=ylabel, points=points, smooth=smooth)
     return path.name
+
+
+def _behaviour(rows: list[dict], evals: dict[str, dict], path: Path) -> str:
+    """Left: tracked behaviour per RL step (moving averages); right: the held-out evaluations'
+    behaviour side by side (greedy), when there are any."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from strop.report import moving_average
+
+    with_evals = [name for name, ev in evals.items() if ev.get("behaviour", {}).get("episodes")]
+    fig, axes = plt.subplots(1, 2 if with_evals else 1, figsize=(11 if with_evals else 6, 3.8), squeeze=False)
+    ax = axes[0][0]
+    for key, label in BEHAVIOUR[:4]:
+        pts = [(r["step"], r[f"behaviour_{key}"]) for r in rows if r.get(f"behaviour_{key}") is not None]
+        if pts:
+            xs, ys = zip(*pts)
+            ax.plot(xs, moving_average(list(ys), SMOOTH), label=label, linewidth=2)
+    ax.set_xlabel("step")
+    ax.set_title(f"Training samples' behaviour (mean of {SMOOTH} steps)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    if with_evals:
+        ax = axes[0][1]
+        width = 0.8 / len(with_evals)
+        for i, name in enumerate(with_evals):
+            b = evals[name]["behaviour"]
+            ax.bar([j + i * width for j in range(len(BEHAVIOUR))], [b.get(k) or 0 for k, _ in BEHAVIOUR], width,
+                   label=f"held-out, {name}")
+        ax.set_xticks([j + width * (len(with_evals) - 1) / 2 for j in range(len(BEHAVIOUR))])
+        ax.set_xticklabels([label for _, label in BEHAVIOUR], rotation=20, ha="right", fontsize=8)
+        ax.set_title("Held-out behaviour (greedy)")
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
+
+
+def _behaviour_table(evals: dict[str, dict]) -> list[str]:
+    named = {k: v["behaviour"] for k, v in evals.items() if v.get("behaviour", {}).get("episodes")}
+    if not named:
+        return []
+
+    def cell(v) -> str:
+        return "" if v is None else f"{v:.2f}"
+
+    lines = ["## Behaviour on held-out tasks (greedy)", "", "| | " + " | ".join(named) + " |",
+             "|---|" + "---|" * len(named)]
+    for key, label in [("turns", "turns per episode"), *BEHAVIOUR]:
+        lines.append(f"| {label} | " + " | ".join(cell(b.get(key)) for b in named.values()) + " |")
+    return lines + [""]
 
 
 def _staleness(rows: list[dict], path: Path) -> str:
@@ -61,7 +125,12 @@ def write_report(out_dir: Path, metrics_path: Path, evals: dict[str, dict]) -> P
         r["bytes_synced_mb"] = r.get("bytes_synced", 0) / 1e6
     plots = [
         ("Reward and solve rate", _line(rows, ["reward", "solve_rate"], out_dir / "reward.png",
-                                        "Training reward and solve rate per step", evals=evals)),
+                                        "Training reward and solve rate per step", evals=evals, smooth=SMOOTH)),
+        ("Behaviour", _behaviour(rows, evals, out_dir / "behaviour.png")),
+        ("Why steps moved the policy", _line(rows, ["mixed_groups", "dlogp_pos", "dlogp_neg", "clip_frac"],
+                                             out_dir / "learning.png", "Groups with mixed outcomes; logprob change "
+                                             "of sampled tokens after each step (A>0, A<0); PPO-clipped tokens",
+                                             smooth=SMOOTH)),
         ("Staleness", _staleness(rows, out_dir / "staleness.png")),
         ("Weight sync", _line(rows, ["bytes_synced_mb"], out_dir / "bytes_synced.png",
                               "Bytes synced to engines (cumulative)", "MB")),
@@ -79,6 +148,7 @@ def write_report(out_dir: Path, metrics_path: Path, evals: dict[str, dict]) -> P
         if {"sft", "rl"} <= evals.keys():
             gain = evals["rl"]["solve_rate"] - evals["sft"]["solve_rate"]
             lines += [f"RL changed the held-out solve rate by **{gain * 100:+.1f} points**.", ""]
+        lines += _behaviour_table(evals)
     if last:
         lines += ["## Training", "", f"{last['step']} steps ({last.get('mode', '')}), {last.get('wall_s', 0):.0f} s; "
                   f"dropped for staleness: {last.get('dropped_stale', 0)}; hack-flagged samples: "

@@ -128,6 +128,7 @@ class RLTrainer:
         sums: Counter = Counter()
         loss_total, tokens = 0.0, 0
         behavior_lp, trainer_lp = [], []  # on generated tokens, for the mismatch metrics
+        learned: list[tuple[TrainBatch, torch.Tensor]] = []  # learning batches and their logprobs before the step
         chunks = [(learn, part[i : i + self.rl.micro_batch]) for learn, part in ((True, learning), (False, idle))
                   for i in range(0, len(part), self.rl.micro_batch)]
         for learn, chunk in chunks:
@@ -138,6 +139,7 @@ class RLTrainer:
             if learn:
                 loss.backward()  # weights carry the normalisation: micro-batch losses add up to the batch loss
                 loss_total += loss.item()
+                learned.append((batch, logprobs.detach()))
             behavior_lp.append(batch.behavior_BT[batch.mask_BT])
             trainer_lp.append(logprobs.detach()[batch.mask_BT])
             tokens += int(batch.lengths_B.sum())
@@ -145,7 +147,9 @@ class RLTrainer:
                 sums[k] += v * m["tokens"] if k != "tokens" else v
         clip = self.rl.grad_clip if self.rl.grad_clip > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        before = [p.detach().clone() for p in self.model.parameters()] if learned and self.rl.measure_update else []
         self.optimizer.step()
+        update = self._update_metrics(before, learned) if before else {}
         seconds = time.perf_counter() - t0
         self.version += 1
         t1 = time.perf_counter()
@@ -166,6 +170,7 @@ class RLTrainer:
             "hacked": sum(bool(t.hack_flags) for t in trajs),
             **{k: sums[k] / n_tok for k in ("k3", "clip_frac", "mask_frac", "trunc_frac", "ratio_mean")},
             **{f"mismatch_{k}": v for k, v in mismatch.items() if k not in ("tokens", "k3")},
+            **update,
             "gen_tokens": int(sums["tokens"]),
             "no_signal_frac": len(idle) / max(len(rows), 1),  # rows run forward-only (advantage 0)
             "tokens": int(tokens),  # every position trained on (context and generated)
@@ -177,6 +182,29 @@ class RLTrainer:
         }
         self.log(row)
         return row
+
+    @torch.no_grad()
+    def _update_metrics(self, before: list[torch.Tensor], learned: list[tuple[TrainBatch, torch.Tensor]]) -> dict:
+        """How much the step changed the policy: the update's size relative to the weights, and how
+        far the logprobs of the sampled tokens moved (mean over tokens with positive and with negative
+        advantage; RL that learns raises the first and lowers the second). One extra forward pass
+        over the learning rows."""
+        params = list(self.model.parameters())
+        delta = sum(float((p - b).double().pow(2).sum()) for p, b in zip(params, before))
+        norm = sum(float(b.double().pow(2).sum()) for b in before)
+        moved = {"pos": [], "neg": []}
+        for batch, old_lp in learned:
+            with self.replay_ctx(self.model, batch):
+                new_lp = token_logprobs(self.model, batch)
+            diff = (new_lp - old_lp)[batch.mask_BT]
+            adv = batch.advantages_BT[batch.mask_BT]
+            moved["pos"].append(diff[adv > 0])
+            moved["neg"].append(diff[adv < 0])
+        out = {"update_rel": (delta / max(norm, 1e-30)) ** 0.5}
+        for sign, parts in moved.items():
+            d = torch.cat(parts)
+            out[f"dlogp_{sign}"] = float(d.mean()) if d.numel() else 0.0
+        return out
 
     def bf16_state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().to(torch.bfloat16) for k, v in self.model.state_dict().items()}

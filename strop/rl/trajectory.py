@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from strop.env.behaviour import episode_stats
+from strop.env.hacks import games_reward
 from strop.env.segment import Episode, Segment
 
 SCHEMA_VERSION = 1
@@ -30,6 +32,7 @@ class Trajectory:
     stop_reason: str = ""
     timings: dict[str, float] = field(default_factory=dict)  # policy_s, tools_s, total_s, check_s
     start_version: int = 0  # policy version the worker was admitted under (see `min_version`)
+    behaviour: dict = field(default_factory=dict)  # what the agent did (`strop.env.behaviour.episode_stats`)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -49,6 +52,12 @@ class Trajectory:
     @property
     def solved(self) -> bool:
         return self.reward >= 1.0
+
+    @property
+    def hacked(self) -> bool:
+        """Flagged with a way to game the reward; a solve flagged only as a degenerate loop, stall
+        or question is still a solve (`strop.env.hacks.games_reward`)."""
+        return games_reward(f["kind"] for f in self.hack_flags)
 
     def to_dict(self) -> dict:
         # min_version is derived, but written out so that readers of the JSONL need not recompute it.
@@ -79,6 +88,7 @@ class Trajectory:
             stop_reason=episode.stop_reason,
             timings={**episode.timings, "check_s": float(breakdown.get("duration", 0.0))},
             start_version=start_version,
+            behaviour=episode_stats(episode.tool_calls, episode.stop_reason, episode.turns),
         )
 
 

@@ -14,7 +14,7 @@ import json
 import time
 from pathlib import Path
 
-from strop.config import Config, add_config_arguments, config_from_args, to_dict
+from strop.config import Config, SFTSection, add_config_arguments, config_from_args, to_dict
 from strop.errors import UserError
 
 
@@ -38,13 +38,51 @@ def load_demonstrations(cfg: Config, tokenizer, path: Path) -> list:
     if path.is_file():
         return [Episode.from_dict(json.loads(line)) for line in path.read_text().splitlines()]
     harness = HarnessConfig(max_context=cfg.model.max_positions)
-    episodes = oracle_traces(cfg.sft.suite, "train", tokenizer, limit=cfg.sft.episodes, config=harness,
-                             check=cfg.sft.demo_check, run_tests=cfg.sft.demo_tests, workers=cfg.sft.demo_workers,
-                             difficulties=cfg.sft.difficulties)
+    episodes, styles = oracle_traces(cfg.sft.suite, "train", tokenizer, limit=cfg.sft.episodes, config=harness,
+                                     check=cfg.sft.demo_check, mix=demonstrator_mix(cfg.sft), workers=cfg.sft.demo_workers,
+                                     difficulties=cfg.sft.difficulties, seed=cfg.run.seed)
+    print(f"[sft] demonstrations: {len(episodes)} kept; {json.dumps(styles)}", flush=True)
     if len(episodes) < 2:
         raise UserError(f"only {len(episodes)} oracle demonstrations on suite {cfg.sft.suite!r}; need at least 2")
     path.write_text("".join(json.dumps(ep.to_dict()) + "\n" for ep in episodes))
     return episodes
+
+
+def demonstrator_mix(s: SFTSection):
+    """The demonstrator population the `[sft]` section describes."""
+    from strop.env.oracle import DemonstratorMix
+
+    return DemonstratorMix(careful=s.careful, suspects=s.suspects, misremember=s.misremember,
+                           max_wrong=s.max_wrong, run_tests=s.demo_tests)
+
+
+def lr_factor(s: SFTSection):
+    """Linear warmup, then a cosine from the peak to `min_lr_ratio` of it at `max_steps` (constant
+    when min_lr_ratio is 1)."""
+    import math
+
+    warm = max(1, s.warmup_steps)
+
+    def f(k: int) -> float:
+        if k < warm:
+            return (k + 1) / warm
+        progress = min(1.0, (k - warm) / max(1, s.max_steps - warm))
+        return s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return f
+
+
+def length_batches(lengths: list[int], batch_size: int, rng, pool: int = 8) -> list[list[int]]:
+    """One epoch of batches: a random order, cut into pools of `pool` batches whose members are
+    sorted by length, so a batch pads to a length near its members' own (padding, and attention
+    over it, was a fifth of a step) while every batch still mixes episodes from across the data."""
+    order = rng.permutation(len(lengths)).tolist()
+    batches = []
+    for i in range(0, len(order), batch_size * pool):
+        chunk = sorted(order[i : i + batch_size * pool], key=lambda j: lengths[j])
+        batches += [chunk[k : k + batch_size] for k in range(0, len(chunk), batch_size)]
+    rng.shuffle(batches)
+    return batches
 
 
 def pad_batch(segments: list, pad_id: int):
@@ -102,8 +140,7 @@ def sft(cfg: Config, base: str | None = None) -> dict:
     val = [seg for ep in episodes[-n_val:] for seg in ep.segments if sum(seg.loss_mask)]
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr, betas=(0.9, 0.95), weight_decay=s.weight_decay)
-    warm = max(1, s.warmup_steps)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: min(1.0, (k + 1) / warm))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(s))
     rng = np.random.default_rng(cfg.run.seed)
     log = MetricsLog(out / "metrics.jsonl")
     log.reset()
@@ -123,8 +160,11 @@ def sft(cfg: Config, base: str | None = None) -> dict:
     model.train()
     bar = tqdm(total=s.max_steps, desc="sft", unit="step", dynamic_ncols=True)
     t0, tokens, step = time.perf_counter(), 0, 0
+    order: list[list[int]] = []
     for step in range(1, s.max_steps + 1):
-        batch = [train[i] for i in rng.choice(len(train), size=min(s.batch_size, len(train)), replace=False)]
+        if not order:
+            order = length_batches([len(seg) for seg in train], s.batch_size, rng)
+        batch = [train[i] for i in order.pop()]
         loss, n = masked_nll(model, batch, tokenizer.pad_token_id)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -169,6 +169,7 @@ def _attempt(rng: Random, difficulty: int, split: str, index: int, bug_themes: t
         files[test_path] = _test_file(pkg, others, visible)
 
     ref_old, ref_new = reference_edit(files[path], fixed)
+    suspects = _suspect_edits(target, (old, new), files[path], fixed, path)
     hidden_path = "tests/test_hidden.py"
     return Task(
         id=f"synthetic-{'+'.join(bug_themes) + '-' if bug_themes else ''}d{difficulty}-{split}-{index:04d}", suite="synthetic", split=split,
@@ -177,8 +178,26 @@ def _attempt(rng: Random, difficulty: int, split: str, index: int, bug_themes: t
         perturbed_tests={hidden_path: _test_file(pkg, by_module, perturbed)},
         metadata={"family": family, "difficulty": difficulty, "function": target.name, "path": path,
                   "n_tests": sum(map(len, hidden.values())), "n_perturbed_tests": sum(map(len, perturbed.values())),
-                  "reference_edits": [{"path": path, "old": ref_old, "new": ref_new}]},
+                  "reference_edits": [{"path": path, "old": ref_old, "new": ref_new}], "suspect_edits": suspects},
     )
+
+
+def _suspect_edits(target: Fn, bug: tuple[str, str], buggy: str, fixed: str, path: str) -> list[dict]:
+    """The usual suspects: for every other bug `target` is known to have, in the library's order, the
+    edit that would fix it were it the injected one, marked `before` when it comes ahead of the
+    injected bug in that order. Only those whose old text is not in the buggy file are kept, so
+    `edit_file` rejects each of them (what a demonstrator checking the usual suspects runs into)."""
+    out, before = [], True
+    for family, pairs in target.bugs.items():
+        for old, new in pairs:
+            if (old, new) == bug:
+                before = False
+                continue
+            other = fixed.replace(target.src, target.src.replace(old, new))
+            e_old, e_new = reference_edit(other, fixed)
+            if buggy.count(e_old) == 0:
+                out.append({"path": path, "old": e_old, "new": e_new, "family": family, "before": before})
+    return out
 
 
 def _fingerprint(task: Task) -> str:
