@@ -33,6 +33,8 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "oracle"): ("strop.bench.oracle", "scripted oracle through the real harness and checker: solve rate, episodes/s"),
     ("train",): ("strop.rl.train_cmd", "RL from the warm-started policy: async or sync, inline or on Ray; resumes"),
     ("bench", "async"): ("strop.bench.async_rl", "async vs sync RL on the same placement: steps/hour, busy fractions, drops"),
+    ("bench", "scaleout"): ("strop.bench.scaleout", "weight sync on a local multi-node Ray cluster: egress per cluster, "
+                                                   "swap pauses, steps/hour delta vs full"),
 }
 
 

@@ -175,6 +175,20 @@ class RolloutSection:
 
 
 @dataclass
+class SyncSection:
+    type: Literal["delta", "full"] = opt("delta", "what each version ships to the engines: a lossless delta against the "
+                                         "previous version, or the whole snapshot")
+    store: str = opt("", "the versioned weight store: a directory or any fsspec URL (s3://..., gs://...) that every "
+                     "inference node can read (joins and repairs read it); empty = the RL output directory's weights/")
+    keep_deltas: int = opt(8, "deltas the store keeps behind the latest version (between this and twice this); older "
+                           "ones are folded into its snapshot (a receiver further behind fetches only the tensors that "
+                           "differ); 0 = keep all", ge=0)
+    wan_mb_s: float = opt(0.0, "bandwidth of each trainer-to-cluster link in MB/s, a token bucket that makes links on "
+                          "one machine stand for WAN links (tests, benchmarks); 0 = unshaped", ge=0)
+    lan_mb_s: float = opt(0.0, "bandwidth of each relay-to-engine link in MB/s (token bucket); 0 = unshaped", ge=0)
+
+
+@dataclass
 class Config:
     run: RunSection = field(default_factory=RunSection)
     model: ModelSection = field(default_factory=ModelSection)
@@ -183,6 +197,7 @@ class Config:
     sft: SFTSection = field(default_factory=SFTSection)
     rl: RLSection = field(default_factory=RLSection)
     rollout: RolloutSection = field(default_factory=RolloutSection)
+    sync: SyncSection = field(default_factory=SyncSection)
 
     @property
     def run_dir(self) -> Path:

@@ -41,3 +41,16 @@ def tiny_moe(tiny_tokenizer):
 
     torch.manual_seed(0)
     return build_model(tiny_model_section("qwen3_moe"), tiny_tokenizer, seed=0).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_policy_dir(tmp_path_factory, tiny_tokenizer):
+    """A saved tiny MoE policy (its tokenizer beside it) with room for 2048-token contexts."""
+    import dataclasses
+
+    from strop.model.policy import build_model, save_model
+
+    path = tmp_path_factory.mktemp("policy")
+    save_model(build_model(dataclasses.replace(tiny_model_section(), max_positions=2048), tiny_tokenizer, seed=0),
+               tiny_tokenizer, path)
+    return path

@@ -2,28 +2,17 @@
 Mid-run an engine actor and a rollout worker are killed: the run goes on with the other engine
 and a replacement worker, lost episodes are relaunched, none is lost or trained on twice."""
 
-import dataclasses
 import json
 
 import pytest
 
 from strop.config import load_config
-from tests.conftest import tiny_model_section
+from strop.runtime import record_trained
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def policy_dir(tmp_path_factory, tiny_tokenizer):
-    from strop.model.policy import build_model, save_model
-
-    path = tmp_path_factory.mktemp("policy")
-    model = build_model(dataclasses.replace(tiny_model_section(), max_positions=2048), tiny_tokenizer, seed=0)
-    save_model(model, tiny_tokenizer, path)
-    return path
-
-
-def test_killing_an_engine_and_a_worker_mid_run(tmp_path, policy_dir):
+def test_killing_an_engine_and_a_worker_mid_run(tmp_path, tiny_policy_dir):
     import ray
 
     from strop.rl.orchestrator import Orchestrator, router_replay
@@ -34,15 +23,8 @@ def test_killing_an_engine_and_a_worker_mid_run(tmp_path, policy_dir):
                              "rollout.engines=2", "rollout.workers=4", "rollout.train_tasks=8", "rollout.max_turns=2",
                              "rollout.max_turn_tokens=24", "rollout.max_context=1536", "rollout.retries=3"])
     tasks = {t.id: t for t in train_tasks(cfg)}
-    rt = start_ray(cfg, str(policy_dir), tasks, router_replay)
-    trained: list = []
-    train = rt.train
-
-    def recording_train(samples):
-        trained.extend(s.trajectory.key for s in samples)
-        return train(samples)
-
-    rt.train = recording_train
+    rt = start_ray(cfg, str(tiny_policy_dir), tasks, router_replay)
+    trained = record_trained(rt)
     killed: dict = {}
 
     def kill_after_first_step(row):

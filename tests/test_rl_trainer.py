@@ -24,15 +24,16 @@ TARGET = range(256, 320)  # the toy reward: how often the policy says one of the
 
 @torch.no_grad()
 def sample_groups(model, version: int, n_groups: int, G: int, new_tokens: int, step: int,
-                  routing: bool = False) -> list[TrajectoryGroup]:
-    """Sample from `model` itself (full recompute per token); reward = fraction of TARGET tokens."""
+                  routing: bool = False, temperature: float = 1.0) -> list[TrajectoryGroup]:
+    """Sample from `model` itself at `temperature` (full recompute per token); reward = fraction
+    of TARGET tokens."""
     model.eval()
     rows = n_groups * G
     ids = torch.tensor([PROMPT] * rows)
     logps = []
     for _ in range(new_tokens):
         logits = model(input_ids=ids, use_cache=False).logits[:, -1].float()
-        lp = logits.log_softmax(-1)
+        lp = (logits / temperature).log_softmax(-1)
         tok = torch.multinomial(lp.exp(), 1)
         logps.append(lp.gather(1, tok))
         ids = torch.cat([ids, tok], 1)
@@ -47,7 +48,7 @@ def sample_groups(model, version: int, n_groups: int, G: int, new_tokens: int, s
         trajs = []
         for s in range(G):
             r = g * G + s
-            seg = Segment()
+            seg = Segment(temperature=temperature)
             seg.add_forced(PROMPT)
             gen = ids[r, len(PROMPT):].tolist()
             seg.add_generated(gen, logps[r].tolist(), [version] * new_tokens, None)
@@ -108,6 +109,16 @@ def test_policy_learns_a_toy_reward(tiny_moe, tiny_tokenizer):
     assert rows[0]["k3"] < 1e-6 and rows[0]["clip_frac"] == 0.0 and rows[0]["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
     assert rows[0]["staleness_hist"] == {"0": 64} and rows[0]["tokens_per_s"] > 0
     assert rows[0]["mismatch_mean_abs_dlogp"] < 1e-4
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.5])
+def test_trainer_scores_tokens_at_their_sampling_temperature(tiny_moe, tiny_tokenizer, temperature):
+    rows = []
+    trainer = RLTrainer(tiny_moe, RLSection(micro_batch=16), pad_id=tiny_tokenizer.pad_token_id, log=rows.append)
+    torch.manual_seed(0)
+    trainer.step(make_samples(sample_groups(trainer.model, 0, 2, 8, 4, 0, temperature=temperature), hack_penalty=1.0))
+    # on-policy at T != 1: the engine's logprobs are of the tempered distribution, and so are the trainer's
+    assert rows[0]["mismatch_mean_abs_dlogp"] < 1e-4 and rows[0]["clip_frac"] == 0.0
 
 
 def test_rows_without_signal_run_forward_only(tiny_moe, tiny_tokenizer):

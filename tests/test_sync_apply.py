@@ -1,12 +1,13 @@
-"""In-place engine apply: live bf16 tensors become the new version exactly, between steps."""
+"""In-place engine apply: live tensors become the new version exactly, between steps."""
 
 import threading
-import time
 
-import numpy as np
+import pytest
 import torch
 
 from strop.sync.apply import EngineSync, apply_inplace, bits_view, stage
+from strop.sync.publisher import TrainerSync
+from strop.sync.relay import Relay, http_link
 from strop.sync.replica import prepare_patch
 from strop.sync.store import Publisher, Store
 
@@ -43,23 +44,61 @@ def test_apply_inplace_is_exact_and_touches_only_changes(tmp_path):
         assert live[k].data_ptr() == ptrs[k]  # same storage: patched, not replaced
 
 
-def test_engine_follows_store_between_decode_steps(tmp_path):
+def test_engine_sync_widens_bf16_into_fp32_live_weights_and_repacks_only_changes(tmp_path):
+    """An fp32 engine holding bf16 values (strop's CPU engine) follows a relay: its weights equal each
+    version bit for bit, and the swap names only the tensors that changed."""
     v = _model_versions(3)
-    store = Store(str(tmp_path))
-    pub = Publisher(store)
-    pub.publish({k: bits_view(t) for k, t in v[0].items()})
-    live = {k: t.clone() for k, t in v[0].items()}
-    sync = EngineSync(live, version=0)
+    v[2] = {**v[2], "2.bias": v[1]["2.bias"]}  # version 2 leaves one tensor as it was
+    trainer = TrainerSync(str(tmp_path / "store"))
+    trainer.publish(0, v[0])
+    relay = Relay(trainer.origin_url).start()
+    live = {k: t.float() for k, t in v[0].items()}
+    swapped: list[list[str]] = []
+
+    def swap(staged) -> float:  # what an engine does between two decode steps
+        swapped.append(staged.names)
+        return apply_inplace(live, staged)
+
+    sync = EngineSync(live, version=-1, swap=swap)
     stop = threading.Event()
-    threading.Thread(target=sync.follow, args=(store,), kwargs={"poll_s": 0.01, "stop": stop}, daemon=True).start()
-    for s in v[1:]:
-        pub.publish({k: bits_view(t) for k, t in s.items()})
-    deadline = time.time() + 20
-    while sync.version < 3 and time.time() < deadline:  # the "decode loop"
-        sync.swap_point()
-        time.sleep(0.002)
-    stop.set()
-    assert sync.version == 3
-    for k in live:
-        assert np.array_equal(bits_view(live[k]).data, bits_view(v[3][k]).data), k
-    assert sync.pauses and max(sync.pauses) < 0.05
+    follower = threading.Thread(target=sync.follow, args=(trainer.publisher.store, http_link(relay.url), trainer.origin_url, stop))
+    follower.start()
+    try:
+        assert sync.wait_version(0, 20)
+        for version, state in enumerate(v[1:], start=1):
+            trainer.publish(version, state)
+            assert sync.wait_version(version, 20)
+            for k in live:
+                assert torch.equal(live[k], state[k].float()), (version, k)
+    finally:
+        stop.set()
+        relay.close()
+        trainer.close()
+        follower.join(10)
+    assert swapped[0] == []  # bootstrap: its own weights were version 0 already, nothing fetched
+    assert "2.bias" not in swapped[2] and "2.weight" in swapped[2] and len(swapped[1]) == 4
+    assert sync.reports[0].repaired == [] and max(sync.pauses) < 0.05
+    assert trainer.stats()["deltas_sent"] == 3  # one relay: one copy of each delta left the trainer
+
+
+def test_live_weights_that_are_not_bf16_are_refused():
+    live = {"w": torch.tensor([1.0, 1.0 + 2**-20])}
+    with pytest.raises(ValueError, match="not bf16"):
+        EngineSync(live)
+
+
+def test_staging_with_a_base_copies_dense_tensors_whole_and_scatters_sparse_ones():
+    from strop.sync import codec
+
+    old = {"dense": torch.randn(4096).bfloat16(), "sparse": torch.randn(4096).bfloat16()}
+    new = {k: t.clone() for k, t in old.items()}
+    new["dense"][::4] = (old["dense"][::4].float() * 1.02).bfloat16()  # a quarter changed: a delta, but dense
+    new["sparse"][:10] += 1
+    base = {k: bits_view(t.clone()) for k, t in old.items()}
+    blob = codec.encode(base, {k: bits_view(t) for k, t in new.items()}, version=1, base_version=0)
+    patch, failed = prepare_patch(base, {k: t.crc32() for k, t in base.items()}, blob)
+    live = {k: t.float() for k, t in old.items()}
+    staged = stage(patch, live, {k: "BF16" for k in live}, base)
+    assert not failed and staged.cpu_puts["dense"][1] == slice(None) and len(staged.cpu_puts["sparse"][1]) == 10
+    apply_inplace(live, staged)
+    assert all(torch.equal(live[k], new[k].float()) and torch.equal(staged.values[k], new[k].float()) for k in new)

@@ -2,11 +2,11 @@
 
 import time
 
+from strop.bench.fanout import run_fanout
 from strop.sync.relay import Origin, Relay, TokenBucket, get
 from strop.sync.store import Publisher, Store
 from strop.sync.synthetic import adamw_snapshots
 from strop.sync.tensors import Tensor
-from strop.sync.topology import run_fanout
 
 
 def test_four_clusters_trainer_egress_is_one_delta_per_cluster():
@@ -31,7 +31,8 @@ def test_relay_pulls_once_for_many_requests(tmp_path):
     snaps = adamw_snapshots(50_000, 1e-5, steps=1, keep=(0, 1))
     for v in (0, 1):
         pub.publish({"w": Tensor("BF16", (50_000,), snaps[v])})
-    origin = Origin(store).start()
+    origin = Origin(pub).start()
+    origin.notify()
     relay = Relay(origin.url).start()
     try:
         bodies = {get(f"{relay.url}/delta/1") for _ in range(5)}

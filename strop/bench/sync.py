@@ -14,7 +14,7 @@ deltas between the last two snapshots in `--demo-run DIR` (*.safetensors in name
 default the last two versions `make demo`'s RL run published, `runs/demo/rl/snapshots`), or,
 when there are none, captured here from real AdamW steps of a tiny Qwen3-MoE (random init,
 random tokens, no downloads). Also reported: the engine pause to swap the demo delta into live bf16
-tensors in place, and a 4-cluster fan-out over HTTP on 127.0.0.1 (`strop.sync.topology`).
+tensors in place, and a 4-cluster fan-out over HTTP on 127.0.0.1 (`strop.bench.fanout`).
 
 MB/s per core is raw bf16 bytes over the CPU time of the one thread doing the work (numpy and
 zstd run single-threaded here), so it means the same on a busy machine; wall-clock MB/s are
@@ -240,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_fanout:
         from dataclasses import asdict
 
-        from strop.sync.topology import run_fanout
+        from strop.bench.fanout import run_fanout
 
         fanout = asdict(run_fanout(clusters=4, engines_per_cluster=3, versions=3,
                                    params=1_000_000 if args.quick else 4_000_000))

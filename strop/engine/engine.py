@@ -29,13 +29,14 @@ and attention reads keys in a fixed order).
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 import torch
 
-from strop.engine.forward import Forward, Segment
+from strop.engine.forward import Derived, Forward, Segment
 from strop.engine.sampling import sample
 
 
@@ -99,6 +100,8 @@ class WeightUpdate:
     version: int
     tensors: dict | None
     apply_fn: Callable | None
+    changed: Collection[str] | None  # the parameters it changes (None: any), whose derived weights are repacked
+    derived: Derived | None  # their repacking, prepared off the engine thread (`Forward.prepare`), or None
     done: threading.Event = field(default_factory=threading.Event)
     pause_s: float = 0.0
     error: str | None = None
@@ -211,11 +214,18 @@ class Engine:
 
     # -- weights -------------------------------------------------------------------------------
 
-    def update_weights(self, tensors: dict | None = None, apply_fn: Callable | None = None, version: int | None = None) -> WeightUpdate:
+    def update_weights(self, tensors: dict | None = None, apply_fn: Callable | None = None, version: int | None = None,
+                       changed: Collection[str] | None = None, derived: Derived | None = None) -> WeightUpdate:
         """Queue new weights: full `tensors` by parameter name, and/or `apply_fn(named_tensors)` that
-        mutates them in place (a delta applier). Applied between decode steps; returns a handle
-        whose `wait()` gives the pause length."""
-        upd = WeightUpdate(self.version + 1 if version is None else version, tensors, apply_fn)
+        mutates them in place (a delta applier), which names the parameters it touches in `changed`
+        (only those are repacked; None: every one) and may bring their repacking already prepared
+        (`derived`, from `self.forward.prepare`, so the pause only writes and installs). Applied between
+        decode steps; returns a handle whose `wait()` gives the pause length."""
+        if apply_fn is not None and changed is None:
+            names = None
+        else:
+            names = {*(tensors or {}), *(changed or ())}
+        upd = WeightUpdate(self.version + 1 if version is None else version, tensors, apply_fn, names, derived)
         with self._lock:
             self._updates.append(upd)
             self._lock.notify()
@@ -243,7 +253,10 @@ class Engine:
                         named[name].copy_(t)
                     if upd.apply_fn is not None:
                         upd.apply_fn(named)
-                self.forward.refresh()
+                if upd.derived is not None:
+                    self.forward.install(upd.derived)
+                else:
+                    self.forward.refresh(upd.changed)
                 self.version = upd.version
             except Exception as e:  # reported to the caller; the engine keeps serving
                 upd.error = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"

@@ -2,7 +2,9 @@
 
 It reads the model's parameters in place, so a weight update applied to the model is what the
 next step runs; the derived tensors (packed and fused weights, the one-call step) are rebuilt by
-`refresh()`, which the engine calls after every update. A batch is a list of segments (slot, first
+`refresh(names)`, which the engine calls after every update, for the changed tensors only; or
+prepared from the new values before they are written (`prepare`, while the engine keeps
+decoding) and swapped in at the pause (`install`). A batch is a list of segments (slot, first
 position, tokens): decode tokens, whole prompts and prompt suffixes after reused keys, all rows of
 one pass. Past the last attention only each segment's final row feeds a logit, so the last MLP
 runs on those rows alone (its router still sees every row, for the routing record). No HF cache
@@ -20,16 +22,29 @@ Two paths:
   RoPE tables, fused RMSNorm, SDPA, `F.grouped_mm` experts; close to the trainer but not bitwise.
 """
 
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from strop import kernels
-from strop.engine.rows_step import RowsStep, step_layers
+from strop.engine import rows_step
 from strop.model import deterministic as det
 from strop.model import kernel_ops
 from strop.model.routing import moe_blocks, route, router_logits, routing_dtype
+
+
+@dataclass
+class Derived:
+    """The derived weights of the tensors `changed` (ids; None: every tensor), from `Forward.prepare`."""
+
+    changed: set[int] | None
+    fused: dict = field(default_factory=dict)  # torch path, by attention module id
+    qkv_sizes: dict = field(default_factory=dict)
+    qk_norm: dict = field(default_factory=dict)
+    step: rows_step.StepPacks | None = None  # kernel path: the C step's packs (new for the changed layers)
+    packs: dict = field(default_factory=dict)  # kernel path: `kernel_ops`' kept packs of changed tensors, rebuilt
 
 
 @dataclass
@@ -99,6 +114,12 @@ class Forward:
             half = cos.shape[-1] // 2
             sign = torch.cat([-torch.ones(half), torch.ones(half)]).to(dtype)
             self._cos, self._sin = cos[0][:, None, :].contiguous(), (sin[0] * sign)[:, None, :].contiguous()
+        # every tensor by name, tied ones under each of their names (as the engine names them)
+        self._named = {**dict(model.named_parameters(remove_duplicate=False)),
+                       **dict(model.named_buffers(remove_duplicate=False))}
+        self._fits_step = self.kernel_path and rows_step.fits(model)
+        self._packs: rows_step.StepPacks | None = None
+        self._fused, self._qkv_sizes, self._qk_norm, self._step = {}, {}, {}, None
         self.refresh()
 
     def _kv_shape(self, attn) -> tuple[int, int, int]:
@@ -106,27 +127,65 @@ class Forward:
             return attn.num_heads, attn.qk_head_dim, attn.v_head_dim
         return self.cfg.num_key_value_heads, attn.head_dim, attn.head_dim
 
-    def refresh(self) -> None:
-        """Rebuild the weights derived from the model's; call after changing weights."""
-        kernel_ops.forget_packs()  # updates may write through numpy views, unseen by version counters
-        self._fused, self._qkv_sizes, self._qk_norm, self._step = {}, {}, {}, None
+    def refresh(self, names: Collection[str] | None = None) -> None:
+        """Rebuild the weights derived from the model's; call after changing weights. `names`: the
+        tensors that changed (`named_parameters` / `named_buffers` names); only their derived weights
+        are rebuilt. None: all of them."""
+        self.install(self.prepare(names))
+
+    def prepare(self, names: Collection[str] | None = None, weights: Mapping[str, torch.Tensor] | None = None) -> Derived:
+        """The derived weights of the tensors `names` (None: all), computed from `weights` (new values
+        by name, the model's dtype; the model's own tensors for the rest) without changing what this
+        forward runs: an engine prepares an update's repacking while it keeps decoding, writes the new
+        values into the model, and `install`s these at the same pause."""
+        for n in (*(names or ()), *(weights or {})):
+            if n not in self._named:
+                raise ValueError(f"weight {n!r}: no such tensor in the model")
+        changed = None if names is None else {id(self._named[n]) for n in names}
+        new = {id(self._named[n]): t for n, t in (weights or {}).items()}
+
+        def get(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else new.get(id(t), t)
+
+        out = Derived(changed)
         if self.kernel_path:
-            layers = step_layers(self.model, self.k_cache, self.v_cache)
-            if layers is not None:
-                self._step = RowsStep(self.model, layers)
-            return
+            if self._fits_step:
+                out.step = rows_step.pack(self.model, self.max_len, changed, new, None if changed is None else self._packs)
+            if changed is not None:
+                out.packs = kernel_ops.repack(changed, new)
+            return out
         if not self.fast:
-            return
+            return out
         with torch.no_grad():
             for layer in self.model.model.layers:
                 a = layer.self_attn
+                if not rows_step.reads(a, changed):
+                    continue
                 projs = (a.q_proj, a.k_proj, a.v_proj)
-                w = torch.cat([p.weight for p in projs])
-                b = torch.cat([p.bias for p in projs]) if a.q_proj.bias is not None else None
-                self._fused[id(a)] = (w, b)
-                self._qkv_sizes[id(a)] = [p.weight.shape[0] for p in projs]
+                w = torch.cat([get(p.weight) for p in projs])
+                b = torch.cat([get(p.bias) for p in projs]) if a.q_proj.bias is not None else None
+                out.fused[id(a)] = (w, b)
+                out.qkv_sizes[id(a)] = [p.weight.shape[0] for p in projs]
                 heads, kv_heads = a.q_proj.weight.shape[0] // a.head_dim, a.k_proj.weight.shape[0] // a.head_dim
-                self._qk_norm[id(a)] = torch.cat([a.q_norm.weight.expand(heads, -1), a.k_norm.weight.expand(kv_heads, -1)])
+                out.qk_norm[id(a)] = torch.cat([get(a.q_norm.weight).expand(heads, -1),
+                                                get(a.k_norm.weight).expand(kv_heads, -1)])
+        return out
+
+    def install(self, derived: Derived) -> None:
+        """Make prepared derived weights the ones this forward runs (after their new values were
+        written into the model): a dictionary update and, on the kernel path, a new pointer table for
+        the C step."""
+        if derived.changed is None:
+            kernel_ops.forget_packs()  # updates may write through numpy views, unseen by version counters
+            self._fused, self._qkv_sizes, self._qk_norm = {}, {}, {}
+        else:
+            kernel_ops.install_packs(derived.packs, derived.changed)
+        for mine, new in ((self._fused, derived.fused), (self._qkv_sizes, derived.qkv_sizes),
+                          (self._qk_norm, derived.qk_norm)):
+            mine.update(new)
+        if derived.step is not None:
+            self._packs = derived.step
+            self._step = rows_step.RowsStep(self.model, self.k_cache, self.v_cache, derived.step)
 
     @torch.inference_mode()
     def __call__(self, segments: list[Segment]) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -88,7 +88,7 @@ class Harness:
         ids = self._encode(render_system(self.tools, messages[0]["content"]))
         for m in messages[1:]:
             ids += self.encode_message(m)
-        segment = Segment(messages=[dict(m) for m in messages])
+        segment = Segment(messages=[dict(m) for m in messages], temperature=self.config.temperature)
         segment.add_forced(ids + self._encode(GENERATION_PROMPT))
         return segment
 

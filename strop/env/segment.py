@@ -20,6 +20,9 @@ class Segment:
     versions: list[int] = field(default_factory=list)  # policy version that sampled each token
     routing: list[list[list[int]] | None] = field(default_factory=list)  # per token: expert ids per MoE layer
     messages: list[dict] = field(default_factory=list)  # what this window rendered from (tokens are authoritative)
+    # The sampling temperature its generated tokens were drawn at: behavior_logprobs are under the
+    # tempered distribution, so the trainer scores them at the same temperature.
+    temperature: float = 1.0
 
     def __len__(self) -> int:
         return len(self.input_ids)

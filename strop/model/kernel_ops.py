@@ -14,10 +14,15 @@ Without gradients an op is the bare kernel call.
 Activations are fp32 whatever the weights' dtype (fp32, or bf16 widened exactly). Packed copies
 of weights are kept between forwards until the weight changes in place through torch (its version
 counter moves), is freed, or `forget_packs` runs (after writes that bypass torch: numpy or C views
-of a tensor's memory, as the weight-sync patcher makes).
+of a tensor's memory, as the weight-sync patcher makes). A weight update that knows which tensors
+it changes keeps the rest: `repack` rebuilds the kept packs that read those tensors from their new
+values (while the old ones still serve), and `install_packs` swaps them in once the new values are
+written.
 """
 
 import weakref
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -25,7 +30,18 @@ import torch.nn.functional as F
 
 from strop import kernels
 
-_packs: dict[tuple[int, str], tuple] = {}  # (id(weight), kind) -> (weakref to it, its version, the packed copy)
+
+@dataclass(frozen=True)
+class _Kept:
+    """A packed copy built from `sources` (weak references) at their `versions`, and how to rebuild it."""
+
+    sources: tuple[weakref.ref, ...]
+    versions: tuple[int, ...]
+    build: Callable
+    out: object
+
+
+_packs: dict[tuple[int, str], _Kept] = {}  # (id(first source), kind) -> its kept pack
 
 
 def forget_packs() -> None:
@@ -38,14 +54,47 @@ def _kept(sources: tuple[torch.Tensor, ...], kind: str, build: Callable):
     w = sources[0]
     key, versions = (id(w), kind), tuple(t._version for t in sources)
     hit = _packs.get(key)
-    if hit is not None and hit[0]() is w and hit[1] == versions:
-        return hit[2]
-    if hit is None or hit[0]() is not w:
+    if hit is not None and hit.sources[0]() is w and hit.versions == versions:
+        return hit.out
+    if hit is None or hit.sources[0]() is not w:
         weakref.finalize(w, _packs.pop, key, None)
     with torch.no_grad():
         out = build(*(t.detach() for t in sources))
-    _packs[key] = (weakref.ref(w), versions, out)
+    _packs[key] = _Kept(tuple(weakref.ref(t) for t in sources), versions, build, out)
     return out
+
+
+def _reads(kept: _Kept, tensors: Collection[int]) -> bool:
+    return any(id(ref()) in tensors for ref in kept.sources)
+
+
+def repack(changed: Collection[int], new: Mapping[int, torch.Tensor]) -> dict[tuple[int, str], object]:
+    """The kept packs that read any of the tensors `changed` (ids), rebuilt from their new values
+    (`new`, by id of the tensor they will be written into; a tensor's own value where absent) and
+    the other sources as they are. Changes nothing kept: the old packs serve until `install_packs`
+    (so this can run beside a forward)."""
+    out = {}
+    with torch.no_grad():
+        for key, kept in list(_packs.items()):
+            sources = [ref() for ref in kept.sources]
+            if any(t is None for t in sources) or not any(id(t) in changed for t in sources):
+                continue
+            out[key] = kept.build(*(new.get(id(t), t).detach() for t in sources))
+    return out
+
+
+def install_packs(repacked: Mapping[tuple[int, str], object], changed: Collection[int]) -> None:
+    """After the tensors `changed` (ids) were written: keep the `repack`ed packs at the sources'
+    versions now, and drop any other kept pack that reads a changed tensor."""
+    for key, kept in list(_packs.items()):
+        if not _reads(kept, changed):
+            continue
+        sources = [ref() for ref in kept.sources]
+        if key in repacked and all(t is not None for t in sources):
+            versions = tuple(t._version for t in sources)
+            _packs[key] = _Kept(kept.sources, versions, kept.build, repacked[key])
+        else:
+            _packs.pop(key, None)
 
 
 def packed(weight: torch.Tensor) -> kernels.Packed:

@@ -2,12 +2,15 @@
 
 Starts from `--policy DIR` (default `<run_dir>/sft/model`), trains on the train split of
 `rollout.suite`, and writes `<run_dir>/rl/`: `metrics.jsonl` (one row per step), `report.md` with
-plots, `checkpoint/` (the whole run, every `rollout.ckpt_every` steps), `model/` (the final policy) and `result.json`.
+plots, `checkpoint/` (the whole run, every `rollout.ckpt_every` steps), `model/` (the final policy),
+`weights/` (the versioned weight store the engines sync from, unless `sync.store` puts it elsewhere),
+`snapshots/` (the last two versions) and `result.json`.
 Rerunning the same command resumes from the checkpoint; a finished run only reports.
 """
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from strop.config import Config, add_config_arguments, config_from_args, to_dict
@@ -33,23 +36,34 @@ def train_tasks(cfg: Config) -> list:
     return [t for d in r.difficulties for t in load_suite(r.suite, "train", difficulty=d, limit=r.train_tasks)]
 
 
-def start_runtime(cfg: Config, runtime: str, policy_dir: str, tasks: dict, *, ray_address: str | None = None, cpus=None,
-                  trainer_process: bool = False):
+def store_url(cfg: Config, out: Path) -> str:
+    """Where the run's weights are published: `sync.store`, or the output directory's weights/."""
+    return cfg.sync.store or str(out / "weights")
+
+
+def start_runtime(cfg: Config, runtime: str, policy_dir: str, tasks: dict, *, store: str, ray_address: str | None = None,
+                  cpus=None, trainer_process: bool = False):
+    import fsspec
+    import transformers
+    from fsspec.implementations.local import LocalFileSystem
+
     from strop.model.policy import is_moe, load_model
     from strop.rl.orchestrator import router_replay
     from strop.rl.trainer import no_replay
-
-    import transformers
 
     replay = router_replay if is_moe(load_model(policy_dir)) else no_replay
     transformers.logging.set_verbosity_error()
     if runtime == "inline":
         from strop.runtime.inline import start_inline
 
-        return start_inline(cfg, policy_dir, tasks, replay, cpus=cpus, trainer_process=trainer_process)
+        return start_inline(cfg, policy_dir, tasks, replay, cpus=cpus, trainer_process=trainer_process, store_url=store)
     from strop.runtime.ray_runtime import start_ray
 
-    return start_ray(cfg, policy_dir, tasks, replay, address=ray_address, cpus=cpus)
+    if ray_address and isinstance(fsspec.core.url_to_fs(store)[0], LocalFileSystem):
+        print(f"[rl] warning: the weight store {store!r} is a local directory: engines on other machines receive "
+              f"deltas through their relays but cannot join or repair unless it is shared storage (set sync.store)",
+              file=sys.stderr, flush=True)
+    return start_ray(cfg, policy_dir, tasks, replay, address=ray_address, cpus=cpus, store_url=store)
 
 
 def train_rl(cfg: Config, *, mode: str = "async", runtime: str = "inline", policy_dir: str | Path | None = None,
@@ -70,15 +84,15 @@ def train_rl(cfg: Config, *, mode: str = "async", runtime: str = "inline", polic
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
     tasks = {t.id: t for t in train_tasks(cfg)}
-    rt = start_runtime(cfg, runtime, str(policy_dir), tasks, ray_address=ray_address, cpus=cpus,
+    store = store_url(cfg, out)
+    rt = start_runtime(cfg, runtime, str(policy_dir), tasks, store=store, ray_address=ray_address, cpus=cpus,
                        trainer_process=trainer_process)
     try:
         orch = Orchestrator(cfg, rt, list(tasks), mode, out, log=(lambda row: None) if quiet else _print_row)
         if orch.resume():
             print(f"[rl] resumed at step {orch.step} (version {rt.version})", flush=True)
         result = orch.run()
-        if getattr(rt, "publisher", None) is not None:  # the inline runtime ships deltas itself: keep its last two
-            rt.publisher.save_last(out / "snapshots")  # snapshots for `strop bench sync --demo-run`
+        save_last_versions(store, out / "snapshots")  # for `strop bench sync --demo-run`
         model = load_model(policy_dir)
         model.load_state_dict(rt.state_dict()["model"])
         save_model(model, rt.tokenizer, out / "model", extra={"config": to_dict(cfg), "rl": {"mode": mode, "steps": orch.step}})
@@ -88,6 +102,22 @@ def train_rl(cfg: Config, *, mode: str = "async", runtime: str = "inline", polic
     (out / "result.json").write_text(json.dumps(result, indent=2))
     write_report(out, out / "metrics.jsonl", {})
     return result
+
+
+def save_last_versions(store: str, out_dir: Path) -> list[Path]:
+    """The last two published versions as `<version>.safetensors` (bf16), rebuilt from the store:
+    the real consecutive snapshots `strop bench sync --demo-run` measures the codec on."""
+    from strop.sync import tensors
+    from strop.sync.store import Store
+
+    s = Store(store)
+    head = s.head()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for v in range(max(head["latest"] - 1, head["snapshot"]), head["latest"] + 1):
+        paths.append(out_dir / f"{v:08d}.safetensors")
+        tensors.save(s.state(v), str(paths[-1]))
+    return paths
 
 
 def _print_row(row: dict) -> None:

@@ -48,6 +48,7 @@ class TrainBatch:
     advantages_BT: torch.Tensor  # float32
     weights_BT: torch.Tensor  # float32 per-token loss weights
     lengths_B: torch.Tensor  # long: unpadded input length of each row
+    temperature_B: torch.Tensor  # float32: the temperature each row was sampled at (logits are divided by it)
     routing: list[list]  # per row, per input position: the experts it was routed through (None where not recorded)
 
 
@@ -82,16 +83,20 @@ def build_batch(rows: list[tuple[Segment, float, float]], pad_id: int) -> TrainB
         advantages_BT=adv,
         weights_BT=weights,
         lengths_B=torch.tensor([len(seg) - 1 for seg, _, _ in rows]),
+        # 0 is greedy: no distribution was sampled from, and such rows are not trained on.
+        temperature_B=torch.tensor([seg.temperature or 1.0 for seg, _, _ in rows], dtype=torch.float32),
         # Segment.routing[j] belongs to the position that produced token j, i.e. input position j - 1
         routing=[list(seg.routing[1:]) for seg, _, _ in rows],
     )
 
 
 def token_logprobs(model, batch: TrainBatch) -> torch.Tensor:
-    """[B, T] logprobs of the targets under the model (fp32), differentiable; computed on the
-    policy's own tokens (`mask_BT`) only, 0 elsewhere."""
+    """[B, T] logprobs of the targets under the model at each row's sampling temperature (fp32),
+    differentiable; computed on the policy's own tokens (`mask_BT`) only, 0 elsewhere."""
     mask = batch.mask_BT
-    lp = -F.cross_entropy(logits_at(model, batch.input_ids_BT, mask), batch.targets_BT[mask], reduction="none")
+    temperature = batch.temperature_B[:, None].expand(mask.shape)[mask]
+    logits = logits_at(model, batch.input_ids_BT, mask) / temperature[:, None]
+    lp = -F.cross_entropy(logits, batch.targets_BT[mask], reduction="none")
     return torch.zeros(mask.shape, dtype=lp.dtype).masked_scatter(mask, lp)
 
 

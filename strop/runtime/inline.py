@@ -10,20 +10,23 @@ engine loop and rollout threads (and the sandboxes they fork) to `cpus.rollout`,
 fraction measures a component against the hardware it was given. Threads of one process share
 the GIL, and a tiny model's forward is mostly Python, so a trainer thread and an engine thread
 slow each other down by about half; `trainer_process=True` moves the trainer into a child
-process (`TrainerProcess`, same calls over a pipe) so the split is real.
+process (`strop.runtime.trainers.TrainerProcess`, same calls over a pipe) so the split is real.
+
+Weights take the one transport every runtime uses (`strop.sync`): the trainer (child process or
+not) encodes each version's delta itself and publishes it to the store and its origin; one relay
+(this machine is one inference cluster) pulls it once and serves the engines, whose sync threads
+patch them in place (`strop.runtime.weights`). Nothing but metrics comes back over the pipe.
 """
 
-import multiprocessing
 import os
 import queue
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-import torch
-
-from strop.config import Config, RLSection
+from strop.config import Config
 from strop.engine.engine import Engine
 from strop.env.harness import Harness
 from strop.env.task import Task
@@ -33,7 +36,9 @@ from strop.memory import retain_freed_memory
 from strop.rl.rollout import RolloutLost, WorkItem, harness_config, rollout, sandbox_limits
 from strop.rl.trainer import RLTrainer
 from strop.rl.trajectory import Trajectory
-from strop.sync.publisher import DeltaPublisher
+from strop.runtime.trainers import LocalTrainer, TrainerProcess, trainer_sync
+from strop.runtime.weights import SyncedEngine, relay_keep
+from strop.sync.relay import Relay
 from strop.threads import set_threads
 
 Result = tuple[WorkItem, Trajectory | None, str | None]  # (item, trajectory, why it was lost)
@@ -88,73 +93,15 @@ class TimedEngine(Engine):
         return worked
 
 
-def _trainer_main(conn, rl: RLSection, policy_dir: str, replay_ctx, pad_id: int, cpus: frozenset[int] | None) -> None:
-    """The child process of `TrainerProcess`: an `RLTrainer` answering (call, argument) messages."""
-    from strop.model.policy import load_model
-
-    set_threads(1)
-    pin(cpus)
-    # A step allocates and frees the same activations every time; handed back to the kernel
-    # between steps, they are faulted in afresh on the next (and in a VM, freed pages idle for a
-    # second or two are returned to the host, which makes those faults slow): keep them.
-    retain_freed_memory()
-    published: dict = {}
-    trainer = RLTrainer(load_model(policy_dir), rl, pad_id=pad_id, replay_ctx=replay_ctx,
-                        publish=lambda version, state: published.update(state=state))
-    calls = {"step": lambda samples: (trainer.step(samples), published.pop("state")),
-             "state_dict": lambda _: trainer.state_dict(),
-             "load_state_dict": lambda state: trainer.load_state_dict(state),
-             "bf16_state_dict": lambda _: trainer.bf16_state_dict()}
-    conn.send("ready")
-    while (msg := conn.recv()) is not None:
-        call, arg = msg
-        conn.send((calls[call](arg), trainer.version))
-
-
-class TrainerProcess:
-    """An `RLTrainer` in a child process, with the calls the runtime makes; `step` returns the
-    metrics row and hands the published bf16 snapshot to `publish`, as the in-process trainer does."""
-
-    def __init__(self, cfg: Config, policy_dir: str, replay_ctx, pad_id: int, publish, cpus: frozenset[int] | None):
-        ctx = multiprocessing.get_context("spawn")  # never fork a process that runs torch threads
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_trainer_main, args=(child, cfg.rl, policy_dir, replay_ctx, pad_id, cpus),
-                                name="strop-trainer", daemon=True)
-        self.proc.start()
-        assert self.conn.recv() == "ready"
-        self.publish, self.version = publish, 0
-
-    def _call(self, call: str, arg=None):
-        self.conn.send((call, arg))
-        result, self.version = self.conn.recv()
-        return result
-
-    def step(self, samples: list[Sample]) -> dict:
-        row, state = self._call("step", samples)
-        self.publish(self.version, state)
-        return row
-
-    def state_dict(self) -> dict:
-        return self._call("state_dict")
-
-    def load_state_dict(self, state: dict) -> None:
-        self._call("load_state_dict", state)
-
-    def bf16_state_dict(self) -> dict[str, torch.Tensor]:
-        return self._call("bf16_state_dict")
-
-    def close(self) -> None:
-        self.conn.send(None)
-        self.proc.join(timeout=30)
-
-
-def snapshot_bytes(state: dict[str, torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in state.values())
+SYNC_TIMEOUT_S = 600.0  # an engine that has not caught up by then is broken, not slow
 
 
 class InlineRuntime:
+    """Trainer, one inference cluster (one relay, `rollout.engines` engines) and rollout threads
+    on this machine; weights flow through the same transport as on Ray (`strop.sync`)."""
+
     def __init__(self, cfg: Config, policy_dir: str, tasks: dict[str, Task], replay_ctx, *, cpus: CpuSplit | None = None,
-                 trainer_process: bool = False):
+                 trainer_process: bool = False, store_url: str | None = None):
         from strop.data.tokenizer import load_tokenizer
         from strop.model.policy import load_model
 
@@ -162,30 +109,33 @@ class InlineRuntime:
         self.tasks, self.cpus = tasks, cpus
         self.tokenizer = load_tokenizer(policy_dir)
         self._caller_cpus = os.sched_getaffinity(threading.get_native_id())  # restored by close()
+        self._tmp = None if store_url else tempfile.TemporaryDirectory(prefix="strop-weights-")
+        self.store_url = store_url or self._tmp.name
         pad_id = self.tokenizer.pad_token_id or 0
         if trainer_process:
-            self.trainer = TrainerProcess(cfg, policy_dir, replay_ctx, pad_id, self._publish, cpus.trainer if cpus else None)
+            self.trainer = TrainerProcess(cfg, policy_dir, replay_ctx, pad_id, cpus.trainer if cpus else None, self.store_url)
             pin(cpus.rollout if cpus else None)  # the orchestrator loop stays off the trainer's core
         else:
             pin(cpus.trainer if cpus else None)
-            self.trainer = RLTrainer(load_model(policy_dir), cfg.rl, pad_id=pad_id, publish=self._publish, replay_ctx=replay_ctx)
-        self.publisher = DeltaPublisher()
-        start, _ = self.publisher.publish(0, self.trainer.bf16_state_dict())  # the base of the first delta
+            self.trainer = LocalTrainer(RLTrainer(load_model(policy_dir), cfg.rl, pad_id=pad_id, replay_ctx=replay_ctx),
+                                        trainer_sync(cfg, self.store_url))
+        self.trainer.publish()  # version 0: the store's snapshot, the base of the first delta
+        self.relay = Relay(self.trainer.origin_url, cfg.sync.lan_mb_s * 1e6 or None, keep=relay_keep(cfg)).start()
         self.engines: list[TimedEngine] = []
+        self.synced: list[SyncedEngine] = []
         for i in range(r.engines):
             engine = TimedEngine(load_model(policy_dir), self.tokenizer, max_batch=r.engine_batch, max_len=r.max_context,
                                  seed=cfg.run.seed + i, cpus=cpus.rollout if cpus else None)
-            engine.update_weights(tensors=start, version=0)  # engines serve exactly the bf16 weights the trainer publishes
+            self.synced.append(SyncedEngine(engine, self.store_url, self.relay.link(), self.trainer.origin_url))
             engine.start()
             self.engines.append(engine)
+        self.wait_synced()  # engines serve exactly the bf16 weights the trainer published
         self.harness = Harness(self.tokenizer, harness_config(r))
         self.limits = sandbox_limits(r)
         self.pool = ThreadPoolExecutor(r.workers, thread_name_prefix="strop-rollout",
                                        initializer=pin, initargs=(cpus.rollout if cpus else None,))
         self.done: queue.Queue[Result] = queue.Queue()
-        self.bytes_synced = 0
         self._next = 0
-        self._updates: list = []
 
     # ---- rollouts --------------------------------------------------------------------------
 
@@ -207,18 +157,23 @@ class InlineRuntime:
     # ---- training and weights --------------------------------------------------------------
 
     def train(self, samples: list[Sample]) -> dict:
-        return self.trainer.step(samples)
-
-    def _publish(self, version: int, state: dict[str, torch.Tensor]) -> None:
-        """Ship `state` to every engine as a delta against the last published version."""
-        state, nbytes = self.publisher.publish(version, state)
-        self._updates = [e.update_weights(tensors=state, version=version) for e in self.engines]
-        self.bytes_synced += nbytes * len(self.engines)
+        """One trainer step; the trainer publishes the new version itself, and the engines'
+        sync threads swap it in as it arrives. The relay pulls it right away, while the trainer
+        waits for its next call: a busy trainer process answers its origin's requests late."""
+        row = self.trainer.step(samples)
+        self.relay.pull(row["version"])
+        return row
 
     def wait_synced(self) -> None:
         """Block until every engine serves the last published version."""
-        for u in self._updates:
-            u.wait()
+        for s in self.synced:
+            if not s.wait_version(self.trainer.version, SYNC_TIMEOUT_S):
+                raise RuntimeError(f"an engine did not reach version {self.trainer.version} in {SYNC_TIMEOUT_S:.0f} s")
+
+    @property
+    def bytes_synced(self) -> int:
+        """Bytes that left the trainer for the engines (its origin's egress)."""
+        return self.trainer.sync_stats()["bytes_sent"]
 
     @property
     def version(self) -> int:
@@ -228,9 +183,7 @@ class InlineRuntime:
         return self.trainer.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        self.trainer.load_state_dict(state)
-        self.publisher.reset()  # the engines get the resumed weights whole
-        self._publish(self.trainer.version, self.trainer.bf16_state_dict())
+        self.trainer.load_state_dict(state)  # published as a new chain; the engines fetch what differs
         self.wait_synced()
 
     def engine_busy_s(self) -> float:
@@ -239,16 +192,22 @@ class InlineRuntime:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
+        for s in self.synced:
+            s.close()
+        self.relay.close()
         for e in self.engines:
             e.stop()
-        if isinstance(self.trainer, TrainerProcess):
-            self.trainer.close()
+        self.trainer.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
         pin(frozenset(self._caller_cpus))
 
 
 def start_inline(cfg: Config, policy_dir: str, tasks: dict[str, Task], replay_ctx, cpus: CpuSplit | None = None,
-                 trainer_process: bool = False) -> InlineRuntime:
+                 trainer_process: bool = False, store_url: str | None = None) -> InlineRuntime:
+    """`store_url`: the versioned weight store (default: a temporary directory, removed at close)."""
     # placed: one thread per role, so the engine's torch ops never spill onto the trainer's core
     set_threads(1 if cpus else (cfg.run.threads or None))
     retain_freed_memory()  # engine steps and weight publishing allocate the same buffers every time (see _trainer_main)
-    return InlineRuntime(cfg, policy_dir, tasks, replay_ctx, cpus=cpus, trainer_process=trainer_process)
+    return InlineRuntime(cfg, policy_dir, tasks, replay_ctx, cpus=cpus, trainer_process=trainer_process,
+                         store_url=store_url)

@@ -1,36 +1,57 @@
-"""The `ray` runtime: the trainer, the engines and the rollout workers as Ray actors.
+"""The `ray` runtime: the trainer, one relay per inference cluster, the engines and the rollout
+workers as Ray actors, placed by node label.
 
-    driver (orchestrator main loop) ──step(samples)──► TrainerActor ──bf16 snapshot (one object)──┐
-         │ run(item, task, engine)                                                              ▼
-         └──────────────► RolloutActor ×N ──generate(ids)──► EngineActor ×M (cluster label) ◄─ update
+    trainer nodes (strop-role=trainer)          inference cluster "a" (strop-cluster=a)
+    ┌──────────────────────────────┐  delta    ┌──────────────────────────────────────────┐
+    │ TrainerActor: RLTrainer,     │──once────►│ RelayActor ──► EngineActor ×N (+ replica) │
+    │ TrainerSync (encode, store,  │  per      └──────────────────────────────────────────┘
+    │ origin)                      │  cluster  ┌ cluster "b" ┐ ...
+    └──────────────▲───────────────┘──────────►└─────────────┘
+                   │ step(samples) → metrics          ▲ generate(ids)
+    driver (orchestrator main loop) ── run(item) ──► RolloutActor ×2
 
-A local Ray instance starts by itself (light: 2 CPUs, no dashboard); `address` joins a cluster.
-Actors ask for no CPUs from Ray's scheduler (their threads are pinned by `cpus`, when given, as in
-the inline runtime) so a small machine can hold them all. Every actor process calls
-`set_threads` first.
+Placement: the trainer goes to a node labelled `strop-role=trainer` when there is one; each
+distinct value of the `strop-cluster` label is an inference cluster, which gets one relay and
+a share of the engines (round robin), each placed by label selector on that cluster's nodes.
+Without labels (a local Ray instance, which starts by itself: 2 CPUs, no dashboard) everything
+is one cluster on any node. Actors ask for no CPUs from Ray's scheduler (their threads are
+pinned by `cpus`, when given, as in the inline runtime), so a small machine can hold them all.
+Every actor process calls `set_threads` first.
 
-Engines carry a cluster label and may join (`add_engine`) and leave (`remove_engine`, or die)
-while the run goes on. Work on a lost engine or worker comes back as lost (`results`); the
+Weights take the one transport of `strop.sync`: the trainer actor encodes each version's delta
+and publishes it to the store (`store_url`, which every inference node must be able to read: a
+shared directory, or object storage on a real cluster) and its origin; each relay pulls it once
+and serves its cluster; each engine's sync thread verifies it and patches the engine in place.
+Nothing but metrics comes back from a step. `bytes_synced` is the origin's egress.
+
+Engines may join (`add_engine`: it fetches from the store only what differs from its own
+weights, then the chain, and takes work once current) and leave (`remove_engine`, or die) while
+the run goes on. Work on a lost engine or worker comes back as lost (`results`); the
 orchestrator relaunches it under the same key and `submit` sends it to a live engine — a dead
-rollout worker is replaced. The published snapshot is put into the object store once and every
-engine pulls it from there.
+rollout worker is replaced.
 """
 
 import os
+import tempfile
 import time
 
 import ray
 
-from strop.config import Config, RLSection, RolloutSection
+from strop.config import Config, RolloutSection
 from strop.env.policy import Generation, SamplingParams
 from strop.env.task import Task
 from strop.rl.advantages import Sample
 from strop.rl.rollout import RolloutLost, WorkItem
 from strop.rl.trajectory import Trajectory
-from strop.runtime.inline import CpuSplit, snapshot_bytes
+from strop.runtime.inline import SYNC_TIMEOUT_S, CpuSplit
+from strop.runtime.ray_relay import RelayActor
+from strop.runtime.weights import relay_keep
 
 ROLLOUT_ACTORS = 2  # rollout processes; each runs ceil(workers / ROLLOUT_ACTORS) episodes on threads
 LOST = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
+ROLE_LABEL, TRAINER_ROLE = "strop-role", "trainer"
+CLUSTER_LABEL = "strop-cluster"
+UNLABELLED = "default"  # the one inference cluster of a cluster without strop-cluster labels
 
 
 def _start_process(cpus: frozenset[int] | None) -> None:
@@ -43,46 +64,61 @@ def _start_process(cpus: frozenset[int] | None) -> None:
 
 @ray.remote(num_cpus=0)
 class TrainerActor:
-    def __init__(self, rl: RLSection, policy_dir: str, replay_ctx, pad_id: int, cpus: frozenset[int] | None):
+    def __init__(self, cfg: Config, policy_dir: str, replay_ctx, pad_id: int, cpus: frozenset[int] | None,
+                 store_url: str):
         _start_process(cpus)
         from strop.model.policy import load_model
         from strop.rl.trainer import RLTrainer
+        from strop.runtime.trainers import LocalTrainer, trainer_sync
 
-        self.published: dict = {}
-        self.trainer = RLTrainer(load_model(policy_dir), rl, pad_id=pad_id, replay_ctx=replay_ctx,
-                                 publish=lambda version, state: self.published.update(state=state))
+        sync = trainer_sync(cfg, store_url, host=ray.util.get_node_ip_address())
+        self.local = LocalTrainer(RLTrainer(load_model(policy_dir), cfg.rl, pad_id=pad_id, replay_ctx=replay_ctx), sync)
+        self.local.publish()  # version 0: the store's snapshot
+
+    def origin_url(self) -> str:
+        return self.local.origin_url
 
     def step(self, samples: list[Sample]) -> dict:
-        return self.trainer.step(samples)
-
-    def snapshot(self) -> dict:
-        """The last published bf16 snapshot (the initial weights before the first step)."""
-        return self.published.get("state") or self.trainer.bf16_state_dict()
+        return self.local.step(samples)
 
     def version(self) -> int:
-        return self.trainer.version
+        return self.local.version
 
     def state_dict(self) -> dict:
-        return self.trainer.state_dict()
+        return self.local.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        self.trainer.load_state_dict(state)
-        self.published["state"] = self.trainer.bf16_state_dict()
+        self.local.load_state_dict(state)
+
+    def sync_stats(self) -> dict:
+        return self.local.sync_stats()
+
+    def weights_crc32(self) -> dict[str, int]:
+        """CRC-32C of each tensor of the last published bf16 snapshot, widened to fp32 (exact), to
+        compare with the engines' live weights bit for bit."""
+        from strop.sync.apply import bits_view
+
+        return {k: bits_view(v.float()).crc32() for k, v in self.local.bf16_state_dict().items()}
 
 
 @ray.remote(num_cpus=0, max_concurrency=64)
 class EngineActor:
-    """One engine; its loop thread batches the turns of every rollout thread calling `generate`."""
+    """One engine and its sync thread; its loop thread batches the turns of every rollout thread
+    calling `generate`."""
 
-    def __init__(self, r: RolloutSection, policy_dir: str, label: str, seed: int, cpus: frozenset[int] | None):
+    def __init__(self, r: RolloutSection, policy_dir: str, label: str, seed: int, cpus: frozenset[int] | None,
+                 store_url: str, relay_url: str, origin_url: str):
         _start_process(cpus)
-        from strop.model.policy import load_model
         from strop.data.tokenizer import load_tokenizer
+        from strop.model.policy import load_model
         from strop.runtime.inline import TimedEngine
+        from strop.runtime.weights import SyncedEngine
+        from strop.sync.relay import http_link
 
         self.label = label
         self.engine = TimedEngine(load_model(policy_dir), load_tokenizer(policy_dir), max_batch=r.engine_batch,
                                   max_len=r.max_context, seed=seed, cpus=cpus)
+        self.synced = SyncedEngine(self.engine, store_url, http_link(relay_url), origin_url)
         self.engine.start()
 
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
@@ -90,11 +126,24 @@ class EngineActor:
 
         return EnginePolicy(self.engine).generate(prompt_ids, params)
 
-    def update(self, version: int, state: dict) -> float:
-        return self.engine.update_weights(tensors=state, version=version).wait()
+    def wait_version(self, version: int, timeout: float = SYNC_TIMEOUT_S) -> bool:
+        return self.synced.wait_version(version, timeout)
 
     def info(self) -> dict:
-        return {"label": self.label, "version": self.engine.version, "busy_s": self.engine.busy_s, "pid": os.getpid()}
+        s = self.synced.sync
+        with s.cond:  # swaps: (version, pause seconds, time.time() it went live), the first one the bootstrap
+            swaps = [(v, pause, at) for (v, at), pause in zip(s.swapped_at.items(), s.pauses)]
+        return {"label": self.label, "version": self.engine.version, "busy_s": self.engine.busy_s, "pid": os.getpid(),
+                "node": ray.get_runtime_context().get_node_id(), "swaps": swaps,
+                "repaired": [x for rep in s.reports for x in rep.repaired],
+                "repaired_bytes": sum(rep.repaired_bytes for rep in s.reports)}
+
+    def weights_crc32(self) -> dict[str, int]:
+        """CRC-32C of each live tensor as fp32 (as it is, or widened from bf16: both exact), so a
+        live weight that is not exactly the trainer's bf16 value shows."""
+        from strop.sync.apply import bits_view
+
+        return {k: bits_view(t.detach().float()).crc32() for k, t in self.synced.sync.live.items()}
 
 
 class RayPolicy:
@@ -130,29 +179,48 @@ class RolloutActor:
         return os.getpid()
 
 
+def cluster_layout() -> tuple[bool, list[str]]:
+    """(whether a node is labelled as a trainer node, the inference clusters by label) of the
+    connected Ray cluster's live nodes; no cluster labels: one unlabelled cluster."""
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    trainer = any(n.get("Labels", {}).get(ROLE_LABEL) == TRAINER_ROLE for n in nodes)
+    clusters = sorted({n["Labels"][CLUSTER_LABEL] for n in nodes if CLUSTER_LABEL in n.get("Labels", {})})
+    return trainer, clusters or [UNLABELLED]
+
+
+def _on(label: str) -> dict:
+    """Actor options that place it on the nodes of inference cluster `label`."""
+    return {} if label == UNLABELLED else {"label_selector": {CLUSTER_LABEL: label}}
+
+
 class RayRuntime:
     def __init__(self, cfg: Config, policy_dir: str, tasks: dict[str, Task], replay_ctx, *,
-                 cpus: CpuSplit | None = None, rollout_actors: int = ROLLOUT_ACTORS):
+                 cpus: CpuSplit | None = None, rollout_actors: int = ROLLOUT_ACTORS, store_url: str | None = None):
         from strop.data.tokenizer import load_tokenizer
 
         self.cfg, self.policy_dir, self.tasks = cfg, policy_dir, tasks
         self.cpus = cpus
         self.tokenizer = load_tokenizer(policy_dir)
-        self.trainer = TrainerActor.remote(cfg.rl, policy_dir, replay_ctx, self.tokenizer.pad_token_id or 0,
-                                           cpus.trainer if cpus else None)
-        self.snapshot = self.trainer.snapshot.remote()
-        self.snapshot_nbytes = snapshot_bytes(ray.get(self.snapshot))
+        self._tmp = None if store_url else tempfile.TemporaryDirectory(prefix="strop-weights-")
+        self.store_url = store_url or self._tmp.name
+        has_trainer_node, self.clusters = cluster_layout()
+        placed = {"label_selector": {ROLE_LABEL: TRAINER_ROLE}} if has_trainer_node else {}
+        self.trainer = TrainerActor.options(**placed).remote(cfg, policy_dir, replay_ctx, self.tokenizer.pad_token_id or 0,
+                                                             cpus.trainer if cpus else None, self.store_url)
+        self.origin_url = ray.get(self.trainer.origin_url.remote())
+        lan = cfg.sync.lan_mb_s * 1e6 or None
+        self.relays = {c: RelayActor.options(**_on(c)).remote(self.origin_url, lan, relay_keep(cfg)) for c in self.clusters}
+        self.relay_urls = {c: ray.get(a.url.remote()) for c, a in self.relays.items()}
         self._version = 0
         self.engines: dict[str, object] = {}  # name -> handle, live engines only
+        self.engine_cluster: dict[str, str] = {}
         self._engine_seq = 0
         for i in range(cfg.rollout.engines):
-            self.add_engine(f"cluster-{i % 2}")
+            self.add_engine(self.clusters[i % len(self.clusters)])
         per_actor = -(-cfg.rollout.workers // rollout_actors)
         self.workers = [self._new_worker(per_actor) for _ in range(rollout_actors)]
         self.per_actor = per_actor
         self.inflight: dict = {}  # object ref -> (item, worker index, worker handle, engine name)
-        self.bytes_synced = 0
-        self._updates: list = []
         self._busy_lost = 0.0  # busy seconds of engines that left
         self._last_busy: dict[str, float] = {}
         self._next = 0
@@ -163,15 +231,18 @@ class RayRuntime:
 
     # ---- engines joining and leaving -------------------------------------------------------
 
-    def add_engine(self, label: str) -> str:
-        """Start an engine on the current weights; it takes work from the next `submit` on."""
+    def add_engine(self, cluster: str) -> str:
+        """Start an engine in `cluster`; it catches up from the store and its cluster's relay, and
+        takes work from the next `submit` on."""
         name = f"engine-{self._engine_seq}"
         self._engine_seq += 1
-        engine = EngineActor.remote(self.cfg.rollout, self.policy_dir, label,
-                                                       self.cfg.run.seed + self._engine_seq,
-                                                       self.cpus.rollout if self.cpus else None)
-        ray.get(engine.update.remote(self._version, self.snapshot))
+        engine = EngineActor.options(**_on(cluster)).remote(
+            self.cfg.rollout, self.policy_dir, cluster, self.cfg.run.seed + self._engine_seq,
+            self.cpus.rollout if self.cpus else None, self.store_url, self.relay_urls[cluster], self.origin_url)
+        if not ray.get(engine.wait_version.remote(self._version)):
+            raise RuntimeError(f"{name} did not reach version {self._version} in {SYNC_TIMEOUT_S:.0f} s")
         self.engines[name] = engine
+        self.engine_cluster[name] = cluster
         return name
 
     def remove_engine(self, name: str) -> None:
@@ -222,22 +293,28 @@ class RayRuntime:
     # ---- training and weights --------------------------------------------------------------
 
     def train(self, samples: list[Sample]) -> dict:
+        """One trainer step; the trainer actor publishes the new version itself."""
         row = ray.get(self.trainer.step.remote(samples))
         self._version = row["version"]
-        self._publish()
         return row
 
-    def _publish(self) -> None:
-        self.snapshot = self.trainer.snapshot.remote()  # one object; every engine pulls the same one
-        self._updates = [e.update.remote(self._version, self.snapshot) for e in self.engines.values()]
-        self.bytes_synced += self.snapshot_nbytes * len(self.engines)
-
     def wait_synced(self) -> None:
-        for ref in self._updates:
+        """Block until every live engine serves the last published version."""
+        refs = {name: e.wait_version.remote(self._version) for name, e in self.engines.items()}
+        for name, ref in refs.items():
             try:
-                ray.get(ref)
+                if not ray.get(ref):
+                    raise RuntimeError(f"{name} did not reach version {self._version} in {SYNC_TIMEOUT_S:.0f} s")
             except LOST:
                 pass  # an engine that left needs no weights
+
+    def sync_stats(self) -> dict:
+        return ray.get(self.trainer.sync_stats.remote())
+
+    @property
+    def bytes_synced(self) -> int:
+        """Bytes that left the trainer for the relays (its origin's egress)."""
+        return self.sync_stats()["bytes_sent"]
 
     @property
     def version(self) -> int:
@@ -247,9 +324,8 @@ class RayRuntime:
         return ray.get(self.trainer.state_dict.remote())
 
     def load_state_dict(self, state: dict) -> None:
-        ray.get(self.trainer.load_state_dict.remote(state))
+        ray.get(self.trainer.load_state_dict.remote(state))  # published as a new chain
         self._version = state["version"]
-        self._publish()
         self.wait_synced()
 
     def engine_busy_s(self) -> float:
@@ -262,15 +338,20 @@ class RayRuntime:
         return (sum(self._last_busy.values()) + self._busy_lost) / self.cfg.rollout.engines
 
     def close(self) -> None:
-        for actor in [self.trainer, *self.engines.values(), *self.workers]:
+        for actor in [*self.engines.values(), *self.workers, *self.relays.values(), self.trainer]:
             ray.kill(actor)
+        if self._tmp is not None:
+            self._tmp.cleanup()
 
 
 def start_ray(cfg: Config, policy_dir: str, tasks: dict[str, Task], replay_ctx, *, address: str | None = None,
-              cpus: CpuSplit | None = None) -> RayRuntime:
+              cpus: CpuSplit | None = None, store_url: str | None = None,
+              rollout_actors: int = ROLLOUT_ACTORS) -> RayRuntime:
+    """`store_url`: the versioned weight store, readable from every inference node (default: a
+    temporary directory on this machine, removed at close)."""
     if not ray.is_initialized():
         if address:
             ray.init(address=address)
         else:
             ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    return RayRuntime(cfg, policy_dir, tasks, replay_ctx, cpus=cpus)
+    return RayRuntime(cfg, policy_dir, tasks, replay_ctx, cpus=cpus, rollout_actors=rollout_actors, store_url=store_url)

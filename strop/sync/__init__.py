@@ -1,6 +1,7 @@
 """Weight sync: each new bf16 snapshot travels as a lossless delta against the previous one,
-through a versioned store and one relay per cluster, into engines' live weights in place.
-The codec knows nothing of training; trainers publish and engines apply through it.
+through a versioned store and one relay per cluster, into engines' live weights in place. It is
+the one weight transport of every runtime (`strop.runtime`) and benchmark. The codec knows
+nothing of training; trainers publish and engines apply through it.
 
     bits.py          Rice codes, fast set-bit positions (vectorised numpy)
     tensor_codec.py  one tensor's delta: exponent-class change masks + ordinal steps
@@ -9,11 +10,10 @@ The codec knows nothing of training; trainers publish and engines apply through 
     codec.py         the delta file: checksummed header, per-tensor payload/base/result crc32
     tensors.py       raw tensors as bit patterns; safetensors read/write without torch
     store.py         snapshot + delta chain with manifests (local dir or fsspec URL), GC
-    replica.py       a receiver walking the chain, repairing damage one tensor at a time
+    publisher.py     the trainer's end, in the trainer's process: encode, store, serve (origin)
     relay.py         HTTP origin and per-cluster relays with token-bucket links
-    topology.py      a 4-cluster fan-out on 127.0.0.1: egress and time to all engines
-    apply.py         swap a verified delta into an engine's live tensors between steps
-    memory.py        keep freed heap memory (no page faults for short-lived arrays)
+    replica.py       a receiver walking the chain, repairing damage one tensor at a time
+    apply.py         an engine's end: verify, stage, swap into live tensors between steps
     synthetic.py     simulated AdamW updates (the benchmark's recipe)
     encode_cmd.py, decode_cmd.py   `strop sync encode` / `strop sync decode`
 """

@@ -1,59 +1,61 @@
-"""The trainer side of weight sync for in-process runtimes: each published bf16 snapshot goes out
-as a lossless delta against the previous one, and what the engines load is what a receiver
-reconstructs from that delta (checksum-verified by `codec.decode`), so the RL run exercises the
-same bytes a cluster would ship and its `bytes_synced` counts the delta, not the snapshot.
+"""The trainer's end of the weight transport, living in the trainer's own process.
+
+Every runtime hands the trainer one of these as its `publish(version, bf16_state_dict)`
+callback. Each version is encoded here — a lossless delta against the previous version, or the
+whole snapshot in the same file format with `full` — written to the versioned store (a
+directory or any fsspec URL), and announced by the origin, an HTTP endpoint in this process
+that serves it once to each inference cluster's relay. So what leaves the trainer for a version
+after the first is that file, one copy per cluster, and `bytes_sent` counts exactly those bytes
+(plus the single tensors receivers ask the origin for when they repair).
+
+Old deltas are folded into the store's snapshot as they age (`keep_deltas`); see
+`store.Publisher.gc`.
 """
 
-from pathlib import Path
+import time
 
-import numpy as np
 import torch
 
-from strop.sync import codec, tensors
 from strop.sync.apply import bits_view
-from strop.sync.tensors import StateDict
-
-_TORCH = {2: (np.int16, torch.bfloat16), 4: (np.int32, torch.float32)}
-
-
-def _to_torch(state: StateDict, like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    out = {}
-    for name, t in state.items():
-        as_int, _ = _TORCH[t.data.itemsize]
-        out[name] = torch.from_numpy(t.data.view(as_int).copy()).view(like[name].dtype).view(t.shape)
-    return out
+from strop.sync.relay import Origin
+from strop.sync.store import Publisher, Store
 
 
-class DeltaPublisher:
-    """`publish(version, state)` -> (tensors the engines load, bytes on the wire). The first
-    snapshot (and any after `reset`) goes out whole."""
+class TrainerSync:
+    """`publish(version, state)` as the trainer calls it; `origin_url` is where relays pull from.
+    `wan_bytes_per_s` paces each response to a relay (a token bucket standing for a WAN link)."""
 
-    def __init__(self):
-        self.base: StateDict | None = None
-        self.base_version = -1
-        self.previous: StateDict | None = None  # the version before `base`, for `save_last`
+    def __init__(self, store_url: str, *, full: bool = False, keep_deltas: int = 8,
+                 wan_bytes_per_s: float | None = None, host: str = "127.0.0.1"):
+        self.store_url = store_url
+        self.publisher = Publisher(Store(store_url), full=full)
+        self.keep_deltas = keep_deltas
+        self.origin = Origin(self.publisher, wan_bytes_per_s, host).start()
+        self.origin_url = self.origin.url
+        self.published_at: dict[int, float] = {}  # version -> time.time() it was announced
+        self.file_bytes: dict[int, int] = {}  # version -> size of what was published (delta, or the snapshot)
 
-    def reset(self) -> None:
-        self.base, self.base_version, self.previous = None, -1, None
+    def publish(self, version: int, state: dict[str, torch.Tensor]) -> None:
+        """Encode `state` (bf16) against the previous version, store it, announce it."""
+        self.publisher.publish({k: bits_view(v.detach().contiguous()) for k, v in state.items()}, version)
+        self.file_bytes[version] = self.publisher.nbytes
+        self.publisher.gc(self.keep_deltas)
+        self.published_at[version] = time.time()
+        self.origin.notify()
 
-    def save_last(self, out_dir: Path) -> list[Path]:
-        """Write the last two published versions as `<version>.safetensors` (bf16): the real
-        consecutive snapshots `strop bench sync --demo-run` measures the codec on."""
-        out_dir.mkdir(parents=True, exist_ok=True)
-        pairs = [(self.base_version - 1, self.previous), (self.base_version, self.base)]
-        paths = []
-        for version, state in pairs:
-            if state is not None:
-                paths.append(out_dir / f"{version:08d}.safetensors")
-                tensors.save(state, str(paths[-1]))
-        return paths
+    def restart(self) -> None:
+        """The next version published starts a new chain (a resumed trainer's weights)."""
+        self.publisher.restart()
 
-    def publish(self, version: int, state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int]:
-        new = {k: bits_view(v.detach().contiguous()) for k, v in state.items()}
-        if self.base is None:
-            self.base, self.base_version = new, version
-            return state, sum(t.nbytes for t in new.values())
-        blob = codec.encode(self.base, new, version=version, base_version=self.base_version)
-        received = codec.decode(self.base, blob)  # verifies every tensor against the trainer's checksum
-        self.previous, self.base, self.base_version = self.base, received, version
-        return _to_torch(received, state), len(blob)
+    def stats(self) -> dict:
+        """Egress so far (bytes and deltas the origin sent, per version too), each version's file size
+        and the time it was announced."""
+        o = self.origin
+        with o.cond:
+            by_version = {v: [o.sent_by_version[v], o.sent_bytes_by_version[v]] for v in sorted(o.sent_by_version)}
+            return {"version": self.publisher.version, "bytes_sent": o.sent_bytes, "deltas_sent": o.sent_deltas,
+                    "sent_by_version": by_version, "file_bytes": dict(self.file_bytes),
+                    "published_at": dict(self.published_at)}
+
+    def close(self) -> None:
+        self.origin.close()

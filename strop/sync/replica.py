@@ -8,8 +8,10 @@ the replica's arrays, or through the `apply` callback an engine passes to swap i
 weights between decode steps (see `apply`).
 
 Repairs never fetch a whole model: tensors that a delta fails to deliver (corrupt or
-truncated payload, a missing delta file) are fetched one by one with `Store.tensor`, and a
-replica older than the store's GC point fetches only the tensors whose checksum differs.
+truncated payload, a missing delta file) are fetched one by one (`Store.tensor`, or the trainer's
+origin), and a replica older than the store's GC point, or one that joins with weights of its
+own (`version=-1`: an engine that loaded the policy from disk), fetches only the tensors whose
+checksum differs.
 """
 
 import time
@@ -130,33 +132,55 @@ class Replica:
         return r
 
     def advance(self, store: Store, target: int | None = None, fetch: Callable[[int], bytes] | None = None,
-                apply: Callable[[Patch], None] | None = None) -> SyncReport:
+                apply: Callable[[Patch], None] | None = None,
+                tensor: Callable[[str, int], Tensor] | None = None) -> SyncReport:
         """Reach version `target` (default: latest). `fetch(v)` gets delta v (default: from the
         store; a relay passes its own); `apply(patch)` writes a verified patch (default: into
-        `self.state` at once). Raises MissingPiece when a tensor cannot be recovered at all."""
+        `self.state` at once); `tensor(name, v)` fetches one tensor for a repair (default: rebuilt
+        from the store; an engine asks the trainer's origin, which also holds the latest version
+        itself). A version that cannot be rebuilt at all (the store's own copy of its delta is
+        damaged, and the trainer has moved on) is skipped: the replica jumps to the latest version,
+        fetching the tensors that differ. Raises MissingPiece when even that fails."""
         t0 = time.perf_counter()
         head = store.head()
         target = head["latest"] if target is None else target
         fetch = fetch or store.delta_bytes
         apply = apply or (lambda p: p.apply(self.state))
+        tensor = tensor or store.tensor
         rep = SyncReport(self.version)
         if self.version < head["snapshot"]:  # our next deltas were garbage-collected
-            self._jump(store, head["snapshot"], apply, rep)
-        for v in range(self.version + 1, target + 1):
+            self._step(self._jump(store, head["snapshot"], tensor, rep), apply)
+        while self.version < target:
+            v = self.version + 1
             try:
-                blob = fetch(v)
-                patch, failed = prepare_patch(self.state, self.crcs, blob)
-                rep.deltas += 1
-                rep.delta_bytes += len(blob)
-            except (MissingPiece, codec.DeltaError):  # missing link, or a header beyond use
-                patch, failed = self._patch_from_manifest(store, v)
-            _repair(store, patch, failed, rep)
-            apply(patch)
-            self.crcs = patch.crcs
-            self.version = v
+                patch = self._next(store, v, fetch, tensor, rep)
+            except MissingPiece:
+                latest = store.head()["latest"]
+                if latest <= v:
+                    raise
+                patch = self._jump(store, latest, tensor, rep)
+                target = max(target, latest)
+            self._step(patch, apply)
         rep.version = self.version
         rep.seconds = time.perf_counter() - t0
         return rep
+
+    def _step(self, patch: Patch, apply: Callable[[Patch], None]) -> None:
+        apply(patch)
+        self.crcs, self.version = patch.crcs, patch.version
+
+    def _next(self, store: Store, v: int, fetch: Callable[[int], bytes], tensor: Callable[[str, int], Tensor],
+              rep: SyncReport) -> Patch:
+        """The verified patch to version v: delta v, with what it fails to deliver repaired."""
+        try:
+            blob = fetch(v)
+            patch, failed = prepare_patch(self.state, self.crcs, blob)
+            rep.deltas += 1
+            rep.delta_bytes += len(blob)
+        except (MissingPiece, codec.DeltaError):  # missing link, or a header beyond use
+            patch, failed = self._patch_from_manifest(store, v)
+        _repair(tensor, patch, failed, rep)
+        return patch
 
     def _patch_from_manifest(self, store: Store, v: int) -> tuple[Patch, list[str]]:
         """Without delta v: its manifest says which tensors changed; all of them need fetching."""
@@ -165,17 +189,17 @@ class Replica:
         failed = [k for k, c in crcs.items() if self.crcs.get(k) != c]
         return Patch(v, crcs=crcs, drop=[k for k in self.state if k not in crcs]), failed
 
-    def _jump(self, store: Store, v: int, apply: Callable[[Patch], None], rep: SyncReport) -> None:
+    def _jump(self, store: Store, v: int, tensor: Callable[[str, int], Tensor], rep: SyncReport) -> Patch:
+        """Straight to version v: only the tensors whose checksum differs from ours, fetched whole."""
         patch, failed = self._patch_from_manifest(store, v)
-        _repair(store, patch, failed, rep)
-        apply(patch)
-        self.crcs, self.version = patch.crcs, v
+        _repair(tensor, patch, failed, rep)
+        return patch
 
 
-def _repair(store: Store, patch: Patch, names: list[str], rep: SyncReport) -> None:
+def _repair(tensor: Callable[[str, int], Tensor], patch: Patch, names: list[str], rep: SyncReport) -> None:
     """Fetch each named tensor at the patch's version, whole, into the patch."""
     for name in names:
-        t = store.tensor(name, patch.version)
+        t = tensor(name, patch.version)
         patch.replace[name] = Tensor(t.dtype, t.shape, t.data.copy())  # writable for later patches
         rep.repaired.append(f"v{patch.version}:{name}")
         rep.repaired_bytes += t.nbytes

@@ -8,7 +8,7 @@ Layout under the root (a local directory, or any `fsspec` URL such as `s3://buck
     deltas/00000007.delta          version 6 -> 7 (`codec` format)
     manifests/00000007.json        version, base version, bytes, per-tensor [dtype, shape, crc32]
 
-The trainer side is `Publisher.publish(state)`. A receiver at version u reaches v with
+The trainer side is `Publisher.publish(state, version)`. A receiver at version u reaches v with
 `advance`, applying deltas u+1..v. A damaged piece never costs a whole model: a delta that
 is missing, truncated or corrupt is repaired by fetching just the tensors it failed to
 deliver, each rebuilt at full precision by `Store.tensor` from the snapshot and that tensor's
@@ -19,6 +19,7 @@ behind it jump by fetching only the tensors whose checksums differ from theirs.
 
 import json
 import struct
+import threading
 from dataclasses import dataclass, field
 
 import fsspec
@@ -180,34 +181,49 @@ class Store:
 
     # -- writing
 
-    def put_snapshot(self, state: StateDict, crcs: dict[str, int], version: int) -> None:
+    def put_snapshot(self, state: StateDict, crcs: dict[str, int], version: int) -> int:
+        """Write version's snapshot; returns its size."""
         blob = to_bytes(state)
         self._write(self._snapshot_path(version), blob)
         self._write(self._manifest_path(version), manifest_of(state, crcs, version, None, len(blob)).to_json())
+        return len(blob)
 
     def put_delta(self, blob: bytes, manifest: Manifest) -> None:
         self._write(self._delta_path(manifest.version), blob)
         self._write(self._manifest_path(manifest.version), manifest.to_json())
 
+    def clear(self) -> None:
+        """Remove every piece of a previous chain (only the store's own files under the root)."""
+        for part in ("HEAD.json", "snapshots", "deltas", "manifests"):
+            if self.fs.exists(self._path(part)):
+                self.fs.rm(self._path(part), recursive=True)
+
     def set_head(self, latest: int, snapshot: int) -> None:
         self._write(self._path("HEAD.json"), json.dumps({"latest": latest, "snapshot": snapshot}).encode())
 
-    def gc(self, keep_from: int) -> None:
+    def state(self, v: int) -> StateDict:
+        """Every tensor at version v (the snapshot and the chain up to v)."""
+        return self.tensors(sorted(self.manifest(v).tensors), v)
+
+    def gc(self, keep_from: int, state: StateDict | None = None) -> None:
         """Make `keep_from` the oldest version: fold deltas up to it into a snapshot (in the
-        store, not shipped anywhere) and delete everything older."""
+        store, not shipped anywhere) and delete everything older. `state`: version
+        `keep_from`'s tensors when the caller holds them (nothing is decoded then)."""
         head = self.head()
         old = head["snapshot"]
         if keep_from <= old:
             return
         if keep_from > head["latest"]:
             raise ValueError(f"cannot keep from {keep_from}: latest is {head['latest']}")
-        state = self.snapshot(old)
-        for w in range(old + 1, keep_from + 1):
-            state = codec.decode(state, self.delta_bytes(w), check_base=False)
+        if state is None:
+            state = self.snapshot(old)
+            for w in range(old + 1, keep_from + 1):
+                state = codec.decode(state, self.delta_bytes(w), check_base=False)
         self.put_snapshot(state, self.manifest(keep_from).crcs(), keep_from)
         self.set_head(head["latest"], keep_from)
         for w in range(old, keep_from):
-            self.fs.rm(self._manifest_path(w))
+            if self.fs.exists(self._manifest_path(w)):
+                self.fs.rm(self._manifest_path(w))
             if self.fs.exists(self._delta_path(w + 1)):  # a lost delta is simply already gone
                 self.fs.rm(self._delta_path(w + 1))
         self.fs.rm(self._snapshot_path(old))
@@ -215,25 +231,58 @@ class Store:
 
 @dataclass
 class Publisher:
-    """The trainer's side: publish each new bf16 state as a delta against the previous one."""
+    """The trainer's side: `publish(state, version)` writes each new bf16 state as a delta against the
+    previous one (`full=True`: every tensor whole, in the same file format, so receivers take the
+    same path). The first version published, or the first after `restart`, is the snapshot."""
 
     store: Store
+    full: bool = False
     state: StateDict | None = None
     crcs: dict[str, int] = field(default_factory=dict)
     version: int = -1
+    nbytes: int = 0  # size of the last file written (the snapshot, or a delta)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # `latest()` pairs state with version
 
-    def publish(self, state: StateDict) -> int:
+    def restart(self) -> None:
+        """Start a new chain: the next version published becomes the store's snapshot (after a
+        resume, the trainer's restored weights)."""
+        with self.lock:
+            self.state, self.crcs, self.version = None, {}, -1
+
+    def latest(self) -> tuple[int, StateDict]:
+        """The last version published and its tensors (the trainer's own copy)."""
+        with self.lock:
+            return self.version, self.state or {}
+
+    def publish(self, state: StateDict, version: int | None = None) -> int:
+        """Write `state` as `version` (default: the next one); returns the version."""
+        version = self.version + 1 if version is None else version
+        assert version > self.version, f"version {version} published after {self.version}"
         crcs = {k: t.crc32() for k, t in state.items()}
         if self.state is None:
-            self.version = 0
-            self.store.put_snapshot(state, crcs, 0)
-            self.store.set_head(0, 0)
+            self.store.clear()
+            self.nbytes = self.store.put_snapshot(state, crcs, version)
+            self.store.set_head(version, version)
         else:
-            self.version += 1
-            blob = codec.encode(self.state, state, version=self.version, base_version=self.version - 1,
+            assert version == self.version + 1, f"a delta takes {self.version} to {self.version + 1}, not {version}"
+            blob = codec.encode({} if self.full else self.state, state, version=version, base_version=self.version,
                                 base_crcs=self.crcs, new_crcs=crcs)
-            self.store.put_delta(blob, manifest_of(state, crcs, self.version, self.version - 1, len(blob)))
-            self.store.set_head(self.version, self.store.head()["snapshot"])
-        self.state = {k: Tensor(t.dtype, t.shape, t.data.copy()) for k, t in state.items()}
-        self.crcs = crcs
-        return self.version
+            self.store.put_delta(blob, manifest_of(state, crcs, version, self.version, len(blob)))
+            self.store.set_head(version, self.store.head()["snapshot"])
+            self.nbytes = len(blob)
+        kept = {k: Tensor(t.dtype, t.shape, t.data.copy()) for k, t in state.items()}
+        with self.lock:
+            self.state, self.crcs, self.version = kept, crcs, version
+        return version
+
+    def gc(self, keep: int) -> None:
+        """Keep at most 2 * `keep` deltas behind the latest version (0: all), folding the oldest
+        into the snapshot `keep` at a time. A chain the store can no longer fold (one of its own
+        deltas damaged or lost) is cut at the latest version, from the trainer's own copy:
+        receivers behind it then fetch only the tensors that differ."""
+        if keep == 0 or self.version - self.store.head()["snapshot"] < 2 * keep:
+            return
+        try:
+            self.store.gc(self.version - keep)
+        except (MissingPiece, codec.DeltaError):
+            self.store.gc(self.version, state=self.state)

@@ -1,0 +1,137 @@
+"""The trainer as a runtime hosts it. Each publishes every version itself, through its own
+`TrainerSync` (the delta is encoded in the trainer's process, stored and served by its origin):
+
+- `LocalTrainer`: in the calling process (one core, tests; the Ray trainer actor holds one).
+- `TrainerProcess`: a `LocalTrainer` in a spawned child process, the same calls over a pipe.
+  Weights never cross the pipe: what comes back is metrics rows and checkpoints, and
+  `reply_bytes` counts it per call.
+"""
+
+import multiprocessing
+import pickle
+from collections import Counter
+
+import torch
+
+from strop.config import Config
+from strop.rl.advantages import Sample
+from strop.rl.trainer import RLTrainer
+from strop.sync.publisher import TrainerSync
+
+
+def trainer_sync(cfg: Config, store_url: str, host: str = "127.0.0.1") -> TrainerSync:
+    """The trainer's end of the weight transport, as `[sync]` configures it."""
+    s = cfg.sync
+    return TrainerSync(store_url, full=s.type == "full", keep_deltas=s.keep_deltas,
+                       wan_bytes_per_s=s.wan_mb_s * 1e6 or None, host=host)
+
+
+class LocalTrainer:
+    """An `RLTrainer` publishing through `sync`, with the calls a runtime makes."""
+
+    def __init__(self, trainer: RLTrainer, sync: TrainerSync):
+        self.trainer, self.sync, self.origin_url = trainer, sync, sync.origin_url
+        trainer.publish = sync.publish
+
+    @property
+    def version(self) -> int:
+        return self.trainer.version
+
+    def step(self, samples: list[Sample]) -> dict:
+        """One optimizer step; the new version is published before this returns."""
+        return self.trainer.step(samples)
+
+    def publish(self) -> None:
+        """Publish the current weights (the first version a runtime starts from)."""
+        self.sync.publish(self.trainer.version, self.trainer.bf16_state_dict())
+
+    def state_dict(self) -> dict:
+        return self.trainer.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Load a checkpoint and publish its weights as the start of a new chain."""
+        self.trainer.load_state_dict(state)
+        self.sync.restart()
+        self.publish()
+
+    def bf16_state_dict(self) -> dict[str, torch.Tensor]:
+        return self.trainer.bf16_state_dict()
+
+    def sync_stats(self) -> dict:
+        return self.sync.stats()
+
+    def close(self) -> None:
+        self.sync.close()
+
+
+def _trainer_main(conn, cfg: Config, policy_dir: str, replay_ctx, pad_id: int, cpus: frozenset[int] | None,
+                  store_url: str) -> None:
+    """The child process of `TrainerProcess`: a `LocalTrainer` answering (method, arguments) messages."""
+    from strop.memory import retain_freed_memory
+    from strop.model.policy import load_model
+    from strop.runtime.inline import pin
+    from strop.threads import set_threads
+
+    set_threads(1)
+    pin(cpus)
+    # A step allocates and frees the same activations every time; handed back to the kernel
+    # between steps, they are faulted in afresh on the next (and in a VM, freed pages idle for a
+    # second or two are returned to the host, which makes those faults slow): keep them.
+    retain_freed_memory()
+    local = LocalTrainer(RLTrainer(load_model(policy_dir), cfg.rl, pad_id=pad_id, replay_ctx=replay_ctx),
+                         trainer_sync(cfg, store_url))
+    _send(conn, local.origin_url)
+    try:
+        while (msg := pickle.loads(conn.recv_bytes())) is not None:
+            call, args = msg
+            _send(conn, (getattr(local, call)(*args), local.version))
+    finally:
+        local.close()
+
+
+def _send(conn, obj) -> None:
+    conn.send_bytes(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+class TrainerProcess:
+    """A `LocalTrainer` in a child process (spawned, pinned to `cpus`), with the same calls."""
+
+    def __init__(self, cfg: Config, policy_dir: str, replay_ctx, pad_id: int, cpus: frozenset[int] | None,
+                 store_url: str):
+        ctx = multiprocessing.get_context("spawn")  # never fork a process that runs torch threads
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_trainer_main, args=(child, cfg, policy_dir, replay_ctx, pad_id, cpus, store_url),
+                                name="strop-trainer", daemon=True)
+        self.proc.start()
+        self.origin_url = pickle.loads(self.conn.recv_bytes())
+        self.version = 0
+        self.reply_bytes: Counter = Counter()  # call -> bytes that came back over the pipe
+
+    def _call(self, call: str, *args):
+        _send(self.conn, (call, args))
+        data = self.conn.recv_bytes()
+        self.reply_bytes[call] += len(data)
+        result, self.version = pickle.loads(data)
+        return result
+
+    def step(self, samples: list[Sample]) -> dict:
+        return self._call("step", samples)
+
+    def publish(self) -> None:
+        self._call("publish")
+
+    def state_dict(self) -> dict:
+        return self._call("state_dict")
+
+    def load_state_dict(self, state: dict) -> None:
+        self._call("load_state_dict", state)
+
+    def bf16_state_dict(self) -> dict[str, torch.Tensor]:
+        return self._call("bf16_state_dict")
+
+    def sync_stats(self) -> dict:
+        return self._call("sync_stats")
+
+    def close(self) -> None:
+        _send(self.conn, None)
+        self.proc.join(timeout=30)
