@@ -20,6 +20,8 @@ def run_cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
     (["eval", "midtrain", "--checkpoint", "/tmp"], "not a model directory"),
     (["eval", "policy", "--policy", "/tmp"], "no policy at"),
     (["bench", "async", "--repeats", "0"], "at least 1"),
+    (["bench", "engine", "--repeats", "0"], "at least 1"),
+    (["bench", "mismatch", "--repeats", "0"], "at least 1"),
     (["frobnicate"], "unknown command"),
 ])
 def test_user_mistakes_exit_2_with_one_line(args, needle, tmp_path):

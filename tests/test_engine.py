@@ -113,7 +113,8 @@ def _nucleus_reference(probs, top_p):
 
 
 def test_top_p_sampler_keeps_the_sorted_nucleus():
-    from strop.engine import kernels, sampling
+    from strop import kernels
+    from strop.engine import sampling
 
     gen = torch.Generator().manual_seed(0)
     samplers = [sampling._sample_torch] + ([kernels.sample_top_p] if kernels.available() else [])
@@ -136,57 +137,6 @@ def test_top_p_sampler_keeps_the_sorted_nucleus():
         assert (freq - want).abs().max() < 0.01
 
 
-def test_kernels_match_torch():
-    from strop.engine import kernels
-
-    if not kernels.available():
-        pytest.skip("no C compiler")
-    gen = torch.Generator().manual_seed(0)
-    for d in (32, 64, 16):  # head widths with their own inlined kernel, and the generic one
-        kc, vc = torch.randn(4, 2, 96, d, generator=gen), torch.randn(4, 2, 96, d, generator=gen)
-        q, slots, pos = torch.randn(3, 4, d, generator=gen), torch.tensor([0, 2, 3]), torch.tensor([5, 40, 95])
-        out = kernels.decode_attention(q, kc, vc, slots, pos, 0.2)
-        for i in range(3):  # one query row against its slot's keys 0..pos
-            T = int(pos[i]) + 1
-            ref = torch.nn.functional.scaled_dot_product_attention(q[i][None, :, None], kc[slots[i]][None, :, :T],
-                                                                   vc[slots[i]][None, :, :T], scale=0.2, enable_gqa=True)
-            assert torch.allclose(out[i], ref[0, :, 0], atol=1e-5)
-
-    class Experts(torch.nn.Module):
-        gate_up_proj = torch.randn(8, 64, 64, generator=gen) * 0.1
-        down_proj = torch.randn(8, 64, 32, generator=gen) * 0.1
-
-    ex = Experts()
-    for n in (1, 5, 40):  # one row per expert, pairs, groups of four
-        x, w = torch.randn(n, 64, generator=gen), torch.rand(n, 2, generator=gen)
-        ids = torch.stack([torch.randperm(8, generator=gen)[:2] for _ in range(n)])
-        gate, up = torch.einsum("nkih,nh->nki", ex.gate_up_proj[ids], x).chunk(2, -1)
-        ref = (torch.einsum("nkhi,nki->nkh", ex.down_proj[ids], torch.nn.functional.silu(gate) * up) * w[..., None]).sum(1)
-        assert torch.allclose(kernels.moe_experts(x, ids, w, *kernels.pack_experts(ex)), ref, atol=1e-5)
-
-    # weights that are bf16 values (as the trainer ships them) pack as bf16, with the very same result bits
-    Experts.gate_up_proj = Experts.gate_up_proj.bfloat16().float()
-    Experts.down_proj = Experts.down_proj.bfloat16().float()
-    packed16 = kernels.pack_experts(ex)
-    assert packed16[0].dtype == torch.bfloat16 and packed16[1].dtype == torch.bfloat16
-    packed32 = tuple(t.float() for t in packed16)
-    for n in (1, 5, 40):
-        x, w = torch.randn(n, 64, generator=gen), torch.rand(n, 2, generator=gen)
-        ids = torch.stack([torch.randperm(8, generator=gen)[:2] for _ in range(n)])
-        assert torch.equal(kernels.moe_experts(x, ids, w, *packed16), kernels.moe_experts(x, ids, w, *packed32))
-
-    for V in (4096, 100):  # the sampler's softmax, with and without a tail past whole 32-blocks
-        x = torch.randn(3, V, generator=gen) * 4
-        assert torch.allclose(kernels.softmax(x), torch.softmax(x, -1), rtol=1e-5, atol=0)
-
-    head = torch.randn(96, 64, generator=gen)  # the output head: packed only when its values are bf16
-    assert kernels.pack_head(head) is None
-    head = head.bfloat16().float()
-    for n in (1, 2, 3, 5, 6, 11, 16):  # every row-tile shape of the matrix kernels
-        x = torch.randn(n, 64, generator=gen)
-        assert torch.allclose(kernels.head_logits(x, kernels.pack_head(head)), x @ head.T, atol=1e-4)
-
-
 def test_weight_update_refreshes_packed_weights(tiny_moe, tiny_tokenizer):
     eng = Engine(tiny_moe, tiny_tokenizer, max_batch=2, max_len=64)
     p = _prompts(tiny_tokenizer, 1)[0]
@@ -204,22 +154,28 @@ def test_weight_update_refreshes_packed_weights(tiny_moe, tiny_tokenizer):
 
 
 @pytest.mark.parametrize("bf16_values", [False, True])
-def test_decode_step_matches_layer_by_layer(tiny_moe, tiny_tokenizer, bf16_values):
-    from strop.engine import kernels
+def test_one_call_step_equals_the_kernels_one_by_one(tiny_moe, tiny_tokenizer, bf16_values):
+    """The C step (qwen3_moe) chains the kernels `strop.model.deterministic` calls one at a time:
+    the same bits for prefills, decode rows and a mix of both, with weights packed as bf16 (values
+    that are bf16, as an RL engine holds them) or fp32."""
+    from strop import kernels
     from strop.engine.forward import Forward, Segment
 
     if not kernels.available():
         pytest.skip("no C compiler")
-    if bf16_values:  # as an RL engine holds them: bf16 experts and a packed bf16 head
+    if bf16_values:
         with torch.no_grad():
             for p in tiny_moe.parameters():
                 p.copy_(p.bfloat16().float())
     fw = Forward(tiny_moe, max_slots=4, max_len=64)
-    assert fw._step is not None and fw._step.has_head == bf16_values
+    assert fw._step is not None
     prompts = _prompts(tiny_tokenizer, 3)
-    fw([Segment(s, 0, p) for s, p in zip((0, 2, 3), prompts)])
-    segments = [Segment(s, len(p), [7 + s]) for s, p in zip((0, 2, 3), prompts)]
-    logits, ids = fw(segments)  # one C call
-    fw._step = None
-    ref_logits, ref_ids = fw(segments)  # kernel by kernel, the router in torch (rewrites the same cache rows)
-    assert torch.allclose(logits, ref_logits, atol=1e-5) and torch.equal(ids, ref_ids)
+    batches = [[Segment(s, 0, p) for s, p in zip((0, 2, 3), prompts)],
+               [Segment(s, len(p), [7 + s]) for s, p in zip((0, 2, 3), prompts)],
+               [Segment(0, len(prompts[0]) + 1, [9]), Segment(1, 0, prompts[1] + [5, 6])]]
+    results = []
+    for step in (fw._step, None):  # the same calls, so every call sees the same cache contents
+        fw._step = step
+        results.append([fw(segments) for segments in batches])
+    for (logits, ids), (ref_logits, ref_ids) in zip(*results):
+        assert torch.equal(logits, ref_logits) and torch.equal(ids, ref_ids)

@@ -3,7 +3,7 @@
 Same model, same prompts (windows of held-out stdlib code), same sampling (temperature 1,
 top-p 0.95, a fixed number of new tokens with end tokens ignored: 256, or 64 with `--quick`),
 batch sizes 1, 16 and 64; both timings include prefill; HF `generate` runs with its default
-KV cache. Each side reports its best of 3 interleaved runs (2 with `--quick`). Both run on one
+KV cache. Each side reports its best of `--repeats` interleaved runs (3; 2 with `--quick`). Both run on one
 torch thread unless `--threads` says otherwise: strop pins each engine to one core (the
 runtimes call `set_threads(1)`), and on a shared 2-core machine a second OpenMP thread slows
 both sides several-fold. Wall-clock tokens/s are the headline; ratios of process CPU time
@@ -12,8 +12,10 @@ demo-size model comes from `--checkpoint` or is randomly initialised at the `Mod
 defaults (speed does not depend on the weights' values), its weights rounded to bf16 values as
 an RL engine holds them (the trainer publishes bf16 snapshots; both sides compute in fp32, and the
 engine streams its expert weights as bf16, which is lossless for such values). The deterministic
-engine is timed as well, which is the cost of batch invariance. Prefix reuse is off here: the
-repeats rerun the same prompts, which HF generate prefills every time.
+engine is timed as well, interleaved with the default one: `det_cost` is the median of the
+repeats' CPU-time ratios (deterministic / default) with their range, the cost of deterministic
+mode. Prefix reuse is off here: the repeats rerun the same prompts, which HF generate prefills
+every time.
 
 `--multi-turn` times agent-style episodes instead: B concurrent episodes (1 and 16) of 4 turns,
 each prompt the previous prompt + its completion + a tool observation, as the harness builds them
@@ -24,6 +26,7 @@ with one round of episodes first, so parked sequences (and the system prompt) ar
 
 import argparse
 import platform
+import statistics
 import time
 
 from strop.bench.table import format_table, write_json
@@ -36,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-len", type=int, default=32, help="prompt tokens per sequence")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads for both sides (default 1, as strop runs engines; 0 = STROP_THREADS or all cores)")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats per batch size (2 with --quick)")
     parser.add_argument("--multi-turn", action="store_true",
                         help="time multi-turn episodes with and without prefix reuse instead of the HF comparison")
     parser.add_argument("--json", help="write results to this JSON file")
@@ -133,7 +137,7 @@ def run_multi_turn(args: argparse.Namespace, model, tok, stream, threads: int) -
     rows, result = [], {"threads": threads, "turns": turns, "new_tokens": new_tokens, "system": system,
                         "instruction": instruction, "observation": obs_len,
                         "model": args.checkpoint or "random demo-size qwen3_moe", "cpu": platform.processor() or platform.machine()}
-    reps = 2 if args.quick else 3
+    reps = 2 if args.quick else args.repeats
 
     def episodes(bs: int, seed: int):
         firsts = [head + p for p in prompts_from(stream, bs, instruction, seed)]
@@ -178,6 +182,10 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from strop.engine.engine import Engine
+    from strop.errors import UserError
+
+    if args.repeats < 1:
+        raise UserError("--repeats must be at least 1")
 
     torch.manual_seed(0)
     new_tokens = 64 if args.quick else args.new_tokens
@@ -197,23 +205,32 @@ def run(args: argparse.Namespace) -> int:
         time_engine(e, warm, 2)
     rows, result = [], {"threads": threads, "new_tokens": new_tokens, "prompt_len": args.prompt_len,
                         "model": args.checkpoint or "random demo-size qwen3_moe", "cpu": platform.processor() or platform.machine()}
-    reps = 2 if args.quick else 3
+    reps = 2 if args.quick else args.repeats
     for bs in (1, 16, 64):
         prompts = prompts_from(stream, bs, args.prompt_len, bs)
         n = bs * new_tokens
-        runs = [(time_hf(model, tok, prompts, new_tokens), time_engine(engines["engine"], prompts, new_tokens),
-                 time_engine(engines["deterministic"], prompts, new_tokens)) for _ in range(reps)]
+        runs = []
+        for rep in range(reps):  # engine and deterministic engine in alternating order: drift hits both alike
+            hf_t = time_hf(model, tok, prompts, new_tokens)
+            first, second = ("engine", "deterministic")[:: 1 if rep % 2 == 0 else -1]
+            t = {first: time_engine(engines[first], prompts, new_tokens)}
+            t[second] = time_engine(engines[second], prompts, new_tokens)
+            runs.append((hf_t, t["engine"], t["deterministic"]))
         # Best of the interleaved repeats, per side and clock: other jobs' bursts hit both sides alike.
         (hf, hf_cpu), (eng, eng_cpu), (det, det_cpu) = (
             (n / min(r[i][0] for r in runs), n / min(r[i][1] for r in runs)) for i in range(3))
-        rows.append({"batch": bs, "hf_tok_s": hf, "engine_tok_s": eng, "ratio": eng / hf, "det_tok_s": det,
-                     "det_slowdown": eng / det, "cpu_ratio": eng_cpu / hf_cpu, "cpu_det_slowdown": eng_cpu / det_cpu})
+        # Deterministic mode's cost: CPU-time ratios of the repeats' interleaved pairs, their median and range.
+        costs = [r[2][1] / r[1][1] for r in runs]
+        rows.append({"batch": bs, "hf_tok_s": hf, "engine_tok_s": eng, "ratio": eng / hf, "cpu_ratio": eng_cpu / hf_cpu,
+                     "det_tok_s": det, "det_cost": statistics.median(costs),
+                     "det_range": f"{min(costs):.3f}-{max(costs):.3f}"})
         result.update({f"hf_tok_s_bs{bs}": hf, f"engine_tok_s_bs{bs}": eng, f"ratio_bs{bs}": eng / hf,
                        f"deterministic_tok_s_bs{bs}": det, f"cpu_ratio_bs{bs}": eng_cpu / hf_cpu,
-                       f"cpu_deterministic_slowdown_bs{bs}": eng_cpu / det_cpu})
+                       f"deterministic_cost_bs{bs}": statistics.median(costs), f"deterministic_costs_bs{bs}": costs})
     print(f"engine vs HF generate: {result['model']}, {new_tokens} new tokens after {args.prompt_len}-token prompts, "
-          f"T=1 top-p 0.95, {threads} threads, {result['cpu']}")
-    print(format_table(rows, ["batch", "hf_tok_s", "engine_tok_s", "ratio", "det_tok_s", "det_slowdown", "cpu_ratio",
-                              "cpu_det_slowdown"]))
+          f"T=1 top-p 0.95, {threads} threads, {result['cpu']}; det_cost: deterministic engine CPU time / default "
+          f"engine's, median [range] of {reps} interleaved repeats")
+    print(format_table(rows, ["batch", "hf_tok_s", "engine_tok_s", "ratio", "cpu_ratio", "det_tok_s", "det_cost",
+                              "det_range"]))
     write_json(args.json, result | {"rows": rows})
     return 0

@@ -1,48 +1,50 @@
 """The engine's own forward pass over a Hugging Face policy's weights, with a slot-indexed KV cache.
 
 It reads the model's parameters in place, so a weight update applied to the model is what the
-next step runs; the derived tensors (fused q/k/v, joint q/k norm weight, the C kernels' packed
-projections and experts, the one-call decode step) are rebuilt by `refresh()`, which the
-engine calls after every update. It mixes prefill and decode rows in one pass: a batch is a list
-of segments (slot, first position, tokens); all token rows share the linear and MoE work, and
-attention runs per kind (one-token decode rows together, prompts of one length together). Past
-the last attention only each segment's final row feeds a logit, so the last MLP runs on those
-rows alone (its router still sees every row, for the routing record). No HF cache objects.
+next step runs; the derived tensors (packed and fused weights, the one-call step) are rebuilt by
+`refresh(names)`, which the engine calls after every update, for the changed tensors only; or
+prepared from the new values before they are written (`prepare`, while the engine keeps
+decoding) and swapped in at the pause (`install`). A batch is a list of segments (slot, first
+position, tokens): decode tokens, whole prompts and prompt suffixes after reused keys, all rows of
+one pass. Past the last attention only each segment's final row feeds a logit, so the last MLP
+runs on those rows alone (its router still sees every row, for the routing record). No HF cache
+objects.
 
-Modes. Default: fused q/k/v GEMM, precomputed RoPE tables, fused RMSNorm, SDPA, `F.grouped_mm`
-experts; in fp32 with the C kernels (`strop.engine.kernels`) a pure decode step of an MoE model
-is one C call (`strop.engine.decode_step`), else one per attention block and MLP. Close to the
-trainer (~1e-6 in logprob, fp32) but not bitwise. Deterministic: the HF modules' own arithmetic
-(HF RMSNorm and rotary code, `strop.model.routing` routers) on `strop.model.deterministic` ops
-(linear, attention, experts, sigmoid, silu); it then equals the trainer's `deterministic_mode`
-forward bit for bit.
+Two paths:
+
+- Kernels (fp32 weights and the C kernels at hand, or `deterministic`): the batch-invariant
+  forward of `strop.model.deterministic` over the KV cache, each row attending to its cached keys
+  0..position; for a softmax-routed MoE (qwen3_moe) the whole pass is one C call
+  (`strop.engine.rows_step`), the same kernels chained in C. A row's numbers depend on its own
+  sequence only — not on the batch, its slot, its neighbours or whether its prefix was reused — so
+  they equal the trainer's under `deterministic_mode` bit for bit. Activations are fp32.
+- Torch (no compiler, or non-fp32 weights without `deterministic`): fused q/k/v GEMM, precomputed
+  RoPE tables, fused RMSNorm, SDPA, `F.grouped_mm` experts; close to the trainer but not bitwise.
 """
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 
-from strop.engine import kernels
-from strop.engine.decode_step import DecodeStep
-from strop.engine.decode_step import Layer as DecodeLayer
+from strop import kernels
+from strop.engine import rows_step
 from strop.model import deterministic as det
+from strop.model import kernel_ops
 from strop.model.routing import moe_blocks, route, router_logits, routing_dtype
 
 
 @dataclass
 class Derived:
-    """Derived weights of the parameters `names` (None: all), by module id, from `Forward.prepare`."""
+    """The derived weights of the tensors `changed` (ids; None: every tensor), from `Forward.prepare`."""
 
-    names: Collection[str] | None
-    fused: dict = field(default_factory=dict)
+    changed: set[int] | None
+    fused: dict = field(default_factory=dict)  # torch path, by attention module id
     qkv_sizes: dict = field(default_factory=dict)
     qk_norm: dict = field(default_factory=dict)
-    blocked: dict = field(default_factory=dict)
-    packed: dict = field(default_factory=dict)
-    head: tuple = ()  # (packed head or None,) when it was rebuilt
+    step: rows_step.StepPacks | None = None  # kernel path: the C step's packs (new for the changed layers)
+    packs: dict = field(default_factory=dict)  # kernel path: `kernel_ops`' kept packs of changed tensors, rebuilt
 
 
 @dataclass
@@ -54,7 +56,7 @@ class Segment:
 
 @dataclass
 class _Plan:
-    """Index tensors for one call, built once and shared by every layer."""
+    """Index tensors for one call of the torch path, built once and shared by every layer."""
 
     positions: torch.Tensor  # [N]
     slots: torch.Tensor  # [N]
@@ -65,7 +67,21 @@ class _Plan:
     all_decode: bool  # every row is a decode row, in order
     prefills: list[tuple[int, int, int, int]]  # (first row, tokens, slot, start position)
     ends: torch.Tensor | None  # each segment's last row (None when every row is one)
-    groups: list[torch.Tensor]  # fast path: [G, n] rows of G prefills of n tokens from position 0
+    groups: list[torch.Tensor]  # [G, n] rows of G prefills of n tokens from position 0
+
+
+def _rows(segments: list[Segment]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(tokens, slots, positions) per row and each segment's last row, as int64 tensors."""
+    tokens = [t for s in segments for t in s.tokens]
+    if len(tokens) == len(segments):  # a pure decode step
+        return (torch.tensor(tokens), torch.tensor([s.slot for s in segments]),
+                torch.tensor([s.start for s in segments]), torch.arange(len(segments)))
+    lens = torch.tensor([len(s.tokens) for s in segments])
+    slots = torch.repeat_interleave(torch.tensor([s.slot for s in segments]), lens)
+    ends = lens.cumsum(0) - 1
+    positions = torch.arange(len(tokens)) - torch.repeat_interleave(ends - lens + 1, lens)
+    positions += torch.repeat_interleave(torch.tensor([s.start for s in segments]), lens)
+    return torch.tensor(tokens), slots, positions, ends
 
 
 class Forward:
@@ -74,46 +90,36 @@ class Forward:
     def __init__(self, model, max_slots: int, max_len: int, deterministic: bool = False):
         self.model, self.cfg = model, model.config
         self.arch = self.cfg.model_type
-        if self.arch not in ("qwen3_moe", "qwen3", "deepseek_v3"):
+        if self.arch not in det.ARCHITECTURES:
             raise ValueError(f"the engine does not implement the {self.arch} architecture")
-        self.deterministic = deterministic
-        if deterministic and self.cfg.hidden_act != "silu":
-            raise ValueError(f"deterministic mode computes silu activations only, not {self.cfg.hidden_act}")
-        self.lin = det.linear if deterministic else F.linear
-        # The lean path: precomputed RoPE tables, joint q/k norm and rotation, batched prefill attention.
-        self.fast = not deterministic and self.arch != "deepseek_v3"
-        # ... and in fp32 the C kernels: fused residual+norm, q/k norm+rotation+cache write, decode attention.
+        if deterministic:
+            det.check_supported(model)
         dtype = next(model.parameters()).dtype
-        d = getattr(model.model.layers[0].self_attn, "head_dim", 1)
-        self.native = (self.fast and dtype == torch.float32 and d % 8 == 0 and self.cfg.hidden_size % 8 == 0
-                       and kernels.available())
+        self.kernel_path = deterministic or (dtype == torch.float32 and det.unsupported(model) is None)
         self.max_slots, self.max_len = max_slots, max_len
-        # Deterministic attention reads whole blocks of keys; rows past a query are masked anyway.
-        self.cache_len = -(-max_len // det.BLOCK) * det.BLOCK
         self.blocks = moe_blocks(model)
-        self.moe_index = {id(b): i for i, b in enumerate(self.blocks)}
         self.num_experts = self.blocks[0].gate.num_experts if self.blocks else 0
-        dtype = next(model.parameters()).dtype
+        cache_dtype = torch.float32 if self.kernel_path else dtype
         self.k_cache, self.v_cache = [], []
         for layer in model.model.layers:
             heads, dk, dv = self._kv_shape(layer.self_attn)
-            self.k_cache.append(torch.zeros(max_slots, heads, self.cache_len, dk, dtype=dtype))
-            self.v_cache.append(torch.zeros(max_slots, heads, self.cache_len, dv, dtype=dtype))
-        if self.arch == "deepseek_v3":
-            from transformers.models.deepseek_v3 import modeling_deepseek_v3 as m
-
-            self._rope = m.apply_rotary_pos_emb_interleave if self.cfg.rope_interleave else m.apply_rotary_pos_emb
-        else:
-            from transformers.models.qwen3_moe.modeling_qwen3_moe import apply_rotary_pos_emb
-
-            self._rope = apply_rotary_pos_emb
+            self.k_cache.append(torch.zeros(max_slots, heads, max_len, dk, dtype=cache_dtype))
+            self.v_cache.append(torch.zeros(max_slots, heads, max_len, dv, dtype=cache_dtype))
+        # The torch path's lean version (not DeepSeek's MLA): precomputed RoPE tables, joint q/k norm
+        # and rotation, batched prefill attention.
+        self.fast = not self.kernel_path and self.arch != "deepseek_v3"
         if self.fast:  # cos and sin for every position, the rotate-half sign folded into sin
             with torch.no_grad():
-                cos, sin = model.model.rotary_emb(torch.zeros(1, dtype=dtype), torch.arange(self.cache_len)[None])
+                cos, sin = model.model.rotary_emb(torch.zeros(1, dtype=dtype), torch.arange(max_len)[None])
             half = cos.shape[-1] // 2
             sign = torch.cat([-torch.ones(half), torch.ones(half)]).to(dtype)
             self._cos, self._sin = cos[0][:, None, :].contiguous(), (sin[0] * sign)[:, None, :].contiguous()
-        self._prefixes = {id(m): f"{name}." for name, m in model.named_modules()}  # for refresh(names)
+        # every tensor by name, tied ones under each of their names (as the engine names them)
+        self._named = {**dict(model.named_parameters(remove_duplicate=False)),
+                       **dict(model.named_buffers(remove_duplicate=False))}
+        self._fits_step = self.kernel_path and rows_step.fits(model)
+        self._packs: rows_step.StepPacks | None = None
+        self._fused, self._qkv_sizes, self._qk_norm, self._step = {}, {}, {}, None
         self.refresh()
 
     def _kv_shape(self, attn) -> tuple[int, int, int]:
@@ -122,111 +128,107 @@ class Forward:
         return self.cfg.num_key_value_heads, attn.head_dim, attn.head_dim
 
     def refresh(self, names: Collection[str] | None = None) -> None:
-        """Rebuild the weights derived from the model's (fused q/k/v, the kernels' packed layouts, the
-        one-call decode step); call after changing weights. `names`: the parameters that changed
-        (`named_parameters` names); only their derived weights are rebuilt. None: all of them."""
+        """Rebuild the weights derived from the model's; call after changing weights. `names`: the
+        tensors that changed (`named_parameters` / `named_buffers` names); only their derived weights
+        are rebuilt. None: all of them."""
         self.install(self.prepare(names))
 
     def prepare(self, names: Collection[str] | None = None, weights: Mapping[str, torch.Tensor] | None = None) -> Derived:
-        """The derived weights of the parameters `names` (None: all), computed from `weights` (new
-        values by parameter name, the model's dtype; the model's own tensors for the rest) without
-        changing what this forward runs: an engine prepares an update's repacking while it keeps
-        decoding, writes the new values into the model, and `install`s these at the same pause."""
-        weights = weights or {}
+        """The derived weights of the tensors `names` (None: all), computed from `weights` (new values
+        by name, the model's dtype; the model's own tensors for the rest) without changing what this
+        forward runs: an engine prepares an update's repacking while it keeps decoding, writes the new
+        values into the model, and `install`s these at the same pause."""
+        for n in (*(names or ()), *(weights or {})):
+            if n not in self._named:
+                raise ValueError(f"weight {n!r}: no such tensor in the model")
+        changed = None if names is None else {id(self._named[n]) for n in names}
+        new = {id(self._named[n]): t for n, t in (weights or {}).items()}
 
-        def get(module, attr: str) -> torch.Tensor:
-            return weights.get(self._prefixes[id(module)] + attr, getattr(module, attr))
+        def get(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else new.get(id(t), t)
 
-        def changed(module) -> bool:
-            prefix = self._prefixes[id(module)]
-            return names is None or any(n.startswith(prefix) for n in names)
-
-        out = Derived(names)
-        if self.deterministic or self.arch == "deepseek_v3":
+        out = Derived(changed)
+        if self.kernel_path:
+            if self._fits_step:
+                out.step = rows_step.pack(self.model, self.max_len, changed, new, None if changed is None else self._packs)
+            if changed is not None:
+                out.packs = kernel_ops.repack(changed, new)
+            return out
+        if not self.fast:
             return out
         with torch.no_grad():
             for layer in self.model.model.layers:
                 a = layer.self_attn
-                if not changed(a):
+                if not rows_step.reads(a, changed):
                     continue
                 projs = (a.q_proj, a.k_proj, a.v_proj)
-                w = torch.cat([get(p, "weight") for p in projs])
-                b = torch.cat([get(p, "bias") for p in projs]) if a.q_proj.bias is not None else None
+                w = torch.cat([get(p.weight) for p in projs])
+                b = torch.cat([get(p.bias) for p in projs]) if a.q_proj.bias is not None else None
                 out.fused[id(a)] = (w, b)
                 out.qkv_sizes[id(a)] = [p.weight.shape[0] for p in projs]
                 heads, kv_heads = a.q_proj.weight.shape[0] // a.head_dim, a.k_proj.weight.shape[0] // a.head_dim
-                out.qk_norm[id(a)] = torch.cat([get(a.q_norm, "weight").expand(heads, -1),
-                                                get(a.k_norm, "weight").expand(kv_heads, -1)])
-                if self.native and w.shape[0] % 32 == 0 and a.o_proj.weight.shape[0] % 32 == 0:  # one C call per decode block
-                    o_bias = get(a.o_proj, "bias") if a.o_proj.bias is not None else None
-                    out.blocked[id(a)] = ((kernels.pack_linear(w), b), (kernels.pack_linear(get(a.o_proj, "weight")), o_bias))
-            for block in self.blocks:
-                e = block.experts
-                if changed(e) and self._kernel_fits(e):
-                    out.packed[id(e)] = kernels.pack_experts(SimpleNamespace(gate_up_proj=get(e, "gate_up_proj"),
-                                                                             down_proj=get(e, "down_proj")))
-            if self.native and changed(self.model.lm_head):
-                out.head = (kernels.pack_head(get(self.model.lm_head, "weight")),)
+                out.qk_norm[id(a)] = torch.cat([get(a.q_norm.weight).expand(heads, -1),
+                                                get(a.k_norm.weight).expand(kv_heads, -1)])
         return out
 
     def install(self, derived: Derived) -> None:
-        """Make prepared derived weights the ones this forward runs (and rebuild the decode step)."""
-        det.forget_conversions()  # updates may write through numpy views, unseen by version counters
-        if derived.names is None:
-            self._fused, self._qkv_sizes, self._packed, self._qk_norm, self._blocked = {}, {}, {}, {}, {}
-            self._head = None
-        for mine, new in ((self._fused, derived.fused), (self._qkv_sizes, derived.qkv_sizes), (self._qk_norm, derived.qk_norm),
-                          (self._blocked, derived.blocked), (self._packed, derived.packed)):
+        """Make prepared derived weights the ones this forward runs (after their new values were
+        written into the model): a dictionary update and, on the kernel path, a new pointer table for
+        the C step."""
+        if derived.changed is None:
+            kernel_ops.forget_packs()  # updates may write through numpy views, unseen by version counters
+            self._fused, self._qkv_sizes, self._qk_norm = {}, {}, {}
+        else:
+            kernel_ops.install_packs(derived.packs, derived.changed)
+        for mine, new in ((self._fused, derived.fused), (self._qkv_sizes, derived.qkv_sizes),
+                          (self._qk_norm, derived.qk_norm)):
             mine.update(new)
-        if derived.head:
-            (self._head,) = derived.head
-        self._step = self._decode_step() if self.native else None
+        if derived.step is not None:
+            self._packs = derived.step
+            self._step = rows_step.RowsStep(self.model, self.k_cache, self.v_cache, derived.step)
 
-    def _decode_step(self) -> DecodeStep | None:
-        """The one-call C decode step over every layer's weights, resolved once (nn.Module attribute
-        lookups cost microseconds each, hundreds per step): None unless every layer has its attention
-        block packed and a packed, softmax-routed MoE without shared experts."""
-        inner, layers = self.model.model, []
-        for li, layer in enumerate(inner.layers):
-            a, norm, post, mlp = layer.self_attn, layer.input_layernorm, layer.post_attention_layernorm, layer.mlp
-            packed = self._packed.get(id(getattr(mlp, "experts", None)))
-            if id(a) not in self._blocked or packed is None or hasattr(mlp, "shared_experts"):
-                return None
-            norms = (norm.weight, norm.variance_epsilon, post.weight, post.variance_epsilon, self._qk_norm[id(a)],
-                     a.q_norm.variance_epsilon)
-            layers.append(DecodeLayer(norms, *self._blocked[id(a)], a.scaling, (self.k_cache[li], self.v_cache[li]),
-                                      mlp.gate.weight, mlp.gate.top_k, mlp.gate.norm_topk_prob, packed))
-        return DecodeStep(layers, inner.embed_tokens.weight, (self._cos, self._sin),
-                          (inner.norm.weight, inner.norm.variance_epsilon), self._head, self.max_slots)
+    @torch.inference_mode()
+    def __call__(self, segments: list[Segment]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        for s in segments:
+            assert s.start + len(s.tokens) <= self.max_len, "sequence longer than the KV cache"
+        if self.kernel_path:
+            return self._kernel_forward(segments)
+        return self._torch_forward(segments)
 
-    def _kernel_fits(self, experts) -> bool:
-        """Whether `kernels.moe_experts` computes these experts: fp32, silu, widths a multiple of 32."""
-        E, I2, H = experts.gate_up_proj.shape
-        return (kernels.available() and experts.gate_up_proj.dtype == torch.float32 and self.cfg.hidden_act == "silu"
-                and H % 32 == 0 and I2 % 32 == 0 and I2 % 16 == 0 and not getattr(experts, "has_bias", False))
+    # -- the kernel path ---------------------------------------------------------------------------
 
-    def _norm(self, mod, x):
-        """An HF RMSNorm module: itself in deterministic mode (the trainer's exact ops), else fused."""
-        if self.deterministic:
-            return mod(x)
-        return F.rms_norm(x, mod.weight.shape, mod.weight, mod.variance_epsilon)
+    def _kernel_forward(self, segments: list[Segment]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        tokens, slots, positions, ends = _rows(segments)
+        if self._step is not None:
+            logits, ids = self._step(tokens, slots, positions, ends)
+            return logits, ids.to(routing_dtype(self.num_experts))
+        model, routing = self.model, []
 
-    def _key_len(self, n: int) -> int:
-        """Keys to read for queries up to position n - 1: whole BLOCKs in deterministic mode."""
-        return -(-n // det.BLOCK) * det.BLOCK if self.deterministic else n
+        def attend(li, q, k, v, scale):  # write the rows' keys, then every row reads its own 0..position
+            kc, vc = self.k_cache[li], self.v_cache[li]
+            kc[slots, :, positions] = k
+            vc[slots, :, positions] = v
+            return kernels.attention(q, kc, vc, slots, positions, scale)
+
+        def router(block, x):
+            _, weights, ids = det.gate_route(block.gate, x)
+            routing.append(ids)
+            return weights, ids
+
+        rows = det.Rows(positions, attend, router)
+        h = det.embed(model, tokens)
+        last_layer = len(model.model.layers) - 1
+        for li in range(last_layer + 1):
+            h = det.layer(model, li, h, rows, ends if li == last_layer else None)
+        logits = det.head(model, det.final_norm(model, h))
+        return logits, torch.stack(routing, dim=1).to(routing_dtype(self.num_experts)) if routing else None
+
+    # -- the torch path ----------------------------------------------------------------------------
 
     def _plan(self, segments: list[Segment]) -> _Plan:
         lens = [len(s.tokens) for s in segments]
-        for s, n in zip(segments, lens):
-            assert s.start + n <= self.max_len, "sequence longer than the KV cache"
-        if all(n == 1 for n in lens):  # a pure decode step: one row per segment, no per-segment tensors
-            positions = torch.tensor([s.start for s in segments])
-            slots = torch.tensor([s.slot for s in segments])
-            if self._step is not None:  # the C decode step reads nothing else
-                return _Plan(positions, slots, None, None, None, 0, True, [], None, [])
-        else:
-            positions = torch.cat([torch.arange(s.start, s.start + n) for s, n in zip(segments, lens)])
-            slots = torch.cat([torch.full((n,), s.slot) for s, n in zip(segments, lens)])
+        positions = torch.cat([torch.arange(s.start, s.start + n) for s, n in zip(segments, lens)])
+        slots = torch.cat([torch.full((n,), s.slot) for s, n in zip(segments, lens)])
         firsts = [0]
         for n in lens[:-1]:
             firsts.append(firsts[-1] + n)
@@ -240,7 +242,7 @@ class Forward:
             contiguous = slot_list == list(range(s0, s0 + len(dec)))
             dsl = slice(s0, s0 + len(dec)) if contiguous else torch.tensor(slot_list)
             dpos = positions[rows][:, None]
-            dlen = self._key_len(int(dpos.max()) + 1)
+            dlen = int(dpos.max()) + 1
         prefills = [(firsts[i], n, segments[i].slot, segments[i].start) for i, n in enumerate(lens) if n > 1]
         all_decode = len(dec) == len(segments)
         ends = None if all_decode else torch.tensor(firsts) + torch.tensor(lens) - 1
@@ -252,19 +254,11 @@ class Forward:
         rows_of = [torch.tensor(r0s)[:, None] + torch.arange(n) for n, r0s in groups.items()]
         return _Plan(positions, slots, rows, dsl, dpos, dlen, all_decode, prefills, ends, rows_of)
 
-    @torch.inference_mode()
-    def __call__(self, segments: list[Segment]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _torch_forward(self, segments: list[Segment]) -> tuple[torch.Tensor, torch.Tensor | None]:
         plan = self._plan(segments)
         tokens = torch.tensor([t for s in segments for t in s.tokens])
-        if self._step is not None and plan.all_decode:
-            out, ids = self._step(tokens, plan.slots, plan.positions)
-            logits = out if self._step.has_head else F.linear(out, self.model.lm_head.weight)
-            return logits, ids.to(routing_dtype(self.num_experts))
         inner = self.model.model
         h = inner.embed_tokens(tokens)
-        if self.native:
-            logits, routing = self._native(h, plan)
-            return logits, torch.stack(routing, dim=1).to(routing_dtype(self.num_experts)) if routing else None
         if self.fast:
             cos, sin = self._cos[plan.positions], self._sin[plan.positions]
         else:
@@ -275,119 +269,53 @@ class Forward:
             x = self._norm(layer.input_layernorm, h)
             h = h + self._attention(li, layer.self_attn, x, cos, sin, plan)
             x = self._norm(layer.post_attention_layernorm, h)
-            # Past the last attention only each segment's final row feeds a logit: the last MLP runs
-            # on those rows alone (its router still sees every row, for the routing record).
-            rows = plan.ends if li == last_layer else None
+            rows = plan.ends if li == last_layer else None  # the last MLP on each segment's final row
             h = (h if rows is None else h[rows]) + self._mlp(layer.mlp, x, routing, rows)
-        last = self._norm(inner.norm, h)
-        logits = self.lin(last, self.model.lm_head.weight)
+        logits = F.linear(self._norm(inner.norm, h), self.model.lm_head.weight)
         ids = torch.stack(routing, dim=1).to(routing_dtype(self.num_experts)) if routing else None
         return logits, ids
 
-    def _native(self, h: torch.Tensor, plan: _Plan) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """The fp32 forward on the C kernels; each MLP output is added to h by the next fused norm."""
-        inner, routing, pending = self.model.model, [], None
-        last_layer = len(inner.layers) - 1
-        for li, layer in enumerate(inner.layers):
-            attn, norm, post = layer.self_attn, layer.input_layernorm, layer.post_attention_layernorm
-            if plan.all_decode and id(attn) in self._blocked:
-                norms = (norm.weight, norm.variance_epsilon, post.weight, post.variance_epsilon,
-                         self._qk_norm[id(attn)], attn.q_norm.variance_epsilon)
-                x = kernels.attn_decode_block(h, pending, norms, self._blocked[id(attn)][0], (self._cos, self._sin),
-                                              plan.slots, plan.positions, (self.k_cache[li], self.v_cache[li]),
-                                              self._blocked[id(attn)][1], attn.scaling)
-            else:
-                x = kernels.add_rmsnorm(h, pending, norm.weight, norm.variance_epsilon)
-                a = self._attention_native(li, attn, x, plan)
-                x = kernels.add_rmsnorm(h, a, post.weight, post.variance_epsilon)
-            rows = plan.ends if li == last_layer else None  # as in __call__: the last MLP on final rows only
-            if rows is not None:
-                h = h[rows]
-            pending = self._mlp(layer.mlp, x, routing, rows)
-        last = kernels.add_rmsnorm(h, pending, inner.norm.weight, inner.norm.variance_epsilon)
-        if self._head is not None:
-            return kernels.head_logits(last, self._head), routing
-        return F.linear(last, self.model.lm_head.weight), routing
-
-    def _attention_native(self, li: int, attn, x: torch.Tensor, plan: _Plan) -> torch.Tensor:
-        N, d = x.shape[0], attn.head_dim
-        qkv = F.linear(x, *self._fused[id(attn)])
-        nq, nk = (s // d for s in self._qkv_sizes[id(attn)][:2])
-        kc, vc = self.k_cache[li], self.v_cache[li]
-        qk = kernels.qk_rope_cache(qkv, self._qk_norm[id(attn)], self._cos, self._sin, plan.slots, plan.positions,
-                                   kc, vc, nq, attn.q_norm.variance_epsilon)
-        if plan.all_decode:
-            out = kernels.decode_attention(qk[:, :nq], kc, vc, plan.slots, plan.positions, attn.scaling)
-        else:
-            out = torch.empty(N, nq, d)
-            if plan.decode_rows is not None:
-                r = plan.decode_rows
-                out[r] = kernels.decode_attention(qk[r][:, :nq], kc, vc, plan.slots[r], plan.positions[r], attn.scaling)
-            v = qkv.view(N, -1, d)[:, nq + nk :]
-            for rows in plan.groups:  # prompts from position 0: causal among themselves, as in _attention
-                g = qk[rows]
-                qs, ks, vs = g[:, :, :nq].transpose(1, 2), g[:, :, nq:].transpose(1, 2), v[rows].transpose(1, 2)
-                out[rows] = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=attn.scaling,
-                                                           enable_gqa=nq != nk).transpose(1, 2)
-            for r0, n, slot, start in plan.prefills:
-                if start > 0:  # a continuation: read its earlier keys from the cache
-                    L = start + n
-                    o = self._attend(attn, qk[None, r0 : r0 + n, :nq].transpose(1, 2), kc[slot : slot + 1, :, :L],
-                                     vc[slot : slot + 1, :, :L], plan.positions[None, r0 : r0 + n])
-                    out[r0 : r0 + n] = o[0].transpose(0, 1)
-        return F.linear(out.view(N, -1), attn.o_proj.weight, attn.o_proj.bias)
-
-    # -- attention -----------------------------------------------------------------------------
+    @staticmethod
+    def _norm(mod, x):
+        return F.rms_norm(x, mod.weight.shape, mod.weight, mod.variance_epsilon)
 
     def _qkv(self, attn, x, cos, sin):
         """q [N, H, dk], k [N, Hk, dk], v [N, Hk, dv] for token rows x [N, hidden]."""
-        lin, N = self.lin, x.shape[0]
+        N = x.shape[0]
         if self.arch == "deepseek_v3":
+            from transformers.models.deepseek_v3 import modeling_deepseek_v3 as m
+
+            rotate = m.apply_rotary_pos_emb_interleave if self.cfg.rope_interleave else m.apply_rotary_pos_emb
             if attn.q_lora_rank is None:
-                q = lin(x, attn.q_proj.weight)
+                q = F.linear(x, attn.q_proj.weight)
             else:
-                q = lin(self._norm(attn.q_a_layernorm, lin(x, attn.q_a_proj.weight, attn.q_a_proj.bias)), attn.q_b_proj.weight)
+                q = F.linear(self._norm(attn.q_a_layernorm, F.linear(x, attn.q_a_proj.weight, attn.q_a_proj.bias)),
+                             attn.q_b_proj.weight)
             q = q.view(1, N, -1, attn.qk_head_dim).transpose(1, 2)
             q_pass, q_rot = torch.split(q, [attn.qk_nope_head_dim, attn.qk_rope_head_dim], dim=-1)
-            ckv = lin(x, attn.kv_a_proj_with_mqa.weight, attn.kv_a_proj_with_mqa.bias)
+            ckv = F.linear(x, attn.kv_a_proj_with_mqa.weight, attn.kv_a_proj_with_mqa.bias)
             kv_nope, k_rot = torch.split(ckv, [attn.kv_lora_rank, attn.qk_rope_head_dim], dim=-1)
             kv_nope = self._norm(attn.kv_a_layernorm, kv_nope)
-            q_rot, k_rot = self._rope(q_rot, k_rot.view(1, 1, N, -1), cos, sin)
+            q_rot, k_rot = rotate(q_rot, k_rot.view(1, 1, N, -1), cos, sin)
             q = torch.cat((q_pass, q_rot), dim=-1)[0].transpose(0, 1)
-            kv = lin(kv_nope, attn.kv_b_proj.weight).view(N, -1, attn.qk_nope_head_dim + attn.v_head_dim)
+            kv = F.linear(kv_nope, attn.kv_b_proj.weight).view(N, -1, attn.qk_nope_head_dim + attn.v_head_dim)
             k_nope, v = torch.split(kv, [attn.qk_nope_head_dim, attn.v_head_dim], dim=-1)
             k = torch.empty(N, k_nope.shape[1], attn.qk_head_dim, dtype=x.dtype)
             k[..., : attn.qk_nope_head_dim] = k_nope
             k[..., attn.qk_nope_head_dim :] = k_rot[0, 0][:, None, :]
             return q, k, v
-        d = attn.head_dim
-        if self.fast:  # one GEMM, one norm and one rotation for q and k together
-            qkv = F.linear(x, *self._fused[id(attn)]).view(N, -1, d)
-            nq, nk = (s // d for s in self._qkv_sizes[id(attn)][:2])
-            qk = F.rms_norm(qkv[:, : nq + nk], (d,), None, attn.q_norm.variance_epsilon) * self._qk_norm[id(attn)]
-            qk = qk * cos + qk.roll(d // 2, -1) * sin
-            return qk[:, :nq], qk[:, nq:], qkv[:, nq + nk :]
-        if self.deterministic:
-            q = lin(x, attn.q_proj.weight, attn.q_proj.bias)
-            k = lin(x, attn.k_proj.weight, attn.k_proj.bias)
-            v = lin(x, attn.v_proj.weight, attn.v_proj.bias)
-        else:  # one GEMM for q, k and v
-            q, k, v = F.linear(x, *self._fused[id(attn)]).split(self._qkv_sizes[id(attn)], dim=-1)
-        q = self._norm(attn.q_norm, q.view(N, -1, d))
-        k = self._norm(attn.k_norm, k.view(N, -1, d))
-        v = v.reshape(N, -1, d)
-        q, k = self._rope(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
-        return q[0].transpose(0, 1), k[0].transpose(0, 1), v
+        d = attn.head_dim  # one GEMM, one norm and one rotation for q and k together
+        qkv = F.linear(x, *self._fused[id(attn)]).view(N, -1, d)
+        nq, nk = (s // d for s in self._qkv_sizes[id(attn)][:2])
+        qk = F.rms_norm(qkv[:, : nq + nk], (d,), None, attn.q_norm.variance_epsilon) * self._qk_norm[id(attn)]
+        qk = qk * cos + qk.roll(d // 2, -1) * sin
+        return qk[:, :nq], qk[:, nq:], qkv[:, nq + nk :]
 
     def _attention(self, li, attn, x, cos, sin, plan: _Plan):
         q, k, v = self._qkv(attn, x, cos, sin)
         kc, vc = self.k_cache[li], self.v_cache[li]
         kc[plan.slots, :, plan.positions] = k
         vc[plan.slots, :, plan.positions] = v
-        if plan.all_decode:
-            out = self._attend(attn, q[:, :, None], kc[plan.decode_slots, :, : plan.decode_len],
-                               vc[plan.decode_slots, :, : plan.decode_len], plan.decode_pos)[:, :, 0]
-            return self.lin(out.reshape(out.shape[0], -1), attn.o_proj.weight, attn.o_proj.bias)
         out = torch.empty(q.shape[0], q.shape[1], vc.shape[-1], dtype=q.dtype)
         if plan.decode_rows is not None:
             rows, L = plan.decode_rows, plan.decode_len
@@ -400,51 +328,39 @@ class Forward:
         for r0, n, slot, start in plan.prefills:
             if plan.groups and start == 0:
                 continue
-            L = self._key_len(start + n)
             qs = q[r0 : r0 + n].transpose(0, 1)[None]
-            o = self._attend(attn, qs, kc[slot : slot + 1, :, :L], vc[slot : slot + 1, :, :L], plan.positions[None, r0 : r0 + n])
+            o = self._attend(attn, qs, kc[slot : slot + 1, :, : start + n], vc[slot : slot + 1, :, : start + n],
+                             plan.positions[None, r0 : r0 + n])
             out[r0 : r0 + n] = o[0].transpose(0, 1)
-        return self.lin(out.reshape(out.shape[0], -1), attn.o_proj.weight, attn.o_proj.bias)
+        return F.linear(out.reshape(out.shape[0], -1), attn.o_proj.weight, attn.o_proj.bias)
 
-    def _attend(self, attn, q, K, V, q_pos):
+    @staticmethod
+    def _attend(attn, q, K, V, q_pos):
         """q [B, H, Tq, dk] against keys K/V [B, Hk, L, *]; returns [B, H, Tq, dv]."""
-        if self.deterministic:
-            return det.attention(q, K, V, q_pos, attn.scaling)
         mask = torch.arange(K.shape[2])[None, None, None, :] <= q_pos[:, None, :, None]
         return F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=attn.scaling, enable_gqa=K.shape[1] != q.shape[1])
 
-    # -- MLP / MoE -------------------------------------------------------------------------------
-
-    def _dense(self, mlp, x):
-        lin, act = self.lin, det.silu if self.deterministic else mlp.act_fn
-        return lin(act(lin(x, mlp.gate_proj.weight)) * lin(x, mlp.up_proj.weight), mlp.down_proj.weight)
+    @staticmethod
+    def _dense(mlp, x):
+        return F.linear(mlp.act_fn(F.linear(x, mlp.gate_proj.weight)) * F.linear(x, mlp.up_proj.weight), mlp.down_proj.weight)
 
     def _mlp(self, mlp, x, routing: list, rows: torch.Tensor | None = None):
         """The MLP's output for x[rows] (all rows when None); the router runs on every row."""
         if not hasattr(mlp, "experts"):
             return self._dense(mlp, x if rows is None else x[rows])
-        logits = router_logits(mlp.gate, x, self.lin)
-        weights, ids = route(mlp.gate, logits, det.sigmoid if self.deterministic else torch.sigmoid)
+        weights, ids = route(mlp.gate, router_logits(mlp.gate, x))
         routing.append(ids)
         if rows is not None:
             x, ids, weights = x[rows], ids[rows], weights[rows]
-        out = self._experts(mlp.experts, x, ids, weights)
+        out = (self._experts_grouped_mm(mlp.experts, x, ids) * weights[..., None]).sum(dim=1)
         if hasattr(mlp, "shared_experts"):
             out = out + self._dense(mlp.shared_experts, x)
         return out
 
-    def _experts(self, experts, x, ids, weights):
-        """Weighted sum of each token's expert outputs: `det.experts` in deterministic mode, else
-        tokens grouped by expert through `F.grouped_mm` (one native call per projection)."""
-        if self.deterministic:
-            return det.experts(experts, x, ids, weights)
-        packed = self._packed.get(id(experts))
-        if packed is not None:  # beats F.grouped_mm on the demo model at every size: 4x at decode, ~1.3x prefill
-            return kernels.moe_experts(x, ids, weights, *packed)
-        return (self._experts_grouped_mm(experts, x, ids) * weights[..., None]).sum(dim=1)
-
-    def _experts_grouped_mm(self, experts, x, ids):
-        """[N, k, H] unweighted outputs of each token's experts."""
+    @staticmethod
+    def _experts_grouped_mm(experts, x, ids):
+        """[N, k, H] unweighted outputs of each token's experts, grouped by expert through
+        `F.grouped_mm` (one native call per projection)."""
         N, k = ids.shape
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)

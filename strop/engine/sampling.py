@@ -17,7 +17,7 @@ the deterministic mode's equality with the trainer relies on.
 import numpy as np
 import torch
 
-from strop.engine import kernels
+from strop import kernels
 
 
 def sample(logits: torch.Tensor, temperature: list[float], top_p: list[float],

@@ -53,7 +53,7 @@ def route(gate, logits: torch.Tensor, sigmoid: Callable = torch.sigmoid) -> tupl
         score_mask = group_mask.unsqueeze(-1).expand(-1, n_group, E // n_group).reshape(-1, E)
         choice = choice.masked_fill(~score_mask.bool(), float("-inf"))
         ids = torch.topk(choice, k=gate.top_k, dim=-1, sorted=False)[1]
-        return _sigmoid_weights(gate, scores, ids), ids
+        return sigmoid_weights(gate, scores, ids), ids
     probs = torch.nn.functional.softmax(logits, dtype=torch.float, dim=-1)
     weights, ids = torch.topk(probs, gate.top_k, dim=-1)
     if gate.norm_topk_prob:
@@ -61,7 +61,8 @@ def route(gate, logits: torch.Tensor, sigmoid: Callable = torch.sigmoid) -> tupl
     return weights.to(logits.dtype), ids
 
 
-def _sigmoid_weights(gate, scores: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+def sigmoid_weights(gate, scores: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """A sigmoid router's gate weights: its scores [T, E] at ids [T, k], normalised and scaled."""
     w = scores.gather(1, ids)
     if gate.norm_topk_prob:
         w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
@@ -71,7 +72,7 @@ def _sigmoid_weights(gate, scores: torch.Tensor, ids: torch.Tensor) -> torch.Ten
 def replay_weights(gate, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """R3 gate weights: the arch's normalisation applied to its own scores at recorded ids [T, k]."""
     if _is_sigmoid_router(gate):
-        return _sigmoid_weights(gate, logits.sigmoid(), ids)
+        return sigmoid_weights(gate, logits.sigmoid(), ids)
     probs = torch.nn.functional.softmax(logits, dtype=torch.float, dim=-1)
     w = probs.gather(1, ids)
     if gate.norm_topk_prob:
@@ -108,7 +109,9 @@ def replay_routing(model, routing: torch.Tensor):
 
     routing: [B, T, n_moe_layers, k] (or [T, n_moe_layers, k] for one sequence) for the input_ids
     of the next forward. Each layer must consume its slice exactly once: a second forward inside
-    the context, or leaving it without one, is an error.
+    the context, or leaving it without one, is an error. A gate with a `route_at(x, ids) -> (logits,
+    weights)` attribute (set by `strop.model.deterministic.deterministic_mode`) computes the replayed
+    weights with it; the gate's forward in place before is back on exit.
     """
     blocks = moe_blocks(model)
     assert routing.shape[-2] == len(blocks), f"routing has {routing.shape[-2]} MoE layers, model {len(blocks)}"
@@ -116,6 +119,8 @@ def replay_routing(model, routing: torch.Tensor):
     used = [0] * len(blocks)
 
     def make_forward(i: int, gate):
+        at = getattr(gate, "route_at", None)
+
         def forward(hidden_states):
             assert used[i] == 0, f"MoE layer {i}: recorded routing consumed twice (one forward per replay context)"
             used[i] += 1
@@ -123,16 +128,22 @@ def replay_routing(model, routing: torch.Tensor):
             ids = flat[:, i]
             assert ids.shape[0] == x.shape[0], f"MoE layer {i}: {ids.shape[0]} recorded tokens for {x.shape[0]} tokens"
             assert int(ids.max()) < gate.num_experts, f"MoE layer {i}: expert id out of range"
+            if at is not None:
+                return (*at(x, ids), ids)
             logits = router_logits(gate, x)
             return logits, replay_weights(gate, logits, ids), ids
 
         return forward
 
+    before = [block.gate.__dict__.get("forward") for block in blocks]
     for i, block in enumerate(blocks):
         block.gate.forward = make_forward(i, block.gate)
     try:
         yield
     finally:
-        for block in blocks:
-            del block.gate.forward  # back to the class's forward
+        for block, forward in zip(blocks, before):
+            if forward is None:
+                del block.gate.forward  # back to the class's forward
+            else:
+                block.gate.forward = forward
     assert all(u == 1 for u in used), f"recorded routing not consumed exactly once per MoE layer: {used}"

@@ -1,15 +1,26 @@
-"""C source of the engine's CPU kernels (built and bound by `strop.engine.kernels`).
+"""C source of the CPU kernels (built and bound by `strop.kernels`): vector helpers, the matrix
+kernels, RMSNorm, silu, the router and the experts.
 
 Plain C with GCC vector extensions (8-float vectors), compiled -O3 -march=native. Shapes are
-row-major fp32; "blocked" weights are [out / 32, in, 32] so a 32-output pass streams one
-contiguous block. Each function's comment states its contract. The attention kernels live in
-`strop.engine.csrc_attention`, the sampler in `strop.engine.csrc_sampling`, the one-call decode
-step in `strop.engine.csrc_decode`; `SOURCE` is the whole translation unit.
+row-major fp32; "packed" weights are [ceil(n / 32), in, 32] so a 32-output pass streams one
+contiguous block (zero columns pad the last block). Each function's comment states its contract.
+
+Batch invariance, by construction: every function computes a row from that row alone, in an
+order fixed by the row's length, never by how many rows a call holds, which rows sit beside it,
+where it sits or how the rows are grouped. The matrix kernels keep one accumulator per output
+element (lane) and add the products over the input index in ascending order; the compiler fuses
+`acc += x * w` into one multiply-add the same way in every tile shape, so R rows x P column pairs
+of any shape give the same bits (tests regroup rows through every shape). Reductions along a row
+(norms, softmax sums, attention scores) use a fixed lane split and a fixed tree.
+
+The attention kernels live in `strop.kernels.csrc_attention`, the sampler in
+`strop.kernels.csrc_sampling`, the whole-model step in `strop.kernels.csrc_step`; `SOURCE` is the
+whole translation unit.
 """
 
-from strop.engine.csrc_attention import ATTENTION
-from strop.engine.csrc_decode import DECODE
-from strop.engine.csrc_sampling import SAMPLING
+from strop.kernels.csrc_attention import ATTENTION
+from strop.kernels.csrc_sampling import SAMPLING
+from strop.kernels.csrc_step import STEP
 
 _CORE = r"""
 #include <stdint.h>
@@ -51,6 +62,9 @@ static inline v8 vmax(v8 a, v8 b) {
     return (v8)(((v8i)a & m) | ((v8i)b & ~m));
 }
 
+/* silu(g) * u over 8 lanes: the experts' and dense MLPs' activation. */
+static inline v8 silu_mul8(v8 g, v8 u) { return g / (BCAST(1.0f) + exp8(-g)) * u; }
+
 static inline float dot(const float *restrict a, const float *restrict b, int64_t n) {
     v8 acc = {0};
     int64_t i = 0;
@@ -67,12 +81,12 @@ static inline float dot(const float *restrict a, const float *restrict b, int64_
 #define SHUF(a, b, ...) __builtin_shuffle(a, b, (v8i){__VA_ARGS__})
 #endif
 
-/* Weights are fp32, or bf16 when the engine's weights are exactly bf16 values (as the trainer
-   ships them): half the bytes to stream, and widening bf16 to fp32 is exact, so both give the same
-   bits. LD2 loads 16 weights (columns c..c+15 of one row) as two vectors, ST2 stores two such
-   accumulators as y[c..c+15]. bf16 loads them with one 32-byte load, the even columns by a shift and
-   the odd ones by a mask (no lane shuffle per weight); the accumulators then hold even and odd
-   columns and ST2 interleaves them once per tile. Every output is the same sum in the same order. */
+/* Weights are fp32, or bf16 when they are exactly bf16 values (as the trainer ships them): half the
+   bytes to stream, and widening bf16 to fp32 is exact, so both give the same bits. LD2 loads 16
+   weights (columns c..c+15 of one row) as two vectors, ST2 stores two such accumulators as
+   y[c..c+15]. bf16 loads them with one 32-byte load, the even columns by a shift and the odd ones
+   by a mask (no lane shuffle per weight); the accumulators then hold even and odd columns and ST2
+   interleaves them once per tile. Every output is the same sum in the same order. */
 typedef uint32_t v8u __attribute__((vector_size(32), aligned(4)));
 #define LD_F32(p) (*(const v8 *)(p))
 #define LD2_F32(p, e, o) ((e) = LD_F32(p), (o) = LD_F32((p) + 8))
@@ -81,14 +95,16 @@ typedef uint32_t v8u __attribute__((vector_size(32), aligned(4)));
 #define ST2_BF16(y, e, o) (*(v8 *)(y) = SHUF(e, o, 0, 8, 1, 9, 2, 10, 3, 11), \
                            *(v8 *)((y) + 8) = SHUF(e, o, 4, 12, 5, 13, 6, 14, 7, 15))
 
-/* W [m, n] is stored in column blocks [n / 32, m, 32] (n % 32 == 0), so a pass over 16 or 32
+/* W [m, n] is packed in column blocks [n / 32, m, 32] (n % 32 == 0), so a pass over 16 or 32
    columns streams contiguous rows. tile: y[r, j0 : j0 + 16 P] = sum_i a[r, i] W[i, j0 : j0 + 16 P]
    for R rows (strides as, ys) and P pairs of 16 columns from j0 (pairs may run into the next block).
    R and P are constants once inlined, so the R x 2P accumulators stay in registers and each weight
    load feeds R FMAs. Shapes used: 1 x 4 (one row: 8 FMA chains hide FMA latency), 2 x 2, 3 x 2,
-   and 4, 5 or 6 rows x 1.
-   vecmat: R <= 4 rows (an expert's group of tokens), whole width. linear: N rows, block by block,
-   every row group against one block while it sits in L1, so the weights stream from memory once. */
+   and 4, 5 or 6 rows x 1. Whatever the shape, output (r, j) is acc = 0, then acc += a[r, i] W[i, j]
+   for i = 0 .. m - 1: the same bits.
+   vecmat: R <= 4 rows (a decode step, an expert's group of tokens), whole width. linear: N rows,
+   block by block, every row group against one block while it sits in L1, so the weights stream
+   from memory once. */
 #define MATRIX_KERNELS(SUF, WT, LD2, ST2)                                                                 \
 static inline __attribute__((always_inline)) void tile##SUF(const float *restrict a, int64_t as,          \
         const WT *restrict W, float *restrict y, int64_t ys, int64_t m, int64_t j0, const int R, const int P) { \
@@ -145,10 +161,21 @@ static void linear##SUF(const float *restrict x, int64_t N, const WT *restrict W
 MATRIX_KERNELS(, float, LD2_F32, ST2_F32)
 MATRIX_KERNELS(_b16, uint16_t, LD2_BF16, ST2_BF16)
 
-/* y [N, n] = x [N, m] @ W^T for W bf16 in column blocks [n / 32, m, 32] (the output head). */
-void linear_bf16(const float *restrict x, int64_t N, const uint16_t *restrict W, float *restrict y,
-                 int64_t m, int64_t n) {
-    linear_b16(x, N, W, y, m, n);
+/* y [N, n] = x [N, m] @ W (+ bias [n], may be NULL) for W packed [n / 32, m, 32] (n % 32 == 0),
+   bf16 when `bf16`, else fp32. The bias is added after the sum. */
+static void linear_rows(const float *restrict x, int64_t N, const void *restrict W, int64_t bf16,
+                        const float *restrict bias, float *restrict y, int64_t m, int64_t n) {
+    if (bf16) linear_b16(x, N, (const uint16_t *)W, y, m, n);
+    else linear(x, N, (const float *)W, y, m, n);
+    if (bias)
+        for (int64_t r = 0; r < N; r++)
+            for (int64_t j = 0; j < n; j++) y[r * n + j] += bias[j];
+}
+
+/* `linear_rows` for callers outside this file: y [N, n] with n the packed width (a multiple of 32). */
+void linear_packed(const float *restrict x, int64_t N, const void *restrict W, int64_t bf16,
+                   const float *restrict bias, float *restrict y, int64_t m, int64_t n) {
+    linear_rows(x, N, W, bf16, bias, y, m, n);
 }
 
 /* h [N,D] += a (when a is not NULL), then out = h * rsqrt(mean(h^2) + eps) * w. */
@@ -162,30 +189,71 @@ void add_rmsnorm(float *restrict h, const float *restrict a, const float *restri
     }
 }
 
-/* y [N, n] = x [N, m] @ W (+ bias, may be NULL) for W in 32-column blocks [n / 32, m, 32]. */
-static void linear_rows(const float *restrict x, int64_t N, const float *restrict W, const float *restrict bias,
-                        float *restrict y, int64_t m, int64_t n) {
-    linear(x, N, W, y, m, n);
-    if (bias)
-        for (int64_t r = 0; r < N; r++)
-            for (int64_t j = 0; j < n; j++) y[r * n + j] += bias[j];
+/* out [N, I] = silu(g) * u for rows of g and u (row strides gs, us): 8 lanes at a time, a row's
+   last I % 8 through the same lanes (zero-padded), so every element is computed alike. */
+void silu_mul(const float *restrict g, int64_t gs, const float *restrict u, int64_t us, float *restrict out,
+              int64_t N, int64_t I) {
+    for (int64_t n = 0; n < N; n++) {
+        const float *gr = g + n * gs, *ur = u + n * us;
+        float *o = out + n * I;
+        int64_t i = 0;
+        for (; i + 8 <= I; i += 8) *(v8 *)(o + i) = silu_mul8(LD_F32(gr + i), LD_F32(ur + i));
+        if (i < I) {
+            v8 gt = {0}, ut = {0};
+            for (int64_t j = i; j < I; j++) gt[j - i] = gr[j], ut[j - i] = ur[j];
+            const v8 r = silu_mul8(gt, ut);
+            for (int64_t j = i; j < I; j++) o[j] = r[j - i];
+        }
+    }
+}
+
+
+/* The gradients of act = silu(g) * u given d act, for rows of g and u (row strides gs, us):
+   d g = d act * u * s (1 + g (1 - s)) and d u = d act * silu(g) with s = sigmoid(g), into dg and du
+   (row strides dgs, dus); act itself into act [N, I] when not NULL. Training only: these feed
+   gradients, whose rounding is free. */
+void silu_mul_backward(const float *restrict g, int64_t gs, const float *restrict u, int64_t us,
+                       const float *restrict da, float *restrict dg, int64_t dgs, float *restrict du, int64_t dus,
+                       float *restrict act, int64_t N, int64_t I) {
+    for (int64_t n = 0; n < N; n++) {
+        const float *gr = g + n * gs, *ur = u + n * us, *dr = da + n * I;
+        float *dgr = dg + n * dgs, *dur = du + n * dus;
+        for (int64_t i = 0; i < I; i += 8) {
+            v8 gv = {0}, uv = {0}, dv = {0};
+            const int64_t m = I - i < 8 ? I - i : 8;
+            if (m == 8) gv = LD_F32(gr + i), uv = LD_F32(ur + i), dv = LD_F32(dr + i);
+            else for (int64_t j = 0; j < m; j++) gv[j] = gr[i + j], uv[j] = ur[i + j], dv[j] = dr[i + j];
+            const v8 sg = BCAST(1.0f) / (BCAST(1.0f) + exp8(-gv)), silu = gv * sg;
+            const v8 dgv = dv * uv * sg * (BCAST(1.0f) + gv * (BCAST(1.0f) - sg)), duv = dv * silu;
+            for (int64_t j = 0; j < m; j++) {
+                dgr[i + j] = dgv[j];
+                dur[i + j] = duv[j];
+                if (act) act[n * I + i + j] = silu[j] * uv[j];
+            }
+        }
+    }
 }
 
 """
 
 _MOE = r"""
-/* A softmax router's choice, as `strop.model.routing.route` makes it: per row of logits [N, E],
-   probabilities softmax(logits), the K largest in descending order (ties: lower expert id
-   first) into ids [N, K], their probabilities (renormalised to sum 1 when norm) into w [N, K]. */
-void route_softmax(const float *restrict logits, int64_t *restrict ids, float *restrict w, int64_t N, int64_t E,
-                   int64_t K, int64_t norm) {
+/* Softmax of one router row l [E] into pr [E]: max, expf, a sum in expert order, a division. */
+static inline void router_probs(const float *restrict l, float *restrict pr, int64_t E) {
+    float m = l[0], z = 0.0f;
+    for (int64_t e = 1; e < E; e++) m = l[e] > m ? l[e] : m;
+    for (int64_t e = 0; e < E; e++) z += (pr[e] = expf(l[e] - m));
+    for (int64_t e = 0; e < E; e++) pr[e] /= z;
+}
+
+/* A softmax router's choice, as `strop.model.routing.route` makes it: per row of logits [N, E]
+   (row stride ls), probabilities softmax(logits), the K largest in descending order (ties: lower
+   expert id first) into ids [N, K], their probabilities (renormalised to sum 1 in that order when
+   norm) into w [N, K]. */
+void route_softmax(const float *restrict logits, int64_t ls, int64_t *restrict ids, float *restrict w, int64_t N,
+                   int64_t E, int64_t K, int64_t norm) {
     float pr[E];
     for (int64_t n = 0; n < N; n++) {
-        const float *l = logits + n * E;
-        float m = l[0], z = 0.0f;
-        for (int64_t e = 1; e < E; e++) m = l[e] > m ? l[e] : m;
-        for (int64_t e = 0; e < E; e++) z += (pr[e] = expf(l[e] - m));
-        for (int64_t e = 0; e < E; e++) pr[e] /= z;
+        router_probs(logits + n * ls, pr, E);
         float s = 0.0f;
         for (int64_t k = 0; k < K; k++) {
             int64_t best = -1;
@@ -201,41 +269,57 @@ void route_softmax(const float *restrict logits, int64_t *restrict ids, float *r
     }
 }
 
-/* x [N,H]; ids, w [N,K] (expert ids, gate weights); gu [E,H,2I] and dn [E,I,H] (transposed
-   projections; bf16 when `bf16`, else fp32); out [N,H]. Scratch: hbuf MOE_GROUP * (3I + 2H) floats,
-   ybuf [N*K,H], order [N*K], start [E+1]. H and 2I are multiples of 32. Assignments go expert by
-   expert, up to MOE_GROUP at a time through the matrix kernels, so each expert's weights are read
-   once per group and stay in cache for all its tokens. */
+/* Router replay (R3): the gate weights `route_softmax` gives experts ids [N, K] (given, in the
+   order recorded): the same probabilities, gathered, renormalised in that order when norm. When
+   ids are the router's own choice the weights are `route_softmax`'s bit for bit. */
+void route_softmax_at(const float *restrict logits, int64_t ls, const int64_t *restrict ids, float *restrict w,
+                      int64_t N, int64_t E, int64_t K, int64_t norm) {
+    float pr[E];
+    for (int64_t n = 0; n < N; n++) {
+        router_probs(logits + n * ls, pr, E);
+        float s = 0.0f;
+        for (int64_t k = 0; k < K; k++) s += (w[n * K + k] = pr[ids[n * K + k]]);
+        if (norm)
+            for (int64_t k = 0; k < K; k++) w[n * K + k] /= s;
+    }
+}
+
+/* x [N,H]; ids, w [N,K] (expert ids, gate weights); gu [E, 2I/32, H, 32] and dn [E, H/32, I, 32]
+   (packed projections; bf16 when `bf16`, else fp32); out [N,H]. ybuf [N*K, H] receives every
+   assignment's expert output (row n*K + k); order [N*K] the assignments sorted by expert (stable).
+   gu_save, when not NULL, [N*K, 2I] receives the gate and up projections in that sorted order
+   (what a backward pass needs). Scratch: hbuf MOE_GROUP * (3I + 2H) floats, start [E+1]. H and 2I are multiples of 32. Assignments go expert by expert, up to
+   MOE_GROUP at a time through the matrix kernels, so each expert's weights are read once per group
+   and stay in cache for all its tokens; per token the K gate-weighted outputs are added to zero in
+   k order. */
 #define MOE_GROUP 16
 void moe_experts(const float *restrict x, const int64_t *restrict ids, const float *restrict w,
                  const void *restrict gu, const void *restrict dn, int64_t bf16, float *restrict out,
-                 float *restrict hbuf, float *restrict ybuf, int64_t *restrict order, int64_t *restrict start,
-                 int64_t N, int64_t K, int64_t E, int64_t H, int64_t I) {
+                 float *restrict hbuf, float *restrict ybuf, float *restrict gu_save, int64_t *restrict order,
+                 int64_t *restrict start, int64_t N, int64_t K, int64_t E, int64_t H, int64_t I) {
     const int64_t A = N * K, I2 = 2 * I;
     float *xin = hbuf + MOE_GROUP * I2, *act = xin + MOE_GROUP * H, *yout = act + MOE_GROUP * I;
     memset(start, 0, (E + 1) * sizeof(int64_t));
     for (int64_t a = 0; a < A; a++) start[ids[a] + 1]++;
     for (int64_t e = 0; e < E; e++) start[e + 1] += start[e];
     for (int64_t a = 0; a < A; a++) order[start[ids[a]]++] = a;  /* counting sort by expert */
+    const size_t wsize = bf16 ? sizeof(uint16_t) : sizeof(float);
     for (int64_t r = 0; r < A;) {
         const int64_t e = ids[order[r]];
         int64_t R = 1;  /* this expert's next (up to) MOE_GROUP assignments share every weight load */
         while (R < MOE_GROUP && r + R < A && ids[order[r + R]] == e) R++;
         for (int64_t q = 0; q < R; q++) memcpy(xin + q * H, x + (order[r + q] / K) * H, H * sizeof(float));
-        const int64_t g_at = e * H * I2, d_at = e * I * H;
-        if (bf16) linear_b16(xin, R, (const uint16_t *)gu + g_at, hbuf, H, I2);
-        else linear(xin, R, (const float *)gu + g_at, hbuf, H, I2);
-        for (int64_t q = 0; q < R; q++)  /* silu(gate) * up, 8 lanes at a time */
-            for (int64_t i = 0; i < I; i += 8) {
-                const v8 g = *(const v8 *)(hbuf + q * I2 + i), up = *(const v8 *)(hbuf + q * I2 + I + i);
-                *(v8 *)(act + q * I + i) = g / (BCAST(1.0f) + exp8(-g)) * up;
-            }
-        if (bf16) linear_b16(act, R, (const uint16_t *)dn + d_at, yout, I, H);
-        else linear(act, R, (const float *)dn + d_at, yout, I, H);
+        linear_rows(xin, R, (const char *)gu + e * H * I2 * wsize, bf16, NULL, hbuf, H, I2);
+        if (gu_save)
+            memcpy(gu_save + r * I2, hbuf, R * I2 * sizeof(float));
+        for (int64_t q = 0; q < R; q++)
+            for (int64_t i = 0; i < I; i += 8)
+                *(v8 *)(act + q * I + i) = silu_mul8(LD_F32(hbuf + q * I2 + i), LD_F32(hbuf + q * I2 + I + i));
+        linear_rows(act, R, (const char *)dn + e * I * H * wsize, bf16, NULL, yout, I, H);
         for (int64_t q = 0; q < R; q++) memcpy(ybuf + order[r + q] * H, yout + q * H, H * sizeof(float));
         r += R;
     }
-    for (int64_t n = 0; n < N; n++) {  /* gate-weighted sum over k, in k order */
+    for (int64_t n = 0; n < N; n++) {
         float *on = out + n * H;
         for (int64_t o = 0; o < H; o++) on[o] = 0.0f;
         for (int64_t k = 0; k < K; k++) {
@@ -246,4 +330,4 @@ void moe_experts(const float *restrict x, const int64_t *restrict ids, const flo
 }
 """
 
-SOURCE = _CORE + ATTENTION + SAMPLING + _MOE + DECODE
+SOURCE = _CORE + ATTENTION + SAMPLING + _MOE + STEP

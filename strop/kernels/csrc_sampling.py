@@ -1,7 +1,7 @@
 """C source of the engine's sampler: row softmax and the top-p select and draw.
 
-Part of the translation unit `strop.engine.csrc.SOURCE` (it uses that file's vector types,
-`exp8` and `vmax`); bound by `strop.engine.kernels`.
+Part of the translation unit `strop.kernels.csrc.SOURCE` (it uses that file's vector types,
+`exp8` and `vmax`); bound by `strop.kernels`. Each row is computed from itself alone.
 """
 
 SAMPLING = r"""
