@@ -72,6 +72,11 @@ class DemoStyle:
     run_tests: bool = True
     wrong: tuple[dict, ...] = ()
 
+    @property
+    def attempts(self) -> tuple[dict, ...]:
+        """The wrong attempts it actually makes: all of them, or only the first when careless."""
+        return self.wrong if self.careful else self.wrong[:1]
+
 
 @dataclass(frozen=True)
 class DemonstratorMix:
@@ -153,7 +158,7 @@ def plan(task: Task, style: DemoStyle = DemoStyle()) -> list[dict]:
                                    end=end))
         say = FIRST_EDIT if i == 0 else "And this part."
         if i == 0:
-            for wrong in style.wrong if style.careful else style.wrong[:1]:
+            for wrong in style.attempts:
                 turns.append(_call(say, "edit_file", path=wrong["path"], old=wrong["old"], new=wrong["new"]))
                 if not style.careful:
                     return turns + [_call(SUBMIT, "submit")]
@@ -169,7 +174,7 @@ def plan(task: Task, style: DemoStyle = DemoStyle()) -> list[dict]:
 def rejected_as_planned(episode: Episode, style: DemoStyle) -> bool:
     """Whether `edit_file` rejected exactly the planned wrong attempts and accepted every other call."""
     errors = [c["error"] is not None for c in episode.tool_calls]
-    wrong = len(style.wrong if style.careful else style.wrong[:1])
+    wrong = len(style.attempts)
     edits = [i for i, c in enumerate(episode.tool_calls) if c["name"] == "edit_file"]
     return sum(errors) == wrong and all(errors[i] for i in edits[:wrong])
 
@@ -233,7 +238,7 @@ def solve(tasks: list[Task], tokenizer, config: HarnessConfig = HarnessConfig(),
         if check and reward:
             score = check_changes(task, changes, perturbed=False)
             reward, reason = score.reward, score.reason
-        wrong = len(style.wrong if style.careful else style.wrong[:1])
+        wrong = len(style.attempts)
         return task, episode, {"id": task.id, "difficulty": task.metadata.get("difficulty"), "reward": reward,
                                "stop_reason": episode.stop_reason, "reason": reason, "episode_s": episode_s,
                                "tokens": max((len(s) for s in episode.segments), default=0),
