@@ -12,13 +12,12 @@ Outputs in the run directory: `tokenizer/`, `tokens.npy` (cached train stream), 
 import argparse
 import io
 import json
-import math
 import time
 from pathlib import Path
-from typing import Callable
 
 from strop.config import Config, add_config_arguments, config_from_args, to_dict, to_toml
 from strop.outputs import atomic_dir, write_atomic
+from strop.train.schedule import warmup_cosine
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,20 +44,6 @@ def prepare_tokenizer(cfg: Config, corpus, run_dir: Path):
     with atomic_dir(tok_dir) as tmp:  # the cache is trusted on resume: whole or absent
         tokenizer.save_pretrained(str(tmp))
     return tokenizer
-
-
-def lr_lambda(cfg: Config, total: Callable[[], int]):
-    """Linear warmup then cosine to min_lr_ratio over `total()` steps (read at each step, since
-    under a time budget the total is chosen after the first steps; warmup does not depend on it)."""
-    m = cfg.midtrain
-
-    def f(step: int) -> float:
-        if step < m.warmup_steps:
-            return (step + 1) / m.warmup_steps
-        progress = min(1.0, (step - m.warmup_steps) / max(1, total() - m.warmup_steps))
-        return m.min_lr_ratio + (1 - m.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return f
 
 
 def steps_for_budget(cfg: Config, step_s: float, spent_s: float) -> int:
@@ -128,7 +113,8 @@ def midtrain(cfg: Config, stop_after: int | None = None) -> dict:
         lr=m.lr, betas=(0.9, 0.95), eps=1e-8,
     )
     total = {"steps": m.steps, "chosen": m.budget_s == 0}
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, lambda: total["steps"]))
+    schedule = warmup_cosine(m.warmup_steps, lambda: total["steps"], m.min_lr_ratio)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
 
     ckpt = run_dir / "ckpt"
     step, elapsed_before = 0, 0.0

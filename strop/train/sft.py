@@ -17,6 +17,7 @@ from pathlib import Path
 from strop.config import Config, SFTSection, add_config_arguments, config_from_args, to_dict
 from strop.errors import UserError
 from strop.outputs import write_atomic
+from strop.train.schedule import warmup_cosine
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,22 +56,6 @@ def demonstrator_mix(s: SFTSection):
 
     return DemonstratorMix(careful=s.careful, suspects=s.suspects, misremember=s.misremember,
                            max_wrong=s.max_wrong, run_tests=s.demo_tests)
-
-
-def lr_factor(s: SFTSection):
-    """Linear warmup, then a cosine from the peak to `min_lr_ratio` of it at `max_steps` (constant
-    when min_lr_ratio is 1)."""
-    import math
-
-    warm = max(1, s.warmup_steps)
-
-    def f(k: int) -> float:
-        if k < warm:
-            return (k + 1) / warm
-        progress = min(1.0, (k - warm) / max(1, s.max_steps - warm))
-        return s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return f
 
 
 def length_batches(lengths: list[int], batch_size: int, rng, pool: int = 8) -> list[list[int]]:
@@ -141,7 +126,8 @@ def sft(cfg: Config, base: str | None = None) -> dict:
     val = [seg for ep in episodes[-n_val:] for seg in ep.segments if sum(seg.loss_mask)]
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr, betas=(0.9, 0.95), weight_decay=s.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(s))
+    warmup = max(1, s.warmup_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(warmup, lambda: s.max_steps, s.min_lr_ratio))
     rng = np.random.default_rng(cfg.run.seed)
     log = MetricsLog(out / "metrics.jsonl")
     log.reset()
