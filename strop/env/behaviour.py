@@ -9,6 +9,13 @@ see `strop.env.segment.Episode`); `summarize` turns many into rates. Plain data 
 from collections import Counter
 
 EDIT_TOOLS = ("edit_file", "write_file")
+# `summarize` keys as tables and plots name them, in the order they show them; the `retry_*` rates
+# are conditional on the row before them
+LABELS = {"turns": "turns per episode", "edits_applied": "edits applied", "edits_rejected": "edits rejected",
+          "rejected_edit": "episodes with a rejected edit", "retry_after_rejected_edit": "retried after it",
+          "test_runs": "visible-test runs", "failing_tests": "episodes with failing tests",
+          "retry_after_failing_tests": "edited again after them", "submitted": "submitted",
+          "submitted_untested": "submitted without testing", "submitted_failing_tests": "submitted with failing tests"}
 
 
 def _is_test_run(call: dict) -> bool:
@@ -28,13 +35,14 @@ def episode_stats(tool_calls: list[dict], stop_reason: str, turns: int) -> dict:
     a failing visible-test run), submitted, submitted_untested (submitted without running the visible
     tests after its last edit), submitted_failing_tests (the last test run before submitting failed)."""
     names = Counter(c.get("name") or "invalid" for c in tool_calls)
-    edits = [c for c in tool_calls if c.get("name") in EDIT_TOOLS]
+    edit_at = [i for i, c in enumerate(tool_calls) if c.get("name") in EDIT_TOOLS]
+    edits = [tool_calls[i] for i in edit_at]
+    last_edit = edit_at[-1] if edit_at else None
     rejected_edit = retried_edit = failing = retried_tests = 0
-    last_edit = last_test = None
+    last_test = None
     for i, c in enumerate(tool_calls):
-        later_edit = any(d.get("name") in EDIT_TOOLS for d in tool_calls[i + 1:])
+        later_edit = last_edit is not None and i < last_edit
         if c.get("name") in EDIT_TOOLS:
-            last_edit = i
             if c.get("error") is not None:
                 rejected_edit = 1
                 retried_edit |= later_edit

@@ -57,17 +57,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-BEHAVIOUR_ROWS = [("turns", "turns per episode"), ("edits_applied", "edits applied"), ("edits_rejected", "edits rejected"),
-                  ("rejected_edit", "episodes with a rejected edit"), ("retry_after_rejected_edit", "  retried after it"),
-                  ("test_runs", "visible-test runs"), ("failing_tests", "episodes with failing tests"),
-                  ("retry_after_failing_tests", "  edited again after them"), ("submitted", "submitted"),
-                  ("submitted_untested", "submitted without testing"),
-                  ("submitted_failing_tests", "submitted with failing tests")]
-
-
 def behaviour_table(summaries: dict[str, dict]) -> str:
     """Behaviour statistics of one or more evaluations side by side (`strop.env.behaviour.summarize`)."""
     from strop.bench.table import format_table
+    from strop.env.behaviour import LABELS
 
-    rows = [{"behaviour": label, **{name: s.get(key) for name, s in summaries.items()}} for key, label in BEHAVIOUR_ROWS]
+    rows = []
+    for key, label in LABELS.items():
+        indent = "  " if key.startswith("retry_") else ""  # a rate given the row above
+        rows.append({"behaviour": indent + label, **{name: s.get(key) for name, s in summaries.items()}})
     return format_table(rows, ["behaviour", *summaries])

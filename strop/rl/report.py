@@ -12,14 +12,14 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from strop.env.behaviour import LABELS
 from strop.report import plot_metrics
 
 
 SMOOTH = 5  # steps in the moving averages of per-step curves
-# (key in `strop.env.behaviour.summarize`, label): what the behaviour plot and table compare
-BEHAVIOUR = [("rejected_edit", "episodes with a rejected edit"), ("retry_after_rejected_edit", "retried after it"),
-             ("test_runs", "visible-test runs per episode"), ("submitted_untested", "submitted untested"),
-             ("submitted_failing_tests", "submitted with failing tests")]
+# the `strop.env.behaviour.summarize` keys the behaviour plot and table compare (the plot's per-step
+# curves: the first four, which the orchestrator logs)
+BEHAVIOUR = ["rejected_edit", "retry_after_rejected_edit", "test_runs", "submitted_untested", "submitted_failing_tests"]
 
 
 def _line(rows: list[dict], keys: list[str], path: Path, title: str, ylabel: str = "",
@@ -44,11 +44,11 @@ def _behaviour(rows: list[dict], evals: dict[str, dict], path: Path) -> str:
     with_evals = [name for name, ev in evals.items() if ev.get("behaviour", {}).get("episodes")]
     fig, axes = plt.subplots(1, 2 if with_evals else 1, figsize=(11 if with_evals else 6, 3.8), squeeze=False)
     ax = axes[0][0]
-    for key, label in BEHAVIOUR[:4]:
+    for key in BEHAVIOUR[:4]:
         pts = [(r["step"], r[f"behaviour_{key}"]) for r in rows if r.get(f"behaviour_{key}") is not None]
         if pts:
             xs, ys = zip(*pts)
-            ax.plot(xs, moving_average(list(ys), SMOOTH), label=label, linewidth=2)
+            ax.plot(xs, moving_average(list(ys), SMOOTH), label=LABELS[key], linewidth=2)
     ax.set_xlabel("step")
     ax.set_title(f"Training samples' behaviour (mean of {SMOOTH} steps)")
     ax.grid(alpha=0.3)
@@ -58,10 +58,10 @@ def _behaviour(rows: list[dict], evals: dict[str, dict], path: Path) -> str:
         width = 0.8 / len(with_evals)
         for i, name in enumerate(with_evals):
             b = evals[name]["behaviour"]
-            ax.bar([j + i * width for j in range(len(BEHAVIOUR))], [b.get(k) or 0 for k, _ in BEHAVIOUR], width,
+            ax.bar([j + i * width for j in range(len(BEHAVIOUR))], [b.get(k) or 0 for k in BEHAVIOUR], width,
                    label=f"held-out, {name}")
         ax.set_xticks([j + width * (len(with_evals) - 1) / 2 for j in range(len(BEHAVIOUR))])
-        ax.set_xticklabels([label for _, label in BEHAVIOUR], rotation=20, ha="right", fontsize=8)
+        ax.set_xticklabels([LABELS[k] for k in BEHAVIOUR], rotation=20, ha="right", fontsize=8)
         ax.set_title("Held-out behaviour (greedy)")
         ax.grid(alpha=0.3, axis="y")
         ax.legend(fontsize=8)
@@ -81,8 +81,8 @@ def _behaviour_table(evals: dict[str, dict]) -> list[str]:
 
     lines = ["## Behaviour on held-out tasks (greedy)", "", "| | " + " | ".join(named) + " |",
              "|---|" + "---|" * len(named)]
-    for key, label in [("turns", "turns per episode"), *BEHAVIOUR]:
-        lines.append(f"| {label} | " + " | ".join(cell(b.get(key)) for b in named.values()) + " |")
+    for key in ["turns", *BEHAVIOUR]:
+        lines.append(f"| {LABELS[key]} | " + " | ".join(cell(b.get(key)) for b in named.values()) + " |")
     return lines + [""]
 
 
