@@ -286,8 +286,7 @@ class Engine:
         return out
 
     def named_tensors(self) -> dict[str, torch.Tensor]:
-        # remove_duplicate=False: tied weights are reachable under every name (lm_head.weight too)
-        return {**dict(self.model.named_parameters(remove_duplicate=False)), **dict(self.model.named_buffers(remove_duplicate=False))}
+        return dict(self.forward.named)  # tied weights under every name (lm_head.weight too)
 
     def _apply_updates(self) -> None:
         while True:

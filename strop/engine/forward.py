@@ -114,9 +114,10 @@ class Forward:
             half = cos.shape[-1] // 2
             sign = torch.cat([-torch.ones(half), torch.ones(half)]).to(dtype)
             self._cos, self._sin = cos[0][:, None, :].contiguous(), (sin[0] * sign)[:, None, :].contiguous()
-        # every tensor by name, tied ones under each of their names (as the engine names them)
-        self._named = {**dict(model.named_parameters(remove_duplicate=False)),
-                       **dict(model.named_buffers(remove_duplicate=False))}
+        # every tensor by name, tied ones under each of their names (lm_head.weight too); the model's
+        # tensors are updated in place, never replaced, so this stays true
+        self.named = {**dict(model.named_parameters(remove_duplicate=False)),
+                      **dict(model.named_buffers(remove_duplicate=False))}
         self._fits_step = self.kernel_path and rows_step.fits(model)
         self._packs: rows_step.StepPacks | None = None
         self._fused, self._qkv_sizes, self._qk_norm, self._step = {}, {}, {}, None
@@ -139,10 +140,10 @@ class Forward:
         forward runs: an engine prepares an update's repacking while it keeps decoding, writes the new
         values into the model, and `install`s these at the same pause."""
         for n in (*(names or ()), *(weights or {})):
-            if n not in self._named:
+            if n not in self.named:
                 raise ValueError(f"weight {n!r}: no such tensor in the model")
-        changed = None if names is None else {id(self._named[n]) for n in names}
-        new = {id(self._named[n]): t for n, t in (weights or {}).items()}
+        changed = None if names is None else {id(self.named[n]) for n in names}
+        new = {id(self.named[n]): t for n, t in (weights or {}).items()}
 
         def get(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else new.get(id(t), t)
