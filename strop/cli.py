@@ -74,8 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     from strop.memory import retain_freed_memory
 
     retain_freed_memory()  # training and decode steps reallocate the same buffers: keep them (see strop.memory)
-    previous = signal.getsignal(signal.SIGTERM)
-    if previous is signal.SIG_DFL and threading.current_thread() is threading.main_thread():
+    # only where nobody else handles SIGTERM (an embedding program may), and only the main thread can
+    handle_sigterm = (signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+                      and threading.current_thread() is threading.main_thread())
+    if handle_sigterm:
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         if getattr(args, "json", None):  # every command's --json report: refused before the work, not after it
@@ -88,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         print("strop: interrupted", file=sys.stderr)
         return 130
     finally:
-        if previous is signal.SIG_DFL and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, previous)
+        if handle_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _exit_on_sigterm(signum: int, frame) -> None:

@@ -9,7 +9,7 @@ structure (`BodyLimit`, an ASGI middleware: a bigger body gets 413 before anythi
 
 import json
 
-BODY_BYTES_PER_CHAR = 8  # JSON escapes (\uXXXX is 6 bytes a character) and the messages' structure
+BODY_BYTES_PER_CHAR = 8  # JSON escapes (a \u escape of four hex digits is 6 bytes a character) and the messages' structure
 BODY_MIN_BYTES = 1 << 20  # small contexts still take tool definitions and a few messages
 
 
