@@ -37,15 +37,17 @@ from typing import Callable, ContextManager, Literal, Protocol
 
 import torch
 
+from strop.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from strop.config import Config
 from strop.env.behaviour import summarize
-from strop.outputs import atomic_dir, write_atomic
+from strop.outputs import write_atomic
 from strop.rl.advantages import Sample, make_samples
 from strop.rl.buffer import StalenessBuffer
 from strop.rl.rollout import WorkItem
 from strop.rl.trajectory import Trajectory, TrajectoryGroup
 
 Mode = Literal["sync", "async"]
+_STATE = "run.json"  # the checkpoint's state file (strop.checkpoint)
 # behaviour statistics logged per step (`strop.env.behaviour.summarize`): what RL changes
 TRACKED_BEHAVIOUR = ("retry_after_rejected_edit", "rejected_edit", "test_runs", "submitted_untested", "turns")
 
@@ -230,24 +232,22 @@ class Orchestrator:
     # ---- checkpoint / resume ---------------------------------------------------------------
 
     def save(self, wall_s: float) -> None:
-        """Everything a rerun needs, written to a temporary directory and renamed into place, so a
-        kill at any point leaves the previous checkpoint or this one, never half of one."""
-        with atomic_dir(self.ckpt_dir) as tmp:
-            torch.save(self.runtime.state_dict(), tmp / "trainer.pt")
-            state = {"step": self.step, "mode": self.mode, "wall_s": wall_s, "trainer_s": self.trainer_s,
-                     "sampler_position": self.sampler.position, "rng": _rng_to_json(self.rng.getstate()),
-                     "counts": dict(self.counts), "buffer": self.buffer.state_dict(),
-                     "inflight": [i.to_dict() for i in self.inflight.values()]}
-            (tmp / "run.json").write_text(json.dumps(state))
+        """Everything a rerun needs, as a checkpoint (`strop.checkpoint`: a kill at any point leaves
+        the previous one or this one, never half of one)."""
+        state = {"step": self.step, "mode": self.mode, "wall_s": wall_s, "trainer_s": self.trainer_s,
+                 "sampler_position": self.sampler.position, "rng": _rng_to_json(self.rng.getstate()),
+                 "counts": dict(self.counts), "buffer": self.buffer.state_dict(),
+                 "inflight": [i.to_dict() for i in self.inflight.values()]}
+        save_checkpoint(self.ckpt_dir, state, self.runtime.state_dict(), state_name=_STATE)
 
     def resume(self) -> bool:
         """Load the last checkpoint if there is one (relaunching the work that was in flight)."""
-        ckpt = self.ckpt_dir if self.ckpt_dir.exists() else self.ckpt_dir.with_name("checkpoint.old")
-        if not (ckpt / "run.json").is_file():
+        ckpt = find_checkpoint(self.ckpt_dir, _STATE)
+        if ckpt is None:
             return False
-        state = json.loads((ckpt / "run.json").read_text())
+        state, trainer = load_checkpoint(ckpt, _STATE)
         assert state["mode"] == self.mode, f"checkpoint is of a {state['mode']} run, not {self.mode}"
-        self.runtime.load_state_dict(torch.load(ckpt / "trainer.pt", weights_only=False))
+        self.runtime.load_state_dict(trainer)
         self.buffer.load_state_dict(state["buffer"])
         assert self.buffer.version == self.runtime.version, "buffer and trainer checkpoints disagree on the version"
         self.step, self.elapsed_s, self.trainer_s = state["step"], state["wall_s"], state["trainer_s"]
