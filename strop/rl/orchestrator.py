@@ -28,7 +28,6 @@ sampler position and the RNG state; rerunning the command resumes from it.
 """
 
 import contextlib
-import json
 import random
 import time
 from collections import Counter
@@ -40,9 +39,9 @@ import torch
 from strop.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from strop.config import Config
 from strop.env.behaviour import summarize
-from strop.outputs import write_atomic
 from strop.rl.advantages import Sample, make_samples
 from strop.rl.buffer import StalenessBuffer
+from strop.report import MetricsLog
 from strop.rl.rollout import WorkItem
 from strop.rl.trajectory import Trajectory, TrajectoryGroup
 
@@ -118,7 +117,7 @@ class Orchestrator:
         self.step = 0
         self.elapsed_s = 0.0  # wall time of previous sessions of this run (resume)
         self.trainer_s = 0.0
-        self.metrics_path = self.out_dir / "metrics.jsonl"
+        self.metrics = MetricsLog(self.out_dir / "metrics.jsonl")
         self.ckpt_dir = self.out_dir / "checkpoint"
 
     # ---- launching and collecting ----------------------------------------------------------
@@ -208,8 +207,7 @@ class Orchestrator:
             "bytes_synced": self.runtime.bytes_synced,
             "wall_s": wall,
         }
-        with self.metrics_path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+        self.metrics.write(row)
         self.log(row)
         if self.step % self.cfg.rollout.ckpt_every == 0 or self.step == rl.steps:
             self.save(wall)
@@ -255,9 +253,7 @@ class Orchestrator:
         self.rng.setstate(_rng_from_json(state["rng"]))
         self.counts = Counter(state["counts"])
         # metrics rows past the checkpoint belong to steps that will be redone
-        if self.metrics_path.is_file():
-            rows = [ln for ln in self.metrics_path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= self.step]
-            write_atomic(self.metrics_path, "".join(r + "\n" for r in rows))
+        self.metrics.truncate_after(self.step)
         for d in state["inflight"]:
             item = WorkItem(**{**d, "version": self.runtime.version})
             assert self.buffer.admit(item.version, 1), "no room to relaunch in-flight work on resume"
