@@ -26,6 +26,8 @@ class MetricsLog:
 
     def truncate_after(self, step: int) -> None:
         """Drop rows past `step` (written after the last checkpoint by a killed run)."""
+        if not self.path.is_file():
+            return
         rows = [r for r in self.read() if r.get("step", 0) <= step]
         write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in rows))
 

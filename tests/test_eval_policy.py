@@ -46,13 +46,13 @@ def test_outcome_names_how_an_episode_ended():
     from strop.rl.evaluate import outcome
     from strop.rl.trajectory import Trajectory
 
-    def traj(reward: float, reason: str, flags: list | None = None) -> Trajectory:
-        return Trajectory("t", "g", 0, [], reward, {"reason": reason}, flags or [])
+    def traj(reward: float, reason: str, flags: list | None = None, outcome: str = "not scored") -> Trajectory:
+        return Trajectory("t", "g", 0, [], reward, {"reason": reason, "outcome": outcome}, flags or [])
 
     assert outcome(traj(1.0, "ok")) == "solved"
     assert outcome(traj(1.0, "ok", [{"kind": "test_edit", "evidence": ""}])) == "solved, hack-flagged"
     assert outcome(traj(1.0, "ok", [{"kind": "degenerate", "evidence": "3 of 5 calls invalid"}])) == "solved"
-    assert outcome(traj(0.0, "no changes")) == "no changes"
-    assert outcome(traj(0.0, "3 of 27 tests did not pass")) == "tests failed"
+    assert outcome(traj(0.0, "no changes", outcome="no changes")) == "no changes"
+    assert outcome(traj(0.0, "3 of 27 tests did not pass", outcome="tests failed")) == "tests failed"
     assert outcome(traj(0.0, "timeout after 30 s")) == "timeout after 30 s"
     assert outcome(traj(0.0, "checker error: OSError: gone")) == "checker error"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from strop.cli import main
-from strop.env import bwrap
+from strop.env import bwrap_host, sched_slice
 from strop.env.pool import SandboxPool
 from strop.env.sandbox import WORKDIR, Limits, open_sandbox
 
@@ -261,14 +261,14 @@ def test_sandbox_outlives_the_thread_that_opened_it(world):
 
 def test_sandbox_processes_get_a_short_scheduler_slice(sb):
     # latency, not containment: on a busy machine each of a start's hand-offs between processes
-    # waited for another task's slice to end (see bwrap._request_short_slice)
+    # waited for another task's slice to end (see strop.env.sched_slice)
     if tuple(int(x) for x in os.uname().release.split("-")[0].split(".")[:2]) < (6, 12):
         pytest.skip("custom slices for normal tasks need Linux 6.12")
     sched = sb.exec("cat /proc/self/sched").stdout  # the command inherits it from bwrap and the server
     if "se.slice" not in sched:
         pytest.skip("this kernel does not show se.slice")
     line = next(l for l in sched.splitlines() if l.startswith("se.slice"))
-    assert int(line.split()[-1]) == bwrap._SLICE_NS
+    assert int(line.split()[-1]) == sched_slice.SLICE_NS
 
 
 def test_concurrent_sweeps_of_dead_roots_do_not_raise(tmp_path):
@@ -276,13 +276,12 @@ def test_concurrent_sweeps_of_dead_roots_do_not_raise(tmp_path):
     thread removed first is not an error."""
     import threading
 
-    from strop.env import bwrap
 
     errors = []
 
     def sweep():
         try:
-            bwrap._sweep_dead(tmp_path)
+            bwrap_host.sweep_dead(tmp_path)
         except Exception as e:  # noqa: BLE001 - the test collects whatever escapes
             errors.append(e)
 
@@ -308,11 +307,11 @@ def test_rmtree_removes_nested_unreadable_directories():
     import sys
     import tempfile
 
-    script = ("import os, sys; from pathlib import Path; from strop.env.bwrap import _rmtree\n"
+    script = ("import os, sys; from pathlib import Path; from strop.env.bwrap_host import rmtree\n"
               "root = Path(sys.argv[1]); inner = root / 'sbx' / 'work' / 'work' / 'index'\n"
               "inner.mkdir(parents=True); (inner / 'f').write_text('x')\n"
               "os.chmod(inner, 0); os.chmod(inner.parent, 0)\n"
-              "_rmtree(root); assert not root.exists()\n")
+              "rmtree(root); assert not root.exists()\n")
     base = Path(tempfile.mkdtemp(dir="/tmp"))  # pytest's tmp_path sits under a root-only directory
     try:
         cmd = [sys.executable, "-c", script, str(base / "layer")]
@@ -326,4 +325,4 @@ def test_rmtree_removes_nested_unreadable_directories():
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).parent.parent)
         assert out.returncode == 0, out.stderr
     finally:
-        bwrap._rmtree(base)
+        bwrap_host.rmtree(base)

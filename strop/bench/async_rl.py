@@ -24,7 +24,6 @@ long as training). Both modes train on the same tokens (`trained_tokens` in the 
 """
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -73,12 +72,13 @@ def tiny_policy(out: Path) -> Path:
 
 def train_once(cfg, mode: str, policy: Path, out: Path, cpus) -> dict:
     """One RL run in `mode` from `policy`; its loop figures (model loading excluded)."""
+    from strop.report import MetricsLog
     from strop.rl.train_cmd import train_rl
 
     shutil.rmtree(out / mode, ignore_errors=True)
     r = train_rl(cfg, mode=mode, policy_dir=policy, out_dir=out / mode, cpus=cpus, trainer_process=True,
                  quiet=True)
-    rows = [json.loads(line) for line in (out / mode / "metrics.jsonl").read_text().splitlines()]
+    rows = MetricsLog(out / mode / "metrics.jsonl").read()
     return {"steps": r["steps"], "trained_tokens": sum(row["tokens"] for row in rows), "wall_s": r["wall_s"],
             "trainer_s": r["trainer_s"], "engine_s": r["engine_busy_s"], "dropped": r["buffer"]["dropped"].get("stale", 0)}
 

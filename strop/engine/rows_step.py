@@ -1,5 +1,5 @@
 """A whole forward pass of a softmax-routed MoE model as one C call (`forward_rows` in
-`strop.kernels.csrc_step`), for any rows: a decode step, prompts, prompt suffixes after reused keys.
+`strop/kernels/step.c`), for any rows: a decode step, prompts, prompt suffixes after reused keys.
 
 Why: kernel by kernel, a decode step of the demo model made four ctypes calls and a few torch ops
 per layer, each paying microseconds of argument conversion and tensor plumbing (~15% of a step at

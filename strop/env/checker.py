@@ -20,7 +20,8 @@ plain data (`strop.env.isolated_grading`), so nothing the code does inside its o
 always-equal return value, a patched runner, an exit call) can pass a check.
 
 Timeouts, crashes, missing or malformed reports give reward 0 with a `reason`; `check` never
-raises. The perturbed run (same steps, `task.perturbed_tests` in place of the hidden tests)
+raises. `Score.outcome` says in one word of `Outcome` what the checker concluded, for code to
+branch on; `reason` says it in words, for people. The perturbed run (same steps, `task.perturbed_tests` in place of the hidden tests)
 is reported separately for the hack monitor and does not change the reward; it runs only when
 the hidden tests gave reward (special-casing test inputs matters only when it paid).
 """
@@ -40,6 +41,10 @@ from strop.env.sandbox import Limits, open_sandbox, scratch_dir
 from strop.env.task import Task
 
 Mode = Literal["binary", "fraction"]
+# what a check concluded: every test passed; the tests ran and some did not pass; no test ran;
+# there was nothing to check (`strop.rl.rollout`); the changes could not be scored (a timeout, a
+# missing, malformed or forged report, a grading failure, the checker's own error: see `reason`)
+Outcome = Literal["passed", "tests failed", "no tests ran", "no changes", "not scored"]
 TEST_TIMEOUT_S = 120.0
 RUNNER_MODULES = frozenset(sys.stdlib_module_names) | {"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging",
                                                        "sitecustomize", "usercustomize", "xdist", "pytest_timeout"}
@@ -59,6 +64,8 @@ class Score:
     perturbed_reason: str | None = None
     exit_code: int | None = None
     detail: str = ""  # graded by values: the first check that did not pass, and why
+    outcome: Outcome = "passed"
+    perturbed_outcome: Outcome | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -164,11 +171,12 @@ def _run(task: Task, kept: dict, tests: dict[str, str], n_tests: int, mode: Mode
         env = {"STROP_JUNIT": junit, "PYTHONDONTWRITEBYTECODE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
         result = sandbox.exec(cmd, timeout=timeout, env=env)
         if result.timed_out:
-            return Score(0.0, reason=f"timeout after {timeout:.0f} s", exit_code=result.exit_code)
+            return Score(0.0, reason=f"timeout after {timeout:.0f} s", exit_code=result.exit_code, outcome="not scored")
         try:
             xml = sandbox.read_file(junit)
         except OSError:
-            return Score(0.0, reason=f"no junit report (exit code {result.exit_code})", exit_code=result.exit_code)
+            return Score(0.0, reason=f"no junit report (exit code {result.exit_code})", exit_code=result.exit_code,
+                         outcome="not scored")
     finally:
         for sandbox in sandboxes:
             sandbox.close()
@@ -177,10 +185,11 @@ def _run(task: Task, kept: dict, tests: dict[str, str], n_tests: int, mode: Mode
     try:
         passed, failed, errors, skipped = parse_junit(xml)
     except ET.ParseError as e:
-        return Score(0.0, reason=f"malformed junit report: {e}", exit_code=result.exit_code)
+        return Score(0.0, reason=f"malformed junit report: {e}", exit_code=result.exit_code, outcome="not scored")
     score = _tally(Score(0.0, passed, failed, errors, skipped, exit_code=result.exit_code), n_tests, mode)
     if score.reward == 1.0 and result.exit_code != 0:  # a report of all passes from a failed run was written by someone else
-        score.reward, score.reason = 0.0, f"all {score.passed} tests passed in the report but the runner exited {result.exit_code}"
+        score.reward, score.outcome = 0.0, "not scored"
+        score.reason = f"all {score.passed} tests passed in the report but the runner exited {result.exit_code}"
     return score
 
 
@@ -191,7 +200,7 @@ def _values_score(answerer, judge, checks: dict[str, str], n_tests: int, mode: M
         for source in checks.values():
             outcomes += grade(source, answerer, judge, timeout)
     except GradingFailed as e:
-        return Score(0.0, reason=str(e))
+        return Score(0.0, reason=str(e), outcome="not scored")
     kinds = [kind for _, kind, _ in outcomes]
     score = _tally(Score(0.0, kinds.count("passed"), kinds.count("failed"), kinds.count("error")), n_tests, mode)
     score.detail = next((f"{name}: {detail}"[:300] for name, kind, detail in outcomes if kind != "passed"), "")
@@ -202,9 +211,9 @@ def _tally(score: Score, n_tests: int, mode: Mode) -> Score:
     """Reward and reason from the counts: fewer test cases than the task declares count as failures."""
     total = max(score.passed + score.failed + score.errors + score.skipped, n_tests)
     if total == 0:
-        score.reason = "no tests ran"
+        score.reason, score.outcome = "no tests ran", "no tests ran"
     elif score.passed < total:
-        score.reason = f"{total - score.passed} of {total} tests did not pass"
+        score.reason, score.outcome = f"{total - score.passed} of {total} tests did not pass", "tests failed"
         score.reward = score.passed / total if mode == "fraction" else 0.0
     else:
         score.reward = 1.0
@@ -221,9 +230,9 @@ def check(task: Task, changes: dict[str, bytes | str | None], mode: Mode = "bina
         score = _run(task, kept, task.hidden_tests, task.metadata.get("n_tests", 0), mode, limits)
         if perturbed and task.perturbed_tests and score.reward > 0:  # special-casing only matters if it paid
             other = _run(task, kept, task.perturbed_tests, task.metadata.get("n_perturbed_tests", 0), mode, limits)
-            score.perturbed_reward, score.perturbed_reason = other.reward, other.reason
+            score.perturbed_reward, score.perturbed_reason, score.perturbed_outcome = other.reward, other.reason, other.outcome
     except Exception as e:  # the process boundary of scoring: a broken run is reward 0, never a crash
-        score = Score(0.0, reason=f"checker error: {type(e).__name__}: {e}")
+        score = Score(0.0, reason=f"checker error: {type(e).__name__}: {e}", outcome="not scored")
     score.dropped_paths = dropped
     score.duration = time.perf_counter() - start
     return score

@@ -1,20 +1,21 @@
 """C kernels for the CPU forward pass of the engine and the trainer, and for the engine's sampler,
-built with the system C compiler and called through ctypes (the source is `strop.kernels.csrc`).
+built with the system C compiler and called through ctypes (the C is in this package's .c files:
+core.c, attention.c, sampling.c, moe.c and step.c, one translation unit).
 
 Why: on a small model a decode step is hundreds of tiny ops, each costing more in dispatch than
 in arithmetic; at decode each expert sees one or two tokens, so grouped GEMMs become dozens of
 tiny calls per layer; top-p wants a full sort. And a GEMM library picks kernels, blocking and
 thread splits from the matrix shape, so the same row rounds differently alone, beside 15 others or
 beside 2000: the engine and the trainer could not agree to the bit. These kernels are
-batch-invariant by construction (see `strop.kernels.csrc`): a row's result never depends on the
+batch-invariant by construction (see core.c): a row's result never depends on the
 other rows of a call, so the engine (any batch, slot, neighbours, prefix reuse) and the trainer
 (whole sequences, `strop.model.deterministic`) compute the same bits.
 
 They compute in fp32 over fp32 or bf16 weights (widened exactly) packed by `pack_linear` /
 `pack_experts` (rebuilt after every weight update). Without a C compiler (or with
-STROP_NO_KERNELS set), `available()` is False. The shared object is cached under ~/.cache/strop
-keyed by the source and this CPU's flags (it is built with -march=native), so a copy built on
-another machine is never loaded.
+STROP_NO_KERNELS set), `available()` is False and callers run PyTorch ops instead (`SLOW_PATH`).
+The shared object is cached under ~/.cache/strop keyed by the source and this CPU's flags (it is
+built with -march=native), so a copy built on another machine is never loaded.
 """
 
 import ctypes
@@ -24,10 +25,11 @@ from dataclasses import dataclass
 
 import torch
 
-from strop.kernels.csrc import SOURCE as _SOURCE
-from strop.native import load_library
+from strop.native import load_library, read_sources
 
-MOE_GROUP = 16  # csrc's MOE_GROUP: most rows of one expert per pass (sizes moe_experts' scratch)
+SOURCES = ("core.c", "attention.c", "sampling.c", "moe.c", "step.c")  # one translation unit, in this order
+SLOW_PATH = "PyTorch ops (the torch forward and sampler; no deterministic mode)"
+MOE_GROUP = 16  # moe.c's MOE_GROUP: most rows of one expert per pass (sizes moe_experts' scratch)
 _lib: ctypes.CDLL | None = None
 _tried = False
 _local = threading.local()  # per-thread scratch buffers: engines on different threads never share one
@@ -44,7 +46,7 @@ def _scratch(slot: str, n: int, dtype: torch.dtype = torch.float32) -> torch.Ten
 
 
 def _build() -> ctypes.CDLL | None:
-    lib = load_library("moe", _SOURCE)
+    lib = load_library("moe", read_sources(__name__, *SOURCES), slow_path=SLOW_PATH)
     if lib is None:
         return None
     P, I64, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float

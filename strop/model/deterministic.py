@@ -11,7 +11,7 @@ numbers depend only on its own sequence.
 
 The model's math is written once, over token rows (`layer`): each row has a position, and
 attention and routing come from the caller (`Rows`). The engine runs it over its KV cache with its
-own router (`strop.engine.forward`; for qwen3_moe the C step `strop.kernels.csrc_step` chains the
+own router (`strop.engine.forward`; for qwen3_moe the C step `strop/kernels/step.c` chains the
 same kernels in one call); the trainer runs it over whole sequences (`sequence_forward`), through
 the MoE gate modules, so routing capture and replay (`strop.model.routing`) apply as to the Hugging
 Face forward. `deterministic_mode(model)` makes a Hugging Face policy's own forward

@@ -59,10 +59,9 @@ def outcome(traj: Trajectory) -> str:
     changed it but the hidden tests fail, or the checker's own failure (timeout, crash)."""
     if traj.solved:
         return "solved, hack-flagged" if traj.hacked else "solved"
-    reason = traj.breakdown.get("reason", "")
-    if reason == "no changes":
-        return "no changes"
-    return "tests failed" if reason.endswith("did not pass") else reason.split(":")[0]
+    if traj.breakdown.get("outcome") in ("no changes", "tests failed"):
+        return traj.breakdown["outcome"]
+    return traj.breakdown.get("reason", "").split(":")[0]  # not scored: why, without the detail
 
 
 def _mean_interval(rates: list[float], z: float = Z95) -> tuple[float, float]:

@@ -28,7 +28,6 @@ sampler position and the RNG state; rerunning the command resumes from it.
 """
 
 import contextlib
-import json
 import random
 import time
 from collections import Counter
@@ -37,15 +36,17 @@ from typing import Callable, ContextManager, Literal, Protocol
 
 import torch
 
+from strop.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from strop.config import Config
 from strop.env.behaviour import summarize
-from strop.outputs import atomic_dir, write_atomic
 from strop.rl.advantages import Sample, make_samples
 from strop.rl.buffer import StalenessBuffer
+from strop.report import MetricsLog
 from strop.rl.rollout import WorkItem
 from strop.rl.trajectory import Trajectory, TrajectoryGroup
 
 Mode = Literal["sync", "async"]
+_STATE = "run.json"  # the checkpoint's state file (strop.checkpoint)
 # behaviour statistics logged per step (`strop.env.behaviour.summarize`): what RL changes
 TRACKED_BEHAVIOUR = ("retry_after_rejected_edit", "rejected_edit", "test_runs", "submitted_untested", "turns")
 
@@ -116,7 +117,7 @@ class Orchestrator:
         self.step = 0
         self.elapsed_s = 0.0  # wall time of previous sessions of this run (resume)
         self.trainer_s = 0.0
-        self.metrics_path = self.out_dir / "metrics.jsonl"
+        self.metrics = MetricsLog(self.out_dir / "metrics.jsonl")
         self.ckpt_dir = self.out_dir / "checkpoint"
 
     # ---- launching and collecting ----------------------------------------------------------
@@ -206,8 +207,7 @@ class Orchestrator:
             "bytes_synced": self.runtime.bytes_synced,
             "wall_s": wall,
         }
-        with self.metrics_path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+        self.metrics.write(row)
         self.log(row)
         if self.step % self.cfg.rollout.ckpt_every == 0 or self.step == rl.steps:
             self.save(wall)
@@ -230,24 +230,22 @@ class Orchestrator:
     # ---- checkpoint / resume ---------------------------------------------------------------
 
     def save(self, wall_s: float) -> None:
-        """Everything a rerun needs, written to a temporary directory and renamed into place, so a
-        kill at any point leaves the previous checkpoint or this one, never half of one."""
-        with atomic_dir(self.ckpt_dir) as tmp:
-            torch.save(self.runtime.state_dict(), tmp / "trainer.pt")
-            state = {"step": self.step, "mode": self.mode, "wall_s": wall_s, "trainer_s": self.trainer_s,
-                     "sampler_position": self.sampler.position, "rng": _rng_to_json(self.rng.getstate()),
-                     "counts": dict(self.counts), "buffer": self.buffer.state_dict(),
-                     "inflight": [i.to_dict() for i in self.inflight.values()]}
-            (tmp / "run.json").write_text(json.dumps(state))
+        """Everything a rerun needs, as a checkpoint (`strop.checkpoint`: a kill at any point leaves
+        the previous one or this one, never half of one)."""
+        state = {"step": self.step, "mode": self.mode, "wall_s": wall_s, "trainer_s": self.trainer_s,
+                 "sampler_position": self.sampler.position, "rng": _rng_to_json(self.rng.getstate()),
+                 "counts": dict(self.counts), "buffer": self.buffer.state_dict(),
+                 "inflight": [i.to_dict() for i in self.inflight.values()]}
+        save_checkpoint(self.ckpt_dir, state, self.runtime.state_dict(), state_name=_STATE)
 
     def resume(self) -> bool:
         """Load the last checkpoint if there is one (relaunching the work that was in flight)."""
-        ckpt = self.ckpt_dir if self.ckpt_dir.exists() else self.ckpt_dir.with_name("checkpoint.old")
-        if not (ckpt / "run.json").is_file():
+        ckpt = find_checkpoint(self.ckpt_dir, _STATE)
+        if ckpt is None:
             return False
-        state = json.loads((ckpt / "run.json").read_text())
+        state, trainer = load_checkpoint(ckpt, _STATE)
         assert state["mode"] == self.mode, f"checkpoint is of a {state['mode']} run, not {self.mode}"
-        self.runtime.load_state_dict(torch.load(ckpt / "trainer.pt", weights_only=False))
+        self.runtime.load_state_dict(trainer)
         self.buffer.load_state_dict(state["buffer"])
         assert self.buffer.version == self.runtime.version, "buffer and trainer checkpoints disagree on the version"
         self.step, self.elapsed_s, self.trainer_s = state["step"], state["wall_s"], state["trainer_s"]
@@ -255,9 +253,7 @@ class Orchestrator:
         self.rng.setstate(_rng_from_json(state["rng"]))
         self.counts = Counter(state["counts"])
         # metrics rows past the checkpoint belong to steps that will be redone
-        if self.metrics_path.is_file():
-            rows = [ln for ln in self.metrics_path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= self.step]
-            write_atomic(self.metrics_path, "".join(r + "\n" for r in rows))
+        self.metrics.truncate_after(self.step)
         for d in state["inflight"]:
             item = WorkItem(**{**d, "version": self.runtime.version})
             assert self.buffer.admit(item.version, 1), "no room to relaunch in-flight work on resume"

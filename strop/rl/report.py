@@ -8,12 +8,11 @@ the staleness histogram over all trained samples, bytes synced to the engines, e
 mismatch, and trainer/engine busy fractions.
 """
 
-import json
 from collections import Counter
 from pathlib import Path
 
 from strop.env.behaviour import LABELS
-from strop.report import plot_metrics
+from strop.report import MetricsLog, plot_metrics
 
 
 SMOOTH = 5  # steps in the moving averages of per-step curves
@@ -120,7 +119,7 @@ def write_report(out_dir: Path, metrics_path: Path, evals: dict[str, dict]) -> P
     """Write `out_dir/report.md` and its plots; `evals` maps a stage name ("sft", "rl") to its
     held-out evaluation (`strop.rl.evaluate.evaluate`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    rows = [json.loads(ln) for ln in Path(metrics_path).read_text().splitlines() if ln.strip()]
+    rows = MetricsLog(metrics_path).read()
     for r in rows:
         r["bytes_synced_mb"] = r.get("bytes_synced", 0) / 1e6
     plots = [

@@ -64,7 +64,7 @@ def score_changes(task: Task, changes: dict) -> Score:
     """The checker's score. Every task starts from a repository that fails its hidden tests (that
     is what makes it a task), so an episode that changed nothing scores 0 without a test run."""
     if not changes:
-        return Score(0.0, reason="no changes")
+        return Score(0.0, reason="no changes", outcome="no changes")
     return check(task, changes)
 
 

@@ -5,7 +5,7 @@ nothing of training; trainers publish and engines apply through it.
 
     bits.py          Rice codes, fast set-bit positions (vectorised numpy)
     tensor_codec.py  one tensor's delta: exponent-class change masks + ordinal steps
-    native_coder.py  the same coder's per-change loops in C (csrc.py: encoder, csrc_decode.py:
+    native_coder.py  the same coder's per-change loops in C (delta_encode.c: encoder, delta_decode.c:
                      decoder), used when a C compiler is at hand; same bytes
     codec.py         the delta file: checksummed header, per-tensor payload/base/result crc32
     tensors.py       raw tensors as bit patterns; safetensors read/write without torch

@@ -1,5 +1,5 @@
-"""The delta coder's C path: ctypes wrappers around the C source in `strop.sync.csrc` (shared
-helpers, encoder) and `strop.sync.csrc_decode`.
+"""The delta coder's C path: ctypes wrappers around the C in delta_encode.c (shared helpers,
+encoder) and delta_decode.c, beside this module.
 
 `tensor_codec` calls these when `available()`; they produce and read the same bytes as its
 numpy path (tests check both), about 3x faster on dense RL deltas, where the numpy path
@@ -11,8 +11,7 @@ import ctypes
 
 import numpy as np
 
-from strop.native import load_library
-from strop.sync import csrc, csrc_decode
+from strop.native import load_library, read_sources
 from strop.sync.bits import rice_k, varint
 
 _lib: ctypes.CDLL | None = None
@@ -27,7 +26,8 @@ def available() -> bool:
     """Whether the C coder can be used here (built on first call)."""
     global _lib, _tried
     if not _tried:
-        lib = load_library("delta", csrc.SOURCE + csrc_decode.SOURCE)
+        lib = load_library("delta", read_sources("strop.sync", "delta_encode.c", "delta_decode.c"),
+                           slow_path="the numpy delta coder")
         if lib is not None:
             P, I64, I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
             for name, args in (("delta_scan", [P, P, I64, I, ctypes.c_uint32, P, P, P, P, P]),

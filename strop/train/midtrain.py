@@ -76,12 +76,12 @@ def midtrain(cfg: Config, stop_after: int | None = None) -> dict:
     import torch
     from tqdm import tqdm
 
+    from strop.checkpoint import find_checkpoint, load_training, save_training
     from strop.data.corpus import load_corpus
     from strop.data.packing import PackedBatches, tokenize_documents
     from strop.model.policy import build_model, load_model, save_model
     from strop.report import MetricsLog, plot_metrics
     from strop.threads import set_threads
-    from strop.train.checkpoint import load_checkpoint, save_checkpoint
 
     threads = set_threads(cfg.run.threads or None)
     run_dir = cfg.run_dir / "midtrain"
@@ -119,8 +119,9 @@ def midtrain(cfg: Config, stop_after: int | None = None) -> dict:
     ckpt = run_dir / "ckpt"
     step, elapsed_before = 0, 0.0
     log = MetricsLog(run_dir / "metrics.jsonl")
-    if ckpt.is_dir():
-        state = load_checkpoint(ckpt, model, optimizer, scheduler)
+    found = find_checkpoint(ckpt)
+    if found is not None:
+        state = load_training(found, model, optimizer, scheduler)
         step, elapsed_before = state["step"], state.get("elapsed_s", 0.0)
         total.update(steps=state.get("total_steps", m.steps), chosen=state.get("total_chosen", True))
         log.truncate_after(step)
@@ -168,8 +169,8 @@ def midtrain(cfg: Config, stop_after: int | None = None) -> dict:
         bar.update(1)
         if step % m.ckpt_every == 0 or step == total["steps"]:
             elapsed = elapsed_before + time.perf_counter() - t_start
-            save_checkpoint(ckpt, model, optimizer, scheduler, step,
-                            {"elapsed_s": elapsed, "total_steps": total["steps"], "total_chosen": total["chosen"]})
+            save_training(ckpt, model, optimizer, scheduler, step,
+                          {"elapsed_s": elapsed, "total_steps": total["steps"], "total_chosen": total["chosen"]})
     bar.close()
 
     rows = log.read()

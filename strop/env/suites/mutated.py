@@ -206,7 +206,7 @@ def build(out_dir: Path | None = None, target: int = 240, packages: tuple[str, .
             batch = candidates[tried:tried + 4 * workers]  # verified in parallel, kept in candidate order
             tried += len(batch)
             for (pkg, m, tests), score in zip(batch, pool.map(lambda c: check(_task(c[0], bases[c[0]], 0, c[1], c[2], 0), {}, perturbed=False), batch)):
-                if len(tasks) < target and score.reward == 0.0 and (score.failed or score.errors) and "timeout" not in score.reason:
+                if len(tasks) < target and score.reward == 0.0 and (score.failed or score.errors) and score.outcome == "tests failed":
                     task = _task(pkg, bases[pkg], len(tasks), m, tests, sum(baseline[pkg][t] for t in tests))
                     tasks.append(task)
                     d = task.to_dict()

@@ -1,20 +1,18 @@
-"""C source of the delta coder's per-change loops: shared helpers and the encoder (the
-decoder is `csrc_decode`; `strop.sync.native_coder` compiles the two together).
+/* The delta coder's per-change loops: shared helpers and the encoder (the
+   decoder is delta_decode.c; `strop.sync.native_coder` compiles the two together, this one first).
 
-It writes exactly the bytes `strop.sync.tensor_codec`'s numpy path writes; numpy stays the
-reference and the fallback. Encoding is two calls. `delta_scan` makes one pass over old and new
-by 64-element blocks (AVX2 masks of the changes and of the low class, the block's ordinal steps
-in one vector pass) and lists each class's coordinates (ranks or positions) and steps, with the
-sums the Rice parameters need. `delta_emit` writes each Rice stream in one pass, then the step
-streams (sign bits by movemask, escapes from a mask). Python picks the class bound before the
-scan and the Rice parameters between the calls (`tensor_codec.choose_bound`, `bits.rice_k`),
-so both paths choose alike.
+   It writes exactly the bytes `strop.sync.tensor_codec`'s numpy path writes; numpy stays the
+   reference and the fallback. Encoding is two calls. `delta_scan` makes one pass over old and new
+   by 64-element blocks (AVX2 masks of the changes and of the low class, the block's ordinal steps
+   in one vector pass) and lists each class's coordinates (ranks or positions) and steps, with the
+   sums the Rice parameters need. `delta_emit` writes each Rice stream in one pass, then the step
+   streams (sign bits by movemask, escapes from a mask). Python picks the class bound before the
+   scan and the Rice parameters between the calls (`tensor_codec.choose_bound`, `bits.rice_k`),
+   so both paths choose alike.
 
-Elements are uint16 (BF16, F16) or uint32 (F32) bit patterns; `w` is their width in bytes,
-a constant in every inlined helper so the compiler emits one loop per width.
-"""
+   Elements are uint16 (BF16, F16) or uint32 (F32) bit patterns; `w` is their width in bytes,
+   a constant in every inlined helper so the compiler emits one loop per width. */
 
-SOURCE = r"""
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -392,4 +390,3 @@ i64 count_changes(const void *o, const void *nw, i64 n, int w) {
     }
     return m;
 }
-"""

@@ -1,10 +1,8 @@
-"""C source of the engine's sampler: row softmax and the top-p select and draw.
+/* The engine's sampler: row softmax and the top-p select and draw.
 
-Part of the translation unit `strop.kernels.csrc.SOURCE` (it uses that file's vector types,
-`exp8` and `vmax`); bound by `strop.kernels`. Each row is computed from itself alone.
-"""
+   Compiled after core.c (it uses that file's vector types, `exp8` and `vmax`); bound by
+   `strop.kernels`. Each row is computed from itself alone. */
 
-SAMPLING = r"""
 /* p [N, V] = softmax of each row of x [N, V]: exp8 (within 2 ulp of expf) of x - max, summed in
    four 8-lane accumulators, times 1 / sum. */
 void softmax_rows(const float *restrict x, float *restrict p, int64_t N, int64_t V) {
@@ -209,4 +207,3 @@ void sample_top_p(const float *restrict p, const float *restrict top_p, const fl
     }
 }
 
-"""

@@ -1,14 +1,12 @@
-"""C source of a whole forward step of a softmax-routed MoE model in one call (bound by
-`strop.engine.rows_step`).
+/* A whole forward step of a softmax-routed MoE model in one call (bound by
+   `strop.engine.rows_step`).
 
-Part of the translation unit `strop.kernels.csrc.SOURCE`: it chains that file's kernels (the
-attention block, the router projection and its softmax top-k, the experts, the final norm and the
-output head) over any rows — decode tokens, whole prompts, prompt suffixes after reused keys, all in
-one call — so a step costs one ctypes call instead of a few per layer. It is the same chain of
-functions `strop.model.deterministic` calls one by one, so its results are theirs bit for bit.
-"""
+   Compiled after the other kernel files: it chains their kernels (the attention block, the router
+   projection and its softmax top-k, the experts, the final norm and the output head) over any rows
+   (decode tokens, whole prompts, prompt suffixes after reused keys, all in one call), so a step
+   costs one ctypes call instead of a few per layer. It is the same chain of functions
+   `strop.model.deterministic` calls one by one, so its results are theirs bit for bit. */
 
-STEP = r"""
 /* Per layer, `forward_rows` reads P_LAYER pointers and V_LAYER floats in this order; after the
    layers come the shared pointers (G_*) and the final norm's eps. cfg holds the C_* sizes. */
 enum { P_IN_NORM, P_QKV, P_QKV_BIAS, P_QK_NORM, P_O, P_O_BIAS, P_POST_NORM, P_K_CACHE, P_V_CACHE,
@@ -71,4 +69,3 @@ void forward_rows_scratch(const int64_t *restrict cfg, int64_t N, int64_t S, int
                N * (2 * D + 3 * qk_heads * cfg[C_HEAD_DIM]) + cfg[C_L];
     sizes[1] = 2 * N * K + cfg[C_E] + 1 + S * K;
 }
-"""

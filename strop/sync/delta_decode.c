@@ -1,14 +1,12 @@
-"""C source of the delta decoder, compiled after `strop.sync.csrc` (whose helpers it uses) by
-`strop.sync.native_coder`.
+/* The delta decoder, compiled after delta_encode.c (whose helpers it uses) by
+   `strop.sync.native_coder`.
 
-It reads what `tensor_codec.decode_delta` reads: the Rice streams (a unary scan walking set
-bits low to high, the remainder planes spread a byte at a time), ranks turned into positions
-by scanning the old tensor's low-class mask, and the new bit patterns written either as
-(positions, values) or straight into the output tensor. Every count, length and position is
-checked before it is used: a damaged payload gets an error code, never a write out of place.
-"""
+   It reads what `tensor_codec.decode_delta` reads: the Rice streams (a unary scan walking set
+   bits low to high, the remainder planes spread a byte at a time), ranks turned into positions
+   by scanning the old tensor's low-class mask, and the new bit patterns written either as
+   (positions, values) or straight into the output tensor. Every count, length and position is
+   checked before it is used: a damaged payload gets an error code, never a write out of place. */
 
-SOURCE = r"""
 /* ---- decode ---- */
 typedef struct { const uint8_t *p, *end; } RD;
 
@@ -208,4 +206,3 @@ i64 delta_decode(const void *o, i64 n, int w, int mant, int expb, const uint8_t 
     free(esc);
     return e;
 }
-"""

@@ -1,14 +1,12 @@
-"""C source of the attention kernels: the q/k norm and rotation, attention of query rows over a
-KV cache, and a whole attention block in one call.
+/* The attention kernels: the q/k norm and rotation, attention of query rows over a KV cache,
+   and a whole attention block in one call.
 
-Part of the translation unit `strop.kernels.csrc.SOURCE` (it uses that file's vector types, `dot`,
-`exp8`, `add_rmsnorm` and `linear_rows`). A query's result depends on its own row, its position
-and the keys 0..position of its sequence only, computed in an order fixed by the position: a decode
-step, a prompt prefilled in one pass, a suffix prefilled against reused keys and a trainer's
-full-sequence forward give the same bits.
-"""
+   Compiled after core.c (it uses that file's vector types, `dot`, `exp8`, `add_rmsnorm` and
+   `linear_rows`). A query's result depends on its own row, its position and the keys 0..position of
+   its sequence only, computed in an order fixed by the position: a decode step, a prompt prefilled
+   in one pass, a suffix prefilled against reused keys and a trainer's full-sequence forward give the
+   same bits. */
 
-ATTENTION = r"""
 /* From rows src [N, (nq + nk) * d] (row stride ss; q heads then k heads): RMS-normalise every head
    (weights wqk [nq + nk, d]) and rotate it by the row's position (cos, sin [P, d], sin carrying the
    rotate-half sign) into qk [N, nq + nk, d]. */
@@ -169,4 +167,3 @@ void attn_block(float *restrict h, const float *restrict pending, const float *r
     add_rmsnorm(h, o, w_post, x_out, N, D, eps_post);
 }
 
-"""
