@@ -2,7 +2,8 @@
 
 Placement only; what happens is the orchestrator's. The trainer runs on the caller's thread
 (the orchestrator's main loop), each engine on its own loop thread (continuous batching across
-all the workers that share it), and rollouts on a thread pool — their sandboxes and checker runs
+all the workers that share it; or a served engine, vLLM or a URL, by `rollout.engine`: see
+`strop.runtime.engines`), and rollouts on a thread pool — their sandboxes and checker runs
 are child processes, so most of a rollout's time is spent outside the GIL.
 
 `cpus` splits the machine the way a cluster is split: the trainer is pinned to `cpus.trainer`,
