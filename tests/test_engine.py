@@ -5,7 +5,8 @@ import time
 import pytest
 import torch
 
-from strop.engine.engine import Engine, SamplingParams
+from strop.engine.engine import Engine
+from strop.env.policy import SamplingParams
 
 
 def _prompts(tok, n):

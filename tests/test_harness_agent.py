@@ -41,7 +41,7 @@ def test_harness_through_strop_engine_server(tiny_tokenizer, tmp_path):
     from strop.engine.engine import Engine
     from strop.engine.server import serve_in_thread
     from strop.env.harness import Harness, HarnessConfig
-    from strop.env.policy import EndpointClient
+    from strop.engine.endpoint import EndpointClient
     from strop.env.sandbox import open_sandbox
     from strop.model.policy import build_model
 

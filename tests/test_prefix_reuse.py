@@ -4,7 +4,8 @@ with it prefills only the rest; outputs are those of a full prefill (bitwise in 
 import pytest
 import torch
 
-from strop.engine.engine import Engine, SamplingParams
+from strop.engine.engine import Engine
+from strop.env.policy import SamplingParams
 from strop.model.mismatch import recompute
 
 TEXT = "def add(a, b):\n    return a + b\n\n\nclass Point:\n    def __init__(self, x, y):\n        self.x = x\n"

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible server, driven by the official `openai` client and by EngineClient."""
+"""The OpenAI-compatible server, driven by the official `openai` client and by strop's `EndpointClient`."""
 
 import json
 import threading
@@ -6,7 +6,9 @@ import threading
 import httpx
 import pytest
 
-from strop.engine.client import EngineClient, InProcessClient
+from strop.engine.endpoint import EndpointClient
+from strop.engine.policy_client import EnginePolicy
+from strop.env.policy import SamplingParams
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a command",
                                            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}}]
@@ -56,34 +58,41 @@ def test_tool_calls_are_parsed(server, monkeypatch):
         return [forced[min(len(r.token_ids), len(forced) - 1)] for r in batch], lps
 
     monkeypatch.setattr(engine, "_sample", scripted)
-    g = EngineClient(url).chat([{"role": "user", "content": "list files"}], tools=TOOLS, max_tokens=40)
-    assert g.finish_reason == "tool_calls" and g.tool_calls[0]["function"]["name"] == "bash"
-    assert json.loads(g.tool_calls[0]["function"]["arguments"]) == {"cmd": "ls"}
+    reply = httpx.post(url + "/v1/chat/completions", timeout=60, json={
+        "model": "tiny", "messages": [{"role": "user", "content": "list files"}], "tools": TOOLS, "max_tokens": 40}).json()
+    choice = reply["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["tool_calls"][0]["function"]["name"] == "bash"
+    assert json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"]) == {"cmd": "ls"}
 
 
-def test_engine_client_routing_versions_and_weights(server, tmp_path):
+def test_endpoint_client_routing_versions_and_weights(server, tmp_path):
+    """Over HTTP the same Generation as in process (same seed: same tokens, logprobs, routing);
+    weights updated through the client are served with their version."""
     from safetensors.torch import save_file
 
     url, engine = server
-    client = EngineClient(url)
-    g = client.complete("import os", max_tokens=4, seed=0, routed_experts=True)
-    assert len(g.token_ids) == len(g.logprobs) == len(g.versions) == 4
-    assert g.routed_experts.shape == (len(g.prompt_token_ids) + 3, 2, 2)
+    client = EndpointClient(url)
+    prompt, params = engine.tokenizer.encode("import os"), SamplingParams(max_tokens=4, seed=0, stop_token_ids=[])
+    g = client.generate(prompt, params)
+    assert len(g.token_ids) == len(g.logprobs) == len(g.versions) == len(g.routing) == 4
+    assert all(len(layers) == 2 and all(len(top) == 2 for top in layers) for layers in g.routing)
+    local = EnginePolicy(engine).generate(prompt, params)
+    assert (local.token_ids, local.routing) == (g.token_ids, g.routing)
+    assert local.logprobs == pytest.approx(g.logprobs, abs=1e-6)
     v = client.weights_version()
     w = {"model.norm.weight": engine.model.model.norm.weight.detach().clone()}
     save_file(w, str(tmp_path / "w.safetensors"))
     out = client.update_weights(str(tmp_path / "w.safetensors"), version=v + 5)
     assert out["version"] == v + 5 == client.weights_version() and out["pause_s"] >= 0
-    assert client.complete("x", max_tokens=2).versions == [v + 5, v + 5]
-    local = InProcessClient(engine).complete("import os", max_tokens=4, seed=0, routed_experts=True)
-    assert local.routed_experts is not None and len(local.token_ids) == 4
+    assert client.generate(prompt, SamplingParams(max_tokens=2, stop_token_ids=[])).versions == [v + 5, v + 5]
 
 
 def test_concurrent_requests_batched(server):
     url, engine = server
-    client = EngineClient(url)
+    client = EndpointClient(url)
     results = []
-    threads = [threading.Thread(target=lambda i=i: results.append(client.complete(f"x = {i}", max_tokens=20)))
+    params = SamplingParams(max_tokens=20, stop_token_ids=[])
+    threads = [threading.Thread(target=lambda i=i: results.append(client.generate(engine.tokenizer.encode(f"x = {i}"), params)))
                for i in range(6)]
     steps0 = engine.tokens_generated
     for t in threads:

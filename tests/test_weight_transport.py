@@ -37,7 +37,7 @@ def _run(tmp_path, policy_dir, *, trainer_process: bool, steps: int = 3):
         result = orch.run()
         stats = rt.trainer.sync_stats()
         reply_bytes = dict(getattr(rt.trainer, "reply_bytes", {}))
-        repaired = [x for s in rt.synced for rep in s.sync.reports for x in rep.repaired]
+        repaired = [x for s in rt.engines for rep in s.sync.reports for x in rep.repaired]
         snapshot_bytes = sum(t.numel() * 2 for t in rt.trainer.bf16_state_dict().values())
     finally:
         rt.close()
@@ -48,7 +48,7 @@ def _run(tmp_path, policy_dir, *, trainer_process: bool, steps: int = 3):
 def _engines_equal_trainer(rt) -> bool:
     """Every engine's live weights, bit for bit, against the trainer's last published bf16 snapshot."""
     trainer = rt.trainer.bf16_state_dict()
-    return all(torch.equal(e.named_tensors()[k], t.float()) for e in rt.engines for k, t in trainer.items())
+    return all(torch.equal(e.engine.named_tensors()[k], t.float()) for e in rt.engines for k, t in trainer.items())
 
 
 def test_only_deltas_leave_the_trainer_process_and_engines_match_it_bit_for_bit(tmp_path, tiny_policy_dir):

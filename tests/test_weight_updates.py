@@ -9,8 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from strop.engine.client import EngineClient, EngineError
+from strop.engine.endpoint import EndpointClient, EndpointError
 from strop.engine.engine import Engine, load_weights_file
+from strop.env.policy import SamplingParams
 from strop.model.policy import build_model, load_model, save_model
 from tests.conftest import served_tiny_moe, tiny_model_section
 
@@ -20,15 +21,15 @@ PROMPT = "def add(a, b):"
 @pytest.fixture(scope="module")
 def served(tiny_tokenizer):
     with served_tiny_moe(tiny_tokenizer, max_batch=4, max_len=128) as (url, engine):
-        yield EngineClient(url), engine
+        yield EndpointClient(url), engine
 
 
-def greedy(client: EngineClient) -> list[int]:
-    return client.complete(PROMPT, max_tokens=8, temperature=0).token_ids
+def greedy(client: EndpointClient, engine: Engine) -> list[int]:
+    return client.generate(engine.tokenizer.encode(PROMPT), SamplingParams(max_tokens=8, temperature=0)).token_ids
 
 
-def refused(client: EngineClient, path, version=None) -> str:
-    with pytest.raises(EngineError) as e:
+def refused(client: EndpointClient, path, version=None) -> str:
+    with pytest.raises(EndpointError) as e:
         client.update_weights(str(path), version=version)
     assert e.value.status == 400
     return e.value.message
@@ -46,7 +47,7 @@ def test_a_refused_update_touches_no_tensor(served, tmp_path):
     """The reproduction: a zeroed embedding plus one unknown name was refused with 400 after the
     embedding had been overwritten, and every later reply was token 0."""
     client, engine = served
-    before, tokens, version = snapshot(engine), greedy(client), engine.version
+    before, tokens, version = snapshot(engine), greedy(client, engine), engine.version
     emb = engine.model.model.embed_tokens.weight
     cases = {
         "unknown": {"model.embed_tokens.weight": torch.zeros_like(emb), "model.no_such.weight": torch.zeros(3)},
@@ -59,7 +60,7 @@ def test_a_refused_update_touches_no_tensor(served, tmp_path):
         save_file(tensors, str(tmp_path / f"{name}.safetensors"))
         assert refused(client, tmp_path / f"{name}.safetensors")
         assert unchanged(engine, before), name
-        assert greedy(client) == tokens and engine.version == version, name
+        assert greedy(client, engine) == tokens and engine.version == version, name
 
 
 def test_versions_never_go_back(served, tmp_path):
@@ -69,9 +70,9 @@ def test_versions_never_go_back(served, tmp_path):
     v = engine.version
     assert client.update_weights(str(tmp_path / "w.safetensors"), version=v + 3)["version"] == v + 3
     assert "older" in refused(client, tmp_path / "w.safetensors", version=v + 1)
-    r = httpx.post(client.base + "/weights/update", json={"path": str(tmp_path / "w.safetensors"), "version": -7})
+    r = httpx.post(client.url + "/weights/update", json={"path": str(tmp_path / "w.safetensors"), "version": -7})
     assert r.status_code == 400 and engine.version == v + 3
-    assert greedy(client)  # still serving
+    assert greedy(client, engine)  # still serving
 
 
 def test_unreadable_paths_all_say_the_same(served, tmp_path):

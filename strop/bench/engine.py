@@ -17,6 +17,8 @@ repeats' CPU-time ratios (deterministic / default) with their range, the cost of
 mode. Prefix reuse is off here: the repeats rerun the same prompts, which HF generate prefills
 every time.
 
+`--backend vllm` compares vLLM with strop's engine instead (`strop.bench.engine_vllm`).
+
 `--multi-turn` times agent-style episodes instead: B concurrent episodes (1 and 16) of 4 turns,
 each prompt the previous prompt + its completion + a tool observation, as the harness builds them
 (a 220-token system prompt shared by all episodes, a 60-token instruction, 48 generated tokens and
@@ -42,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats per batch size (2 with --quick)")
     parser.add_argument("--multi-turn", action="store_true",
                         help="time multi-turn episodes with and without prefix reuse instead of the HF comparison")
+    parser.add_argument("--backend", choices=["strop", "vllm"], default="strop",
+                        help="vllm: vLLM beside strop's engine on the same model and batch, and their mismatch "
+                             "to the trainer with and without replay (strop.bench.engine_vllm)")
     parser.add_argument("--json", help="write results to this JSON file")
 
 
@@ -98,7 +103,7 @@ def time_hf(model, tok, prompts: list[list[int]], new_tokens: int) -> tuple[floa
 
 def time_engine(engine, prompts: list[list[int]], new_tokens: int) -> tuple[float, float]:
     """(wall, process CPU) seconds of the engine generating the same."""
-    from strop.engine.engine import SamplingParams
+    from strop.env.policy import SamplingParams
 
     sp = SamplingParams(max_tokens=new_tokens, temperature=1.0, top_p=0.95, stop_token_ids=[])
     w0, c0 = _clocks()
@@ -111,7 +116,7 @@ def time_engine(engine, prompts: list[list[int]], new_tokens: int) -> tuple[floa
 def time_episodes(engine, firsts: list[list[int]], observations: list[list[list[int]]], new_tokens: int) -> tuple[float, float]:
     """(wall, process CPU) seconds of len(firsts) episodes in lockstep: each turn generates for every
     episode together, then appends its completion and its next observation to its prompt."""
-    from strop.engine.engine import SamplingParams
+    from strop.env.policy import SamplingParams
 
     sp = SamplingParams(max_tokens=new_tokens, temperature=1.0, top_p=0.95, stop_token_ids=[])
     prompts = [list(p) for p in firsts]
@@ -186,6 +191,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.repeats < 1:
         raise UserError("--repeats must be at least 1")
+    if args.backend == "vllm":
+        from strop.bench.engine_vllm import run_vllm
+
+        return run_vllm(args, threads)
 
     torch.manual_seed(0)
     new_tokens = 64 if args.quick else args.new_tokens

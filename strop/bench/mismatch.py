@@ -105,7 +105,7 @@ def max_len(episodes: list[dict]) -> int:
 
 def run_episodes(engine, episodes: list[dict]) -> tuple[list, list, float]:
     """(segments as the harness records them, each episode's last completion, process CPU seconds)."""
-    from strop.engine.engine import SamplingParams
+    from strop.env.policy import SamplingParams, generated_routing
     from strop.env.segment import Segment
 
     segments = []
@@ -120,7 +120,7 @@ def run_episodes(engine, episodes: list[dict]) -> tuple[list, list, float]:
                                  seed=e["seed"] + turn) for e in episodes]
         outs = engine.generate([list(s.input_ids) for s in segments], params)
         for i, (s, o, e) in enumerate(zip(segments, outs, episodes)):
-            routing = None if o.routing is None else o.routing[len(o.prompt_ids) - 1 :].tolist()
+            routing = generated_routing(o.routing, len(o.prompt_ids), len(o.token_ids))
             s.add_generated(o.token_ids, o.logprobs, o.versions, routing)
             last[i] = o
             if turn + 1 < TURNS:

@@ -38,16 +38,7 @@ import torch
 
 from strop.engine.forward import Derived, Forward, Segment
 from strop.engine.sampling import sample
-
-
-@dataclass
-class SamplingParams:
-    max_tokens: int = 256
-    temperature: float = 1.0  # 0 = greedy
-    top_p: float = 1.0
-    stop: list[str] = field(default_factory=list)  # stop strings (cut from the text, kept in token_ids)
-    stop_token_ids: list[int] | None = None  # None = the tokenizer's end tokens
-    seed: int | None = None
+from strop.env.policy import SamplingParams
 
 
 @dataclass

@@ -4,7 +4,7 @@ Thread-safe: many rollout workers share one engine, whose loop thread batches th
 together (without a loop thread, `generate` steps the engine itself).
 """
 
-from strop.env.policy import Generation, SamplingParams
+from strop.env.policy import Generation, SamplingParams, generated_routing
 
 
 class EnginePolicy:
@@ -12,14 +12,9 @@ class EnginePolicy:
         self.engine = engine
 
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        from strop.engine.engine import SamplingParams as EngineParams
-
-        c = self.engine.generate([prompt_ids], EngineParams(
-            max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p,
-            stop_token_ids=list(params.stop_token_ids), seed=params.seed))[0]
+        c = self.engine.generate([prompt_ids], params)[0]
         if c.finish_reason == "error":
             raise RuntimeError(c.error)
-        # engine routing covers every position it read; generated token j came out of position P - 1 + j
-        routing = None if c.routing is None else c.routing[len(prompt_ids) - 1:].tolist()
+        routing = generated_routing(c.routing, len(prompt_ids), len(c.token_ids))
         text = self.engine.tokenizer.decode(c.token_ids, skip_special_tokens=False)
         return Generation(c.token_ids, c.logprobs, c.versions, text, routing, c.finish_reason)

@@ -21,6 +21,7 @@ a request whose client goes away (closed stream or connection) stops generating 
 """
 
 import asyncio
+import dataclasses
 import json
 import threading
 import time
@@ -33,7 +34,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from strop.data.chat import IM_END, parse_assistant, render
-from strop.engine.engine import Engine, SamplingParams, load_weights_file
+from strop.engine.engine import Engine, load_weights_file
+from strop.env.policy import SamplingParams
 from strop.engine.request_limits import BodyLimit, body_limit, longest_token_chars
 
 DISCONNECT_POLL_S = 0.25  # how often a waiting request checks that its client is still there
@@ -52,6 +54,7 @@ class _Sampling(BaseModel):
     seed: int | None = None
     stream: bool = False
     return_routed_experts: bool = False
+    stop_token_ids: list[int] | None = None  # vLLM's field: generation ends after one of these (kept in token_ids)
 
 
 class CompletionRequest(_Sampling):
@@ -143,7 +146,7 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
         try:
             for i in range(n):
                 fut = loop.create_future()
-                spi = sp if sp.seed is None or i == 0 else SamplingParams(**{**sp.__dict__, "seed": sp.seed + i})
+                spi = sp if sp.seed is None or i == 0 else dataclasses.replace(sp, seed=sp.seed + i)
                 on_token = (lambda r, i=i: loop.call_soon_threadsafe(stream_cb, i, r)) if stream_cb else None
                 try:
                     submitted.append(engine.submit(prompt_ids, spi, on_token=on_token,
@@ -174,7 +177,7 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
             raise ClientError(400, "one prompt per request (send concurrent requests instead; they are batched together)")
         prompt = prompts[0]
         ids = await encode(prompt) if isinstance(prompt, str) else list(prompt)
-        sp = params(req, 16, [])  # plain completion: no implicit stop token
+        sp = params(req, 16, req.stop_token_ids or [])  # plain completion: no implicit stop token
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         if req.stream:
             return _stream(run, ids, sp, req.n, request, lambda i, delta, fin: {
@@ -205,7 +208,7 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
         except (KeyError, TypeError, AttributeError) as e:
             raise ClientError(400, f"messages or tools are malformed: {type(e).__name__}: {e}") from None
         ids = await encode(text)
-        sp = params(req, 512, [tok.convert_tokens_to_ids(IM_END)])
+        sp = params(req, 512, [tok.convert_tokens_to_ids(IM_END), *(req.stop_token_ids or [])])
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if req.stream:
             return _stream(run, ids, sp, req.n, request, lambda i, delta, fin: {

@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _policy(args):
     """(policy client, tokenizer, largest context the policy holds or None)."""
     from strop.data.tokenizer import load_tokenizer
-    from strop.env.policy import EndpointClient
+    from strop.engine.endpoint import EndpointClient
 
     if args.checkpoint:
         from strop.engine.engine import Engine

@@ -39,3 +39,25 @@ def fuse_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         except RuntimeError as e:  # unequal shapes across experts or projections
             raise ValueError(f"{experts}: expert tensors of unequal shapes ({e})") from None
     return out
+
+
+FUSED = re.compile(r"(?P<experts>.+\.experts)\.(?P<fused>gate_up_proj|down_proj)")
+
+
+def split_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of `fuse_experts`: every fused live pair as the per-expert tensors a checkpoint
+    holds (what other engines' loaders read, vLLM's among them); every other name as it is."""
+    out: dict[str, torch.Tensor] = {}
+    for name, t in tensors.items():
+        m = FUSED.fullmatch(name)
+        if m is None:
+            out[name] = t
+        elif m["fused"] == "down_proj":
+            for e in range(t.shape[0]):
+                out[f"{m['experts']}.{e}.down_proj.weight"] = t[e]
+        else:  # each expert's gate rows, then its up rows
+            gate, up = t.chunk(2, dim=1)
+            for e in range(t.shape[0]):
+                out[f"{m['experts']}.{e}.gate_proj.weight"] = gate[e]
+                out[f"{m['experts']}.{e}.up_proj.weight"] = up[e]
+    return out

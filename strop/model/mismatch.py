@@ -71,3 +71,36 @@ def recompute(model, prompt_ids: list[int], token_ids: list[int], routing=None, 
     blocks = moe_blocks(model)
     captured = stack_routing(records, (ids.shape[1],), blocks[0].gate.num_experts) if blocks else None
     return lp, captured
+
+
+def engine_vs_trainer(model, completions) -> dict[str, dict[str, float]]:
+    """How far a trainer (`model`, plain forward) is from the engine that sampled `completions`
+    ((prompt_ids, Generation) pairs: token ids, logprobs, the generated tokens' routing), without
+    and with replaying the engine's routing at the generated tokens' positions (R3, as the RL
+    trainer replays; the prompt's positions keep the trainer's own): `mismatch_metrics` of each,
+    under "plain" and "replay" (routing_flip_rate only where the engine returned routing)."""
+    rows = {"plain": ([], [], []), "replay": ([], [], [])}  # trainer logprobs, trainer routing, engine routing
+    engine_lp = []
+    for prompt_ids, gen in completions:
+        n, m = len(prompt_ids) - 1, len(gen.token_ids)
+        lp, own = recompute(model, prompt_ids, gen.token_ids)
+        engine_lp.append(torch.tensor(gen.logprobs))
+        rows["plain"][0].append(lp)
+        if gen.routing is None or own is None:
+            rows["replay"][0].append(lp)
+            continue
+        engine = torch.as_tensor(gen.routing).to(own.dtype)
+        replay = own.clone()
+        replay[n: n + m] = engine
+        lp_replay, replayed = recompute(model, prompt_ids, gen.token_ids, routing=replay)
+        for key, trainer_lp, trainer_routing in (("plain", None, own), ("replay", lp_replay, replayed)):
+            if trainer_lp is not None:
+                rows[key][0].append(trainer_lp)
+            rows[key][1].append(trainer_routing[n: n + m])
+            rows[key][2].append(engine)
+    e = torch.cat(engine_lp)
+    out = {}
+    for key, (trainer_lp, trainer_routing, engine_routing) in rows.items():
+        routed = (torch.cat(engine_routing), torch.cat(trainer_routing)) if engine_routing else (None, None)
+        out[key] = mismatch_metrics(e, torch.cat(trainer_lp), engine_routing=routed[0], trainer_routing=routed[1])
+    return out

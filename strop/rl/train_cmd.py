@@ -51,7 +51,12 @@ def start_runtime(cfg: Config, runtime: str, policy_dir: str, tasks: dict, *, st
     from strop.model.policy import is_moe, load_model
     from strop.rl.orchestrator import router_replay
     from strop.rl.trainer import no_replay
+    from strop.runtime.engines import check_engine_available
 
+    if runtime == "ray" and cfg.rollout.engine != "strop":
+        raise UserError(f"rollout.engine = {cfg.rollout.engine!r} runs on the inline runtime only (Ray engine actors "
+                        "hold strop's engine)")
+    check_engine_available(cfg.rollout.engine)  # before any model loads
     replay = router_replay if is_moe(load_model(policy_dir)) else no_replay
     transformers.logging.set_verbosity_error()
     if runtime == "inline":

@@ -2,7 +2,8 @@
 
 Placement only; what happens is the orchestrator's. The trainer runs on the caller's thread
 (the orchestrator's main loop), each engine on its own loop thread (continuous batching across
-all the workers that share it), and rollouts on a thread pool — their sandboxes and checker runs
+all the workers that share it; or a served engine, vLLM or a URL, by `rollout.engine`: see
+`strop.runtime.engines`), and rollouts on a thread pool — their sandboxes and checker runs
 are child processes, so most of a rollout's time is spent outside the GIL.
 
 `cpus` splits the machine the way a cluster is split: the trainer is pinned to `cpus.trainer`,
@@ -31,13 +32,13 @@ from strop.engine.engine import Engine
 from strop.env.harness import Harness
 from strop.env.task import Task
 from strop.rl.advantages import Sample
-from strop.engine.policy_client import EnginePolicy
 from strop.memory import retain_freed_memory
 from strop.rl.rollout import RolloutLost, WorkItem, harness_config, rollout, sandbox_limits
 from strop.rl.trainer import RLTrainer
 from strop.rl.trajectory import Trajectory
 from strop.runtime.trainers import LocalTrainer, TrainerProcess, trainer_sync
-from strop.runtime.weights import SyncedEngine, relay_keep
+from strop.runtime.engines import RunEngine, start_engine
+from strop.runtime.weights import relay_keep
 from strop.sync.relay import Relay
 from strop.threads import set_threads
 
@@ -121,14 +122,10 @@ class InlineRuntime:
                                         trainer_sync(cfg, self.store_url))
         self.trainer.publish()  # version 0: the store's snapshot, the base of the first delta
         self.relay = Relay(self.trainer.origin_url, cfg.sync.lan_mb_s * 1e6 or None, keep=relay_keep(cfg)).start()
-        self.engines: list[TimedEngine] = []
-        self.synced: list[SyncedEngine] = []
+        self.engines: list[RunEngine] = []
         for i in range(r.engines):
-            engine = TimedEngine(load_model(policy_dir), self.tokenizer, max_batch=r.engine_batch, max_len=r.max_context,
-                                 seed=cfg.run.seed + i, cpus=cpus.rollout if cpus else None)
-            self.synced.append(SyncedEngine(engine, self.store_url, self.relay.link(), self.trainer.origin_url))
-            engine.start()
-            self.engines.append(engine)
+            self.engines.append(start_engine(cfg, i, policy_dir, self.tokenizer, self.store_url, self.relay.link(),
+                                             self.trainer.origin_url, cpus.rollout if cpus else None))
         self.wait_synced()  # engines serve exactly the bf16 weights the trainer published
         self.harness = Harness(self.tokenizer, harness_config(r))
         self.limits = sandbox_limits(r)
@@ -144,9 +141,9 @@ class InlineRuntime:
         self._next += 1
         self.pool.submit(self._run, item, engine)
 
-    def _run(self, item: WorkItem, engine: Engine) -> None:
+    def _run(self, item: WorkItem, engine: RunEngine) -> None:
         try:
-            self.done.put((item, rollout(self.tasks[item.task_id], EnginePolicy(engine), self.harness, item, self.limits), None))
+            self.done.put((item, rollout(self.tasks[item.task_id], engine.policy(), self.harness, item, self.limits), None))
         except RolloutLost as e:
             self.done.put((item, None, str(e)))
 
@@ -166,7 +163,7 @@ class InlineRuntime:
 
     def wait_synced(self) -> None:
         """Block until every engine serves the last published version."""
-        for s in self.synced:
+        for s in self.engines:
             if not s.wait_version(self.trainer.version, SYNC_TIMEOUT_S):
                 raise RuntimeError(f"an engine did not reach version {self.trainer.version} in {SYNC_TIMEOUT_S:.0f} s")
 
@@ -192,11 +189,9 @@ class InlineRuntime:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
-        for s in self.synced:
-            s.close()
-        self.relay.close()
         for e in self.engines:
-            e.stop()
+            e.close()
+        self.relay.close()
         self.trainer.close()
         if self._tmp is not None:
             self._tmp.cleanup()

@@ -17,6 +17,8 @@ import torch
 
 from strop.config import Config
 from strop.engine.engine import Engine
+from strop.engine.policy_client import EnginePolicy
+from strop.env.policy import PolicyClient
 from strop.sync.apply import EngineSync, Staged, apply_inplace
 from strop.sync.relay import RelayLink
 from strop.sync.store import Store
@@ -52,8 +54,17 @@ class SyncedEngine:
     def wait_version(self, version: int, timeout: float | None = None) -> bool:
         return self.sync.wait_version(version, timeout)
 
+    def policy(self) -> PolicyClient:
+        return EnginePolicy(self.engine)
+
+    @property
+    def busy_s(self) -> float:
+        return self.engine.busy_s  # a TimedEngine's
+
     def close(self) -> None:
+        """Stop following the relay (the thread ends at its next poll), then the engine's loop."""
         self.stop.set()
+        self.engine.stop()
 
 
 def relay_keep(cfg: Config) -> int:

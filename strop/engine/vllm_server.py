@@ -1,0 +1,85 @@
+"""vLLM as one of strop's engines: the server command line RL needs, and its weight updates.
+
+`vllm_argv(...)` is the command that starts vLLM's own OpenAI-compatible server (this module run
+as a script: vLLM spawns its engine-core process, which needs the `__main__` guard below) with
+what RL needs from it:
+
+- `--enable-return-routed-experts`: every completion carries the experts each position was routed
+  to (base64 `.npy`, [prompt + generated - 1, MoE layers, top_k]), for router replay;
+- `--logprobs-mode processed_logprobs`: the logprob of each sampled token under the distribution
+  it was sampled from (after temperature and top-p), as strop's engine reports it;
+- `--dtype float32`: bf16-valued weights computed in fp32, as the trainer recomputes them;
+- `--generation-config vllm`: no sampling defaults read from the model directory;
+- `VLLM_SERVER_DEV_MODE=1` (`vllm_env`): vLLM's development endpoints, through which weights are
+  updated.
+
+`VllmWeights` updates a live server with vLLM's own in-place mechanism, between requests:
+`POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": DIR}}` makes every
+worker reload the model's weights from a checkpoint directory (`model.load_weights`, then the
+kernels' repacking), `POST /reset_prefix_cache` drops KV computed by the old weights, and
+`POST /update_weight_version` records the version served (read back from `GET /weight_info`).
+A whole snapshot is loaded each time: vLLM's layerwise reload expects every tensor of a layer.
+"""
+
+import json
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+def vllm_env(threads: int) -> dict[str, str]:
+    """The server's environment: dev endpoints on, `threads` OpenMP threads on the machine's shared
+    cores (on CPU; vLLM would pin one per core), a bounded KV cache, nothing fetched or reported."""
+    return {"VLLM_SERVER_DEV_MODE": "1",  # /collective_rpc, /reset_prefix_cache, /update_weight_version
+            "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache on CPU (its default takes a share of all memory)
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(threads), "STROP_THREADS": str(threads),
+            "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def installed() -> bool:
+    """Whether vLLM can be imported here (the `vllm` extra, `make vllm`)."""
+    from importlib.util import find_spec
+
+    return find_spec("vllm") is not None
+
+
+def vllm_argv(model_dir: str, *, name: str, max_len: int, max_batch: int, seed: int) -> list[str]:
+    """The server command; `{port}` is filled in by `ServerProcess`."""
+    return [sys.executable, "-m", "strop.engine.vllm_server", "serve", str(model_dir), "--host", "127.0.0.1",
+            "--port", "{port}", "--served-model-name", name, "--max-model-len", str(max_len),
+            "--max-num-seqs", str(max_batch), "--seed", str(seed), "--dtype", "float32", "--enforce-eager",
+            "--enable-return-routed-experts", "--logprobs-mode", "processed_logprobs",
+            "--generation-config", "vllm", "--disable-log-stats", "--uvicorn-log-level", "warning"]
+
+
+class VllmWeights:
+    """Weight updates and the served version of a vLLM server at `url`."""
+
+    def __init__(self, url: str, timeout_s: float = 600.0):
+        self.url, self.timeout_s = url.rstrip("/"), timeout_s
+
+    def _post(self, path: str, body: dict | None = None) -> bytes:
+        request = urllib.request.Request(self.url + path, data=json.dumps(body or {}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+            return response.read()
+
+    def update_weights(self, path: str, version: int) -> dict:
+        """Reload every worker's weights from the checkpoint directory `path` (HF names, safetensors)
+        and mark them `version`; the caller keeps requests away meanwhile. Returns {"version", "pause_s"}."""
+        t0 = time.perf_counter()
+        self._post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(Path(path))}})
+        self._post("/reset_prefix_cache")
+        self._post("/update_weight_version", {"new_version": str(version)})
+        return {"version": version, "pause_s": time.perf_counter() - t0}
+
+    def weights_version(self) -> int:
+        with urllib.request.urlopen(self.url + "/weight_info", timeout=self.timeout_s) as response:
+            return int(json.load(response)["weight_version"])
+
+
+if __name__ == "__main__":  # vLLM's engine core is a spawned process: it re-imports this module
+    from vllm.entrypoints.cli.main import main
+
+    sys.argv = ["vllm", *sys.argv[1:]]
+    main()

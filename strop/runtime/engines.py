@@ -1,0 +1,85 @@
+"""A run's inference engines, by `rollout.engine`, behind one interface (`RunEngine`):
+
+- `strop`: strop's engine in this process, patched in place by its sync thread (`SyncedEngine`);
+- `vllm`: a vLLM server this engine starts as a child process on a port it picked, with the flags
+  RL needs (`strop.engine.vllm_server`), kept current by a host-side receiver that loads each
+  published bf16 snapshot into it between requests (`ServedEngine`), stopped at `close`;
+- an http(s):// URL: a running server with strop's `/weights` endpoints on this machine (strop's
+  `strop serve`), kept current the same way; the run does not own it.
+
+Every kind hands rollouts the same `PolicyClient` (token ids in; logprobs, versions and routed
+experts out), follows the same relay, and reports its busy seconds.
+"""
+
+from typing import Protocol
+
+from strop.config import Config
+from strop.env.policy import PolicyClient
+from strop.errors import UserError
+from strop.sync.apply import EngineSync
+from strop.sync.relay import RelayLink
+
+VLLM_START_TIMEOUT_S = 900.0  # loading the model and a first warm-up on a busy CPU take minutes
+
+
+class RunEngine(Protocol):
+    sync: EngineSync  # what the engine serves, as the weight transport sees it
+
+    def policy(self) -> PolicyClient: ...
+
+    @property
+    def busy_s(self) -> float: ...
+
+    def wait_version(self, version: int, timeout: float | None = None) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+def check_engine_available(engine: str) -> None:
+    """UserError when `rollout.engine` names a backend this machine cannot start."""
+    from strop.engine.vllm_server import installed
+
+    if engine == "vllm" and not installed():
+        raise UserError("rollout.engine = 'vllm' needs vLLM, which is not installed here: run `make vllm` "
+                        "(the optional vLLM engine, see the README's 'vLLM' section)")
+
+
+def start_engine(cfg: Config, index: int, policy_dir: str, tokenizer, store_url: str, relay: RelayLink,
+                 origin_url: str, cpus: frozenset[int] | None = None) -> RunEngine:
+    """Engine `index` of the run, started and following `relay`."""
+    r = cfg.rollout
+    if r.engine == "strop":
+        from strop.model.policy import load_model
+        from strop.runtime.inline import TimedEngine
+        from strop.runtime.weights import SyncedEngine
+
+        engine = TimedEngine(load_model(policy_dir), tokenizer, max_batch=r.engine_batch, max_len=r.max_context,
+                             seed=cfg.run.seed + index, cpus=cpus)
+        synced = SyncedEngine(engine, store_url, relay, origin_url)
+        engine.start()
+        return synced
+    check_engine_available(r.engine)
+    from strop.engine.endpoint import EndpointClient
+    from strop.model.policy import load_model
+    from strop.runtime.served import ServedEngine
+
+    if r.engine == "vllm":
+        from strop.engine.server_process import ServerProcess
+        from strop.engine.vllm_server import VllmWeights, vllm_argv, vllm_env
+        from strop.threads import set_threads
+
+        server = ServerProcess(vllm_argv(policy_dir, name="strop", max_len=r.max_context, max_batch=r.engine_batch,
+                                         seed=cfg.run.seed + index), env=vllm_env(1 if cpus else set_threads()),
+                               start_timeout_s=VLLM_START_TIMEOUT_S)
+        try:
+            return ServedEngine(EndpointClient(server.url, model="strop"), VllmWeights(server.url),
+                                load_model(policy_dir).state_dict(), store_url, relay, origin_url, owned=server)
+        except BaseException:
+            server.close()
+            raise
+    client = EndpointClient(r.engine)
+    try:
+        client.connect()
+    except ConnectionError as e:
+        raise UserError(f"config key 'rollout.engine': {e}") from None
+    return ServedEngine(client, client, load_model(policy_dir).state_dict(), store_url, relay, origin_url)

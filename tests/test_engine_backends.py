@@ -1,0 +1,139 @@
+"""Engine backends behind one interface (`rollout.engine`), run for real: a served engine (strop's
+own server in a child process, reached by URL; vLLM's CPU build where it is installed) takes its
+weights from the run's weight transport between requests, serves exactly the trainer's bf16
+snapshot after every step (the logprobs of a fixed prompt change with each version and match the
+trainer's recomputation), tags tokens with the version that sampled them, returns routed experts
+that router replay reproduces with 0 flips, and leaves nothing running when closed."""
+
+import os
+import sys
+
+import pytest
+import torch
+
+from strop.config import load_config
+from strop.errors import UserError
+
+CONFIG = ["rl.group_size=2", "rl.batch_groups=1", "rl.lr=1e-3", "rl.weight_decay=0.1", "rl.skip_zero_advantage=false",
+          "rollout.engines=1", "rollout.workers=2", "rollout.engine_batch=4", "rollout.train_tasks=4",
+          "rollout.max_turns=1", "rollout.max_turn_tokens=16", "rollout.max_context=1536", "rollout.ckpt_every=100"]
+PROBE = "def add(a, b):\n    return"
+
+
+def _gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_rollout_engine_is_checked_at_parse_time():
+    assert load_config(None, ["rollout.engine=vllm"]).rollout.engine == "vllm"
+    assert load_config(None, ["rollout.engine=http://127.0.0.1:8000"]).rollout.engine.startswith("http")
+    with pytest.raises(UserError, match="rollout.engine.*'sglang'"):
+        load_config(None, ["rollout.engine=sglang"])
+
+
+def test_a_missing_vllm_is_a_user_error(monkeypatch):
+    from strop.engine import vllm_server
+    from strop.runtime.engines import check_engine_available
+
+    monkeypatch.setattr(vllm_server, "installed", lambda: False)
+    with pytest.raises(UserError, match="make vllm"):
+        check_engine_available("vllm")
+    check_engine_available("strop")
+
+
+def test_an_unreachable_engine_url_is_a_user_error(tmp_path, tiny_policy_dir):
+    from strop.runtime.engines import start_engine
+
+    cfg = load_config(None, CONFIG + ["rollout.engine=http://127.0.0.1:9"])
+    with pytest.raises(UserError, match="rollout.engine"):
+        start_engine(cfg, 0, str(tiny_policy_dir), None, str(tmp_path), None, "")
+
+
+def test_split_experts_is_the_inverse_of_fuse_experts(tiny_moe):
+    from strop.model.checkpoint_names import fuse_experts, split_experts
+
+    live = tiny_moe.state_dict()
+    split = split_experts(live)
+    assert any(".experts.3.up_proj.weight" in k for k in split) and not any(k.endswith("gate_up_proj") for k in split)
+    fused = fuse_experts(split)
+    assert fused.keys() == live.keys() and all(torch.equal(fused[k], live[k]) for k in live)
+
+
+def _strop_server(policy_dir):
+    from strop.engine.server_process import ServerProcess
+
+    return ServerProcess([sys.executable, "-m", "strop.cli", "serve", "--checkpoint", str(policy_dir), "--port", "{port}",
+                          "--name", "strop", "--max-batch", "4", "--threads", "1"], start_timeout_s=300)
+
+
+def test_a_server_process_serves_on_the_port_it_picked_and_leaves_nothing_running(tiny_policy_dir):
+    from strop.engine.endpoint import EndpointClient
+
+    server = _strop_server(tiny_policy_dir)
+    try:
+        assert server.healthy() and EndpointClient(server.url).connect() == "strop"
+        pgid = server.proc.pid
+    finally:
+        server.close()
+    assert _gone(pgid) and not server.healthy() and not server.log_path.exists()
+
+
+def _run(tmp_path, policy_dir, engine: str, steps: int = 2):
+    """Async RL for `steps` steps with `rollout.engine = engine`; after every step (once the engine
+    serves the new version) a fixed prompt is sampled through the engine's client and recomputed by
+    the trainer's bf16 snapshot, with and without replaying the engine's routing."""
+    from strop.data.tokenizer import load_tokenizer
+    from strop.env.policy import SamplingParams
+    from strop.model.mismatch import engine_vs_trainer
+    from strop.model.policy import load_model
+    from strop.rl.orchestrator import Orchestrator, router_replay
+    from strop.rl.train_cmd import train_tasks
+    from strop.runtime.inline import start_inline
+
+    cfg = load_config(None, CONFIG + [f"rl.steps={steps}", f"rollout.engine={engine}"])
+    tasks = {t.id: t for t in train_tasks(cfg)}
+    prompt = load_tokenizer(policy_dir).encode(PROBE)
+    reference = load_model(policy_dir).eval()
+    probes = []
+    rt = start_inline(cfg, str(policy_dir), tasks, router_replay, store_url=str(tmp_path / "weights"))
+
+    def probe(row=None) -> None:
+        rt.wait_synced()
+        gen = rt.engines[0].policy().generate(prompt, SamplingParams(max_tokens=8, seed=1, stop_token_ids=[]))
+        reference.load_state_dict({k: v.float() for k, v in rt.trainer.bf16_state_dict().items()})
+        probes.append({"version": rt.version, "gen": gen, **engine_vs_trainer(reference, [(prompt, gen)])})
+
+    try:
+        probe()
+        result = Orchestrator(cfg, rt, list(tasks), "async", tmp_path / "rl", log=probe).run()
+    finally:
+        rt.close()
+    return result, probes
+
+
+@pytest.mark.parametrize("backend", ["url", pytest.param("vllm", marks=pytest.mark.slow)])
+def test_rl_with_a_served_engine_follows_the_trainer(backend, tmp_path, tiny_policy_dir):
+    from strop.engine import vllm_server
+
+    if backend == "vllm" and not vllm_server.installed():
+        pytest.skip("vLLM is not installed here (`make vllm` installs its CPU build)")
+    server = _strop_server(tiny_policy_dir) if backend == "url" else None
+    try:
+        result, probes = _run(tmp_path, tiny_policy_dir, server.url if server else "vllm")
+    finally:
+        if server is not None:
+            server.close()
+    assert result["steps"] == 2 and [p["version"] for p in probes] == [0, 1, 2]
+    tol = 1e-4 if backend == "url" else 2e-3  # strop's engine is the trainer's arithmetic; vLLM's kernels differ
+    for p in probes:
+        gen = p["gen"]
+        assert gen.versions == [p["version"]] * len(gen.token_ids)  # tagged with the version that served them
+        assert len(gen.routing) == len(gen.token_ids)  # routed experts arrived, per generated token
+        assert p["plain"]["max_abs_dlogp"] < tol  # the trainer's bf16 snapshot is what was served
+        assert p["replay"]["routing_flip_rate"] == 0.0
+    first, last = probes[0]["gen"], probes[-1]["gen"]
+    assert (first.token_ids, first.logprobs) != (last.token_ids, last.logprobs)  # new weights were served
