@@ -34,9 +34,8 @@ from strop.rl.advantages import Sample
 from strop.engine.policy_client import EnginePolicy
 from strop.memory import retain_freed_memory
 from strop.rl.rollout import RolloutLost, WorkItem, harness_config, rollout, sandbox_limits
-from strop.rl.trainer import RLTrainer
 from strop.rl.trajectory import Trajectory
-from strop.runtime.trainers import LocalTrainer, TrainerProcess, trainer_sync
+from strop.runtime.trainers import TrainerProcess, start_trainer
 from strop.runtime.weights import SyncedEngine, relay_keep
 from strop.sync.relay import Relay
 from strop.threads import set_threads
@@ -117,8 +116,7 @@ class InlineRuntime:
             pin(cpus.rollout if cpus else None)  # the orchestrator loop stays off the trainer's core
         else:
             pin(cpus.trainer if cpus else None)
-            self.trainer = LocalTrainer(RLTrainer(load_model(policy_dir), cfg.rl, pad_id=pad_id, replay_ctx=replay_ctx),
-                                        trainer_sync(cfg, self.store_url))
+            self.trainer = start_trainer(cfg, policy_dir, replay_ctx, pad_id, self.store_url)
         self.trainer.publish()  # version 0: the store's snapshot, the base of the first delta
         self.relay = Relay(self.trainer.origin_url, cfg.sync.lan_mb_s * 1e6 or None, keep=relay_keep(cfg)).start()
         self.engines: list[TimedEngine] = []
