@@ -115,13 +115,11 @@ class RLTrainer:
     def __init__(self, model, rl: RLSection, *, pad_id: int,
                  publish: Callable[[int, dict[str, torch.Tensor]], None] = lambda version, state: None,
                  replay_ctx: ReplayContext = no_replay, log: Callable[[dict], None] = lambda row: None,
-                 version: int = 0, ranks: Ranks | None = None, publish_pieces: bool = False):
+                 version: int = 0, ranks: Ranks | None = None):
         """`ranks`: the rank group `model` is already sharded over (`strop.train.parallel`); None =
-        this process alone. `publish_pieces`: `publish` gets this rank's pieces of the bf16 snapshot
-        (`bf16_pieces`; every rank publishes its own, `strop.sync.shards`) instead of all of it."""
+        this process alone."""
         self.model = model.float().train()  # fp32 master weights; engines get bf16 copies
         self.ranks = ranks or Ranks()
-        self.publish_pieces = publish_pieces
         self.rl = rl
         self.pad_id = pad_id
         self.publish = publish
@@ -182,7 +180,7 @@ class RLTrainer:
         seconds = time.perf_counter() - t0
         self.version += 1
         t1 = time.perf_counter()
-        self.publish(self.version, self.bf16_pieces() if self.publish_pieces else self.bf16_state_dict())
+        self.publish(self.version, self.bf16_state_dict())
         publish_s = time.perf_counter() - t1
 
         # Behavior vs trainer logprobs: engine/trainer mismatch, plus policy drift for stale samples.
@@ -242,10 +240,6 @@ class RLTrainer:
     def bf16_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model in bf16 (gathered from the shards on every rank when sharded)."""
         return {k: whole(v).detach().to(torch.bfloat16) for k, v in self.model.state_dict().items()}
-
-    def bf16_pieces(self) -> dict[str, torch.Tensor]:
-        """This rank's dim-0 piece of every tensor of the model in bf16 (no collective)."""
-        return {k: local(v).detach().to(torch.bfloat16) for k, v in self.model.state_dict().items()}
 
     def state_dict(self) -> dict:
         """A deep copy of whole tensors (gathered when sharded): later steps do not change it."""
