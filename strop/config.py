@@ -213,6 +213,18 @@ class SyncSection:
 
 
 @dataclass
+class ParallelSection:
+    fsdp: int = opt(1, "trainer ranks the model, its gradients and its optimizer state are sharded over (torch FSDP2, "
+                    "gloo on CPU, NCCL on GPUs); each rank trains on its share of every step's micro-batches; "
+                    "1 = one process holding the whole model", ge=1, le=256)
+
+
+@dataclass
+class TrainerSection:
+    parallel: ParallelSection = field(default_factory=ParallelSection)
+
+
+@dataclass
 class Config:
     run: RunSection = field(default_factory=RunSection)
     model: ModelSection = field(default_factory=ModelSection)
@@ -222,6 +234,7 @@ class Config:
     rl: RLSection = field(default_factory=RLSection)
     rollout: RolloutSection = field(default_factory=RolloutSection)
     sync: SyncSection = field(default_factory=SyncSection)
+    trainer: TrainerSection = field(default_factory=TrainerSection)
 
     @property
     def run_dir(self) -> Path:
@@ -329,13 +342,19 @@ def to_dict(cfg: Config) -> dict:
 
 
 def to_toml(cfg: Config) -> str:
-    """Render a config as TOML (sections of scalars and lists only)."""
-    lines = []
-    for section, values in to_dict(cfg).items():
-        lines.append(f"[{section}]")
-        for k, v in values.items():
-            lines.append(f"{k} = {_toml_value(v)}")
+    """Render a config as TOML (sections of scalars and lists, and sections nested in them)."""
+    lines: list[str] = []
+
+    def section(name: str, values: dict) -> None:
+        lines.append(f"[{name}]")
+        lines.extend(f"{k} = {_toml_value(v)}" for k, v in values.items() if not isinstance(v, dict))
         lines.append("")
+        for k, v in values.items():
+            if isinstance(v, dict):
+                section(f"{name}.{k}", v)
+
+    for name, values in to_dict(cfg).items():
+        section(name, values)
     return "\n".join(lines)
 
 

@@ -65,6 +65,8 @@ def start_runtime(cfg: Config, runtime: str, policy_dir: str, tasks: dict, *, st
         return start_inline(cfg, policy_dir, tasks, replay, cpus=cpus, trainer_process=trainer_process, store_url=store)
     from strop.runtime.ray_runtime import start_ray
 
+    if cfg.trainer.parallel.fsdp > 1:
+        raise UserError("config key 'trainer.parallel.fsdp' > 1 runs on the inline runtime only (the Ray trainer is one actor)")
     if ray_address and isinstance(fsspec.core.url_to_fs(store)[0], LocalFileSystem):
         print(f"[rl] warning: the weight store {store!r} is a local directory: engines on other machines receive "
               f"deltas through their relays but cannot join or repair unless it is shared storage (set sync.store)",

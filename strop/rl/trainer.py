@@ -16,6 +16,11 @@ outside as plain callables, so the trainer runs before they exist and never impo
 The staleness bound is checked once more where it matters, on the samples a step is given.
 `state_dict()` / `load_state_dict()` cover the model, the optimizer, the version and torch's RNG:
 restoring one and repeating a step gives bitwise the same weights (with the same threads).
+
+Sharded over several ranks (`ranks`, `strop.train.parallel`), every rank runs this same code on
+the same samples: each does its share of the step's micro-batches, the metrics are summed over
+the ranks, and `state_dict()` holds whole tensors in the single-process layout, so a checkpoint
+taken at one rank count loads at any other.
 """
 
 import contextlib
@@ -34,6 +39,7 @@ from strop.model.mismatch import mismatch_metrics
 from strop.model.policy import logits_at
 from strop.rl.advantages import Sample, training_reward
 from strop.rl.loss import policy_loss
+from strop.train.parallel import Ranks, local, shard_like, whole
 
 
 @dataclass
@@ -90,6 +96,11 @@ def build_batch(rows: list[tuple[Segment, float, float]], pad_id: int) -> TrainB
     )
 
 
+def weightless(rows: list[tuple[Segment, float, float]]) -> list[tuple[Segment, float, float]]:
+    """The same rows with advantage and weight 0: a micro-batch that runs but changes nothing."""
+    return [(seg, 0.0, 0.0) for seg, _, _ in rows]
+
+
 def token_logprobs(model, batch: TrainBatch) -> torch.Tensor:
     """[B, T] logprobs of the targets under the model at each row's sampling temperature (fp32),
     differentiable; computed on the policy's own tokens (`mask_BT`) only, 0 elsewhere."""
@@ -104,8 +115,11 @@ class RLTrainer:
     def __init__(self, model, rl: RLSection, *, pad_id: int,
                  publish: Callable[[int, dict[str, torch.Tensor]], None] = lambda version, state: None,
                  replay_ctx: ReplayContext = no_replay, log: Callable[[dict], None] = lambda row: None,
-                 version: int = 0):
+                 version: int = 0, ranks: Ranks | None = None):
+        """`ranks`: the rank group `model` is already sharded over (`strop.train.parallel`); None =
+        this process alone."""
         self.model = model.float().train()  # fp32 master weights; engines get bf16 copies
+        self.ranks = ranks or Ranks()
         self.rl = rl
         self.pad_id = pad_id
         self.publish = publish
@@ -133,28 +147,36 @@ class RLTrainer:
         sums: Counter = Counter()
         loss_total, tokens = 0.0, 0
         behavior_lp, trainer_lp = [], []  # on generated tokens, for the mismatch metrics
-        learned: list[tuple[TrainBatch, torch.Tensor]] = []  # learning batches and their logprobs before the step
-        chunks = [(learn, part[i : i + self.rl.micro_batch]) for learn, part in ((True, learning), (False, idle))
-                  for i in range(0, len(part), self.rl.micro_batch)]
-        for learn, chunk in chunks:
+        learned: list[tuple[TrainBatch, torch.Tensor, bool]] = []  # learning batches, their logprobs before the step, counted
+        mb = self.rl.micro_batch
+        # This rank's share of the micro-batches (all of them in one process), learning ones first.
+        chunks = [(learn, chunk, counted) for learn, part in ((True, learning), (False, idle))
+                  for chunk, counted in self.ranks.share([part[i : i + mb] for i in range(0, len(part), mb)], weightless)]
+        for learn, chunk, counted in chunks:
             batch = build_batch(chunk, self.pad_id)
             with self.replay_ctx(self.model, batch), torch.set_grad_enabled(learn):
                 logprobs = token_logprobs(self.model, batch)
                 loss, m = policy_loss(logprobs, batch.behavior_BT, batch.advantages_BT, batch.weights_BT, batch.mask_BT, self.rl)
             if learn:
                 loss.backward()  # weights carry the normalisation: micro-batch losses add up to the batch loss
-                loss_total += loss.item()
-                learned.append((batch, logprobs.detach()))
+                learned.append((batch, logprobs.detach(), counted))
+            if not counted:
+                continue
+            loss_total += loss.item() if learn else 0.0
             behavior_lp.append(batch.behavior_BT[batch.mask_BT])
             trainer_lp.append(logprobs.detach()[batch.mask_BT])
             tokens += int(batch.lengths_B.sum())
             for k, v in m.items():
                 sums[k] += v * m["tokens"] if k != "tokens" else v
         clip = self.rl.grad_clip if self.rl.grad_clip > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
-        before = [p.detach().clone() for p in self.model.parameters()] if learned and self.rl.measure_update else []
+        grad_norm = whole(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        before = [local(p).detach().clone() for p in self.model.parameters()] if learned and self.rl.measure_update else []
         self.optimizer.step()
         update = self._update_metrics(before, learned) if before else {}
+        parts = self.ranks.gather((loss_total, sums, tokens, behavior_lp, trainer_lp))
+        loss_total, tokens = sum(p[0] for p in parts), sum(p[2] for p in parts)
+        sums = sum((p[1] for p in parts), Counter())
+        behavior_lp, trainer_lp = [t for p in parts for t in p[3]], [t for p in parts for t in p[4]]
         seconds = time.perf_counter() - t0
         self.version += 1
         t1 = time.perf_counter()
@@ -189,42 +211,54 @@ class RLTrainer:
         return row
 
     @torch.no_grad()
-    def _update_metrics(self, before: list[torch.Tensor], learned: list[tuple[TrainBatch, torch.Tensor]]) -> dict:
+    def _update_metrics(self, before: list[torch.Tensor], learned: list[tuple[TrainBatch, torch.Tensor, bool]]) -> dict:
         """How much the step changed the policy: the update's size relative to the weights, and how
         far the logprobs of the sampled tokens moved (mean over tokens with positive and with negative
         advantage; RL that learns raises the first and lowers the second). One extra forward pass
-        over the learning rows."""
-        params = list(self.model.parameters())
+        over the learning rows. `before` holds this rank's shards; each rank sums over its own."""
+        params = [local(p) for p in self.model.parameters()]
         delta = sum(float((p - b).double().pow(2).sum()) for p, b in zip(params, before))
         norm = sum(float(b.double().pow(2).sum()) for b in before)
         moved = {"pos": [], "neg": []}
-        for batch, old_lp in learned:
+        for batch, old_lp, counted in learned:
             with self.replay_ctx(self.model, batch):
                 new_lp = token_logprobs(self.model, batch)
+            if not counted:
+                continue
             diff = (new_lp - old_lp)[batch.mask_BT]
             adv = batch.advantages_BT[batch.mask_BT]
             moved["pos"].append(diff[adv > 0])
             moved["neg"].append(diff[adv < 0])
+        parts = self.ranks.gather((delta, norm, moved))
+        delta, norm = sum(p[0] for p in parts), sum(p[1] for p in parts)
         out = {"update_rel": (delta / max(norm, 1e-30)) ** 0.5}
-        for sign, parts in moved.items():
-            d = torch.cat(parts)
+        for sign in moved:
+            d = torch.cat([t for p in parts for t in p[2][sign]])
             out[f"dlogp_{sign}"] = float(d.mean()) if d.numel() else 0.0
         return out
 
     def bf16_state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().to(torch.bfloat16) for k, v in self.model.state_dict().items()}
+        """The whole model in bf16 (gathered from the shards on every rank when sharded)."""
+        return {k: whole(v).detach().to(torch.bfloat16) for k, v in self.model.state_dict().items()}
 
     def state_dict(self) -> dict:
-        """A deep copy: later steps do not change it."""
+        """A deep copy of whole tensors (gathered when sharded): later steps do not change it."""
+        optimizer = self.optimizer.state_dict()
         return copy.deepcopy({
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "model": {k: whole(v) for k, v in self.model.state_dict().items()},
+            "optimizer": {**optimizer, "state": {i: {k: whole(v) for k, v in s.items()} for i, s in optimizer["state"].items()}},
             "version": self.version,
             "rng": torch.get_rng_state(),
         })
 
     def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        """Load a `state_dict()`, taken at this or any other number of ranks."""
+        model = self.model.state_dict()
+        self.model.load_state_dict({k: shard_like(v, model[k]) for k, v in state["model"].items()})
+        params = list(self.model.parameters())
+        optimizer = state["optimizer"]
+        self.optimizer.load_state_dict({**optimizer, "state": {
+            i: {k: shard_like(v, params[int(i)]) if v.dim() else v for k, v in s.items()}
+            for i, s in optimizer["state"].items()}})
         self.version = state["version"]
         torch.set_rng_state(state["rng"])

@@ -34,10 +34,9 @@ from strop.env.task import Task
 from strop.rl.advantages import Sample
 from strop.memory import retain_freed_memory
 from strop.rl.rollout import RolloutLost, WorkItem, harness_config, rollout, sandbox_limits
-from strop.rl.trainer import RLTrainer
 from strop.rl.trajectory import Trajectory
-from strop.runtime.trainers import LocalTrainer, TrainerProcess, trainer_sync
 from strop.runtime.engines import RunEngine, start_engine
+from strop.runtime.trainers import TrainerProcess, start_trainer
 from strop.runtime.weights import relay_keep
 from strop.sync.relay import Relay
 from strop.threads import set_threads
@@ -104,7 +103,6 @@ class InlineRuntime:
     def __init__(self, cfg: Config, policy_dir: str, tasks: dict[str, Task], replay_ctx, *, cpus: CpuSplit | None = None,
                  trainer_process: bool = False, store_url: str | None = None):
         from strop.data.tokenizer import load_tokenizer
-        from strop.model.policy import load_model
 
         r = cfg.rollout
         self.tasks, self.cpus = tasks, cpus
@@ -118,8 +116,7 @@ class InlineRuntime:
             pin(cpus.rollout if cpus else None)  # the orchestrator loop stays off the trainer's core
         else:
             pin(cpus.trainer if cpus else None)
-            self.trainer = LocalTrainer(RLTrainer(load_model(policy_dir), cfg.rl, pad_id=pad_id, replay_ctx=replay_ctx),
-                                        trainer_sync(cfg, self.store_url))
+            self.trainer = start_trainer(cfg, policy_dir, replay_ctx, pad_id, self.store_url)
         self.trainer.publish()  # version 0: the store's snapshot, the base of the first delta
         self.relay = Relay(self.trainer.origin_url, cfg.sync.lan_mb_s * 1e6 or None, keep=relay_keep(cfg)).start()
         self.engines: list[RunEngine] = []

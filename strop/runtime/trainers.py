@@ -5,6 +5,9 @@
 - `TrainerProcess`: a `LocalTrainer` in a spawned child process, the same calls over a pipe.
   Weights never cross the pipe: what comes back is metrics rows and checkpoints, and
   `reply_bytes` counts it per call.
+
+With `trainer.parallel.fsdp = N > 1`, `start_trainer` makes either of them rank 0 of N sharded
+ranks (`strop.runtime.ranks`): the other N - 1 are worker processes it starts.
 """
 
 import multiprocessing
@@ -24,6 +27,50 @@ def trainer_sync(cfg: Config, store_url: str, host: str = "127.0.0.1") -> Traine
     s = cfg.sync
     return TrainerSync(store_url, full=s.type == "full", keep_deltas=s.keep_deltas,
                        wan_bytes_per_s=s.wan_mb_s * 1e6 or None, host=host)
+
+
+class NoTransport:
+    """A worker rank's transport: it publishes nothing (rank 0 publishes the gathered weights)."""
+
+    origin_url = None
+
+    def publish(self, version: int, state: dict[str, torch.Tensor]) -> None:
+        pass
+
+    def restart(self) -> None:
+        pass
+
+    def stats(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def rank_trainer(ranks, cfg: Config, policy_dir: str, replay_ctx, pad_id: int, store_url: str) -> "LocalTrainer":
+    """This rank's trainer: the policy, sharded over `ranks` when there are several; rank 0 publishes."""
+    from strop.model.policy import load_model
+    from strop.train.parallel import shard_model
+
+    model = load_model(policy_dir).float()
+    if ranks.size > 1:
+        shard_model(model, ranks.mesh)
+    sync = trainer_sync(cfg, store_url) if ranks.rank == 0 else NoTransport()
+    return LocalTrainer(RLTrainer(model, cfg.rl, pad_id=pad_id, replay_ctx=replay_ctx, ranks=ranks), sync)
+
+
+def start_trainer(cfg: Config, policy_dir: str, replay_ctx, pad_id: int, store_url: str):
+    """The trainer in this process: a `LocalTrainer`, or rank 0 of `trainer.parallel.fsdp` ranks
+    (a `RankedTrainer` with the same calls; the others run in worker processes, one thread each)."""
+    from strop.runtime.ranks import RankedTrainer, follow_calls, start_ranks
+    from strop.train.parallel import Ranks
+
+    args = (cfg, policy_dir, replay_ctx, pad_id, store_url)
+    n = cfg.trainer.parallel.fsdp
+    if n == 1:
+        return rank_trainer(Ranks(), *args)
+    ranks, procs = start_ranks(n, follow_calls, (rank_trainer, args))
+    return RankedTrainer(rank_trainer(ranks, *args), ranks, procs)
 
 
 class LocalTrainer:
@@ -68,7 +115,6 @@ def _trainer_main(conn, cfg: Config, policy_dir: str, replay_ctx, pad_id: int, c
                   store_url: str) -> None:
     """The child process of `TrainerProcess`: a `LocalTrainer` answering (method, arguments) messages."""
     from strop.memory import retain_freed_memory
-    from strop.model.policy import load_model
     from strop.runtime.inline import pin
     from strop.threads import set_threads
 
@@ -78,8 +124,7 @@ def _trainer_main(conn, cfg: Config, policy_dir: str, replay_ctx, pad_id: int, c
     # between steps, they are faulted in afresh on the next (and in a VM, freed pages idle for a
     # second or two are returned to the host, which makes those faults slow): keep them.
     retain_freed_memory()
-    local = LocalTrainer(RLTrainer(load_model(policy_dir), cfg.rl, pad_id=pad_id, replay_ctx=replay_ctx),
-                         trainer_sync(cfg, store_url))
+    local = start_trainer(cfg, policy_dir, replay_ctx, pad_id, store_url)
     _send(conn, local.origin_url)
     try:
         while (msg := pickle.loads(conn.recv_bytes())) is not None:
@@ -100,8 +145,9 @@ class TrainerProcess:
                  store_url: str):
         ctx = multiprocessing.get_context("spawn")  # never fork a process that runs torch threads
         self.conn, child = ctx.Pipe()
+        # not a daemon, so it can start the ranks of a sharded trainer; it ends when the pipe closes
         self.proc = ctx.Process(target=_trainer_main, args=(child, cfg, policy_dir, replay_ctx, pad_id, cpus, store_url),
-                                name="strop-trainer", daemon=True)
+                                name="strop-trainer")
         self.proc.start()
         self.origin_url = pickle.loads(self.conn.recv_bytes())
         self.version = 0

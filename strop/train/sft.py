@@ -98,8 +98,50 @@ def masked_nll(model, segments: list, pad_id: int):
     return F.cross_entropy(logits_at(model, inputs, mask), targets[mask]), n
 
 
+def summed_nll(model, segments: list, counted: list[bool], pad_id: int):
+    """Summed next-token NLL over the policy's own tokens of the `counted` segments; the others run
+    through the model but weigh nothing (a sharded rank's padding, `strop.train.parallel`)."""
+    import torch
+    import torch.nn.functional as F
+
+    from strop.model.policy import logits_at
+
+    inputs, targets, mask = pad_batch(segments, pad_id)
+    nll = F.cross_entropy(logits_at(model, inputs, mask), targets[mask], reduction="none")
+    weight = torch.tensor(counted, dtype=nll.dtype)[:, None].expand(mask.shape)[mask]
+    return (nll * weight).sum()
+
+
 def sft(cfg: Config, base: str | None = None) -> dict:
-    import copy
+    """Run (or report) SFT; with `trainer.parallel.fsdp = N > 1` this process is rank 0 of N ranks
+    that train one model sharded between them (the others are worker processes it starts)."""
+    from strop.data.tokenizer import load_tokenizer
+    from strop.runtime.ranks import start_ranks, stop_ranks
+    from strop.threads import set_threads
+    from strop.train.parallel import Ranks
+
+    n = cfg.trainer.parallel.fsdp
+    threads = set_threads(max(1, set_threads(cfg.run.threads or None) // n))  # the cores split between the ranks
+    base_dir = Path(base) if base else cfg.run_dir / "midtrain" / "model"
+    out = cfg.run_dir / "sft"
+    if (out / "result.json").is_file():  # finished: the model is in out/model
+        return json.loads((out / "result.json").read_text())
+    out.mkdir(parents=True, exist_ok=True)
+    load_demonstrations(cfg, load_tokenizer(base_dir), out / "demos.jsonl")  # cached before other ranks read it
+    if n == 1:
+        return fit(Ranks(), cfg, str(base_dir))
+    ranks, procs = start_ranks(n, fit, (cfg, str(base_dir)), threads)
+    try:
+        return fit(ranks, cfg, str(base_dir))
+    finally:
+        stop_ranks(procs)
+
+
+def fit(ranks, cfg: Config, base_dir: str) -> dict:
+    """The SFT loop, run by every rank of `ranks` on the same batches: each rank takes its share of
+    a batch's segments, and the summed NLL over the batch's tokens makes the ranks' gradients add
+    up to the single process's. Rank 0 evaluates, decides and writes; the others follow its
+    decisions (their float rounding may differ, and every rank must run the same passes)."""
     import math
 
     import numpy as np
@@ -109,17 +151,16 @@ def sft(cfg: Config, base: str | None = None) -> dict:
     from strop.data.tokenizer import load_tokenizer
     from strop.model.policy import load_model, save_model
     from strop.report import MetricsLog, plot_metrics
-    from strop.threads import set_threads
+    from strop.train.parallel import shard_model, whole
 
-    set_threads(cfg.run.threads or None)
     s = cfg.sft
-    base_dir = Path(base) if base else cfg.run_dir / "midtrain" / "model"
     out = cfg.run_dir / "sft"
-    if (out / "result.json").is_file():  # finished: the model is in out/model
-        return json.loads((out / "result.json").read_text())
-    out.mkdir(parents=True, exist_ok=True)
+    main = ranks.rank == 0
     model = load_model(base_dir)
+    if ranks.size > 1:
+        shard_model(model, ranks.mesh)
     tokenizer = load_tokenizer(base_dir)
+    pad_id = tokenizer.pad_token_id
     episodes = load_demonstrations(cfg, tokenizer, out / "demos.jsonl")
     n_val = max(1, int(len(episodes) * s.val_fraction))
     train = [seg for ep in episodes[:-n_val] for seg in ep.segments if sum(seg.loss_mask)]
@@ -130,29 +171,48 @@ def sft(cfg: Config, base: str | None = None) -> dict:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(warmup, lambda: s.max_steps, s.min_lr_ratio))
     rng = np.random.default_rng(cfg.run.seed)
     log = MetricsLog(out / "metrics.jsonl")
-    log.reset()
+    if main:
+        log.reset()
 
     def evaluate() -> float:
+        """Held-out loss (every rank runs every batch: a sharded forward is a collective), rank 0's."""
         model.eval()
         total, count = 0.0, 0
         with torch.no_grad():
             for i in range(0, len(val), s.batch_size):
-                loss, n = masked_nll(model, val[i : i + s.batch_size], tokenizer.pad_token_id)
+                loss, n = masked_nll(model, val[i : i + s.batch_size], pad_id)
                 total, count = total + loss.item() * n, count + n
         model.train()
-        return total / max(1, count)
+        return ranks.broadcast(total / max(1, count))
 
-    best_loss, best_state, best_step, bad_evals = evaluate(), copy.deepcopy(model.state_dict()), 0, 0
-    log.write({"step": 0, "val_loss": best_loss})
+    def snapshot() -> dict:
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    def save(extra: dict) -> None:
+        """The model whole, in HF format (gathered into an unsharded copy when sharded)."""
+        whole_state = {k: whole(v) for k, v in model.state_dict().items()}  # every rank: a collective
+        if not main:
+            return
+        plain = model
+        if ranks.size > 1:
+            plain = load_model(base_dir)
+            plain.load_state_dict(whole_state)
+        save_model(plain, tokenizer, out / "model", extra=extra)
+
+    best_loss, best_state, best_step, bad_evals = evaluate(), snapshot(), 0, 0
+    if main:
+        log.write({"step": 0, "val_loss": best_loss})
     model.train()
-    bar = tqdm(total=s.max_steps, desc="sft", unit="step", dynamic_ncols=True)
+    bar = tqdm(total=s.max_steps, desc="sft", unit="step", dynamic_ncols=True, disable=not main)
     t0, tokens, step = time.perf_counter(), 0, 0
     order: list[list[int]] = []
     for step in range(1, s.max_steps + 1):
         if not order:
             order = length_batches([len(seg) for seg in train], s.batch_size, rng)
         batch = [train[i] for i in order.pop()]
-        loss, n = masked_nll(model, batch, tokenizer.pad_token_id)
+        mine = ranks.share(batch, lambda seg: seg)
+        n_tokens = sum(sum(seg.loss_mask[1:]) for seg in batch)
+        loss = summed_nll(model, [seg for seg, _ in mine], [counted for _, counted in mine], pad_id) / n_tokens
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if s.grad_clip > 0:
@@ -160,16 +220,17 @@ def sft(cfg: Config, base: str | None = None) -> dict:
         optimizer.step()
         scheduler.step()
         tokens += sum(len(seg.input_ids) for seg in batch)
-        row = {"step": step, "loss": loss.item(), "tok_s": tokens / (time.perf_counter() - t0)}
+        row = {"step": step, "loss": sum(ranks.gather(loss.item())), "tok_s": tokens / (time.perf_counter() - t0)}
         if step % s.eval_every == 0:
             row["val_loss"] = evaluate()
             if row["val_loss"] < best_loss - 1e-4:
-                best_loss, best_state, best_step, bad_evals = row["val_loss"], copy.deepcopy(model.state_dict()), step, 0
+                best_loss, best_state, best_step, bad_evals = row["val_loss"], snapshot(), step, 0
                 # on disk at once: a run killed later still leaves its best policy to evaluate or keep
-                save_model(model, tokenizer, out / "model", extra={"sft": {"step": step, "val_loss": best_loss, "finished": False}})
+                save({"sft": {"step": step, "val_loss": best_loss, "finished": False}})
             else:
                 bad_evals += 1
-        log.write(row)
+        if main:
+            log.write(row)
         bar.set_postfix(loss=f"{row['loss']:.3f}", best_val=f"{best_loss:.3f}")
         bar.update(1)
         if bad_evals >= s.patience:
@@ -177,7 +238,6 @@ def sft(cfg: Config, base: str | None = None) -> dict:
     bar.close()
     model.load_state_dict(best_state)
     model.eval()
-    plot_metrics(log.read(), out / "loss.png", ["loss", "val_loss"], title="SFT loss on demonstration tokens (nats)")
     result = {
         "demos": len(episodes),
         "train_segments": len(train),
@@ -187,7 +247,10 @@ def sft(cfg: Config, base: str | None = None) -> dict:
         "early_stopped": bad_evals >= s.patience,
         "val_loss": best_loss,
         "val_ppl": math.exp(best_loss),
+        "ranks": ranks.size,
     }
-    save_model(model, tokenizer, out / "model", extra={"config": to_dict(cfg), "sft": result})
-    write_atomic(out / "result.json", json.dumps(result, indent=2))
+    save({"config": to_dict(cfg), "sft": result})
+    if main:
+        plot_metrics(log.read(), out / "loss.png", ["loss", "val_loss"], title="SFT loss on demonstration tokens (nats)")
+        write_atomic(out / "result.json", json.dumps(result, indent=2))
     return result

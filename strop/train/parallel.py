@@ -1,0 +1,138 @@
+"""Data-parallel training over ranks with torch's FSDP2: a trainer's view of its rank group.
+
+A trainer (`strop.rl.trainer.RLTrainer`) runs the same code on every rank; what differs is the
+`Ranks` it is given:
+
+- `Ranks()` is one process: every collective is the identity, so the single-process trainer is
+  this code with N = 1.
+- `Ranks(rank, size, mesh)` is rank `rank` of a process group (`join`): the model is sharded over
+  `mesh` by `shard_model`, so each rank holds 1/N of the parameters, gradients and AdamW state,
+  and each step's micro-batches are dealt out between the ranks (`share`).
+
+The maths is the single-process trainer's: the micro-batches are the same, a micro-batch's loss
+already carries the batch's normalisation (losses add up), and FSDP sums the ranks' gradients
+(divide factor 1) where one process accumulates them. Only the order of those additions and of
+the gradient norm's reduction differs, so two ranks with one micro-batch each and an inactive
+clip give bitwise the single process's weights, and otherwise agree to float32 rounding.
+
+Every forward and backward of a sharded model runs collectives (all-gather, reduce-scatter), so
+every rank must run as many of them per step: `share` pads a rank that has fewer micro-batches
+with copies that weigh nothing. A `replay_ctx` must decide the same way for such a copy as for
+the micro-batch it copies (router replay does: it looks at the batch's recorded routing).
+"""
+
+import os
+import socket
+from typing import Callable, TypeVar
+
+import torch
+import torch.distributed as dist
+
+T = TypeVar("T")
+
+
+class Ranks:
+    """This process's place in the trainer's rank group, and the collectives a step needs."""
+
+    def __init__(self, rank: int = 0, size: int = 1, mesh=None):
+        assert 0 <= rank < size and (size == 1 or mesh is not None), "a rank group of several needs a device mesh"
+        self.rank, self.size, self.mesh = rank, size, mesh
+
+    def share(self, chunks: list[T], null: Callable[[T], T]) -> list[tuple[T, bool]]:
+        """This rank's chunks (every size-th, from its rank on) as (chunk, counted) pairs, padded
+        with uncounted `null(chunks[0])` copies to as many chunks as the busiest rank has."""
+        if not chunks:
+            return []
+        mine = [(c, True) for c in chunks[self.rank :: self.size]]
+        per_rank = -(-len(chunks) // self.size)
+        return mine + [(null(chunks[0]), False)] * (per_rank - len(mine))
+
+    def gather(self, obj) -> list:
+        """Every rank's `obj` (picklable), in rank order, on every rank."""
+        if self.size == 1:
+            return [obj]
+        out = [None] * self.size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def broadcast(self, obj=None):
+        """Rank 0's `obj` on every rank (what the other ranks pass is ignored)."""
+        if self.size == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+def whole(t: torch.Tensor) -> torch.Tensor:
+    """The full tensor behind a sharded one (a collective: every rank calls it, in the same order);
+    a plain tensor as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a sharded tensor (a plain tensor is all of itself)."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def shard_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """`full` cut the way `like` is (rank 0's values are the ones kept); unchanged when `like` is
+    a plain tensor. With `whole`, what lets a state saved at one rank count load at another."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if not isinstance(like, DTensor):
+        return full
+    return distribute_tensor(full.to(like.dtype), like.device_mesh, like.placements)
+
+
+def shard_model(model, mesh) -> None:
+    """Shard a Hugging Face causal LM over the 1-D `mesh` in place, bottom-up (torchtitan's order):
+
+    1. each decoder layer is one FSDP group (its parameters are gathered just for its forward and
+       backward; MoE experts shard along the expert dimension like any parameter);
+    2. the embedding, final norm and output head are one group: the head is tied to the embedding,
+       and `strop.model.policy.logits_at` calls it after the decoder's forward, not inside it;
+    3. the decoder is the root, so each forward starts and each backward ends there.
+
+    Gradients are summed over the ranks, not averaged: the losses carry their normalisation.
+    """
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    decoder = model.get_decoder()
+    for layer in decoder.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard([decoder.embed_tokens, decoder.norm, model.get_output_embeddings()], mesh=mesh)
+    fully_shard(decoder, mesh=mesh)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)  # gloo has no pre-multiplied sum
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (for the process group's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def join(rank: int, size: int, address: str) -> Ranks:
+    """Join the trainer's process group as `rank` of `size` (rendezvous at `address`, host:port)
+    and build its 1-D device mesh. CPU ranks over gloo: the trainer's models live on the CPU
+    (NCCL with a GPU per rank would be the same calls once the trainer places models on GPUs)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    host, port = address.rsplit(":", 1)
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = host, port
+    dist.init_process_group("gloo", rank=rank, world_size=size)
+    return Ranks(rank, size, init_device_mesh("cpu", (size,)))
+
+
+def leave() -> None:
+    """Leave the process group (a no-op outside one)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,80 @@
+"""The sharded trainer (FSDP2 over gloo ranks, local processes) against the single-process trainer
+on the tiny MoE: the same samples give the same losses and weights, and what rank 0 publishes is
+the gathered bf16 snapshot."""
+
+import pytest
+import torch
+
+from strop.config import Config, RLSection, TrainerSection, ParallelSection, load_config
+from strop.errors import UserError
+from strop.model.policy import load_model
+from strop.rl.advantages import Sample
+from strop.rl.orchestrator import router_replay
+from strop.rl.trainer import RLTrainer
+from strop.runtime.trainers import start_trainer
+from strop.sync.store import Store
+from strop.train.parallel import Ranks
+from tests.test_rl_trainer import sample_groups
+
+
+def step_batches(policy_dir, rows_per_step: list[int]) -> list[list]:
+    """Samples drawn from the policy itself, routing recorded, `rows` segments per step, with
+    advantages +-1 (the toy reward is rarely earned in 3 tokens)."""
+    model = load_model(policy_dir)
+    torch.manual_seed(0)
+    return [[Sample(t, (-1.0) ** i, 1 / (3 * rows)) for g in sample_groups(model, step, rows // 4, 4, 3, step, routing=True)
+             for i, t in enumerate(g.trajectories)] for step, rows in enumerate(rows_per_step)]
+
+
+def compare(cfg: Config, policy_dir, pad_id: int, batches: list[list], tmp_path) -> list[tuple]:
+    """Per step: (single row, sharded row, single weights, sharded weights)."""
+    single = RLTrainer(load_model(policy_dir), cfg.rl, pad_id=pad_id, replay_ctx=router_replay)
+    expected = [(single.step(b), single.state_dict()["model"]) for b in batches]
+    sharded = start_trainer(cfg, str(policy_dir), router_replay, pad_id, str(tmp_path / "weights"))
+    try:
+        sharded.publish()
+        got = [(sharded.step(b), sharded.state_dict()["model"]) for b in batches]
+        published = Store(str(tmp_path / "weights")).state(sharded.version)
+        gathered = sharded.bf16_state_dict()
+    finally:
+        sharded.close()
+    for name, t in gathered.items():  # the store's latest version is the gathered bf16 snapshot, bit for bit
+        assert published[name].data.tobytes() == t.view(torch.uint16).numpy().tobytes(), name
+    return [(a, b, sa, sb) for (a, sa), (b, sb) in zip(expected, got)]
+
+
+def max_diff(a: dict, b: dict) -> float:
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def test_two_ranks_train_as_one_process(tiny_policy_dir, tiny_tokenizer, tmp_path):
+    """Two ranks, two micro-batches a step (one each), no clipping: the ranks' gradients add up as
+    one process adds them, so the weights are bitwise the same. A step with three micro-batches
+    (one rank pads with a weightless copy) may differ by float32 rounding (the additions are in
+    another order): measured bitwise here too; the bound is 1e-6. (Clipping on many ranks: `test_four_ranks_and_a_resume_at_another_count`.)"""
+    cfg = Config(rl=RLSection(lr=1e-2, micro_batch=4, grad_clip=0.0), trainer=TrainerSection(ParallelSection(fsdp=2)))
+    steps = compare(cfg, tiny_policy_dir, tiny_tokenizer.pad_token_id, step_batches(tiny_policy_dir, [8, 8, 12]), tmp_path)
+    for one, two, w1, w2 in steps[:2]:
+        assert one["loss"] == two["loss"] and one["grad_norm"] > 0
+        assert one["grad_norm"] == pytest.approx(two["grad_norm"], rel=1e-6)
+        assert all(torch.equal(w1[k], w2[k]) for k in w1)
+    one, two, w1, w2 = steps[2]
+    assert one["loss"] == pytest.approx(two["loss"], rel=1e-5, abs=1e-7)
+    assert one["tokens"] == two["tokens"] and one["gen_tokens"] == two["gen_tokens"]
+    print(f"max |w1 - w2| after a padded step: {max_diff(w1, w2):.3g}")
+    assert max_diff(w1, w2) < 1e-6
+
+
+def test_parallel_config_is_checked():
+    assert load_config(overrides=["trainer.parallel.fsdp=4"]).trainer.parallel.fsdp == 4
+    for bad in ("trainer.parallel.fsdp=0", "trainer.parallel.fsdp=2.5", "trainer.parallel.fsdp=true",
+                "trainer.parallel.tp=2"):
+        with pytest.raises(UserError, match="trainer.parallel"):
+            load_config(overrides=[bad])
+
+
+def test_one_rank_group_is_the_identity():
+    r = Ranks()
+    assert r.share([1, 2, 3], lambda c: 0) == [(1, True), (2, True), (3, True)]
+    assert Ranks(1, 2, mesh=object()).share([1, 2, 3], lambda c: -c) == [(2, True), (-1, False)]
+    assert r.gather("x") == ["x"] and r.broadcast(5) == 5
