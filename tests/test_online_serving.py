@@ -40,7 +40,8 @@ def publish_versions(engine: Engine, root: str, n: int) -> list[dict[str, torch.
 
 
 @contextlib.contextmanager
-def secure_server(tokenizer, keys: KeyFile, store: Store | None = None, versions: Versions | None = None):
+def secure_server(tokenizer, keys: KeyFile | None, store: Store | None = None, versions: Versions | None = None):
+    """A tiny MoE engine behind the app `strop serve` exposes, on a free port: yields (url, engine)."""
     model = build_model(tiny_model_section("qwen3_moe"), tokenizer, seed=0).eval()
     engine = Engine(model, tokenizer, max_batch=4, max_len=128)
     url, stop = serve_in_thread(engine, "tiny", app=create_serving_app(engine, "tiny", keys, store, versions))

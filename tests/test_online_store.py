@@ -3,19 +3,14 @@ tests start themselves (`strop.online.local_postgres`; skipped, saying why, wher
 Every served completion is logged with what RL needs; ratings are validated, idempotent, and
 answered with clear 4xx codes."""
 
-import contextlib
 import uuid
 
 import httpx
 import pytest
 
-from strop.engine.engine import Engine
-from strop.engine.server import serve_in_thread
-from strop.model.policy import build_model
-from strop.online.app import create_serving_app
 from strop.online.local_postgres import NoPostgres, postgres_server
 from strop.online.store import CompletionRow, FeedbackRow, Store
-from tests.conftest import tiny_model_section
+from tests.test_online_serving import secure_server
 
 
 @pytest.fixture(scope="module")
@@ -70,21 +65,10 @@ def test_store_round_trip_and_idempotent_feedback(store_url):
         store.close()
 
 
-@contextlib.contextmanager
-def logging_server(tokenizer, store: Store):
-    model = build_model(tiny_model_section("qwen3_moe"), tokenizer, seed=0).eval()
-    engine = Engine(model, tokenizer, max_batch=4, max_len=128)
-    url, stop = serve_in_thread(engine, "tiny", app=create_serving_app(engine, "tiny", None, store, None))
-    try:
-        yield url, engine
-    finally:
-        stop()
-
-
 def test_served_completions_are_logged_and_rated(tiny_tokenizer, store_url):
     store = Store(store_url)
     try:
-        with logging_server(tiny_tokenizer, store) as (url, _), httpx.Client(base_url=url, timeout=60) as c:
+        with secure_server(tiny_tokenizer, None, store) as (url, _), httpx.Client(base_url=url, timeout=60) as c:
             r = c.post("/v1/completions", json={"model": "tiny", "prompt": "def f(x):", "max_tokens": 4, "n": 2,
                                                 "logprobs": 1, "return_routed_experts": True}).json()
             for i, choice in enumerate(r["choices"]):
