@@ -22,6 +22,8 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("eval", "policy"): ("strop.rl.eval_cmd", "held-out solve rate of a policy, per difficulty, with 95% intervals"),
     ("bench", "midtrain"): ("strop.bench.midtrain", "mid-training tokens/s on this machine"),
     ("serve",): ("strop.engine.serve", "serve a checkpoint over the OpenAI-compatible API (+ weight updates)"),
+    ("serve", "key"): ("strop.commands.serve_key", "add an API key (scopes infer/feedback/admin) to a key file"),
+    ("bench", "feedback"): ("strop.bench.feedback", "feedback API on loopback per store: req/s, p99, events lost across kill -9"),
     ("bench", "engine"): ("strop.bench.engine", "engine tokens/s vs HF generate at batch 1, 16, 64"),
     ("bench", "mismatch"): ("strop.bench.mismatch", "engine-vs-trainer mismatch: default, replay, deterministic, both"),
     ("sync", "encode"): ("strop.sync.encode_cmd", "lossless bf16/fp32 weight delta between two safetensors files"),

@@ -228,7 +228,8 @@ class Engine:
     # -- weights -------------------------------------------------------------------------------
 
     def update_weights(self, tensors: dict | None = None, apply_fn: Callable | None = None, version: int | None = None,
-                       changed: Collection[str] | None = None, derived: Derived | None = None) -> WeightUpdate:
+                       changed: Collection[str] | None = None, derived: Derived | None = None,
+                       rollback: bool = False) -> WeightUpdate:
         """Queue new weights: full `tensors` by parameter name, and/or `apply_fn(named_tensors)` that
         mutates them in place (a delta applier), which names the parameters it touches in `changed`
         (only those are repacked; None: every one) and may bring their repacking already prepared
@@ -236,8 +237,9 @@ class Engine:
         decode steps; returns a handle whose `wait()` gives the pause length.
 
         `tensors` is checked whole before anything is queued (names, shapes, dtypes, finite values
-        after the cast to the live dtype) and `version` may not go back: a refused update raises
-        ValueError here and leaves the served model untouched."""
+        after the cast to the live dtype) and `version` may not go back (unless this is a `rollback` to
+        an earlier version's weights): a refused update raises ValueError here and leaves the served
+        model untouched."""
         tensors = None if tensors is None else self._checked(tensors)
         if apply_fn is not None and changed is None:
             names = None
@@ -246,7 +248,7 @@ class Engine:
         with self._lock:
             last = self._updates[-1].version if self._updates else self.version
             version = last + 1 if version is None else version
-            if version < max(last, 0):
+            if version < max(last, 0) and not rollback:
                 raise ValueError(f"weights version {version} is older than version {last}; versions never go back")
             upd = WeightUpdate(version, tensors, apply_fn, names, derived)
             self._updates.append(upd)

@@ -1,4 +1,10 @@
-"""`strop serve`: a checkpoint behind the OpenAI-compatible API (see `strop.engine.server`).
+"""`strop serve`: a checkpoint behind the OpenAI-compatible API (see `strop.engine.server`), with API
+keys, a completion log, ratings and store-only weight updates (`strop.online.app`).
+
+Without `--keys` the server is open and may only listen on loopback, and has no weight routes;
+`--host` on any other interface needs `--keys`. `--store` logs every completion and takes
+`POST /v1/feedback`; `--weights-store` (with `--keys`) lets an admin key move the served weights
+to a version of the run's store, or back.
 
 Impossible settings (a port outside 0-65535, no KV-cache slot, a context past the model's limit)
 and a port already in use are refused before the model loads, as one line and exit 2. On SIGTERM
@@ -7,7 +13,9 @@ cancels their generation), and uvicorn re-raises the signal: SIGTERM exits 143 l
 """
 
 import argparse
+import ipaddress
 import socket
+import sys
 from pathlib import Path
 
 from strop.errors import UserError
@@ -24,6 +32,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-len", type=int, default=None, help="longest sequence (default: model limit, at most 2048)")
     parser.add_argument("--deterministic", action="store_true", help="batch-invariant ops: logprobs equal the trainer's bit for bit")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: STROP_THREADS or all cores)")
+    parser.add_argument("--keys", help="API key file (`strop serve key`); required off loopback")
+    parser.add_argument("--store", help="completion log and feedback store: a SQLite path or a postgresql:// URL")
+    parser.add_argument("--weights-store", help="the run's weight store (directory or fsspec URL) admin updates load from")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -46,24 +66,34 @@ def serve(args: argparse.Namespace, sock: socket.socket) -> None:
     import uvicorn
 
     from strop.engine.engine import Engine
-    from strop.engine.server import create_app
+    from strop.online.app import create_serving_app
+    from strop.online.auth import KeyFile
+    from strop.online.store import Store
+    from strop.online.versions import Versions
 
     try:
+        keys = KeyFile.load(args.keys) if args.keys else None
+        store = Store(args.store) if args.store else None
+        versions = Versions(args.weights_store) if args.weights_store else None
         engine = Engine.from_checkpoint(args.checkpoint, max_batch=args.max_batch, max_len=args.max_len,
                                         deterministic=args.deterministic)
-    except ValueError as e:  # e.g. --max-len past the model's limit
+    except ValueError as e:  # e.g. --max-len past the model's limit, a bad key file, an unreachable database
         raise UserError(str(e)) from None
     name = args.name or Path(args.checkpoint).resolve().name
     engine.start()
     port = sock.getsockname()[1]
     print(f"strop serve: {name} on http://{args.host}:{port} (max batch {args.max_batch}, "
-          f"{'deterministic' if args.deterministic else 'default'} ops)", flush=True)
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, name), log_level="warning",
-                                           timeout_graceful_shutdown=GRACEFUL_S))
+          f"{'deterministic' if args.deterministic else 'default'} ops, "
+          f"{f'{len(keys.keys)} API keys' if keys else 'no API keys'}, "
+          f"{'completion log ' + args.store if store else 'no completion log'})", flush=True)
+    app = create_serving_app(engine, name, keys, store, versions)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=GRACEFUL_S))
     try:
         server.run(sockets=[sock])
     finally:
         engine.stop()
+        if store is not None:
+            store.close()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,6 +103,11 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--max-len must be at least 2, got {args.max_len}")
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads must be at least 1, got {args.threads}")
+    if not args.keys and not is_loopback(args.host):
+        raise UserError(f"--host {args.host} is not loopback: serving beyond this machine needs --keys")
+    if args.weights_store and not args.keys:
+        print("strop serve: --weights-store has no effect without --keys (weight routes need an admin key)",
+              file=sys.stderr)
     with listen(args.host, args.port) as sock:  # closed however serving ends, or fails to start
         serve(args, sock)
     return 0

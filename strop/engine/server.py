@@ -7,7 +7,9 @@
     GET  /weights/version     {"version": v}
     POST /weights/update      {"path": safetensors file or model dir, "version": v?} -> {"version", "pause_s"}
                               (checked whole, then applied all at once: a 400 leaves the model as it was;
-                              versions never go back)
+                              versions never go back). Only with `path_updates=True`: a client naming a
+                              file for the server to load is for a trusted local process (the tests,
+                              `serve_in_thread`); `strop serve` never mounts it (see `strop.online.app`).
 
 Every choice carries what RL needs beyond the OpenAI fields: `token_ids` and `prompt_token_ids`
 (vLLM's names), `routed_experts` when the request asks `return_routed_experts` (vLLM's field:
@@ -18,6 +20,9 @@ client sends can stop the server. CPU work (tokenizing, rendering chat, loading 
 the event loop, so one big request never stalls the others; bodies and prompts too long for the
 engine's context are refused before they are parsed or tokenized (`strop.engine.request_limits`);
 a request whose client goes away (closed stream or connection) stops generating at the next step.
+
+`on_served(request, Served)`, when given, is awaited with every finished completion before any of
+it is sent (for a stream: before its last chunks), so a completion log can make it durable first.
 """
 
 import asyncio
@@ -26,7 +31,8 @@ import json
 import threading
 import time
 import uuid
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -78,12 +84,28 @@ def _error(status: int, message: str, kind: str = "invalid_request_error") -> JS
     return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
 
 
+@dataclass
+class Served:
+    """One finished response, as `on_served` sees it."""
+
+    id: str
+    endpoint: Literal["completions", "chat"]
+    model: str
+    request: dict[str, Any]  # the parsed request body
+    prompt_ids: list[int]
+    outs: list  # the engine's `Completion` per choice
+    latency_s: float  # from the request's arrival to the end of generation
+
+
+OnServed = Callable[[Request, Served], Awaitable[None]]
+
+
 class ClientError(Exception):
     def __init__(self, status: int, message: str):
         self.status, self.message = status, message
 
 
-def create_app(engine: Engine, model_name: str) -> FastAPI:
+def create_app(engine: Engine, model_name: str, path_updates: bool = False, on_served: OnServed | None = None) -> FastAPI:
     """The app around an engine whose loop thread is running."""
     app = FastAPI(title="strop engine")
     tok = engine.tokenizer
@@ -118,16 +140,22 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
     async def weights_version():
         return {"version": engine.version}
 
-    @app.post("/weights/update")
-    async def weights_update(req: WeightsRequest):
-        def load_and_apply() -> float:  # reading, checking and casting the tensors is CPU work: off the event loop
-            return engine.update_weights(tensors=load_weights_file(req.path), version=req.version).wait(300)
+    if path_updates:
+        @app.post("/weights/update")
+        async def weights_update(req: WeightsRequest):
+            def load_and_apply() -> float:  # reading, checking and casting the tensors is CPU work: off the event loop
+                return engine.update_weights(tensors=load_weights_file(req.path), version=req.version).wait(300)
 
-        try:
-            pause = await asyncio.to_thread(load_and_apply)
-        except ValueError as e:
-            raise ClientError(400, str(e)) from None
-        return {"version": engine.version, "pause_s": pause}
+            try:
+                pause = await asyncio.to_thread(load_and_apply)
+            except ValueError as e:
+                raise ClientError(400, str(e)) from None
+            return {"version": engine.version, "pause_s": pause}
+
+    async def served(request: Request, endpoint, rid: str, req: _Sampling, ids: list[int], outs, t0: float) -> None:
+        if on_served is not None:
+            await on_served(request, Served(rid, endpoint, model_name, req.model_dump(), ids, outs,
+                                            time.perf_counter() - t0))
 
     def params(req: _Sampling, default_max: int, stop_ids: list[int] | None) -> SamplingParams:
         if req.model != model_name:
@@ -172,6 +200,7 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
+        t0 = time.perf_counter()
         prompts = req.prompt if isinstance(req.prompt, list) and req.prompt and isinstance(req.prompt[0], (str, list)) else [req.prompt]
         if len(prompts) != 1:
             raise ClientError(400, "one prompt per request (send concurrent requests instead; they are batched together)")
@@ -180,13 +209,16 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
         sp = params(req, 16, req.stop_token_ids or [])  # plain completion: no implicit stop token
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         if req.stream:
-            return _stream(run, ids, sp, req.n, request, lambda i, delta, fin: {
+            return _stream(run, ids, sp, req.n, request,
+                           lambda outs: served(request, "completions", rid, req, ids, outs, t0), lambda i, delta, fin: {
                 "id": rid, "object": "text_completion", "created": created, "model": model_name,
                 "choices": [{"index": i, "text": delta or "", "logprobs": None, "finish_reason": fin}]}, tok.decode)
         outs = await run(ids, sp, req.n, request)
+        for c in outs:
+            _raise_if_failed(c)
+        await served(request, "completions", rid, req, ids, outs, t0)
         choices = []
         for i, c in enumerate(outs):
-            _raise_if_failed(c)
             lp = None
             if req.logprobs is not None:
                 toks = [tok.decode([t]) for t in c.token_ids]
@@ -199,6 +231,7 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request):
+        t0 = time.perf_counter()
         for i, m in enumerate(req.messages):
             if m.get("role") not in ("system", "user", "assistant", "tool") or not isinstance(m.get("content", ""), (str, type(None))):
                 raise ClientError(400, f"messages[{i}]: needs a role in system/user/assistant/tool and string content")
@@ -211,15 +244,18 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
         sp = params(req, 512, [tok.convert_tokens_to_ids(IM_END), *(req.stop_token_ids or [])])
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if req.stream:
-            return _stream(run, ids, sp, req.n, request, lambda i, delta, fin: {
+            return _stream(run, ids, sp, req.n, request, lambda outs: served(request, "chat", rid, req, ids, outs, t0),
+                           lambda i, delta, fin: {
                 "id": rid, "object": "chat.completion.chunk", "created": created, "model": model_name,
                 "choices": [{"index": i, "delta": ({"role": "assistant", "content": delta} if delta is not None else {}),
                              "logprobs": None, "finish_reason": fin}]},
                 lambda ids: tok.decode([t for t in ids if t not in sp.stop_token_ids]))
         outs = await run(ids, sp, req.n, request)
+        for c in outs:
+            _raise_if_failed(c)
+        await served(request, "chat", rid, req, ids, outs, t0)
         choices = []
         for i, c in enumerate(outs):
-            _raise_if_failed(c)
             turn = parse_assistant(c.text)
             message = {"role": "assistant", "content": turn.content or None}
             if turn.tool_calls:
@@ -260,8 +296,9 @@ def _offsets(tokens: list[str]) -> list[int]:
     return out
 
 
-def _stream(run, ids, sp, n, request, chunk, decode) -> StreamingResponse:
-    """Server-sent events: a chunk per new piece of text, a last chunk with finish_reason, [DONE].
+def _stream(run, ids, sp, n, request, record, chunk, decode) -> StreamingResponse:
+    """Server-sent events: a chunk per new piece of text, a last chunk with finish_reason, [DONE];
+    `record(outs)` is awaited before the last chunks.
     (Text streamed before a stop string is recognised is not taken back.) A stream the client
     closes stops its generation: the response is cancelled, and with it `run`."""
     queue: asyncio.Queue = asyncio.Queue()
@@ -283,6 +320,9 @@ def _stream(run, ids, sp, n, request, chunk, decode) -> StreamingResponse:
                     continue
                 try:
                     outs = task.result()
+                    for c in outs:
+                        _raise_if_failed(c)
+                    await record(outs)
                 except ClientError as e:
                     yield f"data: {json.dumps({'error': {'message': e.message, 'code': e.status}})}\n\n"
                     break
@@ -300,12 +340,14 @@ def _stream(run, ids, sp, n, request, chunk, decode) -> StreamingResponse:
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
-def serve_in_thread(engine: Engine, model_name: str, host: str = "127.0.0.1", port: int = 0):
-    """Start the engine loop and a uvicorn server on a thread; returns (base_url, stop_fn)."""
+def serve_in_thread(engine: Engine, model_name: str, host: str = "127.0.0.1", port: int = 0, app: FastAPI | None = None):
+    """Start the engine loop and a uvicorn server on a thread; returns (base_url, stop_fn). The app
+    defaults to the trusted local one (weight updates from paths: tests and in-process tools)."""
     import uvicorn
 
     engine.start()
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, model_name), host=host, port=port, log_level="warning"))
+    app = create_app(engine, model_name, path_updates=True) if app is None else app
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.time() + 30
