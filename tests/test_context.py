@@ -10,15 +10,10 @@ from strop.data.chat import GENERATION_PROMPT, IM_END
 from strop.env.context import COMPACTION_HEADER, MASKED, SUMMARY_HEADER, SUMMARY_REQUEST, truncate, turns
 from strop.env.harness import Harness, HarnessConfig
 from strop.env.oracle import ScriptedClient
-from strop.env.sandbox import Limits, open_sandbox
-from tests.test_harness import check_bookkeeping
+from tests.test_harness import call, check_bookkeeping, sandbox  # noqa: F401 - sandbox is a fixture over this world
 
 FILES = [f"notes_{i}.txt" for i in range(8)]
 SUMMARY = "Read notes so far; keep reading the rest, then submit."
-
-
-def call(name: str, **arguments) -> str:
-    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
 TURNS = [f"Reading {p}." + call("read_file", path=p) for p in FILES] + ["Done." + call("submit")]
@@ -30,13 +25,6 @@ def world(tmp_path_factory):
     for i, p in enumerate(FILES):
         (root / p).write_text("".join(f"note {i}.{j}: value {i * 100 + j}\n" for j in range(12)))
     return root
-
-
-@pytest.fixture
-def sandbox(world):
-    sb = open_sandbox(world, Limits(timeout_s=10))
-    yield sb
-    sb.close()
 
 
 class SummarizingClient(ScriptedClient):
