@@ -36,6 +36,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "hacks"): ("strop.bench.hacks", "hack monitor: seeded hack catalogue detected, honest references flagged"),
     ("agent",): ("strop.env.agent_cmd", "the coding agent on a real directory (sandboxed); prints its diff, --apply writes it"),
     ("bench", "oracle"): ("strop.bench.oracle", "scripted oracle through the real harness and checker: solve rate, episodes/s"),
+    ("bench", "longctx"): ("strop.bench.longctx", "context strategies on long-horizon chains: solve rate, resets, carried tokens, compaction error"),
     ("train",): ("strop.rl.train_cmd", "RL from the warm-started policy: async or sync, inline or on Ray; resumes"),
     ("bench", "async"): ("strop.bench.async_rl", "async vs sync RL on the same placement: steps/hour, busy fractions, drops"),
     ("bench", "scaleout"): ("strop.bench.scaleout", "weight sync on a local multi-node Ray cluster: egress per cluster, "

@@ -184,6 +184,14 @@ class RolloutSection:
     max_context: int = opt(1024, "tokens per context window", ge=64)
     max_turn_tokens: int = opt(160, "tokens per assistant turn", ge=8)
     max_invalid_turns: int = opt(3, "consecutive turns whose every tool call was rejected end the episode", ge=1)
+    context_strategy: Literal["none", "summarize", "truncation", "masking", "compaction"] = opt(
+        "none", "when the next turn would not fit in max_context: the policy summarizes its work (trained with the "
+        "episode's reward), the oldest turns are dropped, old tool outputs are masked, or a heuristic note (every "
+        "tool call + the last keep_recent outputs) is carried; none = the episode ends (strop.env.context)")
+    max_resets: int = opt(8, "context resets per episode", ge=0)
+    summary_tokens: int = opt(192, "summarize: most tokens of one summary", ge=16)
+    summary_tail: int = opt(0, "summarize: recent turns carried verbatim after the summary", ge=0)
+    keep_recent: int = opt(2, "masking, compaction: recent tool outputs kept in full", ge=0)
     temperature: float = opt(1.0, "sampling temperature of rollouts", gt=0)
     command_timeout_s: float = opt(10.0, "wall-clock limit per sandbox command", gt=0)
     retries: int = opt(2, "times a rollout lost with its engine or worker is relaunched elsewhere", ge=0)

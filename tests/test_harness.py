@@ -35,9 +35,9 @@ def call(name: str, **arguments) -> str:
 SUBMIT = "Done." + call("submit")
 
 
-def play(tok, sandbox, texts, context_budget=None, **config):
+def play(tok, sandbox, texts, **config):
     client = ScriptedClient(texts, tok)
-    episode = Harness(tok, HarnessConfig(**config), context_budget).run(client, sandbox, "Fix add in mod.py.")
+    episode = Harness(tok, HarnessConfig(**config)).run(client, sandbox, "Fix add in mod.py.")
     check_bookkeeping(tok, episode)
     return episode
 
@@ -148,20 +148,3 @@ def test_a_dead_sandbox_ends_the_episode(tiny_tokenizer, sandbox):
     sandbox.close()
     episode = play(tiny_tokenizer, sandbox, [call("run", command="ls"), SUBMIT])
     assert episode.stop_reason == "error" and "closed" in episode.detail
-
-
-def test_context_budget_starts_a_new_window(tiny_tokenizer, sandbox):
-    seen = []
-
-    def budget(messages, n_tokens):
-        seen.append(n_tokens)
-        if len(messages) > 4:  # restart from a summary once the window holds two turns
-            return [messages[0], {"role": "user", "content": "Summary: read mod.py. Now fix it."}]
-        return None
-
-    turns = [call("read_file", path="mod.py"), call("list_dir"), call("edit_file", path="mod.py", old="-", new="+"),
-             SUBMIT]
-    episode = play(tiny_tokenizer, sandbox, turns, context_budget=budget)
-    assert episode.stop_reason == "submitted" and len(episode.segments) == 2 and len(seen) == 3
-    assert episode.segments[1].messages[1]["content"].startswith("Summary")
-    assert sum(len(generated(s)) for s in episode.segments) == episode.generated_tokens

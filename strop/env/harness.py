@@ -18,10 +18,13 @@ Messages: an assistant turn in canonical form (what `render_message` produces fo
 content and calls) is stored parsed, in OpenAI form; any other turn is stored as its raw text, so
 `render(segment.messages)` always reproduces the decoded tokens of the window.
 
-Context windows: before every turn after the first, `context_budget(messages, n_tokens)` sees the
-messages of the current window and the token count the next prompt would have; returning a new
-message list (system message first) closes the window and starts a new Segment rendered from it.
-Self-summarization (a later issue) plugs in there; without a hook, a full window ends the episode.
+Context windows: before every turn after the first, when the next turn (a full `max_turn_tokens`,
+plus the summary's room under "summarize") would not fit in `max_context`, the configured
+`context_strategy` (`strop.env.context`) resets the window, up to `max_resets` times: the episode
+goes on in a new Segment rendered from system + task + the carried state. Under "summarize" the
+carried state is the policy's own reply to a summary request, generated at the end of the full
+window (so its tokens are trained like any action). Each reset is recorded in `Episode.resets`.
+With no strategy (or no resets left), a full window ends the episode as "context_full".
 """
 
 import shutil
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from strop.data.chat import EOS, GENERATION_PROMPT, IM_END, SPECIAL_TOKENS, parse_assistant, render_message, render_system
+from strop.env.context import SUMMARY_REQUEST, Strategy, carry, summary_state, truncate, turns
 from strop.env.policy import PolicyClient, SamplingParams
 from strop.env.sandbox import WORKDIR, Limits, Sandbox, open_sandbox, scratch_dir
 from strop.env.segment import Episode, Segment
@@ -40,8 +44,7 @@ SYSTEM_PROMPT = f"You are a coding agent in the repository {WORKDIR}. Use the to
 STOP_REASONS = ("submitted", "no_tool_call", "max_turns", "context_full", "turn_too_long", "invalid_calls",
                 "policy_error", "error")
 MIN_TURN_TOKENS = 16  # a window with less room than this cannot hold a useful turn
-
-ContextBudget = Callable[[list[dict], int], list[dict] | None]
+SUMMARY_MESSAGE = {"role": "user", "content": SUMMARY_REQUEST}
 
 
 @dataclass(frozen=True)
@@ -54,13 +57,17 @@ class HarnessConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     system: str = SYSTEM_PROMPT
+    context_strategy: Strategy = "none"  # what a full window carries into the next (strop.env.context)
+    max_resets: int = 8  # context resets per episode
+    summary_tokens: int = 192  # "summarize": most tokens of one summary
+    summary_tail: int = 0  # "summarize": recent turns carried verbatim after the summary
+    keep_recent: int = 2  # "masking", "compaction": recent tool observations kept in full
 
 
 class Harness:
-    def __init__(self, tokenizer, config: HarnessConfig = HarnessConfig(), context_budget: ContextBudget | None = None,
-                 tools: list[dict] = TOOLS, on_message: Callable[[dict], None] | None = None):
+    def __init__(self, tokenizer, config: HarnessConfig = HarnessConfig(), tools: list[dict] = TOOLS,
+                 on_message: Callable[[dict], None] | None = None):
         self.tokenizer, self.config, self.tools = tokenizer, config, tools
-        self.context_budget = context_budget
         self.on_message = on_message  # sees every assistant and tool message as it is appended (progress output)
         self.stop_ids = tuple(tokenizer.convert_tokens_to_ids(t) for t in (IM_END, EOS))
 
@@ -118,10 +125,11 @@ class Harness:
             if ep.turns >= cfg.max_turns:
                 return "max_turns"
             if ep.turns:
-                replacement = self.context_budget and self.context_budget(segment.messages + pending,
-                                                                         len(segment) + len(pending_ids))
-                if replacement:
-                    segment = self.open_segment(replacement)
+                if self._reset_due(len(segment) + len(pending_ids), ep):
+                    opened = self._reset(policy, ep, segment, pending_ids, pending, seed)
+                    if opened is None:
+                        return "context_full"
+                    segment = opened
                     ep.segments.append(segment)
                 elif len(segment) + len(pending_ids) + MIN_TURN_TOKENS > cfg.max_context:
                     return "context_full"
@@ -132,18 +140,8 @@ class Harness:
             if room < MIN_TURN_TOKENS:
                 return "context_full"
 
-            params = SamplingParams(max_tokens=min(cfg.max_turn_tokens, room), temperature=cfg.temperature,
-                                    top_p=cfg.top_p, stop_token_ids=self.stop_ids,
-                                    seed=None if seed is None else seed + ep.turns)
-            t = time.perf_counter()
-            try:
-                gen = policy.generate(list(segment.input_ids), params)
-            except Exception as e:  # an engine or endpoint failure is the policy's, not the episode's
-                raise _PolicyError(f"{type(e).__name__}: {e}") from None
-            ep.timings["policy_s"] += time.perf_counter() - t
-            if not gen.token_ids or len(gen.token_ids) > params.max_tokens:
-                raise _PolicyError(f"policy returned {len(gen.token_ids)} tokens for max_tokens={params.max_tokens}")
-            segment.add_generated(gen.token_ids, gen.logprobs, gen.versions, gen.routing)
+            params = self._params(min(cfg.max_turn_tokens, room), None if seed is None else seed + ep.turns)
+            gen = self._generate(policy, segment, params, ep)
             ep.turns += 1
 
             raw = gen.text.split(IM_END, 1)[0]
@@ -188,6 +186,75 @@ class Harness:
             pending_ids += self._encode(GENERATION_PROMPT)
             pending = observations
             self._append(ep, None, observations)
+
+    def _params(self, max_tokens: int, seed: int | None) -> SamplingParams:
+        cfg = self.config
+        return SamplingParams(max_tokens=max_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+                              stop_token_ids=self.stop_ids, seed=seed)
+
+    def _generate(self, policy: PolicyClient, segment: Segment, params: SamplingParams, ep: Episode):
+        """One policy call on the window, its tokens appended to `segment` as generated."""
+        t = time.perf_counter()
+        try:
+            gen = policy.generate(list(segment.input_ids), params)
+        except Exception as e:  # an engine or endpoint failure is the policy's, not the episode's
+            raise _PolicyError(f"{type(e).__name__}: {e}") from None
+        ep.timings["policy_s"] += time.perf_counter() - t
+        if not gen.token_ids or len(gen.token_ids) > params.max_tokens:
+            raise _PolicyError(f"policy returned {len(gen.token_ids)} tokens for max_tokens={params.max_tokens}")
+        segment.add_generated(gen.token_ids, gen.logprobs, gen.versions, gen.routing)
+        return gen
+
+    # -- context resets (strop.env.context) -------------------------------------------------
+
+    def count(self, messages: list[dict]) -> int:
+        return sum(len(self.encode_message(m)) for m in messages)
+
+    def _summary_room(self) -> int:
+        return self.count([SUMMARY_MESSAGE]) + len(self._encode(GENERATION_PROMPT)) + self.config.summary_tokens
+
+    def _reset_due(self, n_tokens: int, ep: Episode) -> bool:
+        cfg = self.config
+        if cfg.context_strategy == "none" or len(ep.resets) >= cfg.max_resets:
+            return False
+        reserve = self._summary_room() if cfg.context_strategy == "summarize" else 0
+        return n_tokens + cfg.max_turn_tokens + reserve > cfg.max_context
+
+    def _reset(self, policy: PolicyClient, ep: Episode, segment: Segment, pending_ids: list[int],
+               pending: list[dict], seed: int | None) -> Segment | None:
+        """Close the full window and open the next from system + task + the carried state; None when
+        not even a short summary fits in what is left of the window."""
+        cfg = self.config
+        head = ep.messages[:2]  # the system message and the task
+        room = cfg.max_context - cfg.max_turn_tokens - len(self.open_segment(head))
+        history = segment.messages[len(head):] + pending
+        if cfg.context_strategy == "summarize":
+            ask = self.encode_message(SUMMARY_MESSAGE) + self._encode(GENERATION_PROMPT)
+            observed = pending_ids[:-len(self._encode(GENERATION_PROMPT))]  # "\n" + the last turn's observations
+            unseen: list[dict] = []
+            if len(segment) + len(observed) + len(ask) + cfg.summary_tokens > cfg.max_context:
+                # the last observations ran long: summarize without them and carry that turn verbatim
+                unseen = turns(segment.messages[len(head):])[-1] + pending
+                observed, pending = self._encode("\n"), []
+            # bounded by summary_tokens, and by what is left of the window
+            max_tokens = min(cfg.summary_tokens, cfg.max_context - len(segment) - len(observed) - len(ask))
+            if max_tokens < MIN_TURN_TOKENS:
+                return None
+            segment.add_forced(observed + ask)
+            segment.messages += pending + [dict(SUMMARY_MESSAGE)]
+            self._append(ep, None, [dict(SUMMARY_MESSAGE)])
+            salt = None if seed is None else seed + 1_000_003 * (len(ep.resets) + 1)  # apart from the turns' seeds
+            gen = self._generate(policy, segment, self._params(max_tokens, salt), ep)
+            raw = gen.text.split(IM_END, 1)[0]  # cut short at summary_tokens, it is still the summary
+            self._append(ep, segment.messages, [{"role": "assistant", "content": raw}])
+            seen = history[: len(history) - len(unseen)]
+            carried = summary_state(raw.split(EOS, 1)[0].strip(), seen, cfg.summary_tail, room, self.count)
+            carried += truncate(unseen, room - self.count(carried), self.count)
+        else:
+            carried = carry(cfg.context_strategy, history, ep.tool_calls, cfg.keep_recent, room, self.count)
+        ep.resets.append({"turn": ep.turns, "calls": len(ep.tool_calls), "carried": carried,
+                          "carried_tokens": self.count(carried)})
+        return self.open_segment(head + carried)
 
     def _append(self, ep: Episode, window: list[dict] | None, messages: list[dict]) -> None:
         ep.messages += messages

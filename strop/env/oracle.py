@@ -204,8 +204,13 @@ def assistant_text(message: dict) -> str:
     return render_message(message)[len(GENERATION_PROMPT):-1]
 
 
-def oracle_client(task: Task, tokenizer, style: DemoStyle = DemoStyle()) -> ScriptedClient:
-    """The demonstrator for one task: `plan(task, style)` played turn by turn."""
+def oracle_client(task: Task, tokenizer, style: DemoStyle = DemoStyle()):
+    """The demonstrator for one task: `plan(task, style)` played turn by turn; a `chain` task's reads
+    its own context window instead (`strop.env.chain_oracle`)."""
+    if task.suite == "chain":
+        from strop.env.chain_oracle import ChainDemonstrator
+
+        return ChainDemonstrator(task, tokenizer)
     return ScriptedClient([assistant_text(m) for m in plan(task, style)], tokenizer)
 
 

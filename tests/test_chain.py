@@ -1,0 +1,65 @@
+"""The long-horizon `chain` suite and its demonstrator: generation is deterministic with disjoint
+splits and records the facts a later step needs; the reference solution scores 1 and the stub 0 with
+the real checker; the demonstrator, which knows only its window, solves a chain many windows long
+with its own summaries, loses keys under truncation, and the probe counts what each carried state lost."""
+
+import pytest
+
+from strop.env.chain_oracle import ChainDemonstrator
+from strop.env.checker import check
+from strop.env.context import facts_lost
+from strop.env.harness import Harness, HarnessConfig, run_task
+from strop.env.oracle import solve
+from strop.env.suites import get_task, load_suite
+from strop.env.suites.chain import STAGES, make_task
+from strop.env.suites.edits import apply_edits
+from strop.errors import UserError
+
+WINDOW = 2400  # the test tokenizer spends about twice the default one's tokens per line
+
+
+def test_generation_is_deterministic_and_records_the_facts():
+    a, b = make_task(2, "eval", 3), make_task(2, "eval", 3)
+    assert a == b and a.id == "chain-d2-eval-0003" and get_task("chain", a.id) == a
+    assert len(a.metadata["facts"]) == len(a.metadata["chain"]) == STAGES[2]
+    for i, (path, key) in enumerate(zip(a.metadata["chain"], a.metadata["facts"])):
+        assert f"STAGE {i} KEY: {key}" in a.files[path]
+    assert a.metadata["chain"][0] in a.instruction and a.metadata["facts"][0] not in a.instruction
+    train, evals = ({"-".join(t.metadata["facts"]) for t in load_suite("chain", split, difficulty=1, limit=50)}
+                    for split in ("train", "eval"))
+    assert len(train) == len(evals) == 50 and not train & evals
+    with pytest.raises(UserError):
+        load_suite("chain", "eval", difficulty=9)
+
+
+def test_reference_scores_one_and_stub_zero():
+    task = make_task(1, "eval", 0)
+    assert check(task, apply_edits(task.files, task.metadata["reference_edits"]), perturbed=False).reward == 1.0
+    wrong = apply_edits(task.files, [{**task.metadata["reference_edits"][0], "new": "    return 'x'\n"}])
+    assert check(task, wrong, perturbed=False).reward == 0.0
+
+
+def episode(tok, task, strategy, **config):
+    harness = Harness(tok, HarnessConfig(max_context=WINDOW, max_turn_tokens=256, summary_tokens=200, max_turns=40,
+                                         context_strategy=strategy, max_resets=20, **config))
+    return run_task(harness, ChainDemonstrator(task, tok), task)
+
+
+def test_summaries_carry_a_long_chain_and_truncation_loses_it(tiny_tokenizer):
+    task = make_task(2, "eval", 1)
+    ep, changes = episode(tiny_tokenizer, task, "summarize")
+    assert ep.stop_reason == "submitted" and len(ep.resets) >= 5
+    assert check(task, changes, perturbed=False).reward == 1.0
+    lost, found = facts_lost(ep.resets, ep.tool_calls, task.metadata["facts"])
+    assert found > 0 and lost == 0
+    assert all(len(s) <= WINDOW for s in ep.segments)
+
+    ep, changes = episode(tiny_tokenizer, task, "truncation")
+    assert ep.stop_reason != "submitted" and ep.resets
+    lost, found = facts_lost(ep.resets, ep.tool_calls, task.metadata["facts"])
+    assert lost > 0 and lost <= found
+
+
+def test_the_oracle_solves_a_chain_that_fits_its_window(tiny_tokenizer):
+    report = solve([make_task(1, "train", 0)], tiny_tokenizer, HarnessConfig(max_context=8192, max_turns=10))
+    assert report["rate"] == 1.0 and report["episodes"]
