@@ -63,11 +63,11 @@ def test_split_experts_is_the_inverse_of_fuse_experts(tiny_moe):
     assert fused.keys() == live.keys() and all(torch.equal(fused[k], live[k]) for k in live)
 
 
-def _strop_server(policy_dir):
+def _strop_server(policy_dir, *extra: str):
     from strop.engine.server_process import ServerProcess
 
     return ServerProcess([sys.executable, "-m", "strop.cli", "serve", "--checkpoint", str(policy_dir), "--port", "{port}",
-                          "--name", "strop", "--max-batch", "4", "--threads", "1"], start_timeout_s=300)
+                          "--name", "strop", "--max-batch", "4", "--threads", "1", *extra], start_timeout_s=300)
 
 
 def test_a_server_process_serves_on_the_port_it_picked_and_leaves_nothing_running(tiny_policy_dir):
@@ -116,12 +116,20 @@ def _run(tmp_path, policy_dir, engine: str, steps: int = 2):
 
 
 @pytest.mark.parametrize("backend", ["url", pytest.param("vllm", marks=pytest.mark.slow)])
-def test_rl_with_a_served_engine_follows_the_trainer(backend, tmp_path, tiny_policy_dir):
+def test_rl_with_a_served_engine_follows_the_trainer(backend, tmp_path, tiny_policy_dir, monkeypatch):
     from strop.engine import vllm_server
+    from strop.online.auth import KeyFile
+    from strop.runtime.engines import API_KEY_ENV
 
     if backend == "vllm" and not vllm_server.installed():
         pytest.skip("vLLM is not installed here (`make vllm` installs its CPU build)")
-    server = _strop_server(tiny_policy_dir) if backend == "url" else None
+    server = None
+    if backend == "url":  # strop serve loads each version from the run's store, by number, for an admin key
+        keys = KeyFile()
+        monkeypatch.setenv(API_KEY_ENV, keys.add("rollouts", ["infer", "admin"], rate_per_s=1000, burst=1000))
+        keys.save(tmp_path / "keys.json")
+        server = _strop_server(tiny_policy_dir, "--keys", str(tmp_path / "keys.json"), "--weights-store",
+                               str(tmp_path / "weights"))
     try:
         result, probes = _run(tmp_path, tiny_policy_dir, server.url if server else "vllm")
     finally:

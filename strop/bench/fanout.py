@@ -10,7 +10,6 @@ every engine held the version verified, and each engine's pause (the in-place wr
 
 import tempfile
 import threading
-import time
 from dataclasses import dataclass
 
 import numpy as np

@@ -21,7 +21,6 @@ Latencies on a shared machine depend on its load; the load average is recorded w
 import argparse
 import os
 import resource
-import statistics
 import tempfile
 import time
 from pathlib import Path

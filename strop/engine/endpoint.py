@@ -81,6 +81,11 @@ class EndpointClient:
         """The version the server serves (strop's `/weights/version`)."""
         return int(self._request("/weights/version")["version"])
 
+    def load_version(self, version: int) -> dict:
+        """Have a strop server load `version` from the run's weight store (`strop serve
+        --weights-store`; this client's headers must carry an admin key): {"version", "pause_s"}."""
+        return self._request("/weights/update", {"version": version})
+
     def update_weights(self, path: str, version: int | None = None) -> dict:
         """Make the server load weights from a safetensors file or model directory it can read;
         returns {"version", "pause_s"}. A refused update raises EndpointError (400)."""

@@ -83,8 +83,8 @@ def create_serving_app(engine: Engine, model_name: str, keys: KeyFile | None, st
     if keys is not None and versions is not None:
         async def load(version: int, rollback: bool) -> dict:
             def load_and_apply() -> float:  # rebuilding and checking the tensors is CPU work: off the event loop
-                if not rollback and version <= engine.version:
-                    raise ValueError(f"version {version} is not newer than the served {engine.version}; "
+                if not rollback and version < engine.version:  # the served one again: reloaded from the store
+                    raise ValueError(f"version {version} is older than the served {engine.version}; "
                                      "use /weights/rollback to go back")
                 if rollback and version >= engine.version:
                     raise ValueError(f"a rollback goes to an older version than the served {engine.version}")

@@ -4,13 +4,16 @@
 - `vllm`: a vLLM server this engine starts as a child process on a port it picked, with the flags
   RL needs (`strop.engine.vllm_server`), kept current by a host-side receiver that loads each
   published bf16 snapshot into it between requests (`ServedEngine`), stopped at `close`;
-- an http(s):// URL: a running server with strop's `/weights` endpoints on this machine (strop's
-  `strop serve`), kept current the same way; the run does not own it.
+- an http(s):// URL: a running `strop serve` started with `--keys` and `--weights-store` = this
+  run's store; the run authenticates with the admin key in `$STROP_API_KEY` (scopes infer and
+  admin) and has it load each version by number from the store (never a path); the run does not
+  own it.
 
 Every kind hands rollouts the same `PolicyClient` (token ids in; logprobs, versions and routed
 experts out), follows the same relay, and reports its busy seconds.
 """
 
+import os
 from typing import Protocol
 
 from strop.config import Config
@@ -19,6 +22,7 @@ from strop.errors import UserError
 from strop.sync.apply import EngineSync
 from strop.sync.relay import RelayLink
 
+API_KEY_ENV = "STROP_API_KEY"  # the key a run presents to a served engine named by URL
 VLLM_START_TIMEOUT_S = 900.0  # loading the model and a first warm-up on a busy CPU take minutes
 
 
@@ -77,9 +81,23 @@ def start_engine(cfg: Config, index: int, policy_dir: str, tokenizer, store_url:
         except BaseException:
             server.close()
             raise
-    client = EndpointClient(r.engine)
+    key = os.environ.get(API_KEY_ENV)
+    client = EndpointClient(r.engine, headers={"Authorization": f"Bearer {key}"} if key else {})
     try:
         client.connect()
     except ConnectionError as e:
         raise UserError(f"config key 'rollout.engine': {e}") from None
-    return ServedEngine(client, client, load_model(policy_dir).state_dict(), store_url, relay, origin_url)
+    return ServedEngine(client, StoreVersionLoader(client), load_model(policy_dir).state_dict(), store_url, relay,
+                        origin_url)
+
+
+class StoreVersionLoader:
+    """A strop server's side of a weight update: it loads the version from the run's store (it was
+    started with `--weights-store` = this run's store), so no path crosses the wire; the snapshot
+    the receiver wrote is not read."""
+
+    def __init__(self, client):
+        self.client = client
+
+    def update_weights(self, path: str, version: int) -> dict:
+        return self.client.load_version(version)
