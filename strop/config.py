@@ -178,7 +178,7 @@ class RolloutSection:
     engines: int = opt(1, "inference engines", ge=1)
     engine: str = opt("strop", "inference engine backend: 'strop' (strop's engine, in process), 'vllm' (a vLLM server "
                       "each engine starts as a subprocess; needs `make vllm`), or the http(s):// URL of a running "
-                      "OpenAI-compatible server with strop's /weights endpoints on this machine")
+                      "`strop serve --keys K --weights-store <this run's store>` (admin key in $STROP_API_KEY)")
     engine_batch: int = opt(16, "sequences one engine decodes together", ge=1)
     max_turns: int = opt(6, "assistant turns per episode", ge=1)
     max_context: int = opt(1024, "tokens per context window", ge=64)
