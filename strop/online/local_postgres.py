@@ -44,6 +44,29 @@ def _as_user() -> tuple[dict, int | None]:
     return {"user": nobody.pw_uid, "group": nobody.pw_gid, "extra_groups": []}, nobody.pw_uid
 
 
+def _world_reachable(path: Path) -> bool:
+    """Whether any user can traverse every folder down to `path` (others' execute bit on each)."""
+    return all(p.stat().st_mode & 0o001 for p in [path, *path.parents])
+
+
+def _copy_install(bin_dir: Path, dest: Path) -> Path:
+    """The installation around `bin_dir` copied under `dest`, where the unprivileged user can read
+    it; the new bin dir. PostgreSQL finds lib and share relative to its binaries, and pgserver's
+    binaries their libraries at $ORIGIN/../../../pgserver.libs, so the copy keeps that layout."""
+    install = bin_dir.parent  # .../site-packages/pgserver/pginstall
+    package, site = install.parent, install.parent.parent
+    to = dest / package.name / install.name
+    for part in ("bin", "lib", "share"):
+        if (install / part).is_dir():
+            shutil.copytree(install / part, to / part, symlinks=True)
+    if (site / f"{package.name}.libs").is_dir():
+        shutil.copytree(site / f"{package.name}.libs", dest / f"{package.name}.libs", symlinks=True)
+    for d in [dest, *dest.rglob("*")]:
+        if d.is_dir():
+            d.chmod(0o755)
+    return to / "bin"
+
+
 @contextlib.contextmanager
 def postgres_server() -> Iterator[str]:
     """Start a fresh server, yield its URL (database `postgres`), stop it and delete its files."""
@@ -56,6 +79,8 @@ def postgres_server() -> Iterator[str]:
         root.chmod(0o755)
         os.chown(sock, uid, -1)
         os.chown(root, uid, -1)
+        if not _world_reachable(bin_dir):  # e.g. a clone in a 0700 folder: nobody cannot reach the binaries
+            bin_dir = _copy_install(bin_dir, root / "pg")
     user = pwd.getpwuid(uid if uid is not None else os.geteuid()).pw_name
     env = {**os.environ, "LC_ALL": "C"}
 
