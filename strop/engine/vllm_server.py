@@ -55,6 +55,8 @@ def vllm_argv(model_dir: str, *, name: str, max_len: int, max_batch: int, seed: 
 class VllmWeights:
     """Weight updates and the served version of a vLLM server at `url`."""
 
+    reads_files = True  # vLLM reloads from a checkpoint directory
+
     def __init__(self, url: str, timeout_s: float = 600.0):
         self.url, self.timeout_s = url.rstrip("/"), timeout_s
 

@@ -93,11 +93,13 @@ def start_engine(cfg: Config, index: int, policy_dir: str, tokenizer, store_url:
 
 class StoreVersionLoader:
     """A strop server's side of a weight update: it loads the version from the run's store (it was
-    started with `--weights-store` = this run's store), so no path crosses the wire; the snapshot
-    the receiver wrote is not read."""
+    started with `--weights-store` = this run's store), so no path crosses the wire and the receiver
+    writes no snapshot for it."""
+
+    reads_files = False
 
     def __init__(self, client):
         self.client = client
 
-    def update_weights(self, path: str, version: int) -> dict:
+    def update_weights(self, path: str | None, version: int) -> dict:
         return self.client.load_version(version)

@@ -5,9 +5,10 @@ server at a URL).
 The receiver holds the trainer's bf16 snapshot on the host (an `EngineSync` over host tensors,
 rounded from the policy directory at start). Each version arrives as a delta through the cluster's
 relay, is verified against the trainer's checksums and applied to that host copy, so the copy *is*
-the trainer's bf16 snapshot of the version; it is written as a checkpoint directory (safetensors,
-per-expert names as on disk) and the server loads it with its own weight-update mechanism
-(`strop.engine.vllm_server.VllmWeights`, or strop's `POST /weights/update`). The bootstrap loads
+the trainer's bf16 snapshot of the version. A vLLM server loads it from a checkpoint directory
+written for it (safetensors, per-expert names as on disk; `strop.engine.vllm_server.VllmWeights`);
+a `strop serve` reads the version from the run's store itself, so nothing is written for it
+(`strop.runtime.engines.StoreVersionLoader`). The bootstrap loads
 the whole snapshot once, so the server serves exactly the published bf16 values from the start.
 
 Updates land between requests: a swap waits for the requests in flight to finish and holds new
@@ -33,7 +34,9 @@ from strop.sync.store import Store
 
 
 class WeightLoader(Protocol):
-    def update_weights(self, path: str, version: int) -> dict: ...
+    reads_files: bool  # whether the server loads the snapshot from the directory written for it
+
+    def update_weights(self, path: str | None, version: int) -> dict: ...
 
 
 class ServingGate:
@@ -110,19 +113,24 @@ class ServedEngine:
                                        name="strop-served-sync", daemon=True)
         self.thread.start()
 
-    def _swap(self, staged: Staged) -> float:
-        """Patch the host snapshot, write it whole, and have the server load it between requests;
-        returns how long requests were held back."""
-        apply_inplace(self.sync.live, staged)
-        path = self._dir / f"v{staged.version}"
-        path.mkdir()
+    def _write(self, version: int) -> Path:
+        """The host snapshot as a checkpoint directory for a server that loads files."""
         from safetensors.torch import save_file
 
+        path = self._dir / f"v{version}"
+        path.mkdir()
         tensors = split_experts(self.sync.live)
         save_file({k: t.contiguous().clone() for k, t in tensors.items()}, str(path / "model.safetensors"))
+        return path
+
+    def _swap(self, staged: Staged) -> float:
+        """Patch the host snapshot and have the server load the version between requests; returns
+        how long requests were held back."""
+        apply_inplace(self.sync.live, staged)
+        path = self._write(staged.version) if self.loader.reads_files else None
         t0 = time.perf_counter()
         with self.gate.swap():
-            self.loader.update_weights(str(path), staged.version)
+            self.loader.update_weights(str(path) if path else None, staged.version)
             self.version = staged.version
         pause = time.perf_counter() - t0
         for old in self._dir.iterdir():  # the server has read it; only the latest is kept
