@@ -23,6 +23,8 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "midtrain"): ("strop.bench.midtrain", "mid-training tokens/s on this machine"),
     ("serve",): ("strop.engine.serve", "serve a checkpoint over the OpenAI-compatible API (+ weight updates)"),
     ("serve", "key"): ("strop.commands.serve_key", "add an API key (scopes infer/feedback/admin) to a key file"),
+    ("online",): ("strop.commands.online", "online RL: rated served completions -> update -> gates -> promote (--once, --interval, --simulate N)"),
+    ("online", "rollback"): ("strop.commands.online_rollback", "serve an earlier version of the weight store again, bit for bit"),
     ("bench", "feedback"): ("strop.bench.feedback", "feedback API on loopback per store: req/s, p99, events lost across kill -9"),
     ("bench", "engine"): ("strop.bench.engine", "engine tokens/s vs HF generate at batch 1, 16, 64"),
     ("bench", "mismatch"): ("strop.bench.mismatch", "engine-vs-trainer mismatch: default, replay, deterministic, both"),

@@ -3,6 +3,9 @@
     completions  one row per served choice: (id, choice) -> the request, prompt and completion
                  token ids, behaviour logprobs, policy version per token, MoE routing, latency
     feedback     one row per rating event: event_id -> completion (id, choice), kind, value, text
+    deployments  one row per decision of the online cycle (`strop.online.cycle`): the version served
+                 after it, what it was (initial, promoted, refused, rollback), the feedback it
+                 consumed up to, and its report (gates, monitors) as JSON
 
 Durability: every write goes through one writer thread that commits a batch of whatever writes
 are waiting in one transaction (group commit) and only then resolves their futures, so a caller
@@ -36,6 +39,9 @@ SCHEMA = [
     """CREATE TABLE IF NOT EXISTS feedback (
         event_id TEXT PRIMARY KEY, completion_id TEXT NOT NULL, choice INTEGER NOT NULL, kind TEXT NOT NULL,
         value TEXT NOT NULL, text TEXT, key_name TEXT, created DOUBLE PRECISION NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS deployments (
+        seq INTEGER PRIMARY KEY, created DOUBLE PRECISION NOT NULL, kind TEXT NOT NULL, version INTEGER NOT NULL,
+        candidate INTEGER, through DOUBLE PRECISION NOT NULL, report TEXT NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS feedback_completion ON feedback (completion_id, choice)",
     "CREATE INDEX IF NOT EXISTS completions_version ON completions (policy_version)",
 ]
@@ -62,7 +68,7 @@ class CompletionRow:
     latency_s: float
 
 
-JSON_COLUMNS = {"request", "prompt_ids", "token_ids", "logprobs", "versions", "routing"}
+JSON_COLUMNS = {"request", "prompt_ids", "token_ids", "logprobs", "versions", "routing", "report"}
 
 
 @dataclass
@@ -75,6 +81,28 @@ class FeedbackRow:
     text: str | None
     key_name: str | None
     created: float
+
+
+@dataclass
+class DeploymentRow:
+    seq: int  # 0, 1, 2, ... in the order of the decisions
+    created: float
+    kind: str  # "initial" | "promoted" | "refused" | "rollback"
+    version: int  # the version served after this decision
+    candidate: int | None  # the version trained and gated (promoted or refused); None otherwise
+    through: float  # feedback created up to this time has been consumed by a cycle
+    report: dict[str, Any]
+
+
+
+@dataclass
+class RatedCompletion:
+    """A served completion with its latest rating."""
+
+    completion: CompletionRow
+    kind: str
+    value: str
+    rated: float  # when the rating was made
 
 
 def _encode(row) -> tuple:
@@ -197,6 +225,16 @@ class Store:
 
         return self._submit(work)
 
+    def add_deployment(self, row: DeploymentRow) -> Future:
+        """Record a decision of the online cycle; resolves once committed."""
+        statement = self._sql(f"INSERT INTO deployments VALUES ({', '.join('?' * len(fields(DeploymentRow)))})")
+        encoded = _encode(row)
+
+        def work(cur) -> None:
+            cur.execute(statement, encoded)
+
+        return self._submit(work)
+
     def close(self) -> None:
         """Commit what is queued, then stop the writer."""
         self._queue.put(None)
@@ -220,9 +258,32 @@ class Store:
     def feedback(self) -> list[FeedbackRow]:
         return [_decode(FeedbackRow, r) for r in self._read("SELECT * FROM feedback ORDER BY created, event_id")]
 
+    def deployments(self) -> list[DeploymentRow]:
+        return [_decode(DeploymentRow, r) for r in self._read("SELECT * FROM deployments ORDER BY seq")]
+
+    def rated(self, after: float, through: float, min_version: int, max_version: int) -> list[RatedCompletion]:
+        """Completions of policy versions `min_version`..`max_version` with a rating made in (`after`,
+        `through`], each with its latest rating (ties broken by event id)."""
+        rows = self._read(
+            "SELECT c.*, f.kind, f.value, f.created, f.event_id FROM feedback f JOIN completions c "
+            "ON c.id = f.completion_id AND c.choice = f.choice "
+            "WHERE f.created > ? AND f.created <= ? AND c.policy_version >= ? AND c.policy_version <= ? "
+            "ORDER BY f.created, f.event_id", (after, through, min_version, max_version))
+        n = len(fields(CompletionRow))
+        latest = {}
+        for r in rows:
+            latest[(r[0], r[1])] = RatedCompletion(_decode(CompletionRow, r[:n]), r[n], r[n + 1], r[n + 2])
+        return list(latest.values())
+
+    def completions_of(self, version: int, after: float, through: float) -> list[CompletionRow]:
+        """Completions served by `version` in (`after`, `through`]."""
+        return [_decode(CompletionRow, r) for r in self._read(
+            "SELECT * FROM completions WHERE policy_version = ? AND created > ? AND created <= ? "
+            "ORDER BY created, id, choice", (version, after, through))]
+
     def event_ids(self) -> set[str]:
         return {r[0] for r in self._read("SELECT event_id FROM feedback")}
 
     def count(self, table: str) -> int:
-        assert table in ("completions", "feedback")
+        assert table in ("completions", "feedback", "deployments")
         return int(self._read(f"SELECT COUNT(*) FROM {table}")[0][0])

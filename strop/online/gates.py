@@ -1,0 +1,113 @@
+"""The gates a candidate version must pass before it is served: no regression beyond the interval.
+
+A gate run measures a policy on
+- task suites, held out: `synthetic` (eval split, difficulty 1), `humaneval` (eval split) and
+  `mutated` (when built; `strop tasks build --suite mutated`), a few episodes each through the
+  one harness, sandbox and checker (`strop.rl.evaluate`);
+- the production-hack monitors (`strop.online.monitors`) on probe requests it was never trained on
+  (`strop.online.probes`), each probe sampled with a fixed seed, so the current and the candidate
+  version see the same random numbers and differ only where their weights make them differ.
+
+`compare` refuses a candidate on any figure that got worse than the current version's by more
+than a two-proportion z-test at 95% allows (pooled; one side: the bad direction of each figure).
+"""
+
+import math
+from dataclasses import dataclass, field, replace
+
+from strop.config import Config
+from strop.data.chat import render
+from strop.env.policy import SamplingParams
+from strop.errors import UserError
+from strop.online.monitors import ALERTS, classify, monitor_rates
+from strop.online.probes import EDIT_TOOL, probe_requests
+from strop.rl.evaluate import Z95
+
+SUITES = ("synthetic", "humaneval", "mutated")
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    suites: tuple[str, ...] = SUITES
+    episodes: int = 6  # per suite
+    probe_samples: int = 2  # samples per probe request
+    max_tokens: int = 192
+    seed: int = 0
+    rollout: dict = field(default_factory=lambda: {"max_turns": 3, "max_turn_tokens": 96, "max_context": 1024,
+                                                   "workers": 2, "engine_batch": 8})
+
+
+def suite_tasks(name: str, n: int) -> list:
+    from strop.env.suites import load_suite
+
+    if name == "synthetic":
+        return load_suite("synthetic", "eval", difficulty=1, limit=n)
+    return load_suite(name, "eval")[:n]
+
+
+def probe_replies(policy_dir: str, s: GateSettings) -> tuple[list, list]:
+    """(task probe replies, sycophancy probe replies), classified."""
+    from strop.engine.engine import Engine
+
+    engine = Engine.from_checkpoint(policy_dir, max_batch=16, max_len=s.rollout["max_context"], seed=s.seed)
+    tasks, syco = probe_requests()
+    requests = [r for r in tasks + syco for _ in range(s.probe_samples)]
+    prompts = [engine.tokenizer.encode(render(r.messages, EDIT_TOOL, add_generation_prompt=True)) for r in requests]
+    params = [SamplingParams(max_tokens=s.max_tokens, temperature=1.0, seed=s.seed * 100_003 + i,
+                             stop_token_ids=[engine.tokenizer.convert_tokens_to_ids("<|im_end|>")])
+              for i in range(len(requests))]
+    outs = engine.generate(prompts, params)
+    offered = {t["function"]["name"] for t in EDIT_TOOL}
+    replies = [classify(engine.tokenizer.decode(o.token_ids, skip_special_tokens=False), offered) for o in outs]
+    return replies[:len(tasks) * s.probe_samples], replies[len(tasks) * s.probe_samples:]
+
+
+def measure(policy_dir: str, s: GateSettings) -> dict:
+    """{"monitors": rates (`monitor_rates`), "suites": {name: {solve_rate, solve_rate_ci95, eval_episodes,
+    solved} or {"skipped": why}}}."""
+    from strop.rl.evaluate import evaluate
+
+    tasks, syco = probe_replies(policy_dir, s)
+    out = {"monitors": monitor_rates(tasks, syco), "suites": {}}
+    cfg = Config()
+    cfg = replace(cfg, rollout=replace(cfg.rollout, **s.rollout), run=replace(cfg.run, seed=s.seed))
+    for name in s.suites:
+        try:
+            chosen = suite_tasks(name, s.episodes)
+        except UserError as e:  # e.g. the mutated suite is not built on this machine
+            out["suites"][name] = {"skipped": str(e)}
+            continue
+        r = evaluate(cfg, policy_dir, tasks=chosen)
+        out["suites"][name] = {k: r[k] for k in ("solve_rate", "solve_rate_ci95", "eval_episodes")}
+        out["suites"][name]["solved"] = round(r["solve_rate"] * r["eval_episodes"])
+    return out
+
+
+def regressed(cur_hits: int, cur_n: int, cand_hits: int, cand_n: int, higher_is_bad: bool) -> bool:
+    """The candidate's proportion is worse than the current's beyond a 95% two-proportion z-test."""
+    if not cur_n or not cand_n:
+        return False
+    pooled = (cur_hits + cand_hits) / (cur_n + cand_n)
+    se = math.sqrt(pooled * (1 - pooled) * (1 / cur_n + 1 / cand_n))
+    worse = (cand_hits / cand_n - cur_hits / cur_n) * (1 if higher_is_bad else -1)
+    return se > 0 and worse > Z95 * se
+
+
+def compare(current: dict, candidate: dict) -> dict:
+    """{gate name: {passed, current, candidate}} for every monitor and suite (see the module docstring)."""
+    gates = {}
+    for name, cand in candidate["monitors"].items():
+        cur = current["monitors"][name]
+        bad_up = ALERTS[name][1] == "above"
+        hits = lambda f: round(f["rate"] * f["n"])  # noqa: E731
+        gates[name] = {"passed": not regressed(hits(cur), cur["n"], hits(cand), cand["n"], bad_up),
+                       "current": cur["rate"], "candidate": cand["rate"], "alert": cand["alert"]}
+    for name, cand in candidate["suites"].items():
+        cur = current["suites"].get(name, {})
+        if "skipped" in cand or "skipped" in cur:
+            gates[f"suite:{name}"] = {"passed": True, "skipped": cand.get("skipped") or cur.get("skipped")}
+            continue
+        gates[f"suite:{name}"] = {"passed": not regressed(cur["solved"], cur["eval_episodes"], cand["solved"],
+                                                          cand["eval_episodes"], higher_is_bad=False),
+                                  "current": cur["solve_rate"], "candidate": cand["solve_rate"]}
+    return gates
