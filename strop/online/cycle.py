@@ -129,6 +129,8 @@ def trainer_for(s: CycleSettings, version: int):
     if kept.is_file():
         trainer.load_state_dict(torch.load(kept, weights_only=False))
         trainer.version = version
+        for group in trainer.optimizer.param_groups:  # the kept optimizer state carries the lr it ran with
+            group["lr"] = s.rl.lr
     return trainer
 
 
