@@ -21,6 +21,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("eval", "midtrain"): ("strop.train.eval_midtrain", "held-out bits per byte vs gzip -9 and zstd -19"),
     ("eval", "policy"): ("strop.rl.eval_cmd", "held-out solve rate of a policy, per difficulty, with 95% intervals"),
     ("bench", "midtrain"): ("strop.bench.midtrain", "mid-training tokens/s on this machine"),
+    ("bench", "trainer"): ("strop.bench.trainer", "RL trainer on 1, 2, 4 sharded ranks: tokens/s, memory per rank, publish s, weight diff"),
     ("serve",): ("strop.engine.serve", "serve a checkpoint over the OpenAI-compatible API (+ weight updates)"),
     ("serve", "key"): ("strop.commands.serve_key", "add an API key (scopes infer/feedback/admin) to a key file"),
     ("online",): ("strop.commands.online", "online RL: rated served completions -> update -> gates -> promote (--once, --interval, --simulate N)"),

@@ -79,10 +79,11 @@ class SimRuntime:
     def version(self) -> int:
         return self._version
 
-    def state_dict(self) -> dict:
-        return {"version": self._version, "trained": list(self.trained)}
+    def save(self, path) -> None:
+        (path / "sim.json").write_text(json.dumps({"version": self._version, "trained": list(self.trained)}))
 
-    def load_state_dict(self, state: dict) -> None:
+    def load(self, path) -> None:
+        state = json.loads((path / "sim.json").read_text())
         self._version, self.trained = state["version"], [tuple(k) for k in state["trained"]]
 
     def engine_busy_s(self) -> float:

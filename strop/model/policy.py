@@ -125,9 +125,14 @@ def is_moe(model) -> bool:
     return getattr(model.config, "num_experts", None) or getattr(model.config, "n_routed_experts", None) or False
 
 
-def load_balancing_loss(router_logits: tuple, top_k: int, sigmoid: bool = False):
+def load_balancing_loss(router_logits: tuple, top_k: int, sigmoid: bool = False, all_sum=lambda t: t.detach()):
     """Switch-style auxiliary loss, E * sum_e f_e * P_e averaged over MoE layers: f_e is the fraction
-    of top-k slots sent to expert e, P_e its mean router probability. 1.0 means perfectly balanced."""
+    of top-k slots sent to expert e, P_e its mean router probability. 1.0 means perfectly balanced.
+
+    When a batch's rows are split between ranks, each passes its own rows' logits and `all_sum`
+    (a sum over the ranks, without gradient): f_e and the token count are then the whole batch's,
+    and each rank's loss is its rows' part of the sum in P_e, so the ranks' losses (and their
+    gradients) add up to the whole batch's loss."""
     import torch
 
     total = 0.0
@@ -137,10 +142,10 @@ def load_balancing_loss(router_logits: tuple, top_k: int, sigmoid: bool = False)
         probs = probs / probs.sum(-1, keepdim=True)
         n_experts = probs.shape[-1]
         chosen = torch.topk(probs, top_k, dim=-1).indices
-        frac = torch.zeros(n_experts, device=probs.device).scatter_add_(
-            0, chosen.reshape(-1), torch.ones(chosen.numel(), device=probs.device)
-        ) / chosen.numel()
-        total = total + n_experts * (frac * probs.mean(0)).sum()
+        slots = all_sum(torch.zeros(n_experts, device=probs.device).scatter_add_(
+            0, chosen.reshape(-1), torch.ones(chosen.numel(), device=probs.device)))
+        tokens = slots.sum() / top_k
+        total = total + n_experts * (slots / slots.sum() * probs.sum(0) / tokens).sum()
     return total / max(1, len(router_logits))
 
 

@@ -17,13 +17,13 @@ The two modes differ in one place, when work may be launched:
   step's worth; the trainer steps, the engines are synced, and only then does generation resume.
 
 The runtime places the pieces (`strop.runtime.inline`: threads; `strop.runtime.ray_runtime`:
-actors) behind five calls — `submit`, `results`, `train`, `wait_synced`, `state_dict` — and the
+actors) behind five calls — `submit`, `results`, `train`, `wait_synced`, `save` — and the
 orchestrator never reaches into it. Components never call back into the orchestrator.
 
 Exactly-once: every work item is keyed (group_id, sample). A lost rollout (its engine or worker
 died) is relaunched under the same key with its reservation kept; the buffer refuses a second
 delivery of a key, and a group handed to the trainer is never handed out again. A checkpoint holds
-the trainer state, the buffer contents, the items in flight (relaunched on resume), the task
+the trainer state (written by the trainer itself, each rank its shards: `strop.checkpoint`), the buffer contents, the items in flight (relaunched on resume), the task
 sampler position and the RNG state; rerunning the command resumes from it.
 """
 
@@ -36,7 +36,7 @@ from typing import Callable, ContextManager, Literal, Protocol
 
 import torch
 
-from strop.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
+from strop.checkpoint import find_checkpoint, load_state, save_checkpoint
 from strop.config import Config
 from strop.env.behaviour import summarize
 from strop.rl.advantages import Sample, make_samples
@@ -60,8 +60,8 @@ class Runtime(Protocol):
     def wait_synced(self) -> None: ...
     @property
     def version(self) -> int: ...
-    def state_dict(self) -> dict: ...
-    def load_state_dict(self, state: dict) -> None: ...
+    def save(self, path: Path) -> None: ...  # the trainer's files of a checkpoint, into the directory `path`
+    def load(self, path: Path) -> None: ...  # the trainer state `save` wrote in `path`
     def engine_busy_s(self) -> float: ...
     def close(self) -> None: ...
 
@@ -236,16 +236,16 @@ class Orchestrator:
                  "sampler_position": self.sampler.position, "rng": _rng_to_json(self.rng.getstate()),
                  "counts": dict(self.counts), "buffer": self.buffer.state_dict(),
                  "inflight": [i.to_dict() for i in self.inflight.values()]}
-        save_checkpoint(self.ckpt_dir, state, self.runtime.state_dict(), state_name=_STATE)
+        save_checkpoint(self.ckpt_dir, state, self.runtime.save, state_name=_STATE)
 
     def resume(self) -> bool:
         """Load the last checkpoint if there is one (relaunching the work that was in flight)."""
         ckpt = find_checkpoint(self.ckpt_dir, _STATE)
         if ckpt is None:
             return False
-        state, trainer = load_checkpoint(ckpt, _STATE)
+        state = load_state(ckpt, _STATE)
         assert state["mode"] == self.mode, f"checkpoint is of a {state['mode']} run, not {self.mode}"
-        self.runtime.load_state_dict(trainer)
+        self.runtime.load(ckpt)
         self.buffer.load_state_dict(state["buffer"])
         assert self.buffer.version == self.runtime.version, "buffer and trainer checkpoints disagree on the version"
         self.step, self.elapsed_s, self.trainer_s = state["step"], state["wall_s"], state["trainer_s"]

@@ -14,32 +14,33 @@ outside as plain callables, so the trainer runs before they exist and never impo
   snapshots; a delta encoder can sit behind the same call).
 
 The staleness bound is checked once more where it matters, on the samples a step is given.
-`state_dict()` / `load_state_dict()` cover the model, the optimizer, the version and torch's RNG:
-restoring one and repeating a step gives bitwise the same weights (with the same threads).
+`save(dir)` / `load(dir)` checkpoint the model, the optimizer, the version and torch's RNG:
+loading one and repeating a step gives bitwise the same weights (with the same threads).
 
 Sharded over several ranks (`ranks`, `strop.train.parallel`), every rank runs this same code on
 the same samples: each does its share of the step's micro-batches, the metrics are summed over
-the ranks, and `state_dict()` holds whole tensors in the single-process layout, so a checkpoint
+the ranks, and `save` writes each rank's shards (a torch distributed checkpoint), so a checkpoint
 taken at one rank count loads at any other.
 """
 
 import contextlib
-import copy
 import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, ContextManager
 
 import torch
 import torch.nn.functional as F
 
+from strop.checkpoint import load_sharded, save_sharded
 from strop.config import RLSection
 from strop.env.segment import Segment
 from strop.model.mismatch import mismatch_metrics
 from strop.model.policy import logits_at
 from strop.rl.advantages import Sample, training_reward
 from strop.rl.loss import policy_loss
-from strop.train.parallel import Ranks, local, shard_like, whole
+from strop.train.parallel import Ranks, local, whole
 
 
 @dataclass
@@ -237,28 +238,33 @@ class RLTrainer:
             out[f"dlogp_{sign}"] = float(d.mean()) if d.numel() else 0.0
         return out
 
+    def memory(self) -> list[dict]:
+        """Per rank, in rank order: MiB of the parameters and AdamW state it holds (its shards), and
+        its process's peak resident memory in MiB."""
+        import resource
+
+        held = [local(p) for p in self.model.parameters()]
+        held += [local(v) for s in self.optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+        state_mib = sum(t.numel() * t.element_size() for t in held) / 2**20
+        return self.ranks.gather({"state_mib": state_mib, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+
     def bf16_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model in bf16 (gathered from the shards on every rank when sharded)."""
         return {k: whole(v).detach().to(torch.bfloat16) for k, v in self.model.state_dict().items()}
 
     def state_dict(self) -> dict:
-        """A deep copy of whole tensors (gathered when sharded): later steps do not change it."""
-        optimizer = self.optimizer.state_dict()
-        return copy.deepcopy({
-            "model": {k: whole(v) for k, v in self.model.state_dict().items()},
-            "optimizer": {**optimizer, "state": {i: {k: whole(v) for k, v in s.items()} for i, s in optimizer["state"].items()}},
-            "version": self.version,
-            "rng": torch.get_rng_state(),
-        })
+        """The model's whole tensors (gathered on every rank when sharded, a copy: later steps do not
+        change it) and the version: for the final model and for comparisons. Checkpoints are `save`."""
+        return {"model": {k: whole(v).detach().clone() for k, v in self.model.state_dict().items()},
+                "version": self.version}
 
-    def load_state_dict(self, state: dict) -> None:
-        """Load a `state_dict()`, taken at this or any other number of ranks."""
-        model = self.model.state_dict()
-        self.model.load_state_dict({k: shard_like(v, model[k]) for k, v in state["model"].items()})
-        params = list(self.model.parameters())
-        optimizer = state["optimizer"]
-        self.optimizer.load_state_dict({**optimizer, "state": {
-            i: {k: shard_like(v, params[int(i)]) if v.dim() else v for k, v in s.items()}
-            for i, s in optimizer["state"].items()}})
-        self.version = state["version"]
-        torch.set_rng_state(state["rng"])
+    def save(self, path: Path) -> None:
+        """Every rank: its shards of the model and the optimizer, the version and torch's RNG, into
+        the directory `path` (`strop.checkpoint.save_sharded`), without gathering the model."""
+        save_sharded(path, self.model, self.optimizer, self.ranks, {"version": self.version, "rng": torch.get_rng_state()})
+
+    def load(self, path: Path) -> None:
+        """Every rank: load what `save` wrote in `path`, at this or any other number of ranks."""
+        extra = load_sharded(path, self.model, self.optimizer, self.ranks)
+        self.version = extra["version"]
+        torch.set_rng_state(extra["rng"])

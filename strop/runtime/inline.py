@@ -176,8 +176,11 @@ class InlineRuntime:
     def state_dict(self) -> dict:
         return self.trainer.state_dict()
 
-    def load_state_dict(self, state: dict) -> None:
-        self.trainer.load_state_dict(state)  # published as a new chain; the engines fetch what differs
+    def save(self, path) -> None:
+        self.trainer.save(path)
+
+    def load(self, path) -> None:
+        self.trainer.load(path)  # published as a new chain; the engines fetch what differs
         self.wait_synced()
 
     def engine_busy_s(self) -> float:

@@ -90,11 +90,17 @@ class RankedTrainer:
     def state_dict(self) -> dict:
         return self._all("state_dict")
 
-    def load_state_dict(self, state: dict) -> None:
-        self._all("load_state_dict", state)
+    def save(self, path) -> None:
+        self._all("save", path)  # every rank writes its shards; rank 0 returns once all are written
+
+    def load(self, path) -> None:
+        self._all("load", path)
 
     def bf16_state_dict(self):
         return self._all("bf16_state_dict")
+
+    def memory(self) -> list[dict]:
+        return self._all("memory")
 
     def sync_stats(self) -> dict:
         return self.local.sync_stats()  # rank 0's transport: no collective

@@ -87,8 +87,11 @@ class TrainerActor:
     def state_dict(self) -> dict:
         return self.local.state_dict()
 
-    def load_state_dict(self, state: dict) -> None:
-        self.local.load_state_dict(state)
+    def save(self, path) -> None:
+        self.local.save(path)
+
+    def load(self, path) -> None:
+        self.local.load(path)
 
     def sync_stats(self) -> dict:
         return self.local.sync_stats()
@@ -323,9 +326,14 @@ class RayRuntime:
     def state_dict(self) -> dict:
         return ray.get(self.trainer.state_dict.remote())
 
-    def load_state_dict(self, state: dict) -> None:
-        ray.get(self.trainer.load_state_dict.remote(state))  # published as a new chain
-        self._version = state["version"]
+    def save(self, path) -> None:
+        """The trainer actor writes its checkpoint files into `path` itself: a directory its node
+        reaches (the local node here; a shared file system across nodes)."""
+        ray.get(self.trainer.save.remote(path))
+
+    def load(self, path) -> None:
+        ray.get(self.trainer.load.remote(path))  # published as a new chain
+        self._version = ray.get(self.trainer.version.remote())
         self.wait_synced()
 
     def engine_busy_s(self) -> float:

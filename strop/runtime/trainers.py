@@ -3,7 +3,7 @@
 
 - `LocalTrainer`: in the calling process (one core, tests; the Ray trainer actor holds one).
 - `TrainerProcess`: a `LocalTrainer` in a spawned child process, the same calls over a pipe.
-  Weights never cross the pipe: what comes back is metrics rows and checkpoints, and
+  Weights never cross the pipe (the trainer writes its checkpoints itself): what comes back is metrics rows, and
   `reply_bytes` counts it per call.
 
 With `trainer.parallel.fsdp = N > 1`, `start_trainer` makes either of them rank 0 of N sharded
@@ -13,6 +13,7 @@ ranks (`strop.runtime.ranks`): the other N - 1 are worker processes it starts.
 import multiprocessing
 import pickle
 from collections import Counter
+from pathlib import Path
 
 import torch
 
@@ -49,12 +50,9 @@ class NoTransport:
 
 def rank_trainer(ranks, cfg: Config, policy_dir: str, replay_ctx, pad_id: int, store_url: str) -> "LocalTrainer":
     """This rank's trainer: the policy, sharded over `ranks` when there are several; rank 0 publishes."""
-    from strop.model.policy import load_model
-    from strop.train.parallel import shard_model
+    from strop.train.shard_load import load_policy
 
-    model = load_model(policy_dir).float()
-    if ranks.size > 1:
-        shard_model(model, ranks.mesh)
+    model = load_policy(policy_dir, ranks).float()  # sharded: built on meta, each rank reads its shards
     sync = trainer_sync(cfg, store_url) if ranks.rank == 0 else NoTransport()
     return LocalTrainer(RLTrainer(model, cfg.rl, pad_id=pad_id, replay_ctx=replay_ctx, ranks=ranks), sync)
 
@@ -95,14 +93,21 @@ class LocalTrainer:
     def state_dict(self) -> dict:
         return self.trainer.state_dict()
 
-    def load_state_dict(self, state: dict) -> None:
-        """Load a checkpoint and publish its weights as the start of a new chain."""
-        self.trainer.load_state_dict(state)
+    def save(self, path: Path) -> None:
+        """This trainer's part of a checkpoint, into the directory `path`."""
+        self.trainer.save(path)
+
+    def load(self, path: Path) -> None:
+        """Load the trainer state `save` wrote in `path` and publish its weights as the start of a new chain."""
+        self.trainer.load(path)
         self.sync.restart()
         self.publish()
 
     def bf16_state_dict(self) -> dict[str, torch.Tensor]:
         return self.trainer.bf16_state_dict()
+
+    def memory(self) -> list[dict]:
+        return self.trainer.memory()
 
     def sync_stats(self) -> dict:
         return self.sync.stats()
@@ -169,8 +174,11 @@ class TrainerProcess:
     def state_dict(self) -> dict:
         return self._call("state_dict")
 
-    def load_state_dict(self, state: dict) -> None:
-        self._call("load_state_dict", state)
+    def save(self, path: Path) -> None:
+        self._call("save", path)
+
+    def load(self, path: Path) -> None:
+        self._call("load", path)
 
     def bf16_state_dict(self) -> dict[str, torch.Tensor]:
         return self._call("bf16_state_dict")

@@ -5,8 +5,13 @@ next-token loss + MoE load-balancing loss, AdamW on fp32 master weights, warmup 
 gradient clipping. Checkpoints are atomic and resume exactly: a killed run rerun with the same
 command ends with bit-identical weights (same seed, same thread count, one process).
 
+With `trainer.parallel.fsdp = N` the model is sharded over N ranks (`strop.train.parallel`): each
+computes its rows' part of every batch's loss, the load-balancing term's expert fractions summed
+over the ranks, so the ranks' gradients add up to one process's (float rounding aside); each
+rank writes its own shards of a checkpoint, and a checkpoint resumes at any rank count.
+
 Outputs in the run directory: `tokenizer/`, `tokens.npy` (cached train stream), `ckpt/`
-(resumable), `model/` (final, HF format), `metrics.jsonl`, `loss.png`, `config.toml`.
+(resumable, `strop.checkpoint`), `model/` (final, HF format), `metrics.jsonl`, `loss.png`, `config.toml`.
 """
 
 import argparse
@@ -52,59 +57,101 @@ def steps_for_budget(cfg: Config, step_s: float, spent_s: float) -> int:
     return max(m.probe_steps, min(m.steps, m.probe_steps + int((m.budget_s - spent_s) / step_s)))
 
 
-def lm_loss(model, batch, aux_coef: float):
-    """Mean next-token cross-entropy (nats) and the load-balancing term for MoE models."""
+def lm_loss(model, batch, aux_coef: float, ranks=None):
+    """This rank's part of the loss of `batch` [B, T + 1]: mean next-token cross-entropy (nats) over
+    the whole batch and the MoE load-balancing term, each computed on the rank's rows (every
+    size-th from its rank on), so that the parts add up over the ranks to the whole batch's loss.
+    One process (`ranks` None) has every row: the whole batch's loss."""
     import torch.nn.functional as F
 
     from strop.model.policy import is_moe, load_balancing_loss
+    from strop.train.parallel import Ranks
 
-    inputs, targets = batch[:, :-1], batch[:, 1:]
+    ranks = ranks or Ranks()
+    rows = batch[ranks.rank :: ranks.size]
+    inputs, targets = rows[:, :-1], rows[:, 1:]
     moe = bool(is_moe(model)) and aux_coef > 0
     out = model(input_ids=inputs, output_router_logits=moe, use_cache=False)
-    ce = F.cross_entropy(out.logits.flatten(0, 1).float(), targets.flatten())
+    ce = F.cross_entropy(out.logits.flatten(0, 1).float(), targets.flatten(), reduction="sum") / batch[:, 1:].numel()
     if not moe:
         return ce, ce.new_zeros(())
     sigmoid = model.config.model_type == "deepseek_v3"
-    aux = load_balancing_loss(out.router_logits, model.config.num_experts_per_tok, sigmoid=sigmoid)
+    aux = load_balancing_loss(out.router_logits, model.config.num_experts_per_tok, sigmoid=sigmoid, all_sum=ranks.all_sum)
     return ce, aux
 
 
 def midtrain(cfg: Config, stop_after: int | None = None) -> dict:
     """Run (or resume) mid-training; returns the final figures. `stop_after` ends the process's
-    work after that many steps without finishing (tests use it to simulate a kill)."""
+    work after that many steps without finishing (tests use it to simulate a kill). With
+    `trainer.parallel.fsdp = N > 1` this process is rank 0 of N ranks that train one model sharded
+    between them (the others are worker processes it starts, the cores split between them)."""
+    import numpy as np
+
+    from strop.data.corpus import load_corpus
+    from strop.data.packing import tokenize_documents
+    from strop.errors import UserError
+    from strop.runtime.ranks import start_ranks, stop_ranks
+    from strop.threads import set_threads
+    from strop.train.parallel import Ranks
+
+    n = cfg.trainer.parallel.fsdp
+    m = cfg.midtrain
+    if m.batch_size < n:
+        raise UserError(f"config key 'midtrain.batch_size' ({m.batch_size}) is below trainer.parallel.fsdp ({n}): "
+                        "every rank needs a row of each batch")
+    threads = set_threads(max(1, set_threads(cfg.run.threads or None) // n))
+    run_dir = cfg.run_dir / "midtrain"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.toml").write_text(to_toml(cfg))
+
+    corpus = load_corpus(cfg.data)
+    tokenizer = prepare_tokenizer(cfg, corpus, run_dir)
+    tok_cache = run_dir / "tokens.npy"
+    if not tok_cache.is_file():  # a margin over what the run can consume, so windows are rarely seen twice
+        tokens = tokenize_documents(tokenizer, corpus.train, limit=2 * m.steps * m.batch_size * cfg.data.seq_len,
+                                    seed=cfg.run.seed)
+        buf = io.BytesIO()
+        np.save(buf, tokens)
+        write_atomic(tok_cache, buf.getbuffer())  # trusted on resume: whole or absent
+    val_tokens = tokenize_documents(tokenizer, corpus.val)
+    args = (cfg, tokenizer, val_tokens, stop_after, threads)
+    if n == 1:
+        return fit(Ranks(), *args)
+    ranks, procs = start_ranks(n, fit, args, threads)
+    try:
+        return fit(ranks, *args)
+    finally:
+        stop_ranks(procs)
+
+
+def fit(ranks, cfg: Config, tokenizer, val_tokens, stop_after: int | None, threads: int) -> dict:
+    """The mid-training loop, run by every rank of `ranks` on the same batches (each computes its
+    rows' part of the loss, `lm_loss`); rank 0 logs, evaluates and writes the model, every rank
+    writes its shards of each checkpoint (`strop.checkpoint.save_training`)."""
     import numpy as np
     import torch
     from tqdm import tqdm
 
     from strop.checkpoint import find_checkpoint, load_training, save_training
-    from strop.data.corpus import load_corpus
-    from strop.data.packing import PackedBatches, tokenize_documents
+    from strop.data.packing import PackedBatches
     from strop.model.policy import build_model, load_model, save_model
     from strop.report import MetricsLog, plot_metrics
-    from strop.threads import set_threads
+    from strop.train.parallel import shard_model, whole
+    from strop.train.shard_load import load_policy
 
-    threads = set_threads(cfg.run.threads or None)
     run_dir = cfg.run_dir / "midtrain"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.toml").write_text(to_toml(cfg))
     m = cfg.midtrain
-
-    corpus = load_corpus(cfg.data)
-    tokenizer = prepare_tokenizer(cfg, corpus, run_dir)
-    tok_cache = run_dir / "tokens.npy"
+    main = ranks.rank == 0
     tokens_per_step = m.batch_size * cfg.data.seq_len
-    if tok_cache.is_file():
-        tokens = np.load(tok_cache)
-    else:  # a margin over what the run can consume, so windows are rarely seen twice
-        tokens = tokenize_documents(tokenizer, corpus.train, limit=2 * m.steps * tokens_per_step, seed=cfg.run.seed)
-        buf = io.BytesIO()
-        np.save(buf, tokens)
-        write_atomic(tok_cache, buf.getbuffer())  # trusted on resume: whole or absent
-    val_tokens = tokenize_documents(tokenizer, corpus.val)
-    data = PackedBatches(tokens, cfg.data.seq_len, m.batch_size, cfg.run.seed)
+    data = PackedBatches(np.load(run_dir / "tokens.npy"), cfg.data.seq_len, m.batch_size, cfg.run.seed)
     val = PackedBatches(val_tokens, cfg.data.seq_len, m.batch_size, cfg.run.seed)
 
-    model = load_model(cfg.model.path) if cfg.model.path else build_model(cfg.model, tokenizer, cfg.run.seed)
+    if cfg.model.path:  # sharded: built on meta, each rank reads its shards
+        model = load_policy(cfg.model.path, ranks)
+    else:  # a new model: built whole on every rank (the same seed), then sharded
+        model = build_model(cfg.model, tokenizer, cfg.run.seed)
+        if ranks.size > 1:
+            shard_model(model, ranks.mesh)
     model.train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
@@ -119,24 +166,27 @@ def midtrain(cfg: Config, stop_after: int | None = None) -> dict:
     ckpt = run_dir / "ckpt"
     step, elapsed_before = 0, 0.0
     log = MetricsLog(run_dir / "metrics.jsonl")
-    found = find_checkpoint(ckpt)
+    found = ranks.broadcast(find_checkpoint(ckpt))  # rank 0's finding: a checkpoint being replaced is not seen twice
     if found is not None:
-        state = load_training(found, model, optimizer, scheduler)
+        state = load_training(found, model, optimizer, scheduler, ranks)
         step, elapsed_before = state["step"], state.get("elapsed_s", 0.0)
         total.update(steps=state.get("total_steps", m.steps), chosen=state.get("total_chosen", True))
-        log.truncate_after(step)
+        if main:
+            log.truncate_after(step)
     else:
-        log.reset()
+        if main:
+            log.reset()
         torch.manual_seed(cfg.run.seed)
 
     def evaluate() -> float:
+        """Held-out loss; every rank runs every batch whole (a sharded forward is a collective)."""
         model.eval()
         with torch.no_grad():
             losses = [lm_loss(model, torch.from_numpy(val.batch_at(i)), 0.0)[0].item() for i in range(m.eval_batches)]
         model.train()
-        return float(np.mean(losses))
+        return ranks.broadcast(float(np.mean(losses)))
 
-    bar = tqdm(total=total["steps"], initial=step, desc="midtrain", unit="step", dynamic_ncols=True)
+    bar = tqdm(total=total["steps"], initial=step, desc="midtrain", unit="step", dynamic_ncols=True, disable=not main)
     t_start, steps_here, step_times = time.perf_counter(), 0, []
     while step < total["steps"]:
         if stop_after is not None and steps_here >= stop_after:
@@ -144,11 +194,11 @@ def midtrain(cfg: Config, stop_after: int | None = None) -> dict:
             return {"stopped_at": step}
         t0 = time.perf_counter()
         batch = torch.from_numpy(data.batch_at(step))
-        ce, aux = lm_loss(model, batch, cfg.model.router_aux_loss_coef)
+        ce, aux = lm_loss(model, batch, cfg.model.router_aux_loss_coef, ranks)
         loss = ce + cfg.model.router_aux_loss_coef * aux
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), m.grad_clip if m.grad_clip > 0 else float("inf"))
+        grad_norm = whole(torch.nn.utils.clip_grad_norm_(model.parameters(), m.grad_clip if m.grad_clip > 0 else float("inf")))
         optimizer.step()
         scheduler.step()
         step += 1
@@ -159,20 +209,26 @@ def midtrain(cfg: Config, stop_after: int | None = None) -> dict:
             # the first step pays one-off costs; time the later probe steps
             step_s = float(np.median(step_times[1:]))
             total.update(steps=steps_for_budget(cfg, step_s, elapsed_before + time.perf_counter() - t_start), chosen=True)
+            total["steps"] = ranks.broadcast(total["steps"])  # rank 0's clock decides for every rank
             bar.total = total["steps"]
-        row = {"step": step, "loss": ce.item(), "aux": aux.item(), "grad_norm": grad_norm.item(),
+        ce_sum, aux_sum = map(sum, zip(*ranks.gather((ce.item(), aux.item()))))
+        row = {"step": step, "loss": ce_sum, "aux": aux_sum, "grad_norm": grad_norm.item(),
                "lr": scheduler.get_last_lr()[0], "tok_s": tokens_per_step / dt}
         if step % m.eval_every == 0 or step == total["steps"]:
             row["val_loss"] = evaluate()
-        log.write(row)
+        if main:
+            log.write(row)
         bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tok_s']:.0f}")
         bar.update(1)
         if step % m.ckpt_every == 0 or step == total["steps"]:
             elapsed = elapsed_before + time.perf_counter() - t_start
             save_training(ckpt, model, optimizer, scheduler, step,
-                          {"elapsed_s": elapsed, "total_steps": total["steps"], "total_chosen": total["chosen"]})
+                          {"elapsed_s": elapsed, "total_steps": total["steps"], "total_chosen": total["chosen"]}, ranks)
     bar.close()
 
+    whole_state = {k: whole(v) for k, v in model.state_dict().items()}  # every rank: a collective
+    if not main:
+        return {}
     rows = log.read()
     plot_metrics(rows, run_dir / "loss.png", ["loss", "val_loss"], title="mid-training loss (nats/token)")
     val_rows = [r for r in rows if "val_loss" in r]
@@ -184,8 +240,13 @@ def midtrain(cfg: Config, stop_after: int | None = None) -> dict:
         "val_loss": val_rows[-1]["val_loss"] if val_rows else None,
         "tok_s": float(np.median([r["tok_s"] for r in rows])) if rows else None,
         "threads": threads,
-        "params": sum(p.numel() for p in model.parameters()),
+        "ranks": ranks.size,
+        "params": sum(p.numel() for p in model.parameters()),  # whole sizes, sharded or not
     }
-    model.eval()
-    save_model(model, tokenizer, run_dir / "model", extra={"config": to_dict(cfg), "midtrain": result})
+    plain = model
+    if ranks.size > 1:  # an unsharded copy holding the gathered weights, to save in HF format
+        plain = load_model(cfg.model.path) if cfg.model.path else build_model(cfg.model, tokenizer, cfg.run.seed)
+        plain.load_state_dict(whole_state)
+    plain.eval()
+    save_model(plain, tokenizer, run_dir / "model", extra={"config": to_dict(cfg), "midtrain": result})
     return result

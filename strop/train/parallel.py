@@ -63,6 +63,14 @@ class Ranks:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def all_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """`t` summed over the ranks (a new tensor, no gradient), on every rank."""
+        if self.size == 1:
+            return t.detach()
+        out = t.detach().clone()
+        dist.all_reduce(out)
+        return out
+
 
 def whole(t: torch.Tensor) -> torch.Tensor:
     """The full tensor behind a sharded one (a collective: every rank calls it, in the same order);
@@ -79,16 +87,6 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def shard_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """`full` cut the way `like` is (rank 0's values are the ones kept); unchanged when `like` is
-    a plain tensor. With `whole`, what lets a state saved at one rank count load at another."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    if not isinstance(like, DTensor):
-        return full
-    return distribute_tensor(full.to(like.dtype), like.device_mesh, like.placements)
-
-
 def shard_model(model, mesh) -> None:
     """Shard a Hugging Face causal LM over the 1-D `mesh` in place, bottom-up (torchtitan's order):
 
@@ -101,12 +99,17 @@ def shard_model(model, mesh) -> None:
     Gradients are summed over the ranks, not averaged: the losses carry their normalisation.
     """
     from torch.distributed.fsdp import FSDPModule, fully_shard
+    from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
 
     decoder = model.get_decoder()
+    records = _CAN_RECORD_REGISTRY.get(decoder)
     for layer in decoder.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard([decoder.embed_tokens, decoder.norm, model.get_output_embeddings()], mesh=mesh)
     fully_shard(decoder, mesh=mesh)
+    # fully_shard gives the decoder a new class (FSDP<name>); transformers looks up which outputs
+    # (router logits) a decoder can record by its class name, so the new one records what the old did
+    _CAN_RECORD_REGISTRY[decoder] = records
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)

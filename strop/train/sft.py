@@ -151,14 +151,13 @@ def fit(ranks, cfg: Config, base_dir: str) -> dict:
     from strop.data.tokenizer import load_tokenizer
     from strop.model.policy import load_model, save_model
     from strop.report import MetricsLog, plot_metrics
-    from strop.train.parallel import shard_model, whole
+    from strop.train.parallel import whole
+    from strop.train.shard_load import load_policy
 
     s = cfg.sft
     out = cfg.run_dir / "sft"
     main = ranks.rank == 0
-    model = load_model(base_dir)
-    if ranks.size > 1:
-        shard_model(model, ranks.mesh)
+    model = load_policy(base_dir, ranks)  # sharded: built on meta, each rank reads its shards
     tokenizer = load_tokenizer(base_dir)
     pad_id = tokenizer.pad_token_id
     episodes = load_demonstrations(cfg, tokenizer, out / "demos.jsonl")

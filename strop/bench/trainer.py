@@ -1,0 +1,115 @@
+"""`strop bench trainer`: the RL trainer sharded over N = 1, 2, 4 ranks (`trainer.parallel.fsdp`,
+local gloo processes, one torch thread each) on the same policy and the same batches: tokens/s,
+memory per rank, publish time per version, and how far N ranks' weights end from one process's.
+
+The policy is the configured model (the embedded tiny MoE by default), built here and saved to a
+temporary directory; each step's batch is `--rows` segments of random prompt and "generated"
+tokens with advantages +-1 (throughput does not depend on what the tokens say). Per N:
+
+- `tokens_per_s`: median over the timed steps of the trainer's own figure (every position trained on);
+- `state_mib_per_rank`: the largest rank's parameters + AdamW state (its shards): falls ~1/N;
+- `peak_mib_per_rank`: the largest rank's peak resident memory (the process, torch included);
+- `publish_s`: median seconds per version to gather the bf16 snapshot and publish its delta
+  (rank 0 publishes the gathered snapshot: per-shard publishing is not built yet);
+- `max_abs_weight_diff_vs_single`: max |w_N - w_1| over every weight after the K steps.
+"""
+
+import argparse
+import platform
+import statistics
+import tempfile
+
+from strop.bench.table import format_table, write_json
+from strop.config import add_config_arguments, config_from_args
+
+RANK_COUNTS = (1, 2, 4)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser)
+    parser.add_argument("--steps", type=int, default=4, help="timed steps per rank count (after 1 warmup step)")
+    parser.add_argument("--rows", type=int, default=16, help="segments per step")
+    parser.add_argument("--quick", action="store_true", help="2 timed steps of 8 segments")
+    parser.add_argument("--json", help="write results to this JSON file")
+
+
+def run(args: argparse.Namespace) -> int:
+    import dataclasses
+    from pathlib import Path
+
+    from strop.data.tokenizer import load_tokenizer
+    from strop.model.policy import build_model, save_model
+    from strop.rl.trainer import no_replay
+    from strop.runtime.trainers import start_trainer
+    from strop.threads import set_threads
+
+    cfg = config_from_args(args)
+    set_threads(1)  # one thread per rank, so N ranks use N cores
+    steps, rows = (2, 8) if args.quick else (args.steps, args.rows)
+    results, single = {}, None
+    with tempfile.TemporaryDirectory(prefix="strop-bench-trainer-") as tmp:
+        policy = Path(tmp) / "policy"
+        tokenizer = demo_tokenizer(cfg, Path(tmp))
+        save_model(build_model(cfg.model, tokenizer, cfg.run.seed), tokenizer, policy)
+        tokenizer = load_tokenizer(policy)
+        batches = synthetic_batches(len(tokenizer), rows, 1 + steps, cfg.run.seed)
+        for n in RANK_COUNTS:
+            run_cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, parallel=dataclasses.replace(
+                cfg.trainer.parallel, fsdp=n)))
+            trainer = start_trainer(run_cfg, str(policy), no_replay, tokenizer.pad_token_id, str(Path(tmp) / f"store{n}"))
+            try:
+                trainer.publish()
+                step_rows = [trainer.step(b) for b in batches][1:]  # the first step pays one-off costs
+                memory = trainer.memory()
+                weights = trainer.state_dict()["model"]
+            finally:
+                trainer.close()
+            single = single or weights
+            results[n] = {
+                "ranks": n,
+                "tokens_per_s": statistics.median(r["tokens_per_s"] for r in step_rows),
+                "state_mib_per_rank": max(m["state_mib"] for m in memory),
+                "peak_mib_per_rank": max(m["peak_rss_mib"] for m in memory),
+                "publish_s": statistics.median(r["publish_s"] for r in step_rows),
+                "max_abs_weight_diff_vs_single": max(float((weights[k] - single[k]).abs().max()) for k in single),
+            }
+    print(f"RL trainer sharded over N local ranks (FSDP2, gloo, 1 thread each), {platform.processor() or platform.machine()}, "
+          f"{rows} segments a step, median of {steps} steps after 1 warmup")
+    print(format_table(list(results.values()), ["ranks", "tokens_per_s", "state_mib_per_rank", "peak_mib_per_rank",
+                                                "publish_s", "max_abs_weight_diff_vs_single"]))
+    write_json(args.json, {"steps": steps, "rows": rows, "model": dataclasses.asdict(cfg.model),
+                           "ranks": {str(n): r for n, r in results.items()},
+                           "max_abs_weight_diff_vs_single": max(r["max_abs_weight_diff_vs_single"] for r in results.values())})
+    return 0
+
+
+def demo_tokenizer(cfg, tmp):
+    """A tokenizer trained on a slice of the configured corpus (the policy's vocabulary)."""
+    from strop.data.corpus import load_corpus
+    from strop.data.tokenizer import train_tokenizer
+
+    return train_tokenizer(load_corpus(cfg.data).train[:200], cfg.data.vocab_size, 400_000)
+
+
+def synthetic_batches(vocab: int, rows: int, steps: int, seed: int) -> list[list]:
+    """`steps` batches of `rows` one-segment samples: a 48-token prompt, 16 "generated" tokens of
+    behaviour logprob log(1/vocab), advantage +-1, weights summing to 1 over a batch."""
+    import math
+    import random
+
+    from strop.env.segment import Segment
+    from strop.rl.advantages import Sample
+    from strop.rl.trajectory import Trajectory
+
+    rng = random.Random(seed)
+    batches = []
+    for step in range(steps):
+        batch = []
+        for r in range(rows):
+            seg = Segment()
+            seg.add_forced([rng.randrange(vocab) for _ in range(48)])
+            seg.add_generated([rng.randrange(vocab) for _ in range(16)], [-math.log(vocab)] * 16, [step] * 16, None)
+            traj = Trajectory("bench", f"s{step}", r, [seg], float(r % 2), start_version=step)
+            batch.append(Sample(traj, 1.0 if r % 2 else -1.0, 1 / (16 * rows)))
+        batches.append(batch)
+    return batches
