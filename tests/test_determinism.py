@@ -15,7 +15,7 @@ import torch
 
 from strop import kernels
 from strop.engine.engine import Engine
-from strop.env.policy import SamplingParams, generated_routing
+from strop.policy_api import SamplingParams, generated_routing
 from strop.env.segment import Segment
 from strop.model import deterministic as det
 from strop.model import kernel_ops

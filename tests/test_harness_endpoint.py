@@ -11,7 +11,7 @@ import pytest
 from strop.env.harness import Harness
 from strop.env.oracle import ScriptedClient
 from strop.engine.endpoint import EndpointClient, parse_completion
-from strop.env.policy import SamplingParams
+from strop.policy_api import SamplingParams
 from strop.env.sandbox import open_sandbox
 
 TURNS = ['<tool_call>{"name": "list_dir", "arguments": {}}</tool_call>', 'Done.<tool_call>{"name": "submit", "arguments": {}}</tool_call>']

@@ -105,7 +105,7 @@ def max_len(episodes: list[dict]) -> int:
 
 def run_episodes(engine, episodes: list[dict]) -> tuple[list, list, float]:
     """(segments as the harness records them, each episode's last completion, process CPU seconds)."""
-    from strop.env.policy import SamplingParams, generated_routing
+    from strop.policy_api import SamplingParams, generated_routing
     from strop.env.segment import Segment
 
     segments = []

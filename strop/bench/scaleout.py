@@ -68,7 +68,7 @@ def run_once(cfg, policy: Path, mode: str, out: Path, address: str) -> dict:
     import ray
 
     from strop.rl.orchestrator import Orchestrator, router_replay
-    from strop.rl.train_cmd import train_tasks
+    from strop.runtime.build import train_tasks
     from strop.runtime import record_trained
     from strop.runtime.ray_runtime import start_ray
 

@@ -38,7 +38,7 @@ import torch
 
 from strop.engine.forward import Derived, Forward, Segment
 from strop.engine.sampling import sample
-from strop.env.policy import SamplingParams
+from strop.policy_api import SamplingParams
 
 
 @dataclass

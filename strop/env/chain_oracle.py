@@ -24,7 +24,7 @@ import re
 from strop.data.chat import GENERATION_PROMPT, IM_END
 from strop.env.context import SUMMARY_REQUEST
 from strop.env.oracle import ScriptedClient, assistant_text
-from strop.env.policy import Generation, SamplingParams
+from strop.policy_api import Generation, SamplingParams
 from strop.env.task import Task
 
 KEY = re.compile(r"STAGE (\d+) KEY: ([a-z]+-\d{4})")

@@ -34,7 +34,7 @@ from typing import Callable
 
 from strop.data.chat import EOS, GENERATION_PROMPT, IM_END, SPECIAL_TOKENS, parse_assistant, render_message, render_system
 from strop.env.context import SUMMARY_REQUEST, Strategy, carry, summary_state, truncate, turns
-from strop.env.policy import PolicyClient, SamplingParams
+from strop.policy_api import PolicyClient, SamplingParams
 from strop.env.sandbox import WORKDIR, Limits, Sandbox, open_sandbox, scratch_dir
 from strop.env.segment import Episode, Segment
 from strop.env.task import Task

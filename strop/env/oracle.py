@@ -43,7 +43,7 @@ from tqdm import tqdm
 
 from strop.data.chat import GENERATION_PROMPT, IM_END, render_message
 from strop.env.harness import Harness, HarnessConfig, run_task
-from strop.env.policy import Generation, SamplingParams
+from strop.policy_api import Generation, SamplingParams
 from strop.env.sandbox import Limits
 from strop.env.segment import Episode
 from strop.env.task import Task

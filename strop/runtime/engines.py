@@ -17,7 +17,7 @@ import os
 from typing import Protocol
 
 from strop.config import Config
-from strop.env.policy import PolicyClient
+from strop.policy_api import PolicyClient
 from strop.errors import UserError
 from strop.sync.apply import EngineSync
 from strop.sync.relay import RelayLink

@@ -18,7 +18,7 @@ import torch
 from strop.config import Config
 from strop.engine.engine import Engine
 from strop.engine.policy_client import EnginePolicy
-from strop.env.policy import PolicyClient
+from strop.policy_api import PolicyClient
 from strop.sync.apply import EngineSync, Staged, apply_inplace
 from strop.sync.relay import RelayLink
 from strop.sync.store import Store
