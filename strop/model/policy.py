@@ -37,7 +37,8 @@ def model_config(cfg: ModelSection, tokenizer):
     )
     if cfg.experts_per_token > cfg.num_experts:
         raise UserError(
-            f"config key 'model.experts_per_token' ({cfg.experts_per_token}) exceeds model.num_experts ({cfg.num_experts})"
+            f"config key 'model.experts_per_token' ({cfg.experts_per_token}) exceeds "
+            f"model.num_experts ({cfg.num_experts})"
         )
     if cfg.arch == "qwen3":
         return Qwen3Config(**common, head_dim=cfg.head_dim, intermediate_size=cfg.dense_size)

@@ -8,9 +8,10 @@
 `strop.train.parallel.start_ranks` spawns the workers, joins the process group as rank 0
 and returns the rank group; each worker runs `target(ranks, *args)`: for a `RankedTrainer`,
 `follow_calls`, which builds its own trainer with the same `build(ranks, *args)` rank 0 uses and
-runs rank 0's calls on it; for SFT, the same training loop rank 0 runs. `RankedTrainer` is rank 0's trainer with the calls of
-`strop.runtime.trainers.LocalTrainer`, each sent to every rank first, so the collectives inside
-(FSDP's all-gathers and reduce-scatters, the metrics' gathers) line up. Samples reach the
+runs rank 0's calls on it; for SFT, the same training loop rank 0 runs. `RankedTrainer` is rank
+0's trainer with the calls of `strop.runtime.trainers.LocalTrainer`, each sent to every rank
+first, so the collectives inside (FSDP's all-gathers and reduce-scatters, the metrics' gathers)
+line up. Samples reach the
 workers by that broadcast; weights never travel over it.
 """
 
