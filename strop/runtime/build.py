@@ -1,6 +1,7 @@
 """Building a run: `train_rl` composes an RL run from a config (its tasks, its weight store, the
 runtime that places trainer, engines and rollouts, the orchestrator's loop) and runs or resumes it.
-It is the one way a run is built: `strop train`, the demo and the benchmarks call it.
+It is the one way a run is built: `strop train`, the demo and `strop bench async` call it (the tests
+and `strop bench scaleout`, which drive a runtime themselves, take `train_tasks` and a runtime's `start_*`).
 
 Starts from `policy_dir` (default `<run_dir>/sft/model`), trains on the train split of
 `rollout.suite`, and writes `<run_dir>/rl/`: `metrics.jsonl` (one row per step), `report.md` with
@@ -20,6 +21,7 @@ from strop.outputs import claim_dir, write_atomic
 
 
 def train_tasks(cfg: Config) -> list:
+    """The tasks a run trains on: the train split of `rollout.suite`, per difficulty."""
     from strop.env.suites import load_suite
 
     r = cfg.rollout
