@@ -5,7 +5,7 @@ the gathered bf16 snapshot."""
 import pytest
 import torch
 
-from strop.config import Config, RLSection, TrainerSection, ParallelSection, load_config
+from strop.config import Config, ParallelSection, RLSection, TrainerSection, load_config
 from strop.errors import UserError
 from strop.model.policy import load_model
 from strop.rl.advantages import Sample

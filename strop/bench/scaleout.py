@@ -68,8 +68,8 @@ def run_once(cfg, policy: Path, mode: str, out: Path, address: str) -> dict:
     import ray
 
     from strop.rl.orchestrator import Orchestrator, router_replay
-    from strop.runtime.build import train_tasks
     from strop.runtime import record_trained
+    from strop.runtime.build import train_tasks
     from strop.runtime.ray_runtime import start_ray
 
     tasks = {t.id: t for t in train_tasks(cfg)}

@@ -24,10 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from strop.threads import set_threads
-
     from strop.env.parity import compare, probe_host, probe_sandbox
     from strop.env.sandbox import scratch_dir
+    from strop.threads import set_threads
 
     host_env = dict(os.environ)  # before set_threads adds OMP_NUM_THREADS & co, which `nproc` obeys
     set_threads(1)

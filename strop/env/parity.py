@@ -15,7 +15,6 @@ learns from the task itself.
 import subprocess
 from pathlib import Path
 
-
 # name -> shell command. Multi-line outputs are compared whole and shown by their first lines.
 PROBES: dict[str, str] = {
     "hostname": "hostname",

@@ -42,9 +42,9 @@ import torch
 from strop.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from strop.config import Config
 from strop.env.behaviour import summarize
+from strop.report import MetricsLog
 from strop.rl.advantages import Sample, make_samples
 from strop.rl.buffer import StalenessBuffer
-from strop.report import MetricsLog
 from strop.rl.rollout import WorkItem
 from strop.rl.trajectory import Trajectory, TrajectoryGroup
 
