@@ -30,6 +30,8 @@ demo: setup
 	$(BIN)/strop demo
 
 test: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest
 
 test-slow: setup

@@ -129,7 +129,8 @@ class RLSection:
     batch_groups: int = opt(4, "groups per optimizer step", ge=1)
     steps: int = opt(200, "optimizer steps (policy versions published)", ge=1)
     max_staleness: int = opt(2, "never train on a sample whose oldest token is more than this many versions behind the trainer; 0 = on-policy", ge=0)
-    max_inflight: int = opt(0, "samples admitted but not yet trained (running + buffered); 0 = batch_groups * group_size * (max_staleness + 1)", ge=0)
+    max_inflight: int = opt(0, "samples admitted but not yet trained (running + buffered); "
+                          "0 = batch_groups * group_size * (max_staleness + 1)", ge=0)
     lr: float = opt(1e-4, "AdamW learning rate (constant)", gt=0)
     weight_decay: float = opt(0.0, "AdamW weight decay", ge=0)
     grad_clip: float = opt(1.0, "gradient norm clip; 0 = off", ge=0)

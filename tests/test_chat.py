@@ -1,6 +1,6 @@
 """The chat format: the Python renderer and the saved Jinja template agree; parsing never raises."""
 
-from strop.data.chat import CHAT_TEMPLATE, render, parse_assistant
+from strop.data.chat import CHAT_TEMPLATE, parse_assistant, render
 
 TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a file.",
           "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]

@@ -13,7 +13,7 @@ PATH = TASK.metadata["path"]
 
 def _tiny(**meta) -> Task:
     return Task(id="tiny", suite="test", split="eval", instruction="", files={"m.py": "def f():\n    return 0\n"},
-                hidden_tests={"tests/test_h.py": "from m import f\n\ndef test_f():\n    assert f() == 1\n\ndef test_g():\n    assert True\n"},
+                hidden_tests={"tests/test_h.py": "from m import f\n\ndef test_f():\n    assert f() == 1\n\n" "def test_g():\n    assert True\n"},
                 metadata={"n_tests": 2, **meta})
 
 

@@ -15,12 +15,12 @@ import torch
 
 from strop import kernels
 from strop.engine.engine import Engine
-from strop.env.policy import SamplingParams, generated_routing
 from strop.env.segment import Segment
 from strop.model import deterministic as det
 from strop.model import kernel_ops
 from strop.model.mismatch import recompute, routing_flip_rate
 from strop.model.routing import capture_routing, moe_blocks, stack_routing
+from strop.policy_api import SamplingParams, generated_routing
 from strop.rl.orchestrator import router_replay
 from strop.rl.trainer import build_batch, token_logprobs
 
@@ -105,8 +105,8 @@ def _episodes(engine: Engine, tok, n: int, turns: int, seed: int) -> tuple[list[
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v3"])
 def test_ci_gate_engine_and_trainer_agree_bitwise(arch, tiny_tokenizer):
-    from tests.conftest import tiny_model_section
     from strop.model.policy import build_model
+    from tests.conftest import tiny_model_section
 
     model = build_model(tiny_model_section(arch), tiny_tokenizer, seed=1).eval()
     eng = Engine(model, tiny_tokenizer, max_batch=3, max_len=512, deterministic=True, reuse_min=16)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from strop.engine.engine import Engine
-from strop.env.policy import SamplingParams
+from strop.policy_api import SamplingParams
 
 
 def _prompts(tok, n):

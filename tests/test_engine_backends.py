@@ -87,11 +87,11 @@ def _run(tmp_path, policy_dir, engine: str, steps: int = 2):
     serves the new version) a fixed prompt is sampled through the engine's client and recomputed by
     the trainer's bf16 snapshot, with and without replaying the engine's routing."""
     from strop.data.tokenizer import load_tokenizer
-    from strop.env.policy import SamplingParams
     from strop.model.mismatch import engine_vs_trainer
     from strop.model.policy import load_model
+    from strop.policy_api import SamplingParams
     from strop.rl.orchestrator import Orchestrator, router_replay
-    from strop.rl.train_cmd import train_tasks
+    from strop.runtime.build import train_tasks
     from strop.runtime.inline import start_inline
 
     cfg = load_config(None, CONFIG + [f"rl.steps={steps}", f"rollout.engine={engine}"])

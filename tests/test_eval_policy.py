@@ -7,9 +7,9 @@ import json
 
 
 def test_eval_policy_reports_solve_rates_and_stops(tiny_tokenizer, tmp_path, capsys):
-    from tests.conftest import tiny_model_section
     from strop.cli import main
     from strop.model.policy import build_model, save_model
+    from tests.conftest import tiny_model_section
 
     section = dataclasses.replace(tiny_model_section("qwen3_moe"), max_positions=2048)
     save_model(build_model(section, tiny_tokenizer, seed=0), tiny_tokenizer, tmp_path / "policy")

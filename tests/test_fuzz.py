@@ -7,6 +7,8 @@ ports or open sandboxes, HTTP bodies and headers of the server, damaged safetens
 files, answers of the code under test to the isolated grader's judge, the run directory
 `demo --fresh` deletes. Each test draws its cases from a seeded generator: the fast suite runs
 `FAST` of them (well under a minute in all), `-m slow` runs `SLOW` times as many from other seeds.
+One file past 500 lines: every door's cases come from the same seeded generators and meet the same
+invariant checks, which live here.
 """
 
 import contextlib
@@ -32,12 +34,15 @@ from tests.conftest import served_tiny_moe, write_delta_files
 REPO = Path(__file__).resolve().parents[1]
 FAST, SLOW = 1, 12  # case-count multipliers
 
+# value lists, kept dense
+# fmt: off
 NUMBERS = ["0", "-1", "1", "2", "-0", "0.5", "1e308", "-1e308", "inf", "-inf", "nan", "+nan", "9223372036854775808",
            "-9223372036854775809", "1_000", "0x10", "1e-320", "true", "false"]
 WORDS = ["", ".", "..", "/", "a/b", "../..", "~", "-rf", "--help", "é", "\t", " x ", "a" * 300, "x\ny", "$(rm -rf /)",
          "'", '"', "\\", "nul\x01", "run", "demo", "..hidden"]
-STRUCTS = ["[]", "[7]", "[-1]", "[1, 2, 3, 4, 5, 6]", '["x"]', "[[1]]", "[1.5]", "{a = 1}", "[", "{", "=", "==", "[inf]",
-           "[nan]", '"quoted"', "'single'", '"""triple"""']
+STRUCTS = ["[]", "[7]", "[-1]", "[1, 2, 3, 4, 5, 6]", '["x"]', "[[1]]", "[1.5]", "{a = 1}", "[", "{", "=", "==",
+           "[inf]", "[nan]", '"quoted"', "'single'", '"""triple"""']
+# fmt: on
 
 
 def hostile(rng: random.Random) -> str:

@@ -45,7 +45,8 @@ def test_aliases_and_variants():
     assert {k for k, _ in code_findings("from os import _exit\n_exit(0)\n")} == {"exit_call"}
     assert {k for k, _ in code_findings("import time as t\nt.time = lambda: 0\n")} == {"monkeypatch"}
     assert {k for k, _ in code_findings("class A:\n    __eq__ = lambda self, o: True\n")} == {"always_equal"}
-    honest_eq = "class P:\n    def __eq__(self, o):\n        if self is o:\n            return True\n        return self.x == o.x\n"
+    honest_eq = ("class P:\n    def __eq__(self, o):\n        if self is o:\n"
+                 "            return True\n        return self.x == o.x\n")
     assert not code_findings(honest_eq)
 
 

@@ -8,9 +8,9 @@ import pytest
 from strop.data.chat import GENERATION_PROMPT, IM_START, render
 from strop.env.harness import STOP_REASONS, Harness, HarnessConfig
 from strop.env.oracle import ScriptedClient
-from strop.env.policy import Generation
 from strop.env.sandbox import Limits, open_sandbox
 from strop.env.tools import TOOLS
+from strop.policy_api import Generation
 
 
 @pytest.fixture(scope="module")

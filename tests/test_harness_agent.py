@@ -12,9 +12,9 @@ from strop.env.harness import STOP_REASONS
 
 @pytest.mark.slow  # ~15 s here: model build, save, load and a 1k-token prefill
 def test_agent_runs_a_local_checkpoint(tiny_tokenizer, tmp_path, capsys):
-    from tests.conftest import tiny_model_section
     from strop.cli import main
     from strop.model.policy import build_model, save_model
+    from tests.conftest import tiny_model_section
 
     section = dataclasses.replace(tiny_model_section("qwen3_moe"), max_positions=2048)
     save_model(build_model(section, tiny_tokenizer, seed=0), tiny_tokenizer, tmp_path / "ckpt")
@@ -37,13 +37,13 @@ def test_agent_runs_a_local_checkpoint(tiny_tokenizer, tmp_path, capsys):
 
 @pytest.mark.slow  # ~15 s here: a 1k-token prefill on a tiny model
 def test_harness_through_strop_engine_server(tiny_tokenizer, tmp_path):
-    from tests.conftest import tiny_model_section
+    from strop.engine.endpoint import EndpointClient
     from strop.engine.engine import Engine
     from strop.engine.server import serve_in_thread
     from strop.env.harness import Harness, HarnessConfig
-    from strop.engine.endpoint import EndpointClient
     from strop.env.sandbox import open_sandbox
     from strop.model.policy import build_model
+    from tests.conftest import tiny_model_section
 
     section = dataclasses.replace(tiny_model_section("qwen3_moe"), max_positions=2048)
     engine = Engine(build_model(section, tiny_tokenizer, seed=0), tiny_tokenizer, max_batch=2)

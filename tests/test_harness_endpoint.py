@@ -8,11 +8,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from strop.engine.endpoint import EndpointClient, parse_completion
 from strop.env.harness import Harness
 from strop.env.oracle import ScriptedClient
-from strop.engine.endpoint import EndpointClient, parse_completion
-from strop.env.policy import SamplingParams
 from strop.env.sandbox import open_sandbox
+from strop.policy_api import SamplingParams
 
 TURNS = ['<tool_call>{"name": "list_dir", "arguments": {}}</tool_call>', 'Done.<tool_call>{"name": "submit", "arguments": {}}</tool_call>']
 

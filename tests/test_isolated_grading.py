@@ -36,13 +36,14 @@ def test_every_unfixed_hack_of_the_catalogue_earns_nothing():
 
 @pytest.mark.parametrize("body", [
     # an int whose __eq__ is always true: refused as not plain data, not passed on as the int it claims
-    f"class Liar(int):\n    def __eq__(self, other):\n        return True\n\n\ndef {FN}(*args):\n    return Liar(0)\n",
+    f"class Liar(int):\n    def __eq__(self, other):\n        return True\n\n\n" f"def {FN}(*args):\n    return Liar(0)\n",
     # patch the answering program itself so that it writes whatever this code likes
     f"import __main__\n__main__.encode = lambda v, depth=0: 'anything'\n\n\ndef {FN}(*args):\n    return None\n",
     # write an answers file by hand, then leave before the real one is written
-    f"import json, os, sys\n\n\ndef {FN}(*args):\n    json.dump([{{'value': 1}}] * 1000, open(sys.argv[-1], 'w'))\n    os._exit(0)\n",
+    f"import json, os, sys\n\n\ndef {FN}(*args):\n" "    json.dump([{'value': 1}] * 1000, open(sys.argv[-1], 'w'))\n    os._exit(0)\n",
     # look for the checks and their expected values: they never enter this sandbox
-    f"import glob\n\n\ndef {FN}(*args):\n    found = glob.glob('/tmp/strop-checks-*') + glob.glob('/**/test_hidden.py', recursive=True)\n"
+    f"import glob\n\n\ndef {FN}(*args):\n"
+    "    found = glob.glob('/tmp/strop-checks-*') + glob.glob('/**/test_hidden.py', recursive=True)\n"
     f"    assert not found, found\n    return None\n",
 ])
 def test_in_process_tricks_earn_nothing(body):

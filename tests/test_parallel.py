@@ -5,7 +5,7 @@ gathered bf16 snapshot, and a checkpoint written by N ranks (each its shards) lo
 import pytest
 import torch
 
-from strop.config import Config, RLSection, TrainerSection, ParallelSection, load_config
+from strop.config import Config, ParallelSection, RLSection, TrainerSection, load_config
 from strop.errors import UserError
 from strop.model.policy import load_model
 from strop.rl.advantages import Sample
@@ -56,7 +56,8 @@ def test_two_ranks_train_as_one_process(tiny_policy_dir, tiny_tokenizer, tmp_pat
     """Two ranks, two micro-batches a step (one each), no clipping: the ranks' gradients add up as
     one process adds them, so the weights are bitwise the same. A step with three micro-batches
     (one rank pads with a weightless copy) may differ by float32 rounding (the additions are in
-    another order): measured bitwise here too; the bound is 1e-6. (Clipping on many ranks: `test_four_ranks_and_a_resume_at_another_count`.)"""
+    another order): measured bitwise here too; the bound is 1e-6. (Clipping on many ranks:
+    `test_four_ranks_and_a_resume_at_another_count`.)"""
     cfg = Config(rl=RLSection(lr=1e-2, micro_batch=4, grad_clip=0.0), trainer=TrainerSection(ParallelSection(fsdp=2)))
     steps = compare(cfg, tiny_policy_dir, tiny_tokenizer.pad_token_id, step_batches(tiny_policy_dir, [8, 8, 12]), tmp_path)
     for one, two, w1, w2 in steps[:2]:

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from strop.engine.engine import Engine
-from strop.env.policy import SamplingParams
 from strop.model.mismatch import recompute
+from strop.policy_api import SamplingParams
 
 TEXT = "def add(a, b):\n    return a + b\n\n\nclass Point:\n    def __init__(self, x, y):\n        self.x = x\n"
 

@@ -16,7 +16,7 @@ def test_killing_an_engine_and_a_worker_mid_run(tmp_path, tiny_policy_dir):
     import ray
 
     from strop.rl.orchestrator import Orchestrator, router_replay
-    from strop.rl.train_cmd import train_tasks
+    from strop.runtime.build import train_tasks
     from strop.runtime.ray_runtime import start_ray
 
     cfg = load_config(None, ["rl.group_size=2", "rl.batch_groups=2", "rl.steps=4", "rl.max_staleness=2",

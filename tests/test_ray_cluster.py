@@ -28,7 +28,7 @@ def test_two_nodes_trainer_and_one_inference_cluster(tmp_path, tiny_policy_dir):
     import ray
 
     from strop.rl.orchestrator import Orchestrator, router_replay
-    from strop.rl.train_cmd import train_tasks
+    from strop.runtime.build import train_tasks
     from strop.runtime.local_cluster import local_cluster
     from strop.runtime.ray_runtime import start_ray
     from strop.sync.store import Store
@@ -60,7 +60,7 @@ def test_three_nodes_two_clusters_engines_join_and_leave_over_shaped_links(tmp_p
     import ray
 
     from strop.rl.orchestrator import Orchestrator, router_replay
-    from strop.rl.train_cmd import train_tasks
+    from strop.runtime.build import train_tasks
     from strop.runtime.local_cluster import local_cluster
     from strop.runtime.ray_runtime import start_ray
 

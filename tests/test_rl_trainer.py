@@ -100,9 +100,11 @@ def test_policy_learns_a_toy_reward(tiny_moe, tiny_tokenizer):
         groups = sample_groups(trainer.model, trainer.version, 8, 8, 1, step)
         trainer.step(make_samples(groups, hack_penalty=rl.hack_penalty))
     after = p_target(trainer.model)
-    print(f"p_target {before:.3f} -> {after:.3f}; rewards {[round(r['reward'], 3) for r in rows]}; {time.perf_counter() - t0:.1f}s")
+    print(f"p_target {before:.3f} -> {after:.3f}; rewards {[round(r['reward'], 3) for r in rows]}; " f"{time.perf_counter() - t0:.1f}s")
     assert after > before + 0.25
-    mean = lambda rs: sum(r["reward"] for r in rs) / len(rs)
+    def mean(rs: list[dict]) -> float:
+        return sum(r["reward"] for r in rs) / len(rs)
+
     assert mean(rows[-3:]) > mean(rows[:3]) + 0.1
     assert published == [(v, {torch.bfloat16}) for v in range(1, 11)] and trainer.version == 10
     # on-policy samples: the recomputed logprobs match the sampling ones

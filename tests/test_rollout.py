@@ -7,16 +7,16 @@ import dataclasses
 
 import pytest
 
-from tests.conftest import tiny_model_section
 from strop.config import RolloutSection
+from strop.engine.policy_client import EnginePolicy
 from strop.env.harness import Harness
 from strop.env.oracle import ScriptedClient, _call, assistant_text, oracle_client
 from strop.env.suites import load_suite
 from strop.rl.advantages import make_samples, training_reward
 from strop.rl.evaluate import wilson
-from strop.engine.policy_client import EnginePolicy
 from strop.rl.rollout import RolloutLost, WorkItem, harness_config, rollout, sandbox_limits
 from strop.rl.trajectory import Trajectory, TrajectoryGroup
+from tests.conftest import tiny_model_section
 
 ROLLOUT = RolloutSection(max_context=1536, max_turns=1, max_turn_tokens=32)  # a tiny random policy
 SCRIPTED = RolloutSection(max_context=4096, max_turns=10, max_turn_tokens=512)  # scripted turns are long

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from strop.engine.engine import Engine
-from strop.env.policy import SamplingParams
 from strop.model.mismatch import mismatch_metrics, recompute
 from strop.model.routing import capture_routing, moe_blocks, replay_routing, stack_routing
+from strop.policy_api import SamplingParams
 
 
 @pytest.fixture(params=["qwen3_moe", "deepseek_v3"])

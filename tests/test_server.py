@@ -8,7 +8,7 @@ import pytest
 
 from strop.engine.endpoint import EndpointClient
 from strop.engine.policy_client import EnginePolicy
-from strop.env.policy import SamplingParams
+from strop.policy_api import SamplingParams
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a command",
                                            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}}]

@@ -16,8 +16,8 @@ import pytest
 
 from strop.cli import main
 from strop.engine.engine import Engine
-from strop.env.policy import SamplingParams
 from strop.model.policy import build_model, save_model
+from strop.policy_api import SamplingParams
 from tests.conftest import served_tiny_moe, tiny_model_section
 
 

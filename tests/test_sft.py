@@ -14,7 +14,7 @@ from tests.conftest import tiny_model_section
 def demo_episode(tokenizer, i: int) -> Episode:
     seg = Segment()
     seg.add_forced(tokenizer.encode(f"<|im_start|>user\nfix bug {i}<|im_end|>\n<|im_start|>assistant\n"))
-    answer = tokenizer.encode(f'<tool_call>{{"name": "submit", "arguments": {{}}}}</tool_call><|im_end|>')
+    answer = tokenizer.encode('<tool_call>{"name": "submit", "arguments": {}}</tool_call><|im_end|>')
     seg.add_generated(answer, [0.0] * len(answer), [0] * len(answer), None)
     return Episode(segments=[seg], messages=[], tool_calls=[], stop_reason="submitted", turns=1, timings={})
 

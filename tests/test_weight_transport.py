@@ -6,7 +6,6 @@ tensor at a time while the run goes on."""
 
 import json
 
-import pytest
 import torch
 
 from strop.config import load_config
@@ -22,7 +21,7 @@ CONFIG = ["rl.group_size=2", "rl.batch_groups=1", "rl.steps=3", "rl.lr=1e-3", "r
 
 def _run(tmp_path, policy_dir, *, trainer_process: bool, steps: int = 3):
     from strop.rl.orchestrator import Orchestrator, router_replay
-    from strop.rl.train_cmd import train_tasks
+    from strop.runtime.build import train_tasks
     from strop.runtime.inline import split_cores, start_inline
 
     cfg = load_config(None, CONFIG + [f"rl.steps={steps}"])

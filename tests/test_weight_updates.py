@@ -11,8 +11,8 @@ from safetensors.torch import load_file, save_file
 
 from strop.engine.endpoint import EndpointClient, EndpointError
 from strop.engine.engine import Engine, load_weights_file
-from strop.env.policy import SamplingParams
 from strop.model.policy import build_model, load_model, save_model
+from strop.policy_api import SamplingParams
 from tests.conftest import served_tiny_moe, tiny_model_section
 
 PROMPT = "def add(a, b):"

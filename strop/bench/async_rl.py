@@ -73,7 +73,7 @@ def tiny_policy(out: Path) -> Path:
 def train_once(cfg, mode: str, policy: Path, out: Path, cpus) -> dict:
     """One RL run in `mode` from `policy`; its loop figures (model loading excluded)."""
     from strop.report import MetricsLog
-    from strop.rl.train_cmd import train_rl
+    from strop.runtime.build import train_rl
 
     shutil.rmtree(out / mode, ignore_errors=True)
     r = train_rl(cfg, mode=mode, policy_dir=policy, out_dir=out / mode, cpus=cpus, trainer_process=True,
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     out = claim_dir(Path(args.out), "bench async")  # it deletes and rewrites its runs in there
     # the heavy imports only now: a refused --out answers at once, before seconds of torch and Ray
     from strop.rl.evaluate import eval_tasks, evaluate
-    from strop.rl.train_cmd import train_rl
+    from strop.runtime.build import train_rl
     from strop.runtime.inline import split_cores
 
     t0 = time.perf_counter()

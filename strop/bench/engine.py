@@ -103,7 +103,7 @@ def time_hf(model, tok, prompts: list[list[int]], new_tokens: int) -> tuple[floa
 
 def time_engine(engine, prompts: list[list[int]], new_tokens: int) -> tuple[float, float]:
     """(wall, process CPU) seconds of the engine generating the same."""
-    from strop.env.policy import SamplingParams
+    from strop.policy_api import SamplingParams
 
     sp = SamplingParams(max_tokens=new_tokens, temperature=1.0, top_p=0.95, stop_token_ids=[])
     w0, c0 = _clocks()
@@ -116,7 +116,7 @@ def time_engine(engine, prompts: list[list[int]], new_tokens: int) -> tuple[floa
 def time_episodes(engine, firsts: list[list[int]], observations: list[list[list[int]]], new_tokens: int) -> tuple[float, float]:
     """(wall, process CPU) seconds of len(firsts) episodes in lockstep: each turn generates for every
     episode together, then appends its completion and its next observation to its prompt."""
-    from strop.env.policy import SamplingParams
+    from strop.policy_api import SamplingParams
 
     sp = SamplingParams(max_tokens=new_tokens, temperature=1.0, top_p=0.95, stop_token_ids=[])
     prompts = [list(p) for p in firsts]

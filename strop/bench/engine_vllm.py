@@ -45,10 +45,10 @@ def run_vllm(args: argparse.Namespace, threads: int) -> int:
     from strop.engine.policy_client import EnginePolicy
     from strop.engine.server_process import ServerProcess
     from strop.engine.vllm_server import installed, vllm_argv, vllm_env
-    from strop.env.policy import SamplingParams
     from strop.errors import UserError
     from strop.model.mismatch import engine_vs_trainer
     from strop.model.policy import save_model
+    from strop.policy_api import SamplingParams
 
     if not installed():
         raise UserError("--backend vllm needs vLLM, which is not installed here: run `make vllm`")

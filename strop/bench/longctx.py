@@ -87,7 +87,6 @@ def run(args: argparse.Namespace) -> int:
     from strop.data.tokenizer import load_tokenizer
     from strop.env.oracle import default_tokenizer
     from strop.env.suites import load_suite
-
     from strop.errors import UserError
 
     episodes = args.episodes if args.episodes is not None else 16 if args.quick else 200

@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
             "step_s": per_step,
             "tok_s": tokens_per_step / per_step,
         })
-    print(f"mid-training throughput, {threads} threads, {platform.processor() or platform.machine()}, median of {steps} steps")
+    print(f"mid-training throughput, {threads} threads, {platform.processor() or platform.machine()}, " f"median of {steps} steps")
     print(format_table(rows, ["arch", "params_m", "tokens_per_step", "step_s", "tok_s"]))
     write_json(args.json, {"threads": threads, "steps": steps, "rows": rows})
     return 0

@@ -105,8 +105,8 @@ def max_len(episodes: list[dict]) -> int:
 
 def run_episodes(engine, episodes: list[dict]) -> tuple[list, list, float]:
     """(segments as the harness records them, each episode's last completion, process CPU seconds)."""
-    from strop.env.policy import SamplingParams, generated_routing
     from strop.env.segment import Segment
+    from strop.policy_api import SamplingParams, generated_routing
 
     segments = []
     for e in episodes:

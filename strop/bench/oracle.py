@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     rows.append({"difficulty": "all", "tasks": report["tasks"], "solved": report["solved"], "rate": report["rate"],
                  "episode_s": 1 / report["episodes_per_s"] if report["episodes_per_s"] else None,
                  "max_tokens": max((r["tokens"] for r in report["results"]), default=0)})
-    print(f"oracle on {args.suite}/{args.split} through the real harness and checker ({time.perf_counter() - start:.0f} s)")
+    print(f"oracle on {args.suite}/{args.split} through the real harness and checker " f"({time.perf_counter() - start:.0f} s)")
     print(format_table(rows, ["difficulty", "tasks", "solved", "rate", "episode_s", "max_tokens"]))
     failures = [f"{r['id']}: {r['reason']}" for r in report["results"] if r["reward"] != 1.0]
     for line in failures[:20]:

@@ -68,8 +68,8 @@ def run_once(cfg, policy: Path, mode: str, out: Path, address: str) -> dict:
     import ray
 
     from strop.rl.orchestrator import Orchestrator, router_replay
-    from strop.rl.train_cmd import train_tasks
     from strop.runtime import record_trained
+    from strop.runtime.build import train_tasks
     from strop.runtime.ray_runtime import start_ray
 
     tasks = {t.id: t for t in train_tasks(cfg)}
@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
                         for k, r in runs.items()],
                        ["type", "steps", "wall_s", "steps_per_hour", "bytes_sent", "engines_joined", "engines_lost",
                         "trajectories_lost", "relaunched"]))
-    print(f"trainer egress {summary['egress_deltas_per_cluster_version']:.2f} deltas per cluster per version; swap pause p50 "
+    print(f"trainer egress {summary['egress_deltas_per_cluster_version']:.2f} deltas per cluster per version; " "swap pause p50 "
           f"{summary['swap_pause_ms_p50']:.1f} ms (max {summary['swap_pause_ms_max']:.1f}); steps/hour delta / full "
           f"{summary['delta_vs_full_steps_per_hour']:.2f}x; a delta is {summary['delta_vs_full_bytes_per_version']:.3f} "
           f"of a full version on the wire ({time.perf_counter() - t0:.0f} s, load average {os.getloadavg()[0]:.1f})")

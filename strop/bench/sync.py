@@ -276,13 +276,13 @@ def run(args: argparse.Namespace) -> int:
         "engine_pause<50ms": pause < 50,
     }
     for case in ("lr1e-6", "lr3e-6", "lr1e-5", "stale5-lr1e-6", "demo"):
-        print(f"{case}: strop {by[case, 'strop']['ratio']:.1f}x = {by[case, 'strop']['ratio'] / by[case, 'zstd-xor']['ratio']:.2f}x zstd-xor")
+        print(f"{case}: strop {by[case, 'strop']['ratio']:.1f}x = " f"{by[case, 'strop']['ratio'] / by[case, 'zstd-xor']['ratio']:.2f}x zstd-xor")
     print(f"demo: {info['source']} ({info['params']:,} params); engine pause to swap it in place: {pause:.1f} ms")
     if fanout:
         print(f"fan-out 4 clusters x 3 engines, {fanout['params']:,} params, 50 MB/s WAN, 200 MB/s LAN: trainer egress "
               f"{fanout['egress_deltas']} deltas per version (one per cluster), time to all engines "
               f"{', '.join(f'{t:.2f}' for t in fanout['time_to_all_engines_s'])} s, engine pause median "
-              f"{fanout['pause_ms_median']:.1f} ms, max {fanout['pause_ms_max']:.1f} ms (engines share one process and 2 cores here)")
+              f"{fanout['pause_ms_median']:.1f} ms, max {fanout['pause_ms_max']:.1f} ms " "(engines share one process and 2 cores here)")
     print("acceptance: " + ", ".join(f"{k} {'ok' if v else 'FAIL'}" for k, v in checks.items()))
     elapsed = time.perf_counter() - t0
     print(f"({elapsed:.0f} s; MB/s of raw bf16 per core = bytes / CPU time of the one thread doing it; "

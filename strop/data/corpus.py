@@ -89,6 +89,7 @@ def load_corpus(cfg: DataSection) -> Corpus:
         raise UserError("the corpus is empty: no source files found (check data.dirs, data.jsonl, data.extensions)")
     if len(unique) <= cfg.val_files:
         raise UserError(
-            f"the corpus has {len(unique)} documents, not more than data.val_files={cfg.val_files}; add data or lower it"
+            f"the corpus has {len(unique)} documents, not more than data.val_files={cfg.val_files}; "
+            "add data or lower it"
         )
     return Corpus(train=unique[: -cfg.val_files], val=unique[-cfg.val_files :])

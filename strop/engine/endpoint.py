@@ -21,7 +21,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
-from strop.env.policy import Generation, SamplingParams, generated_routing
+from strop.policy_api import Generation, SamplingParams, generated_routing
 
 
 class EndpointError(RuntimeError):

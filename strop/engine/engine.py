@@ -24,6 +24,9 @@ a weight update they come from the older weights, the same approximation in-flig
 for running requests (prompt tokens carry no version). In deterministic mode a suffix prefilled
 against cached keys is bitwise what the full prompt's prefill gives (every op is batch invariant
 and attention reads keys in a fixed order).
+
+About 500 lines: the scheduler, the slot cache and prefix reuse share one lock and one step, so
+they stay in one module (the forward pass and sampling are in `forward.py` and `sampling.py`).
 """
 
 import threading
@@ -38,7 +41,7 @@ import torch
 
 from strop.engine.forward import Derived, Forward, Segment
 from strop.engine.sampling import sample
-from strop.env.policy import SamplingParams
+from strop.policy_api import SamplingParams
 
 
 @dataclass

@@ -4,7 +4,7 @@ Thread-safe: many rollout workers share one engine, whose loop thread batches th
 together (without a loop thread, `generate` steps the engine itself).
 """
 
-from strop.env.policy import Generation, SamplingParams, generated_routing
+from strop.policy_api import Generation, SamplingParams, generated_routing
 
 
 class EnginePolicy:

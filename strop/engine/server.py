@@ -41,8 +41,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from strop.data.chat import IM_END, parse_assistant, render
 from strop.engine.engine import Engine, load_weights_file
-from strop.env.policy import SamplingParams
 from strop.engine.request_limits import BodyLimit, body_limit, longest_token_chars
+from strop.policy_api import SamplingParams
 
 DISCONNECT_POLL_S = 0.25  # how often a waiting request checks that its client is still there
 

@@ -27,6 +27,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+
 def vllm_env(threads: int) -> dict[str, str]:
     """The server's environment: dev endpoints on, `threads` OpenMP threads on the machine's shared
     cores (on CPU; vLLM would pin one per core), a bounded KV cache, nothing fetched or reported."""

@@ -14,6 +14,7 @@ from pathlib import Path
 from strop.env.ctty import has_ctty
 from strop.env.sched_slice import request_short_slice
 
+
 def sweep_dead_cgroups() -> None:
     """Kill what is left in, and remove, the cgroups strop-<pid> of processes that died before their
     exit handlers ran (as root only: no one else has them)."""

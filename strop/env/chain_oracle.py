@@ -24,8 +24,8 @@ import re
 from strop.data.chat import GENERATION_PROMPT, IM_END
 from strop.env.context import SUMMARY_REQUEST
 from strop.env.oracle import ScriptedClient, assistant_text
-from strop.env.policy import Generation, SamplingParams
 from strop.env.task import Task
+from strop.policy_api import Generation, SamplingParams
 
 KEY = re.compile(r"STAGE (\d+) KEY: ([a-z]+-\d{4})")
 NEXT = re.compile(r"STAGE (\d+) NEXT: (stages/[a-z_]+\.txt|none)")

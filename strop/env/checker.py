@@ -21,7 +21,8 @@ always-equal return value, a patched runner, an exit call) can pass a check.
 
 Timeouts, crashes, missing or malformed reports give reward 0 with a `reason`; `check` never
 raises. `Score.outcome` says in one word of `Outcome` what the checker concluded, for code to
-branch on; `reason` says it in words, for people. The perturbed run (same steps, `task.perturbed_tests` in place of the hidden tests)
+branch on; `reason` says it in words, for people. The perturbed run (same steps, `task.perturbed_tests` in place
+of the hidden tests)
 is reported separately for the hack monitor and does not change the reward; it runs only when
 the hidden tests gave reward (special-casing test inputs matters only when it paid).
 """

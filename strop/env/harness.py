@@ -32,13 +32,21 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from strop.data.chat import EOS, GENERATION_PROMPT, IM_END, SPECIAL_TOKENS, parse_assistant, render_message, render_system
+from strop.data.chat import (
+    EOS,
+    GENERATION_PROMPT,
+    IM_END,
+    SPECIAL_TOKENS,
+    parse_assistant,
+    render_message,
+    render_system,
+)
 from strop.env.context import SUMMARY_REQUEST, Strategy, carry, summary_state, truncate, turns
-from strop.env.policy import PolicyClient, SamplingParams
 from strop.env.sandbox import WORKDIR, Limits, Sandbox, open_sandbox, scratch_dir
 from strop.env.segment import Episode, Segment
 from strop.env.task import Task
 from strop.env.tools import TOOLS, execute
+from strop.policy_api import PolicyClient, SamplingParams
 
 SYSTEM_PROMPT = f"You are a coding agent in the repository {WORKDIR}. Use the tools to inspect and fix code, then call submit."
 STOP_REASONS = ("submitted", "no_tool_call", "max_turns", "context_full", "turn_too_long", "invalid_calls",

@@ -43,11 +43,11 @@ from tqdm import tqdm
 
 from strop.data.chat import GENERATION_PROMPT, IM_END, render_message
 from strop.env.harness import Harness, HarnessConfig, run_task
-from strop.env.policy import Generation, SamplingParams
 from strop.env.sandbox import Limits
 from strop.env.segment import Episode
 from strop.env.task import Task
 from strop.env.tools import closest_lines
+from strop.policy_api import Generation, SamplingParams
 
 CONTEXT_LINES = 4  # lines read around an edit, each side, in a file too long to read whole
 WHOLE_FILE_LINES = 100  # files up to this long are read whole: the bug's line is not something an agent knows

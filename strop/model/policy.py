@@ -37,7 +37,8 @@ def model_config(cfg: ModelSection, tokenizer):
     )
     if cfg.experts_per_token > cfg.num_experts:
         raise UserError(
-            f"config key 'model.experts_per_token' ({cfg.experts_per_token}) exceeds model.num_experts ({cfg.num_experts})"
+            f"config key 'model.experts_per_token' ({cfg.experts_per_token}) exceeds "
+            f"model.num_experts ({cfg.num_experts})"
         )
     if cfg.arch == "qwen3":
         return Qwen3Config(**common, head_dim=cfg.head_dim, intermediate_size=cfg.dense_size)
@@ -88,11 +89,29 @@ def is_model_dir(path: str | Path) -> bool:
     return (p / "config.json").is_file() and any(p.glob("*.safetensors"))
 
 
+def load_model_config(path: str | Path):
+    """The Hugging Face config of a saved policy, checked as `load_model` checks it, without
+    loading its weights (enough to ask `is_moe`)."""
+    from transformers import AutoConfig
+
+    p = _checked_model_dir(path)
+    return AutoConfig.from_pretrained(str(p))
+
+
 def load_model(path: str | Path, dtype: str = "float32"):
     """Load a saved policy (strop's or any local HF causal LM directory)."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    p = _checked_model_dir(path)
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(p), dtype=getattr(torch, dtype))
+    except Exception as e:  # damaged weights or config (their loaders raise many types): the user's files, one line
+        raise UserError(f"cannot load the model in {str(p)!r}: {one_line(e)}") from None
+
+
+def _checked_model_dir(path: str | Path) -> Path:
+    """`path` as a model directory of a supported architecture, or a UserError saying why not."""
     p = Path(path)
     if not p.is_dir():
         raise UserError(f"checkpoint directory {str(p)!r} does not exist")
@@ -104,10 +123,7 @@ def load_model(path: str | Path, dtype: str = "float32"):
         raise UserError(f"{str(p / 'config.json')!r} is not valid JSON") from None
     if arch not in ARCHITECTURES.values():
         raise UserError(f"{str(p)!r} holds a {arch}; supported: {sorted(ARCHITECTURES.values())}")
-    try:
-        return AutoModelForCausalLM.from_pretrained(str(p), dtype=getattr(torch, dtype))
-    except Exception as e:  # damaged weights or config (their loaders raise many types): the user's files, one line
-        raise UserError(f"cannot load the model in {str(p)!r}: {one_line(e)}") from None
+    return p
 
 
 def save_model(model, tokenizer, path: str | Path, extra: dict | None = None) -> None:
@@ -122,7 +138,9 @@ def save_model(model, tokenizer, path: str | Path, extra: dict | None = None) ->
 
 
 def is_moe(model) -> bool:
-    return getattr(model.config, "num_experts", None) or getattr(model.config, "n_routed_experts", None) or False
+    """Whether a model (or its Hugging Face config) routes through experts."""
+    config = getattr(model, "config", model)
+    return getattr(config, "num_experts", None) or getattr(config, "n_routed_experts", None) or False
 
 
 def load_balancing_loss(router_logits: tuple, top_k: int, sigmoid: bool = False, all_sum=lambda t: t.detach()):

@@ -17,11 +17,11 @@ from dataclasses import replace
 from tqdm import tqdm
 
 from strop.config import Config
+from strop.engine.policy_client import EnginePolicy
 from strop.env.behaviour import summarize
 from strop.env.harness import Harness
 from strop.env.suites import load_suite
 from strop.env.task import Task
-from strop.engine.policy_client import EnginePolicy
 from strop.rl.rollout import WorkItem, harness_config, rollout, sandbox_limits
 from strop.rl.trajectory import Trajectory
 

@@ -17,8 +17,10 @@ The two modes differ in one place, when work may be launched:
   step's worth; the trainer steps, the engines are synced, and only then does generation resume.
 
 The runtime places the pieces (`strop.runtime.inline`: threads; `strop.runtime.ray_runtime`:
-actors) behind five calls — `submit`, `results`, `train`, `wait_synced`, `save` — and the
-orchestrator never reaches into it. Components never call back into the orchestrator.
+actors) behind the `Runtime` protocol below, and the orchestrator never reaches into it: four calls
+move work (`submit`, `results`, `train`, `wait_synced`), three carry the state a checkpoint holds
+(`version`, `save`, `load`), two report figures (`bytes_synced`, `engine_busy_s`), and `close` is
+for whoever started it (`strop.runtime.build.train_rl`). Components never call back into the orchestrator.
 
 Exactly-once: every work item is keyed (group_id, sample). A lost rollout (its engine or worker
 died) is relaunched under the same key with its reservation kept; the buffer refuses a second
@@ -39,9 +41,9 @@ import torch
 from strop.checkpoint import find_checkpoint, load_state, save_checkpoint
 from strop.config import Config
 from strop.env.behaviour import summarize
+from strop.report import MetricsLog
 from strop.rl.advantages import Sample, make_samples
 from strop.rl.buffer import StalenessBuffer
-from strop.report import MetricsLog
 from strop.rl.rollout import WorkItem
 from strop.rl.trajectory import Trajectory, TrajectoryGroup
 
@@ -52,17 +54,26 @@ TRACKED_BEHAVIOUR = ("retry_after_rejected_edit", "rejected_edit", "test_runs", 
 
 
 class Runtime(Protocol):
-    bytes_synced: int
+    """Where the trainer, engines and rollouts run, as the orchestrator sees it (module docstring)."""
 
+    # work
     def submit(self, item: WorkItem) -> None: ...
     def results(self, timeout: float) -> list[tuple[WorkItem, Trajectory | None, str | None]]: ...
     def train(self, samples: list[Sample]) -> dict: ...
     def wait_synced(self) -> None: ...
+
+    # the state a checkpoint holds
     @property
     def version(self) -> int: ...
     def save(self, path: Path) -> None: ...  # the trainer's files of a checkpoint, into the directory `path`
     def load(self, path: Path) -> None: ...  # the trainer state `save` wrote in `path`
+
+    # figures
+    bytes_synced: int
+
     def engine_busy_s(self) -> float: ...
+
+    # for whoever started it
     def close(self) -> None: ...
 
 

@@ -14,7 +14,6 @@ from pathlib import Path
 from strop.env.behaviour import LABELS
 from strop.report import MetricsLog, plot_metrics
 
-
 SMOOTH = 5  # steps in the moving averages of per-step curves
 # the `strop.env.behaviour.summarize` keys the behaviour plot and table compare (the plot's per-step
 # curves: the first four, which the orchestrator logs)

@@ -20,9 +20,9 @@ from strop.config import RolloutSection
 from strop.env.checker import Score, check, source_changes
 from strop.env.hacks import detect
 from strop.env.harness import Harness, HarnessConfig, run_task
-from strop.env.policy import PolicyClient
 from strop.env.sandbox import Limits
 from strop.env.task import Task
+from strop.policy_api import PolicyClient
 from strop.rl.trajectory import Trajectory
 
 

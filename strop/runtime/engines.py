@@ -17,8 +17,8 @@ import os
 from typing import Protocol
 
 from strop.config import Config
-from strop.env.policy import PolicyClient
 from strop.errors import UserError
+from strop.policy_api import PolicyClient
 from strop.sync.apply import EngineSync
 from strop.sync.relay import RelayLink
 

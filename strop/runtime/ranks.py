@@ -5,33 +5,19 @@
                         │  every rank runs the call: its share of a step, its part of a gather
                         └─► answer (rank 0's)
 
-`start_ranks` spawns the workers, joins the process group as rank 0 (`strop.train.parallel.join`)
+`strop.train.parallel.start_ranks` spawns the workers, joins the process group as rank 0
 and returns the rank group; each worker runs `target(ranks, *args)`: for a `RankedTrainer`,
 `follow_calls`, which builds its own trainer with the same `build(ranks, *args)` rank 0 uses and
-runs rank 0's calls on it; for SFT, the same training loop rank 0 runs. `RankedTrainer` is rank 0's trainer with the calls of
-`strop.runtime.trainers.LocalTrainer`, each sent to every rank first, so the collectives inside
-(FSDP's all-gathers and reduce-scatters, the metrics' gathers) line up. Samples reach the
+runs rank 0's calls on it; for SFT, the same training loop rank 0 runs. `RankedTrainer` is rank
+0's trainer with the calls of `strop.runtime.trainers.LocalTrainer`, each sent to every rank
+first, so the collectives inside (FSDP's all-gathers and reduce-scatters, the metrics' gathers)
+line up. Samples reach the
 workers by that broadcast; weights never travel over it.
 """
 
-import multiprocessing
 from typing import Callable
 
-from strop.train.parallel import Ranks, free_port, join, leave
-
-
-def _rank_main(rank: int, size: int, address: str, threads: int, target: Callable, args: tuple) -> None:
-    """A worker rank: `threads` torch threads, the process group, then `target(ranks, *args)`."""
-    import torch  # noqa: F401  (imported before set_threads, so it configures torch's pools too)
-
-    from strop.threads import set_threads
-
-    set_threads(threads)
-    ranks = join(rank, size, address)
-    try:
-        target(ranks, *args)
-    finally:
-        leave()
+from strop.train.parallel import Ranks, stop_ranks
 
 
 def follow_calls(ranks: Ranks, build: Callable, args: tuple) -> None:
@@ -44,25 +30,6 @@ def follow_calls(ranks: Ranks, build: Callable, args: tuple) -> None:
             getattr(local, call)(*call_args)
     finally:
         local.close()
-
-
-def start_ranks(size: int, target: Callable, args: tuple, threads: int = 1) -> tuple[Ranks, list]:
-    """Spawn ranks 1..size-1 (each sets `threads` torch threads and runs `target(ranks, *args)`),
-    join as rank 0; returns rank 0's group and the worker processes."""
-    address = f"127.0.0.1:{free_port()}"
-    ctx = multiprocessing.get_context("spawn")  # never fork a process that runs torch threads
-    procs = [ctx.Process(target=_rank_main, args=(r, size, address, threads, target, args), name=f"strop-rank-{r}",
-                         daemon=True) for r in range(1, size)]
-    for p in procs:
-        p.start()
-    return join(0, size, address), procs
-
-
-def stop_ranks(procs: list) -> None:
-    """After the workers' last collective: wait for them to end, and leave the group."""
-    for p in procs:
-        p.join(timeout=60)
-    leave()
 
 
 class RankedTrainer:

@@ -38,8 +38,8 @@ import time
 import ray
 
 from strop.config import Config, RolloutSection
-from strop.env.policy import Generation, SamplingParams
 from strop.env.task import Task
+from strop.policy_api import Generation, SamplingParams
 from strop.rl.advantages import Sample
 from strop.rl.rollout import RolloutLost, WorkItem
 from strop.rl.trajectory import Trajectory

@@ -26,8 +26,8 @@ from typing import Protocol
 import torch
 
 from strop.engine.server_process import ServerProcess
-from strop.env.policy import Generation, PolicyClient, SamplingParams
 from strop.model.checkpoint_names import split_experts
+from strop.policy_api import Generation, PolicyClient, SamplingParams
 from strop.sync.apply import EngineSync, Staged, apply_inplace
 from strop.sync.relay import RelayLink
 from strop.sync.store import Store

@@ -60,8 +60,8 @@ def rank_trainer(ranks, cfg: Config, policy_dir: str, replay_ctx, pad_id: int, s
 def start_trainer(cfg: Config, policy_dir: str, replay_ctx, pad_id: int, store_url: str):
     """The trainer in this process: a `LocalTrainer`, or rank 0 of `trainer.parallel.fsdp` ranks
     (a `RankedTrainer` with the same calls; the others run in worker processes, one thread each)."""
-    from strop.runtime.ranks import RankedTrainer, follow_calls, start_ranks
-    from strop.train.parallel import Ranks
+    from strop.runtime.ranks import RankedTrainer, follow_calls
+    from strop.train.parallel import Ranks, start_ranks
 
     args = (cfg, policy_dir, replay_ctx, pad_id, store_url)
     n = cfg.trainer.parallel.fsdp

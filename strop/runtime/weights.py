@@ -1,14 +1,15 @@
 """An engine kept current by the weight transport (`strop.sync`): the same wiring in every runtime.
 
 The engine first rounds its own weights (loaded from the policy directory) to bf16 values, as the
-trainer publishes them. A sync thread then follows its cluster's relay (over HTTP, or by direct calls when the relay runs
-in the engine's process): each version's delta is
-verified by the engine's replica against the trainer's checksums, staged, and swapped into the
-live weights between two decode steps (`Engine.update_weights`). The engine's packed copies of
-the tensors that changed (and only those) are rebuilt from their new values on the sync thread
-beforehand (`Forward.prepare`), so the pause is the in-place write and a pointer swap. A new engine — at start, or joining mid-run — downloads no
-snapshot when its own weights already match: it fetches only the tensors whose checksums differ
-from the store's snapshot, then walks the chain to the latest version.
+trainer publishes them. A sync thread then follows its cluster's relay (over HTTP, or by direct
+calls when the relay runs in the engine's process): each version's delta is verified by the
+engine's replica against the trainer's checksums, staged, and swapped into the live weights
+between two decode steps (`Engine.update_weights`). The engine's packed copies of the tensors
+that changed (and only those) are rebuilt from their new values on the sync thread beforehand
+(`Forward.prepare`), so the pause is the in-place write and a pointer swap. A new engine — at
+start, or joining mid-run — downloads no snapshot when its own weights already match: it fetches
+only the tensors whose checksums differ from the store's snapshot, then walks the chain to the
+latest version.
 """
 
 import threading
@@ -18,7 +19,7 @@ import torch
 from strop.config import Config
 from strop.engine.engine import Engine
 from strop.engine.policy_client import EnginePolicy
-from strop.env.policy import PolicyClient
+from strop.policy_api import PolicyClient
 from strop.sync.apply import EngineSync, Staged, apply_inplace
 from strop.sync.relay import RelayLink
 from strop.sync.store import Store

@@ -1,7 +1,8 @@
 """Weight sync: each new bf16 snapshot travels as a lossless delta against the previous one,
 through a versioned store and one relay per cluster, into engines' live weights in place. It is
 the one weight transport of every runtime (`strop.runtime`) and benchmark. The codec knows
-nothing of training; trainers publish and engines apply through it.
+nothing of training; trainers publish and engines apply through it. (`strop sync encode` and
+`strop sync decode` are in `strop.commands`.)
 
     bits.py          Rice codes, fast set-bit positions (vectorised numpy)
     tensor_codec.py  one tensor's delta: exponent-class change masks + ordinal steps
@@ -15,5 +16,4 @@ nothing of training; trainers publish and engines apply through it.
     replica.py       a receiver walking the chain, repairing damage one tensor at a time
     apply.py         an engine's end: verify, stage, swap into live tensors between steps
     synthetic.py     simulated AdamW updates (the benchmark's recipe)
-    encode_cmd.py, decode_cmd.py   `strop sync encode` / `strop sync decode`
 """

@@ -34,7 +34,9 @@ from strop.sync import tensor_codec as tc
 from strop.sync.tensors import StateDict, Tensor, bits_dtype, crc32
 
 MAGIC = b"STRPDLT1"
-FORMAT = 3  # 3: every crc is CRC-32C (`tensors.crc32`); 2: one low exponent class coded by rank, the top class by position; groups
+# the delta file's format: 3: every crc is CRC-32C (`tensors.crc32`); 2: one low exponent class coded by rank,
+# the top class by position; groups
+FORMAT = 3
 SMALL = 1 << 17  # elements: tensors up to this size are delta-coded in groups
 GROUP = 1 << 20  # elements per group at most
 _PREFIX = struct.Struct("<8sII")

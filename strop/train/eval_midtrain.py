@@ -6,21 +6,9 @@ has at least half a window of context) and pays -log2 p for every token of the t
 is divided by the files' UTF-8 byte count. Separator tokens between files are not scored.
 """
 
-import argparse
 import gzip
 import json
 from pathlib import Path
-
-from strop.errors import UserError
-from strop.outputs import write_atomic
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", required=True, help="model directory (HF format, e.g. runs/demo/midtrain/model)")
-    parser.add_argument("--json", help="write the figures to this JSON file")
-    parser.add_argument("--window", type=int, default=0, help="context window in tokens; 0 = the training seq_len")
-    parser.add_argument("--config", "-c", help="TOML run config whose [data] section picks the held-out files "
-                        "(default: the config saved with the checkpoint)")
 
 
 def compressor_bits_per_byte(texts: list[str]) -> dict[str, float]:
@@ -98,18 +86,3 @@ def evaluate(checkpoint: str | Path, config_path: str | None = None, window: int
         "val_bits_per_byte": model_bits_per_byte(model, tokenizer, texts, window),
         **compressor_bits_per_byte(texts),
     }
-
-
-def run(args: argparse.Namespace) -> int:
-    from strop.threads import set_threads
-
-    set_threads()
-    if args.window < 0:
-        raise UserError("--window must be positive")
-    result = evaluate(args.checkpoint, args.config, args.window)
-    print(f"held-out {result['val_files']} files, {result['val_bytes']:,} bytes (window {result['window']} tokens)")
-    for key, name in (("val_bits_per_byte", "strop model"), ("gzip_bits_per_byte", "gzip -9"), ("zstd_bits_per_byte", "zstd -19")):
-        print(f"  {name:<12} {result[key]:.3f} bits/byte")
-    if args.json:
-        write_atomic(args.json, json.dumps(result, indent=2))
-    return 0

@@ -14,26 +14,13 @@ Outputs in the run directory: `tokenizer/`, `tokens.npy` (cached train stream), 
 (resumable, `strop.checkpoint`), `model/` (final, HF format), `metrics.jsonl`, `loss.png`, `config.toml`.
 """
 
-import argparse
 import io
-import json
 import time
 from pathlib import Path
 
-from strop.config import Config, add_config_arguments, config_from_args, to_dict, to_toml
+from strop.config import Config, to_dict, to_toml
 from strop.outputs import atomic_dir, write_atomic
 from strop.train.schedule import warmup_cosine
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser)
-
-
-def run(args: argparse.Namespace) -> int:
-    cfg = config_from_args(args)
-    result = midtrain(cfg)
-    print(json.dumps(result, indent=2))
-    return 0
 
 
 def prepare_tokenizer(cfg: Config, corpus, run_dir: Path):

@@ -21,6 +21,7 @@ with copies that weigh nothing. A `replay_ctx` must decide the same way for such
 the micro-batch it copies (router replay does: it looks at the batch's recorded routing).
 """
 
+import multiprocessing
 import os
 import socket
 from typing import Callable, TypeVar
@@ -139,3 +140,34 @@ def leave() -> None:
     """Leave the process group (a no-op outside one)."""
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def _rank_main(rank: int, size: int, address: str, threads: int, target: Callable, args: tuple) -> None:
+    """A worker rank: `threads` torch threads, the process group, then `target(ranks, *args)`."""
+    from strop.threads import set_threads
+
+    set_threads(threads)
+    ranks = join(rank, size, address)
+    try:
+        target(ranks, *args)
+    finally:
+        leave()
+
+
+def start_ranks(size: int, target: Callable, args: tuple, threads: int = 1) -> tuple[Ranks, list]:
+    """Spawn ranks 1..size-1 (each sets `threads` torch threads and runs `target(ranks, *args)`),
+    join as rank 0; returns rank 0's group and the worker processes."""
+    address = f"127.0.0.1:{free_port()}"
+    ctx = multiprocessing.get_context("spawn")  # never fork a process that runs torch threads
+    procs = [ctx.Process(target=_rank_main, args=(r, size, address, threads, target, args), name=f"strop-rank-{r}",
+                         daemon=True) for r in range(1, size)]
+    for p in procs:
+        p.start()
+    return join(0, size, address), procs
+
+
+def stop_ranks(procs: list) -> None:
+    """After the workers' last collective: wait for them to end, and leave the group."""
+    for p in procs:
+        p.join(timeout=60)
+    leave()

@@ -9,26 +9,14 @@ format; written at every improvement, so a killed run leaves its best so far), `
 `loss.png`, and `result.json` once training has finished.
 """
 
-import argparse
 import json
 import time
 from pathlib import Path
 
-from strop.config import Config, SFTSection, add_config_arguments, config_from_args, to_dict
+from strop.config import Config, SFTSection, to_dict
 from strop.errors import UserError
 from strop.outputs import write_atomic
 from strop.train.schedule import warmup_cosine
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser)
-    parser.add_argument("--base", help="model directory to start from (default: <run_dir>/midtrain/model)")
-
-
-def run(args: argparse.Namespace) -> int:
-    cfg = config_from_args(args)
-    print(json.dumps(sft(cfg, args.base), indent=2))
-    return 0
 
 
 def load_demonstrations(cfg: Config, tokenizer, path: Path) -> list:
@@ -116,9 +104,8 @@ def sft(cfg: Config, base: str | None = None) -> dict:
     """Run (or report) SFT; with `trainer.parallel.fsdp = N > 1` this process is rank 0 of N ranks
     that train one model sharded between them (the others are worker processes it starts)."""
     from strop.data.tokenizer import load_tokenizer
-    from strop.runtime.ranks import start_ranks, stop_ranks
     from strop.threads import set_threads
-    from strop.train.parallel import Ranks
+    from strop.train.parallel import Ranks, start_ranks, stop_ranks
 
     n = cfg.trainer.parallel.fsdp
     threads = set_threads(max(1, set_threads(cfg.run.threads or None) // n))  # the cores split between the ranks

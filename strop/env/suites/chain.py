@@ -29,7 +29,8 @@ NOISE = ["the build step finished", "cache warmed for the next run", "no changes
          "retrying the upload once", "all workers reported in", "queue drained without errors"]
 WORDS = ["amber", "basil", "cedar", "delta", "ember", "fjord", "gamma", "heron", "indigo", "juniper", "kelp", "lotus",
          "maple", "nectar", "onyx", "pepper", "quartz", "raven", "sage", "tulip", "umber", "violet", "willow", "yarrow"]
-STUB = "def answer() -> str:\n    \"\"\"Every stage KEY of the chain, in chain order, joined by '-'.\"\"\"\n    raise NotImplementedError\n"
+STUB = ("def answer() -> str:\n    \"\"\"Every stage KEY of the chain, in chain order, joined by '-'.\"\"\"\n"
+        "    raise NotImplementedError\n")
 
 CHECKS_MODULE = '''"""Hidden check, run by strop's judge: the code under test only answers `call`."""
 

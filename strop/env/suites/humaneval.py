@@ -93,7 +93,8 @@ CASES = {cases!r}
 
 def _same(a, b):
     if isinstance(a, float) or isinstance(b, float):
-        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+        numbers = isinstance(a, (int, float)) and isinstance(b, (int, float))
+        return numbers and math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
     return a == b

@@ -9,7 +9,8 @@ the sandbox (keeping those that pass fully and quickly), enumerates mutation sit
 named by some kept test file, and verifies mutants through `checker.check` (in parallel) in a
 seeded order, round-robin over packages, at most `PER_FUNCTION` tried per function. The cache holds one base
 repository per package (`mutated-bases.json`) and one JSON line per task with only its
-mutated file (`mutated.jsonl`, streamed to `mutated.jsonl.partial` while building), under `$STROP_CACHE/suites` (default `~/.cache/strop/suites`).
+mutated file (`mutated.jsonl`, streamed to `mutated.jsonl.partial` while building), under
+`$STROP_CACHE/suites` (default `~/.cache/strop/suites`).
 The split is by function (hash of package, module, function): eval bugs sit in functions
 that train never mutates.
 """
@@ -213,7 +214,7 @@ def build(out_dir: Path | None = None, target: int = 240, packages: tuple[str, .
                     d["files"] = {m.path: task.files[m.path]}  # the rest is the package base
                     out.write(json.dumps(d) + "\n")
                     out.flush()
-                    log(f"mutated: {len(tasks)}/{target} kept ({tried} tried): {task.id} {m.family} in {m.path}:{m.function}")
+                    log(f"mutated: {len(tasks)}/{target} kept ({tried} tried): " f"{task.id} {m.family} in {m.path}:{m.function}")
     partial.rename(out_dir / "mutated.jsonl")
     log(f"mutated: wrote {len(tasks)} tasks from {len({t.metadata['source'] for t in tasks})} packages "
         f"({tried} mutants tried) to {out_dir}")

@@ -56,7 +56,7 @@ def stage_sft(cfg: Config) -> dict:
 
 def stage_rl(cfg: Config) -> dict:
     """Asynchronous RL from the SFT policy, then its held-out solve rate."""
-    from strop.rl.train_cmd import train_rl
+    from strop.runtime.build import train_rl
     from strop.runtime.inline import split_cores
 
     cpus = split_cores()  # the trainer on one core, the engine and rollouts on the other (as `strop train`)

@@ -1,54 +1,45 @@
-"""`strop train --config F [--mode sync|async] [--runtime inline|ray]`: RL from a warm-started policy.
+"""Building a run: `train_rl` composes an RL run from a config (its tasks, its weight store, the
+runtime that places trainer, engines and rollouts, the orchestrator's loop) and runs or resumes it.
+It is the one way a run is built: `strop train`, the demo and `strop bench async` call it (the tests
+and `strop bench scaleout`, which drive a runtime themselves, take `train_tasks` and a runtime's `start_*`).
 
-Starts from `--policy DIR` (default `<run_dir>/sft/model`), trains on the train split of
+Starts from `policy_dir` (default `<run_dir>/sft/model`), trains on the train split of
 `rollout.suite`, and writes `<run_dir>/rl/`: `metrics.jsonl` (one row per step), `report.md` with
 plots, `checkpoint/` (the whole run, every `rollout.ckpt_every` steps), `model/` (the final policy),
 `weights/` (the versioned weight store the engines sync from, unless `sync.store` puts it elsewhere),
 `snapshots/` (the last two versions) and `result.json`.
-Rerunning the same command resumes from the checkpoint; a finished run only reports.
+Rerunning the same call resumes from the checkpoint; a finished run only reports.
 """
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
-from strop.config import Config, add_config_arguments, config_from_args, to_dict
+from strop.config import Config, to_dict
 from strop.errors import UserError
 from strop.outputs import claim_dir, write_atomic
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser)
-    parser.add_argument("--mode", choices=["sync", "async"], default="async",
-                        help="async: rollouts on the newest weights while the trainer steps; sync: generate, train, sync")
-    parser.add_argument("--runtime", choices=["inline", "ray"], default="inline",
-                        help="inline: one machine (on 2+ cores the trainer runs in a child process on the first core, "
-                             "engines and rollouts on the rest); ray: trainer, engines and rollout workers as Ray actors")
-    parser.add_argument("--ray-address", help="join this Ray cluster (default: start a local Ray instance)")
-    parser.add_argument("--policy", help="model directory to start from (default: <run_dir>/sft/model)")
-    parser.add_argument("--out", help="output directory (default: <run_dir>/rl)")
-
-
 def train_tasks(cfg: Config) -> list:
+    """The tasks a run trains on: the train split of `rollout.suite`, per difficulty."""
     from strop.env.suites import load_suite
 
     r = cfg.rollout
     return [t for d in r.difficulties for t in load_suite(r.suite, "train", difficulty=d, limit=r.train_tasks)]
 
 
-def store_url(cfg: Config, out: Path) -> str:
+def _store_url(cfg: Config, out: Path) -> str:
     """Where the run's weights are published: `sync.store`, or the output directory's weights/."""
     return cfg.sync.store or str(out / "weights")
 
 
-def start_runtime(cfg: Config, runtime: str, policy_dir: str, tasks: dict, *, store: str, ray_address: str | None = None,
+def _start_runtime(cfg: Config, runtime: str, policy_dir: str, tasks: dict, *, store: str, ray_address: str | None = None,
                   cpus=None, trainer_process: bool = False):
     import fsspec
     import transformers
     from fsspec.implementations.local import LocalFileSystem
 
-    from strop.model.policy import is_moe, load_model
+    from strop.model.policy import is_moe, load_model_config
     from strop.rl.orchestrator import router_replay
     from strop.rl.trainer import no_replay
     from strop.runtime.engines import check_engine_available
@@ -57,7 +48,7 @@ def start_runtime(cfg: Config, runtime: str, policy_dir: str, tasks: dict, *, st
         raise UserError(f"rollout.engine = {cfg.rollout.engine!r} runs on the inline runtime only (Ray engine actors "
                         "hold strop's engine)")
     check_engine_available(cfg.rollout.engine)  # before any model loads
-    replay = router_replay if is_moe(load_model(policy_dir)) else no_replay
+    replay = router_replay if is_moe(load_model_config(policy_dir)) else no_replay
     transformers.logging.set_verbosity_error()
     if runtime == "inline":
         from strop.runtime.inline import start_inline
@@ -92,15 +83,15 @@ def train_rl(cfg: Config, *, mode: str = "async", runtime: str = "inline", polic
         return json.loads((out / "result.json").read_text())
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
     tasks = {t.id: t for t in train_tasks(cfg)}
-    store = store_url(cfg, out)
-    rt = start_runtime(cfg, runtime, str(policy_dir), tasks, store=store, ray_address=ray_address, cpus=cpus,
+    store = _store_url(cfg, out)
+    rt = _start_runtime(cfg, runtime, str(policy_dir), tasks, store=store, ray_address=ray_address, cpus=cpus,
                        trainer_process=trainer_process)
     try:
         orch = Orchestrator(cfg, rt, list(tasks), mode, out, log=(lambda row: None) if quiet else _print_row)
         if orch.resume():
             print(f"[rl] resumed at step {orch.step} (version {rt.version})", flush=True)
         result = orch.run()
-        save_last_versions(store, out / "snapshots")  # for `strop bench sync --demo-run`
+        _save_last_versions(store, out / "snapshots")  # for `strop bench sync --demo-run`
         model = load_model(policy_dir)
         model.load_state_dict(rt.state_dict()["model"])
         save_model(model, rt.tokenizer, out / "model", extra={"config": to_dict(cfg), "rl": {"mode": mode, "steps": orch.step}})
@@ -112,7 +103,7 @@ def train_rl(cfg: Config, *, mode: str = "async", runtime: str = "inline", polic
     return result
 
 
-def save_last_versions(store: str, out_dir: Path) -> list[Path]:
+def _save_last_versions(store: str, out_dir: Path) -> list[Path]:
     """The last two published versions as `<version>.safetensors` (bf16), rebuilt from the store:
     the real consecutive snapshots `strop bench sync --demo-run` measures the codec on."""
     from strop.sync import tensors
@@ -133,16 +124,3 @@ def _print_row(row: dict) -> None:
           f"k3 {row['k3']:.4f} clip {row['clip_frac']:.3f} stale<= {row['staleness_max']} dropped {row['dropped_stale']} "
           f"hacked {row['hacked']} trainer {row['trainer_busy']:.2f} engine {row['engine_busy']:.2f} "
           f"{row['rollout_tokens_per_s']:.0f} tok/s {row['wall_s']:.0f} s", flush=True)
-
-
-def run(args: argparse.Namespace) -> int:
-    from strop.runtime.inline import split_cores
-    from strop.threads import set_threads
-
-    cfg = config_from_args(args)
-    set_threads(cfg.run.threads or None)
-    cpus = split_cores() if args.runtime == "inline" else None  # the trainer gets a core of its own
-    result = train_rl(cfg, mode=args.mode, runtime=args.runtime, policy_dir=args.policy, out_dir=args.out,
-                      ray_address=args.ray_address, cpus=cpus, trainer_process=cpus is not None)
-    print(json.dumps(result, indent=2))
-    return 0
