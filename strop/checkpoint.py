@@ -59,8 +59,11 @@ def save_sharded(path: Path, model, optimizer, ranks: Ranks, extra: dict) -> Non
     model_state, optimizer_state = get_state_dict(model, optimizer)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "torch.distributed is disabled")  # one process: no_dist says so already
-        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(Path(path) / SHARDS),
-                 no_dist=ranks.size == 1)
+        dcp.save(
+            {"model": model_state, "optimizer": optimizer_state},
+            checkpoint_id=str(Path(path) / SHARDS),
+            no_dist=ranks.size == 1,
+        )
     if ranks.rank == 0:
         torch.save(extra, Path(path) / TRAINER)
 
@@ -84,8 +87,10 @@ def save_training(path: Path, model, optimizer, scheduler, step: int, state: dic
     """A model trainer's checkpoint: model, optimizer, scheduler, rank 0's RNG states, and `state`
     with the step. Every rank of `ranks` calls it; rank 0 makes the directory and renames it."""
     ranks = ranks or Ranks()
-    extra = {"scheduler": scheduler.state_dict(),
-             "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}}
+    extra = {
+        "scheduler": scheduler.state_dict(),
+        "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+    }
 
     def write(tmp: Path | None) -> None:
         tmp = Path(ranks.broadcast(str(tmp)))  # rank 0's directory, made and empty before any rank writes

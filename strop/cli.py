@@ -19,31 +19,72 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("midtrain",): ("strop.commands.midtrain", "continue pretraining a policy on code tokens"),
     ("sft",): ("strop.commands.sft", "SFT warm start on the oracle's demonstration episodes (early stopping)"),
     ("eval", "midtrain"): ("strop.commands.eval_midtrain", "held-out bits per byte vs gzip -9 and zstd -19"),
-    ("eval", "policy"): ("strop.commands.eval_policy", "held-out solve rate of a policy, per difficulty, with 95% intervals"),
+    ("eval", "policy"): (
+        "strop.commands.eval_policy",
+        "held-out solve rate of a policy, per difficulty, with 95% intervals",
+    ),
     ("bench", "midtrain"): ("strop.bench.midtrain", "mid-training tokens/s on this machine"),
-    ("bench", "trainer"): ("strop.bench.trainer", "RL trainer on 1, 2, 4 sharded ranks: tokens/s, memory per rank, publish s, weight diff"),
+    ("bench", "trainer"): (
+        "strop.bench.trainer",
+        "RL trainer on 1, 2, 4 sharded ranks: tokens/s, memory per rank, publish s, weight diff",
+    ),
     ("serve",): ("strop.commands.serve", "serve a checkpoint over the OpenAI-compatible API (+ weight updates)"),
     ("serve", "key"): ("strop.commands.serve_key", "add an API key (scopes infer/feedback/admin) to a key file"),
-    ("online",): ("strop.commands.online", "online RL: rated served completions -> update -> gates -> promote (--once, --interval, --simulate N)"),
-    ("online", "rollback"): ("strop.commands.online_rollback", "serve an earlier version of the weight store again, bit for bit"),
-    ("bench", "feedback"): ("strop.bench.feedback", "feedback API on loopback per store: req/s, p99, events lost across kill -9"),
+    ("online",): (
+        "strop.commands.online",
+        "online RL: rated served completions -> update -> gates -> promote (--once, --interval, --simulate N)",
+    ),
+    ("online", "rollback"): (
+        "strop.commands.online_rollback",
+        "serve an earlier version of the weight store again, bit for bit",
+    ),
+    ("bench", "feedback"): (
+        "strop.bench.feedback",
+        "feedback API on loopback per store: req/s, p99, events lost across kill -9",
+    ),
     ("bench", "engine"): ("strop.bench.engine", "engine tokens/s vs HF generate at batch 1, 16, 64"),
     ("bench", "mismatch"): ("strop.bench.mismatch", "engine-vs-trainer mismatch: default, replay, deterministic, both"),
     ("sync", "encode"): ("strop.commands.sync_encode", "lossless bf16/fp32 weight delta between two safetensors files"),
     ("sync", "decode"): ("strop.commands.sync_decode", "apply a weight delta to its base, verifying every tensor"),
-    ("bench", "sync"): ("strop.bench.sync", "weight-delta codec: ratio and MB/s vs raw, zstd, zstd-of-XOR, index+value"),
-    ("sandbox", "run"): ("strop.commands.sandbox_run", "run one command in a fresh sandbox; exits with its code (124 on timeout)"),
-    ("env", "parity"): ("strop.commands.env_parity", "what an agent can probe inside a sandbox vs on the host, and what differs"),
+    ("bench", "sync"): (
+        "strop.bench.sync",
+        "weight-delta codec: ratio and MB/s vs raw, zstd, zstd-of-XOR, index+value",
+    ),
+    ("sandbox", "run"): (
+        "strop.commands.sandbox_run",
+        "run one command in a fresh sandbox; exits with its code (124 on timeout)",
+    ),
+    ("env", "parity"): (
+        "strop.commands.env_parity",
+        "what an agent can probe inside a sandbox vs on the host, and what differs",
+    ),
     ("bench", "sandbox"): ("strop.bench.sandbox", "sandbox start/exec latency, idle footprint, max concurrent"),
     ("tasks",): ("strop.commands.tasks", "task suites: list, export a task's repo, check a workspace, build mutated"),
-    ("bench", "hacks"): ("strop.bench.hacks", "hack monitor: seeded hack catalogue detected, honest references flagged"),
-    ("agent",): ("strop.commands.agent", "the coding agent on a real directory (sandboxed); prints its diff, --apply writes it"),
-    ("bench", "oracle"): ("strop.bench.oracle", "scripted oracle through the real harness and checker: solve rate, episodes/s"),
-    ("bench", "longctx"): ("strop.bench.longctx", "context strategies on long-horizon chains: solve rate, resets, carried tokens, compaction error"),
+    ("bench", "hacks"): (
+        "strop.bench.hacks",
+        "hack monitor: seeded hack catalogue detected, honest references flagged",
+    ),
+    ("agent",): (
+        "strop.commands.agent",
+        "the coding agent on a real directory (sandboxed); prints its diff, --apply writes it",
+    ),
+    ("bench", "oracle"): (
+        "strop.bench.oracle",
+        "scripted oracle through the real harness and checker: solve rate, episodes/s",
+    ),
+    ("bench", "longctx"): (
+        "strop.bench.longctx",
+        "context strategies on long-horizon chains: solve rate, resets, carried tokens, compaction error",
+    ),
     ("train",): ("strop.commands.train", "RL from the warm-started policy: async or sync, inline or on Ray; resumes"),
-    ("bench", "async"): ("strop.bench.async_rl", "async vs sync RL on the same placement: steps/hour, busy fractions, drops"),
-    ("bench", "scaleout"): ("strop.bench.scaleout", "weight sync on a local multi-node Ray cluster: egress per cluster, "
-                                                   "swap pauses, steps/hour delta vs full"),
+    ("bench", "async"): (
+        "strop.bench.async_rl",
+        "async vs sync RL on the same placement: steps/hour, busy fractions, drops",
+    ),
+    ("bench", "scaleout"): (
+        "strop.bench.scaleout",
+        "weight sync on a local multi-node Ray cluster: egress per cluster, swap pauses, steps/hour delta vs full",
+    ),
 }
 
 
@@ -81,8 +122,9 @@ def main(argv: list[str] | None = None) -> int:
 
     retain_freed_memory()  # training and decode steps reallocate the same buffers: keep them (see strop.memory)
     # only where nobody else handles SIGTERM (an embedding program may), and only the main thread can
-    handle_sigterm = (signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-                      and threading.current_thread() is threading.main_thread())
+    handle_sigterm = (
+        signal.getsignal(signal.SIGTERM) is signal.SIG_DFL and threading.current_thread() is threading.main_thread()
+    )
     if handle_sigterm:
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:

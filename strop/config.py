@@ -19,8 +19,15 @@ from typing import Any, Literal
 from strop.errors import UserError
 
 
-def opt(default: Any, help: str, *, ge: float | None = None, le: float | None = None, gt: float | None = None,
-        nonempty: bool = False) -> Any:
+def opt(
+    default: Any,
+    help: str,
+    *,
+    ge: float | None = None,
+    le: float | None = None,
+    gt: float | None = None,
+    nonempty: bool = False,
+) -> Any:
     """A config field with help text and optional numeric bounds; `nonempty` refuses an empty list."""
     meta = {"help": help, "ge": ge, "le": le, "gt": gt, "nonempty": nonempty}
     if isinstance(default, (list, dict)):
@@ -42,8 +49,10 @@ class RunSection:
         # The name becomes a directory that `strop demo --fresh` deletes: a path ("", ".", "..",
         # "a/b") would make that out_dir itself, its parent or another folder.
         if not RUN_NAME.fullmatch(self.name):
-            raise UserError(f"config key 'run.name' ({self.name!r}) must be one directory name: letters, digits "
-                            "and . _ + - = (at most 100, not starting with '.' or '-')")
+            raise UserError(
+                f"config key 'run.name' ({self.name!r}) must be one directory name: letters, digits "
+                "and . _ + - = (at most 100, not starting with '.' or '-')"
+            )
 
 
 @dataclass
@@ -88,8 +97,12 @@ class MidtrainSection:
     ckpt_every: int = opt(200, "save a resumable checkpoint every N steps", ge=1)
     eval_every: int = opt(200, "held-out loss every N steps", ge=1)
     eval_batches: int = opt(8, "batches per held-out evaluation", ge=1)
-    budget_s: float = opt(0.0, "fit the run into this many seconds: the step count is chosen from the speed of the "
-                          "first steps (and kept on resume), so the schedule still anneals; 0 = use steps", ge=0)
+    budget_s: float = opt(
+        0.0,
+        "fit the run into this many seconds: the step count is chosen from the speed of the "
+        "first steps (and kept on resume), so the schedule still anneals; 0 = use steps",
+        ge=0,
+    )
     probe_steps: int = opt(4, "steps timed to choose the step count under budget_s", ge=2)
 
 
@@ -97,17 +110,41 @@ class MidtrainSection:
 class SFTSection:
     suite: str = opt("synthetic", "task suite whose oracle demonstrations are the warm-start data")
     episodes: int = opt(400, "oracle demonstration episodes (the last val_fraction are held out)", ge=2)
-    demo_tests: bool = opt(True, "careful demonstrators run the visible tests before submitting (one pytest run per episode)")
-    demo_check: bool = opt(True, "keep only demonstrations the checker scores 1.0 (else: every one that submitted, "
-                           "as unfiltered logs hold them: a careless demonstrator's failures included)")
-    careful: float = opt(1.0, "share of demonstrators that read each tool result, retry a rejected edit and run the "
-                         "visible tests; the rest submit whatever they have (see strop.env.oracle)", ge=0, le=1)
-    suspects: float = opt(0.0, "share of demonstrators that, instead of finding the bug by reading, try the function's "
-                          "known bugs in the usual order, so attempts ahead of the injected one are rejected", ge=0, le=1)
-    misremember: float = opt(0.0, "chance that a demonstrator misremembers the text of the line it fixes, so edit_file "
-                             "rejects that attempt and shows the closest text", ge=0, le=1)
-    max_wrong: int = opt(2, "most rejected attempts a careful demonstrator makes before the right edit (keep it below "
-                         "rollout.max_invalid_turns: that many rejected turns in a row end an episode)", ge=1)
+    demo_tests: bool = opt(
+        True, "careful demonstrators run the visible tests before submitting (one pytest run per episode)"
+    )
+    demo_check: bool = opt(
+        True,
+        "keep only demonstrations the checker scores 1.0 (else: every one that submitted, "
+        "as unfiltered logs hold them: a careless demonstrator's failures included)",
+    )
+    careful: float = opt(
+        1.0,
+        "share of demonstrators that read each tool result, retry a rejected edit and run the "
+        "visible tests; the rest submit whatever they have (see strop.env.oracle)",
+        ge=0,
+        le=1,
+    )
+    suspects: float = opt(
+        0.0,
+        "share of demonstrators that, instead of finding the bug by reading, try the function's "
+        "known bugs in the usual order, so attempts ahead of the injected one are rejected",
+        ge=0,
+        le=1,
+    )
+    misremember: float = opt(
+        0.0,
+        "chance that a demonstrator misremembers the text of the line it fixes, so edit_file "
+        "rejects that attempt and shows the closest text",
+        ge=0,
+        le=1,
+    )
+    max_wrong: int = opt(
+        2,
+        "most rejected attempts a careful demonstrator makes before the right edit (keep it below "
+        "rollout.max_invalid_turns: that many rejected turns in a row end an episode)",
+        ge=1,
+    )
     demo_workers: int = opt(4, "oracle episodes run at once while producing demonstrations", ge=1)
     difficulties: list[int] = opt([], "task difficulties the demonstrations cover (e.g. those RL trains on); [] = all")
     val_fraction: float = opt(0.1, "fraction of demonstrations held out for early stopping", gt=0, le=0.5)
@@ -115,8 +152,9 @@ class SFTSection:
     lr: float = opt(1e-3, "peak learning rate", gt=0)
     warmup_steps: int = opt(20, "linear warmup steps", ge=0)
     max_steps: int = opt(2000, "upper bound on optimizer steps; early stopping usually ends sooner", ge=1)
-    min_lr_ratio: float = opt(1.0, "lr at max_steps as a fraction of the peak, reached by a cosine after warmup "
-                              "(1 = constant)", ge=0, le=1)
+    min_lr_ratio: float = opt(
+        1.0, "lr at max_steps as a fraction of the peak, reached by a cosine after warmup (1 = constant)", ge=0, le=1
+    )
     eval_every: int = opt(25, "held-out demonstration loss every N steps", ge=1)
     patience: int = opt(4, "stop after this many evaluations without improvement", ge=1)
     weight_decay: float = opt(0.0, "AdamW weight decay", ge=0)
@@ -128,9 +166,17 @@ class RLSection:
     group_size: int = opt(8, "samples per task (G); advantages are relative to the group", ge=2)
     batch_groups: int = opt(4, "groups per optimizer step", ge=1)
     steps: int = opt(200, "optimizer steps (policy versions published)", ge=1)
-    max_staleness: int = opt(2, "never train on a sample whose oldest token is more than this many versions behind the trainer; 0 = on-policy", ge=0)
-    max_inflight: int = opt(0, "samples admitted but not yet trained (running + buffered); "
-                          "0 = batch_groups * group_size * (max_staleness + 1)", ge=0)
+    max_staleness: int = opt(
+        2,
+        "never train on a sample whose oldest token is more than this many versions behind the trainer; 0 = on-policy",
+        ge=0,
+    )
+    max_inflight: int = opt(
+        0,
+        "samples admitted but not yet trained (running + buffered); "
+        "0 = batch_groups * group_size * (max_staleness + 1)",
+        ge=0,
+    )
     lr: float = opt(1e-4, "AdamW learning rate (constant)", gt=0)
     weight_decay: float = opt(0.0, "AdamW weight decay", ge=0)
     grad_clip: float = opt(1.0, "gradient norm clip; 0 = off", ge=0)
@@ -138,22 +184,35 @@ class RLSection:
     clip_low: float = opt(0.2, "PPO clip: no gradient pushing the ratio to behavior below 1 - clip_low", ge=0, le=1)
     clip_high: float = opt(0.28, "PPO clip: no gradient pushing the ratio to behavior above 1 + clip_high", ge=0)
     correction: Literal["none", "tis", "icepop", "geo_mask"] = opt(
-        "tis", "off-policy correction: truncated importance sampling, token masking, or geometric sequence masking")
+        "tis", "off-policy correction: truncated importance sampling, token masking, or geometric sequence masking"
+    )
     tis_cap: float = opt(2.0, "tis: importance weights are capped at this value", gt=0)
     mask_low: float = opt(0.5, "icepop: tokens whose ratio to behavior is below this are masked", ge=0)
     mask_high: float = opt(5.0, "icepop: tokens whose ratio to behavior is above this are masked", gt=0)
     geo_low: float = opt(0.8, "geo_mask: a segment whose geometric-mean ratio is below this is masked", ge=0)
     geo_high: float = opt(1.25, "geo_mask: a segment whose geometric-mean ratio is above this is masked", gt=0)
     dr_grpo: bool = opt(False, "Dr.GRPO: no std normalisation of advantages, no per-sample length normalisation")
-    dr_grpo_norm_tokens: int = opt(1024, "Dr.GRPO: the constant per-sample token normaliser (the generation budget)", ge=1)
+    dr_grpo_norm_tokens: int = opt(
+        1024, "Dr.GRPO: the constant per-sample token normaliser (the generation budget)", ge=1
+    )
     kl_coef: float = opt(0.0, "weight of the k3 KL to the behavior policy in the loss", ge=0)
-    skip_zero_advantage: bool = opt(True, "samples with advantage 0 run forward-only (their loss is exactly 0 without a KL "
-                                    "term); false runs their backward too: same update, full cost")
-    measure_update: bool = opt(True, "log each step's update size relative to the weights and how far the sampled "
-                               "tokens' logprobs moved (one extra forward pass over the learning rows)")
+    skip_zero_advantage: bool = opt(
+        True,
+        "samples with advantage 0 run forward-only (their loss is exactly 0 without a KL "
+        "term); false runs their backward too: same update, full cost",
+    )
+    measure_update: bool = opt(
+        True,
+        "log each step's update size relative to the weights and how far the sampled "
+        "tokens' logprobs moved (one extra forward pass over the learning rows)",
+    )
     hack_penalty: float = opt(1.0, "subtracted from the reward of a trajectory flagged with a hack", ge=0)
-    degenerate_penalty: float = opt(0.0, "subtracted instead when every flag is 'degenerate' (invalid-call loops, stalling, "
-                                    "asking): failures, not hacks; a penalty here teaches a weak policy to stop trying", ge=0)
+    degenerate_penalty: float = opt(
+        0.0,
+        "subtracted instead when every flag is 'degenerate' (invalid-call loops, stalling, "
+        "asking): failures, not hacks; a penalty here teaches a weak policy to stop trying",
+        ge=0,
+    )
 
     def __post_init__(self) -> None:
         if self.mask_low >= self.mask_high:
@@ -177,18 +236,23 @@ class RolloutSection:
     train_tasks: int = opt(500, "train tasks per difficulty", ge=1)
     workers: int = opt(4, "rollouts in flight at once (threads inline, actors on Ray)", ge=1)
     engines: int = opt(1, "inference engines", ge=1)
-    engine: str = opt("strop", "inference engine backend: 'strop' (strop's engine, in process), 'vllm' (a vLLM server "
-                      "each engine starts as a subprocess; needs `make vllm`), or the http(s):// URL of a running "
-                      "`strop serve --keys K --weights-store <this run's store>` (admin key in $STROP_API_KEY)")
+    engine: str = opt(
+        "strop",
+        "inference engine backend: 'strop' (strop's engine, in process), 'vllm' (a vLLM server "
+        "each engine starts as a subprocess; needs `make vllm`), or the http(s):// URL of a running "
+        "`strop serve --keys K --weights-store <this run's store>` (admin key in $STROP_API_KEY)",
+    )
     engine_batch: int = opt(16, "sequences one engine decodes together", ge=1)
     max_turns: int = opt(6, "assistant turns per episode", ge=1)
     max_context: int = opt(1024, "tokens per context window", ge=64)
     max_turn_tokens: int = opt(160, "tokens per assistant turn", ge=8)
     max_invalid_turns: int = opt(3, "consecutive turns whose every tool call was rejected end the episode", ge=1)
     context_strategy: Literal["none", "summarize", "truncation", "masking", "compaction"] = opt(
-        "none", "when the next turn would not fit in max_context: the policy summarizes its work (trained with the "
+        "none",
+        "when the next turn would not fit in max_context: the policy summarizes its work (trained with the "
         "episode's reward), the oldest turns are dropped, old tool outputs are masked, or a heuristic note (every "
-        "tool call + the last keep_recent outputs) is carried; none = the episode ends (strop.env.context)")
+        "tool call + the last keep_recent outputs) is carried; none = the episode ends (strop.env.context)",
+    )
     max_resets: int = opt(8, "context resets per episode", ge=0)
     summary_tokens: int = opt(192, "summarize: most tokens of one summary", ge=16)
     summary_tail: int = opt(0, "summarize: recent turns carried verbatim after the summary", ge=0)
@@ -203,29 +267,49 @@ class RolloutSection:
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_BACKENDS and not self.engine.startswith(("http://", "https://")):
-            raise UserError(f"config key 'rollout.engine' ({self.engine!r}) must be one of {list(ENGINE_BACKENDS)} "
-                            "or the http(s):// URL of a running server")
+            raise UserError(
+                f"config key 'rollout.engine' ({self.engine!r}) must be one of {list(ENGINE_BACKENDS)} "
+                "or the http(s):// URL of a running server"
+            )
 
 
 @dataclass
 class SyncSection:
-    type: Literal["delta", "full"] = opt("delta", "what each version ships to the engines: a lossless delta against the "
-                                         "previous version, or the whole snapshot")
-    store: str = opt("", "the versioned weight store: a directory or any fsspec URL (s3://..., gs://...) that every "
-                     "inference node can read (joins and repairs read it); empty = the RL output directory's weights/")
-    keep_deltas: int = opt(8, "deltas the store keeps behind the latest version (between this and twice this); older "
-                           "ones are folded into its snapshot (a receiver further behind fetches only the tensors that "
-                           "differ); 0 = keep all", ge=0)
-    wan_mb_s: float = opt(0.0, "bandwidth of each trainer-to-cluster link in MB/s, a token bucket that makes links on "
-                          "one machine stand for WAN links (tests, benchmarks); 0 = unshaped", ge=0)
+    type: Literal["delta", "full"] = opt(
+        "delta",
+        "what each version ships to the engines: a lossless delta against the previous version, or the whole snapshot",
+    )
+    store: str = opt(
+        "",
+        "the versioned weight store: a directory or any fsspec URL (s3://..., gs://...) that every "
+        "inference node can read (joins and repairs read it); empty = the RL output directory's weights/",
+    )
+    keep_deltas: int = opt(
+        8,
+        "deltas the store keeps behind the latest version (between this and twice this); older "
+        "ones are folded into its snapshot (a receiver further behind fetches only the tensors that "
+        "differ); 0 = keep all",
+        ge=0,
+    )
+    wan_mb_s: float = opt(
+        0.0,
+        "bandwidth of each trainer-to-cluster link in MB/s, a token bucket that makes links on "
+        "one machine stand for WAN links (tests, benchmarks); 0 = unshaped",
+        ge=0,
+    )
     lan_mb_s: float = opt(0.0, "bandwidth of each relay-to-engine link in MB/s (token bucket); 0 = unshaped", ge=0)
 
 
 @dataclass
 class ParallelSection:
-    fsdp: int = opt(1, "trainer ranks the model, its gradients and its optimizer state are sharded over (torch FSDP2, "
-                    "gloo on CPU, NCCL on GPUs); each rank trains on its share of every step's micro-batches; "
-                    "1 = one process holding the whole model", ge=1, le=256)
+    fsdp: int = opt(
+        1,
+        "trainer ranks the model, its gradients and its optimizer state are sharded over (torch FSDP2, "
+        "gloo on CPU, NCCL on GPUs); each rank trains on its share of every step's micro-batches; "
+        "1 = one process holding the whole model",
+        ge=1,
+        le=256,
+    )
 
 
 @dataclass
@@ -276,7 +360,11 @@ def _check_value(key: str, value: Any, tp: Any, meta: dict) -> Any:
         raise UserError(f"config key {key!r}: expected {tp.__name__}, got {type(value).__name__} {value!r}")
     if tp is float and not math.isfinite(value):  # TOML spells them inf and nan; no setting means either
         raise UserError(f"config key {key!r}: {value!r} is not a finite number")
-    for bound, ok, word in (("ge", lambda v, b: v >= b, ">="), ("le", lambda v, b: v <= b, "<="), ("gt", lambda v, b: v > b, ">")):
+    for bound, ok, word in (
+        ("ge", lambda v, b: v >= b, ">="),
+        ("le", lambda v, b: v <= b, "<="),
+        ("gt", lambda v, b: v > b, ">"),
+    ):
         b = meta.get(bound)
         if b is not None and not ok(value, b):
             raise UserError(f"config key {key!r}: {value!r} must be {word} {b}")
@@ -381,7 +469,11 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """The two flags every config-driven command takes."""
     parser.add_argument("--config", "-c", help="TOML run config (defaults apply where it is silent)")
     parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override one config key, e.g. --set midtrain.steps=100 (repeatable)",
     )
 

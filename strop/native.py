@@ -64,14 +64,23 @@ def load_library(name: str, source: str, *, slow_path: str) -> ctypes.CDLL | Non
             with tempfile.TemporaryDirectory() as d:
                 src, tmp = Path(d) / f"{name}.c", Path(d) / f"{name}.so"
                 src.write_text(source)
-                r = subprocess.run([cc, "-O3", "-march=native", *WARNINGS, "-shared", "-fPIC", str(src), "-o", str(tmp),
-                                    "-lm"], capture_output=True, text=True, timeout=120)
+                r = subprocess.run(
+                    [cc, "-O3", "-march=native", *WARNINGS, "-shared", "-fPIC", str(src), "-o", str(tmp), "-lm"],
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                )
                 if r.returncode != 0:
-                    print(f"strop: building {name} failed ({_first_error(r.stderr)}); using {slow_path}",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"strop: building {name} failed ({_first_error(r.stderr)}); using {slow_path}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     return None
                 if r.stderr.strip():
-                    print(f"strop: {name} built with compiler warnings:\n{r.stderr.rstrip()}", file=sys.stderr, flush=True)
+                    print(
+                        f"strop: {name} built with compiler warnings:\n{r.stderr.rstrip()}", file=sys.stderr, flush=True
+                    )
                 os.replace(tmp, so)  # atomic: concurrent builders never load a half-written file
         return ctypes.CDLL(str(so))
     except (OSError, subprocess.SubprocessError) as e:

@@ -34,8 +34,10 @@ def remove_run_dir(run_dir: Path, out_dir: Path) -> None:
     if cwd == resolved or resolved in cwd.parents:
         raise UserError(f"not deleting {str(run_dir)!r}: it holds the working directory")
     if not resolved.is_dir() or not (resolved / RUN_MARKER).is_file():
-        raise UserError(f"not deleting {str(run_dir)!r}: it is not a strop run directory (no {RUN_MARKER}); "
-                        "delete it yourself or choose another run.name")
+        raise UserError(
+            f"not deleting {str(run_dir)!r}: it is not a strop run directory (no {RUN_MARKER}); "
+            "delete it yourself or choose another run.name"
+        )
     shutil.rmtree(resolved)
 
 
@@ -51,8 +53,10 @@ def claim_dir(path: Path, command: str) -> Path:
     if path.exists() and not path.is_dir():
         raise UserError(f"output directory {str(path)!r} is a file")
     if path.is_dir() and any(path.iterdir()) and not (marker.is_file() and marker.read_text().strip() == command):
-        raise UserError(f"output directory {str(path)!r} is not empty and was not made by `strop {command}`; "
-                        "choose a new or empty one")
+        raise UserError(
+            f"output directory {str(path)!r} is not empty and was not made by `strop {command}`; "
+            "choose a new or empty one"
+        )
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -21,8 +21,12 @@ class SamplingParams:
     max_tokens: int = 256
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
-    stop_token_ids: Sequence[int] | None = None  # generation ends after one of these (it is returned); None = the engine's end tokens
-    stop: Sequence[str] = ()  # stop strings: generation ends once the text holds one (cut from the text, kept in token_ids)
+    stop_token_ids: Sequence[int] | None = (
+        None  # generation ends after one of these (it is returned); None = the engine's end tokens
+    )
+    stop: Sequence[
+        str
+    ] = ()  # stop strings: generation ends once the text holds one (cut from the text, kept in token_ids)
     seed: int | None = None
 
 
@@ -46,5 +50,5 @@ def generated_routing(routing, prompt_len: int, n_generated: int) -> list[list[l
     nested lists): generated token j was sampled reading position prompt_len - 1 + j. None stays None."""
     if routing is None:
         return None
-    rows = routing[prompt_len - 1: prompt_len - 1 + n_generated]
+    rows = routing[prompt_len - 1 : prompt_len - 1 + n_generated]
     return rows.tolist() if hasattr(rows, "tolist") else [list(r) for r in rows]

@@ -34,11 +34,19 @@ class MetricsLog:
 
 def moving_average(ys: list[float], window: int) -> list[float]:
     """Trailing mean over up to `window` values (the first values average what there is)."""
-    return [sum(ys[max(0, i - window + 1):i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(ys))]
+    return [sum(ys[max(0, i - window + 1) : i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(ys))]
 
 
-def plot_metrics(rows: list[dict], path: Path, keys: list[str], title: str = "", x: str = "step", ylabel: str = "",
-                 points: dict[str, tuple[float, float, float, float]] | None = None, smooth: int = 0) -> None:
+def plot_metrics(
+    rows: list[dict],
+    path: Path,
+    keys: list[str],
+    title: str = "",
+    x: str = "step",
+    ylabel: str = "",
+    points: dict[str, tuple[float, float, float, float]] | None = None,
+    smooth: int = 0,
+) -> None:
     """One line per key against `x`; rows missing a key are skipped for that line. `points` adds
     labelled markers with error bars: label -> (x, y, low, high). With `smooth` > 1 each key is
     drawn thin as measured and bold as its moving average over that many rows."""
@@ -53,9 +61,14 @@ def plot_metrics(rows: list[dict], path: Path, keys: list[str], title: str = "",
         if pts:
             xs, ys = zip(*pts)
             if smooth > 1:
-                line, = ax.plot(xs, ys, alpha=0.35, linewidth=1)
-                ax.plot(xs, moving_average(list(ys), smooth), color=line.get_color(), linewidth=2.2,
-                        label=f"{key} (mean of {smooth} steps)")
+                (line,) = ax.plot(xs, ys, alpha=0.35, linewidth=1)
+                ax.plot(
+                    xs,
+                    moving_average(list(ys), smooth),
+                    color=line.get_color(),
+                    linewidth=2.2,
+                    label=f"{key} (mean of {smooth} steps)",
+                )
             else:
                 ax.plot(xs, ys, label=key, marker="o" if len(pts) < 30 else None)
     for label, (px, py, lo, hi) in (points or {}).items():

@@ -24,8 +24,19 @@ def tiny_tokenizer():
 def tiny_model_section(arch: str = "qwen3_moe"):
     from strop.config import ModelSection
 
-    return ModelSection(arch=arch, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16,
-                        num_experts=8, experts_per_token=2, expert_size=16, dense_size=64, max_positions=512)
+    return ModelSection(
+        arch=arch,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+        num_experts=8,
+        experts_per_token=2,
+        expert_size=16,
+        dense_size=64,
+        max_positions=512,
+    )
 
 
 @pytest.fixture(scope="session", params=["qwen3_moe", "deepseek_v3", "qwen3"])
@@ -84,6 +95,9 @@ def tiny_policy_dir(tmp_path_factory, tiny_tokenizer):
     from strop.model.policy import build_model, save_model
 
     path = tmp_path_factory.mktemp("policy")
-    save_model(build_model(dataclasses.replace(tiny_model_section(), max_positions=2048), tiny_tokenizer, seed=0),
-               tiny_tokenizer, path)
+    save_model(
+        build_model(dataclasses.replace(tiny_model_section(), max_positions=2048), tiny_tokenizer, seed=0),
+        tiny_tokenizer,
+        path,
+    )
     return path

@@ -13,8 +13,23 @@ pytestmark = pytest.mark.slow
 
 def test_bench_scaleout_reports_egress_pauses_and_both_sync_types(tmp_path):
     out = tmp_path / "result.json"
-    subprocess.run([sys.executable, "-m", "strop.cli", "bench", "scaleout", "--steps", "3", "--out", str(tmp_path / "work"),
-                    "--json", str(out)], check=True, timeout=1200)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "strop.cli",
+            "bench",
+            "scaleout",
+            "--steps",
+            "3",
+            "--out",
+            str(tmp_path / "work"),
+            "--json",
+            str(out),
+        ],
+        check=True,
+        timeout=1200,
+    )
     r = json.loads(out.read_text())
     assert r["egress_deltas_per_cluster_version"] == 1.0
     assert r["engines_joined"] == r["engines_lost"] == 2  # one of each per run

@@ -25,8 +25,10 @@ def test_generation_is_deterministic_and_records_the_facts():
     for i, (path, key) in enumerate(zip(a.metadata["chain"], a.metadata["facts"])):
         assert f"STAGE {i} KEY: {key}" in a.files[path]
     assert a.metadata["chain"][0] in a.instruction and a.metadata["facts"][0] not in a.instruction
-    train, evals = ({"-".join(t.metadata["facts"]) for t in load_suite("chain", split, difficulty=1, limit=50)}
-                    for split in ("train", "eval"))
+    train, evals = (
+        {"-".join(t.metadata["facts"]) for t in load_suite("chain", split, difficulty=1, limit=50)}
+        for split in ("train", "eval")
+    )
     assert len(train) == len(evals) == 50 and not train & evals
     with pytest.raises(UserError):
         load_suite("chain", "eval", difficulty=9)
@@ -40,8 +42,18 @@ def test_reference_scores_one_and_stub_zero():
 
 
 def episode(tok, task, strategy, **config):
-    harness = Harness(tok, HarnessConfig(max_context=WINDOW, max_turn_tokens=256, summary_tokens=200, max_turns=40,
-                                         context_strategy=strategy, max_resets=20, **config))
+    harness = Harness(
+        tok,
+        HarnessConfig(
+            max_context=WINDOW,
+            max_turn_tokens=256,
+            summary_tokens=200,
+            max_turns=40,
+            context_strategy=strategy,
+            max_resets=20,
+            **config,
+        ),
+    )
     return run_task(harness, ChainDemonstrator(task, tok), task)
 
 

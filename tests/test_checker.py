@@ -12,20 +12,42 @@ PATH = TASK.metadata["path"]
 
 
 def _tiny(**meta) -> Task:
-    return Task(id="tiny", suite="test", split="eval", instruction="", files={"m.py": "def f():\n    return 0\n"},
-                hidden_tests={"tests/test_h.py": "from m import f\n\ndef test_f():\n    assert f() == 1\n\n" "def test_g():\n    assert True\n"},
-                metadata={"n_tests": 2, **meta})
+    return Task(
+        id="tiny",
+        suite="test",
+        split="eval",
+        instruction="",
+        files={"m.py": "def f():\n    return 0\n"},
+        hidden_tests={
+            "tests/test_h.py": "from m import f\n\ndef test_f():\n    assert f() == 1\n\n"
+            "def test_g():\n    assert True\n"
+        },
+        metadata={"n_tests": 2, **meta},
+    )
 
 
 def test_parse_junit_counts_outcomes():
-    xml = (b'<testsuites><testsuite><testcase name="a"/><testcase name="b"><failure/></testcase>'
-           b'<testcase name="c"><error/></testcase><testcase name="d"><skipped/></testcase></testsuite></testsuites>')
+    xml = (
+        b'<testsuites><testsuite><testcase name="a"/><testcase name="b"><failure/></testcase>'
+        b'<testcase name="c"><error/></testcase><testcase name="d"><skipped/></testcase></testsuite></testsuites>'
+    )
     assert parse_junit(xml) == (1, 1, 1, 1)
 
 
 def test_protected_paths():
-    for p in ["tests/test_x.py", "conftest.py", "pkg/tests/test_y.py", "tests/test_hidden.py", "../escape.py",
-              "/etc/passwd", ".git/config", "pytest.ini", "pytest.py", "_pytest/main.py", "json.py"]:
+    for p in [
+        "tests/test_x.py",
+        "conftest.py",
+        "pkg/tests/test_y.py",
+        "tests/test_hidden.py",
+        "../escape.py",
+        "/etc/passwd",
+        ".git/config",
+        "pytest.ini",
+        "pytest.py",
+        "_pytest/main.py",
+        "json.py",
+    ]:
         assert is_protected(TASK, p), p
     assert not is_protected(TASK, PATH)
 
@@ -39,17 +61,24 @@ def test_reference_passes_and_bug_fails_in_fraction_mode():
 
 def test_test_edits_are_dropped_and_never_earn_reward():
     visible = next(p for p in TASK.files if p.startswith("tests/"))
-    hack = {visible: "def test_ok():\n    pass\n", "tests/test_hidden.py": "def test_ok():\n    pass\n",
-            "conftest.py": "import pytest\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
-                           "    outcome = yield\n    outcome.get_result().outcome = 'passed'\n", "../outside.py": "x = 1\n",
-            "pytest.py": "import sys\nsys.exit(0)\n"}  # would shadow the runner: `python -m pytest` runs it
+    hack = {
+        visible: "def test_ok():\n    pass\n",
+        "tests/test_hidden.py": "def test_ok():\n    pass\n",
+        "conftest.py": "import pytest\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
+        "    outcome = yield\n    outcome.get_result().outcome = 'passed'\n",
+        "../outside.py": "x = 1\n",
+        "pytest.py": "import sys\nsys.exit(0)\n",
+    }  # would shadow the runner: `python -m pytest` runs it
     score = check(TASK, hack, perturbed=False)
     assert score.reward == 0 and set(score.dropped_paths) == set(hack)
 
 
 def test_forged_report_earns_nothing():
     xml = '<testsuites><testsuite><testcase name="x"/></testsuite></testsuites>'
-    forged = TASK.files[PATH] + f"\nimport atexit, os\natexit.register(lambda: open(os.environ['STROP_JUNIT'], 'w').write({xml!r}))\n"
+    forged = (
+        TASK.files[PATH]
+        + f"\nimport atexit, os\natexit.register(lambda: open(os.environ['STROP_JUNIT'], 'w').write({xml!r}))\n"
+    )
     score = check(TASK, {PATH: forged}, perturbed=False)
     assert score.reward == 0, score
 
@@ -88,7 +117,9 @@ def test_bytecode_caches_in_the_changes_are_ignored(tmp_path):
     task = _tiny()
     (tmp_path / "m.py").write_text(task.files["m.py"])
     pyc = tmp_path / "m.pyc"
-    py_compile.compile(str(tmp_path / "m.py"), cfile=str(pyc), invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    py_compile.compile(
+        str(tmp_path / "m.py"), cfile=str(pyc), invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH
+    )
     fixed = {"m.py": "def f():\n    return 1\n"}
     stale = {**fixed, f"__pycache__/m.{sys.implementation.cache_tag}.pyc": pyc.read_bytes()}
     score = check(task, stale, perturbed=False)

@@ -7,23 +7,27 @@ import pytest
 
 
 def run_cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "strop.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "strop.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=120
+    )
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["midtrain", "--set", "data.stdlib=false"], "corpus is empty"),
-    (["midtrain", "--set", "data.stdlib=false", "--set", "data.dirs=['/no/such/dir']"], "does not exist"),
-    (["midtrain", "--set", "midtrain.stepz=3"], "midtrain.stepz"),
-    (["midtrain", "--set", "midtrain.steps=many"], "midtrain.steps"),
-    (["midtrain", "-c", "/no/such.toml"], "does not exist"),
-    (["eval", "midtrain", "--checkpoint", "/tmp"], "not a model directory"),
-    (["eval", "policy", "--policy", "/tmp"], "no policy at"),
-    (["bench", "async", "--repeats", "0"], "at least 1"),
-    (["bench", "engine", "--repeats", "0"], "at least 1"),
-    (["bench", "mismatch", "--repeats", "0"], "at least 1"),
-    (["frobnicate"], "unknown command"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["midtrain", "--set", "data.stdlib=false"], "corpus is empty"),
+        (["midtrain", "--set", "data.stdlib=false", "--set", "data.dirs=['/no/such/dir']"], "does not exist"),
+        (["midtrain", "--set", "midtrain.stepz=3"], "midtrain.stepz"),
+        (["midtrain", "--set", "midtrain.steps=many"], "midtrain.steps"),
+        (["midtrain", "-c", "/no/such.toml"], "does not exist"),
+        (["eval", "midtrain", "--checkpoint", "/tmp"], "not a model directory"),
+        (["eval", "policy", "--policy", "/tmp"], "no policy at"),
+        (["bench", "async", "--repeats", "0"], "at least 1"),
+        (["bench", "engine", "--repeats", "0"], "at least 1"),
+        (["bench", "mismatch", "--repeats", "0"], "at least 1"),
+        (["frobnicate"], "unknown command"),
+    ],
+)
 def test_user_mistakes_exit_2_with_one_line(args, needle, tmp_path):
     out = run_cli(*args, "--set", f"run.out_dir={tmp_path}") if args[0] == "midtrain" else run_cli(*args)
     assert out.returncode == 2, out.stderr
@@ -56,30 +60,60 @@ def files(tmp_path_factory):
     return d
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["sync", "encode", "--base", "{d}/base.safetensors", "--new", "{d}/new.safetensors", "-o", "{d}"], "is a directory"),
-    (["sync", "encode", "--base", "{d}/base.safetensors", "--new", "{d}/new.safetensors", "-o", "{d}/missing/dir/f"], "does not exist"),
-    (["sync", "decode", "--base", "{d}/base.safetensors", "{d}/delta.bin", "-o", "{d}"], "is a directory"),
-    (["sync", "decode", "--base", "{d}/base.safetensors", "{d}/delta.bin", "-o", "{d}/missing/dir/f"], "does not exist"),
-    (["sync", "encode", "--base", "{d}/header.safetensors", "--new", "{d}/new.safetensors", "-o", "{d}/x"], "malformed"),
-    (["sync", "decode", "--base", "{d}/header.safetensors", "{d}/delta.bin", "-o", "{d}/x"], "malformed"),
-    (["midtrain", "-c", "{d}/latin1.toml"], "not UTF-8"),
-    (["midtrain", "-c", "{d}"], "is a directory"),
-    (["midtrain", "--set", "rl.lr=inf"], "not a finite number"),
-    (["tasks", "export", "--suite", "synthetic", "synthetic-d1-eval-0000", "{d}/a_file"], "not a directory"),
-    (["tasks", "check", "--suite", "synthetic", "synthetic-d1-eval-0000", "{d}", "--json", "{d}/a_file/x.json"], "cannot create"),
-    (["eval", "policy", "--policy", "{d}/policy", "--set", "rollout.eval_episodes=1"], "cannot load"),
-    (["eval", "policy", "--policy", "{d}/policy", "--set", "rollout.eval_difficulties=[]"], "rollout.eval_difficulties"),
-    (["eval", "policy", "--policy", "{d}/policy", "--set", "rollout.eval_difficulties=[7]"], "difficult"),
-    (["serve", "--checkpoint", "{d}/policy", "--port", "99999"], "--port"),
-    (["serve", "--checkpoint", "{d}/policy", "--max-batch", "0"], "--max-batch"),
-    (["sandbox", "run", "--timeout", "nan", "--", "true"], "--timeout"),
-    (["sandbox", "run", "--timeout", "inf", "--", "true"], "--timeout"),
-    (["agent", "--world", "{d}", "--endpoint", "http://127.0.0.1:9", "--tokenizer", "{d}", "hi"], "--endpoint"),
-    (["train", "--policy", "{d}/policy", "--out", "{d}/policy"], "not made by `strop train`"),
-    (["bench", "async", "--out", "{d}"], "not made by `strop bench async`"),
-    (["agent", "--world", "{d}", "--endpoint", "not a url", "--tokenizer", "{d}", "hi"], "--endpoint"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (
+            ["sync", "encode", "--base", "{d}/base.safetensors", "--new", "{d}/new.safetensors", "-o", "{d}"],
+            "is a directory",
+        ),
+        (
+            [
+                "sync",
+                "encode",
+                "--base",
+                "{d}/base.safetensors",
+                "--new",
+                "{d}/new.safetensors",
+                "-o",
+                "{d}/missing/dir/f",
+            ],
+            "does not exist",
+        ),
+        (["sync", "decode", "--base", "{d}/base.safetensors", "{d}/delta.bin", "-o", "{d}"], "is a directory"),
+        (
+            ["sync", "decode", "--base", "{d}/base.safetensors", "{d}/delta.bin", "-o", "{d}/missing/dir/f"],
+            "does not exist",
+        ),
+        (
+            ["sync", "encode", "--base", "{d}/header.safetensors", "--new", "{d}/new.safetensors", "-o", "{d}/x"],
+            "malformed",
+        ),
+        (["sync", "decode", "--base", "{d}/header.safetensors", "{d}/delta.bin", "-o", "{d}/x"], "malformed"),
+        (["midtrain", "-c", "{d}/latin1.toml"], "not UTF-8"),
+        (["midtrain", "-c", "{d}"], "is a directory"),
+        (["midtrain", "--set", "rl.lr=inf"], "not a finite number"),
+        (["tasks", "export", "--suite", "synthetic", "synthetic-d1-eval-0000", "{d}/a_file"], "not a directory"),
+        (
+            ["tasks", "check", "--suite", "synthetic", "synthetic-d1-eval-0000", "{d}", "--json", "{d}/a_file/x.json"],
+            "cannot create",
+        ),
+        (["eval", "policy", "--policy", "{d}/policy", "--set", "rollout.eval_episodes=1"], "cannot load"),
+        (
+            ["eval", "policy", "--policy", "{d}/policy", "--set", "rollout.eval_difficulties=[]"],
+            "rollout.eval_difficulties",
+        ),
+        (["eval", "policy", "--policy", "{d}/policy", "--set", "rollout.eval_difficulties=[7]"], "difficult"),
+        (["serve", "--checkpoint", "{d}/policy", "--port", "99999"], "--port"),
+        (["serve", "--checkpoint", "{d}/policy", "--max-batch", "0"], "--max-batch"),
+        (["sandbox", "run", "--timeout", "nan", "--", "true"], "--timeout"),
+        (["sandbox", "run", "--timeout", "inf", "--", "true"], "--timeout"),
+        (["agent", "--world", "{d}", "--endpoint", "http://127.0.0.1:9", "--tokenizer", "{d}", "hi"], "--endpoint"),
+        (["train", "--policy", "{d}/policy", "--out", "{d}/policy"], "not made by `strop train`"),
+        (["bench", "async", "--out", "{d}"], "not made by `strop bench async`"),
+        (["agent", "--world", "{d}", "--endpoint", "not a url", "--tokenizer", "{d}", "hi"], "--endpoint"),
+    ],
+)
 def test_reported_tracebacks_are_one_line_exit_2(files, args, needle):
     out = run_cli(*[a.replace("{d}", str(files)) for a in args])
     assert out.returncode == 2, out.stderr

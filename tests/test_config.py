@@ -15,19 +15,22 @@ def test_defaults_and_overrides(tmp_path):
     assert cfg.model.arch == "deepseek_v3"
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["midtrain.stepz=3"], "midtrain.stepz"),
-    (["nosection.x=1"], "nosection"),
-    (["midtrain.steps=\"ten\""], "midtrain.steps"),
-    (["midtrain.steps=0"], "must be >="),
-    (["midtrain.lr=true"], "midtrain.lr"),
-    (["model.arch=llama"], "model.arch"),
-    (["data.dirs=3"], "data.dirs"),
-    (["novalue"], "key=value"),
-    (["rl.lr=inf"], "rl.lr.*not a finite number"),
-    (["rl.lr=nan"], "rl.lr.*not a finite number"),
-    (["rollout.temperature=-inf"], "not a finite number"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["midtrain.stepz=3"], "midtrain.stepz"),
+        (["nosection.x=1"], "nosection"),
+        (['midtrain.steps="ten"'], "midtrain.steps"),
+        (["midtrain.steps=0"], "must be >="),
+        (["midtrain.lr=true"], "midtrain.lr"),
+        (["model.arch=llama"], "model.arch"),
+        (["data.dirs=3"], "data.dirs"),
+        (["novalue"], "key=value"),
+        (["rl.lr=inf"], "rl.lr.*not a finite number"),
+        (["rl.lr=nan"], "rl.lr.*not a finite number"),
+        (["rollout.temperature=-inf"], "not a finite number"),
+    ],
+)
 def test_bad_values_name_the_key(overrides, message):
     with pytest.raises(UserError, match=message if ".*" in message else message.replace(".", r"\.")):
         load_config(None, overrides)

@@ -104,8 +104,12 @@ def test_max_resets_bounds_the_episode(tiny_tokenizer, sandbox):
 
 
 def test_truncate_keeps_whole_turns_that_fit():
-    history = [{"role": "assistant", "content": "a" * 5}, {"role": "tool", "content": "b" * 5},
-               {"role": "assistant", "content": "c" * 3}, {"role": "tool", "content": "d" * 3}]
+    history = [
+        {"role": "assistant", "content": "a" * 5},
+        {"role": "tool", "content": "b" * 5},
+        {"role": "assistant", "content": "c" * 3},
+        {"role": "tool", "content": "d" * 3},
+    ]
     count = lambda ms: sum(len(m["content"]) for m in ms)  # noqa: E731 - characters stand in for tokens
     assert len(turns(history)) == 2
     assert truncate(history, 6, count) == history[2:]

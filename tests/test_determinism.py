@@ -34,7 +34,9 @@ def _run(engine: Engine, rounds: list[list[list[int]]], rng: random.Random | Non
     each round submitted in a shuffled order when rng is given; outputs in prompt order."""
     outs, seed = [], 0
     for prompts in rounds:
-        params = [SamplingParams(max_tokens=6 + 3 * (seed + i), seed=seed + i, stop_token_ids=[]) for i in range(len(prompts))]
+        params = [
+            SamplingParams(max_tokens=6 + 3 * (seed + i), seed=seed + i, stop_token_ids=[]) for i in range(len(prompts))
+        ]
         order = list(range(len(prompts)))
         if rng is not None:
             rng.shuffle(order)
@@ -49,7 +51,9 @@ def test_engine_rows_do_not_depend_on_their_batch(tiny_model, tiny_tokenizer):
     reuse: every request's tokens, logprobs and routing are the same bits."""
     first = [tiny_tokenizer.encode(t) for t in TEXTS]
     rounds = [first, [first[-1] + tiny_tokenizer.encode(" more"), first[0] + tiny_tokenizer.encode(" + 1")]]
-    ref = _run(Engine(tiny_model, tiny_tokenizer, max_batch=1, max_len=256, deterministic=True, reuse_min=0), rounds, None)
+    ref = _run(
+        Engine(tiny_model, tiny_tokenizer, max_batch=1, max_len=256, deterministic=True, reuse_min=0), rounds, None
+    )
     rng = random.Random(0)
     for slots, reuse in ((3, 8), (8, 8), (3, 0)):
         eng = Engine(tiny_model, tiny_tokenizer, max_batch=slots, max_len=256, deterministic=True, reuse_min=reuse)
@@ -91,8 +95,9 @@ def _episodes(engine: Engine, tok, n: int, turns: int, seed: int) -> tuple[list[
         segs.append(s)
     last = [None] * n
     for turn in range(turns):
-        params = [SamplingParams(max_tokens=rng.randint(3, 12), seed=rng.randrange(10**6), stop_token_ids=[])
-                  for _ in segs]
+        params = [
+            SamplingParams(max_tokens=rng.randint(3, 12), seed=rng.randrange(10**6), stop_token_ids=[]) for _ in segs
+        ]
         outs = engine.generate([list(s.input_ids) for s in segs], params)
         for i, (s, o) in enumerate(zip(segs, outs)):
             routing = generated_routing(o.routing, len(o.prompt_ids), len(o.token_ids))
@@ -126,7 +131,9 @@ def test_ci_gate_engine_and_trainer_agree_bitwise(arch, tiny_tokenizer):
                 with torch.no_grad():
                     lp = token_logprobs(model, batch)
             mask = batch.mask_BT
-            assert torch.equal(lp[mask], batch.behavior_BT[mask]), f"{int((lp[mask] != batch.behavior_BT[mask]).sum())} tokens differ"
+            assert torch.equal(lp[mask], batch.behavior_BT[mask]), (
+                f"{int((lp[mask] != batch.behavior_BT[mask]).sum())} tokens differ"
+            )
             generated += int(mask.sum())
             trainer = stack_routing(records, tuple(batch.input_ids_BT.shape), moe_blocks(model)[0].gate.num_experts)
             for b, o in enumerate(last[at : at + 2]):  # every position each sequence's last request read

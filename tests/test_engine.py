@@ -64,7 +64,7 @@ def test_stop_string_and_stop_token(tiny_moe, tiny_tokenizer):
 
 def test_bad_requests_raise(tiny_moe, tiny_tokenizer):
     eng = Engine(tiny_moe, tiny_tokenizer, max_batch=2, max_len=32)
-    for prompt, sp in [([], None), ([1] * 40, None), ([10 ** 6], None), ([1, 2], SamplingParams(top_p=0))]:
+    for prompt, sp in [([], None), ([1] * 40, None), ([10**6], None), ([1, 2], SamplingParams(top_p=0))]:
         with pytest.raises(ValueError):
             eng.submit(prompt, sp)
 
@@ -143,8 +143,10 @@ def test_weight_update_refreshes_packed_weights(tiny_moe, tiny_tokenizer):
     p = _prompts(tiny_tokenizer, 1)[0]
     eng.generate([p], SamplingParams(max_tokens=2, temperature=0, stop_token_ids=[]))
     experts = tiny_moe.model.layers[0].mlp.experts
-    new = {"model.layers.0.mlp.experts.down_proj": experts.down_proj.detach() * -3,
-           "model.layers.1.self_attn.o_proj.weight": tiny_moe.model.layers[1].self_attn.o_proj.weight.detach() * 2}
+    new = {
+        "model.layers.0.mlp.experts.down_proj": experts.down_proj.detach() * -3,
+        "model.layers.1.self_attn.o_proj.weight": tiny_moe.model.layers[1].self_attn.o_proj.weight.detach() * 2,
+    }
     eng.update_weights(tensors=new).wait(10)
     out = eng.generate([p], SamplingParams(max_tokens=4, temperature=0, stop_token_ids=[]))[0]
     ids = torch.tensor([p])
@@ -171,9 +173,11 @@ def test_one_call_step_equals_the_kernels_one_by_one(tiny_moe, tiny_tokenizer, b
     fw = Forward(tiny_moe, max_slots=4, max_len=64)
     assert fw._step is not None
     prompts = _prompts(tiny_tokenizer, 3)
-    batches = [[Segment(s, 0, p) for s, p in zip((0, 2, 3), prompts)],
-               [Segment(s, len(p), [7 + s]) for s, p in zip((0, 2, 3), prompts)],
-               [Segment(0, len(prompts[0]) + 1, [9]), Segment(1, 0, prompts[1] + [5, 6])]]
+    batches = [
+        [Segment(s, 0, p) for s, p in zip((0, 2, 3), prompts)],
+        [Segment(s, len(p), [7 + s]) for s, p in zip((0, 2, 3), prompts)],
+        [Segment(0, len(prompts[0]) + 1, [9]), Segment(1, 0, prompts[1] + [5, 6])],
+    ]
     results = []
     for step in (fw._step, None):  # the same calls, so every call sees the same cache contents
         fw._step = step

@@ -14,9 +14,21 @@ import torch
 from strop.config import load_config
 from strop.errors import UserError
 
-CONFIG = ["rl.group_size=2", "rl.batch_groups=1", "rl.lr=1e-3", "rl.weight_decay=0.1", "rl.skip_zero_advantage=false",
-          "rollout.engines=1", "rollout.workers=2", "rollout.engine_batch=4", "rollout.train_tasks=4",
-          "rollout.max_turns=1", "rollout.max_turn_tokens=16", "rollout.max_context=1536", "rollout.ckpt_every=100"]
+CONFIG = [
+    "rl.group_size=2",
+    "rl.batch_groups=1",
+    "rl.lr=1e-3",
+    "rl.weight_decay=0.1",
+    "rl.skip_zero_advantage=false",
+    "rollout.engines=1",
+    "rollout.workers=2",
+    "rollout.engine_batch=4",
+    "rollout.train_tasks=4",
+    "rollout.max_turns=1",
+    "rollout.max_turn_tokens=16",
+    "rollout.max_context=1536",
+    "rollout.ckpt_every=100",
+]
 PROBE = "def add(a, b):\n    return"
 
 
@@ -66,8 +78,26 @@ def test_split_experts_is_the_inverse_of_fuse_experts(tiny_moe):
 def _strop_server(policy_dir, *extra: str):
     from strop.engine.server_process import ServerProcess
 
-    return ServerProcess([sys.executable, "-m", "strop.cli", "serve", "--checkpoint", str(policy_dir), "--port", "{port}",
-                          "--name", "strop", "--max-batch", "4", "--threads", "1", *extra], start_timeout_s=300)
+    return ServerProcess(
+        [
+            sys.executable,
+            "-m",
+            "strop.cli",
+            "serve",
+            "--checkpoint",
+            str(policy_dir),
+            "--port",
+            "{port}",
+            "--name",
+            "strop",
+            "--max-batch",
+            "4",
+            "--threads",
+            "1",
+            *extra,
+        ],
+        start_timeout_s=300,
+    )
 
 
 def test_a_server_process_serves_on_the_port_it_picked_and_leaves_nothing_running(tiny_policy_dir):
@@ -128,8 +158,9 @@ def test_rl_with_a_served_engine_follows_the_trainer(backend, tmp_path, tiny_pol
         keys = KeyFile()
         monkeypatch.setenv(API_KEY_ENV, keys.add("rollouts", ["infer", "admin"], rate_per_s=1000, burst=1000))
         keys.save(tmp_path / "keys.json")
-        server = _strop_server(tiny_policy_dir, "--keys", str(tmp_path / "keys.json"), "--weights-store",
-                               str(tmp_path / "weights"))
+        server = _strop_server(
+            tiny_policy_dir, "--keys", str(tmp_path / "keys.json"), "--weights-store", str(tmp_path / "weights")
+        )
     try:
         result, probes = _run(tmp_path, tiny_policy_dir, server.url if server else "vllm")
     finally:

@@ -31,7 +31,8 @@ def _changed(model) -> list[str]:
     """A weight of layer 0's attention, one of its MLP, and the head (tied to the embeddings)."""
     names = [n for n, _ in model.named_parameters()]
     return [next(n for n in names if n.startswith(p)) for p in ("model.layers.0.self_attn.", "model.layers.0.mlp.")] + [
-        "lm_head.weight"]
+        "lm_head.weight"
+    ]
 
 
 def _write_unseen(t: torch.Tensor, value: torch.Tensor) -> None:
@@ -40,8 +41,9 @@ def _write_unseen(t: torch.Tensor, value: torch.Tensor) -> None:
     t.detach().view(-1).view(as_int).numpy()[:] = value.detach().reshape(-1).view(as_int).numpy()
 
 
-@pytest.mark.parametrize("arch,dtype", [("qwen3_moe", torch.float32), ("deepseek_v3", torch.float32),
-                                        ("qwen3_moe", torch.bfloat16)])
+@pytest.mark.parametrize(
+    "arch,dtype", [("qwen3_moe", torch.float32), ("deepseek_v3", torch.float32), ("qwen3_moe", torch.bfloat16)]
+)
 def test_prepared_repacking_of_changed_tensors_equals_a_full_rebuild(tiny_tokenizer, arch, dtype):
     from strop.model.policy import build_model
     from tests.conftest import tiny_model_section
@@ -52,8 +54,11 @@ def test_prepared_repacking_of_changed_tensors_equals_a_full_rebuild(tiny_tokeni
         pytest.skip("no C compiler")
     before = _logits(fwd)
     layer1 = model.model.layers[1]
-    untouched = {"step": fwd._packs and fwd._packs.layers,  "fused": fwd._fused.get(id(layer1.self_attn)),
-                 "kept": kernel_ops._packs.get((id(layer1.self_attn.o_proj.weight), "linear"))}
+    untouched = {
+        "step": fwd._packs and fwd._packs.layers,
+        "fused": fwd._fused.get(id(layer1.self_attn)),
+        "kept": kernel_ops._packs.get((id(layer1.self_attn.o_proj.weight), "linear")),
+    }
     named = dict(model.named_parameters(remove_duplicate=False))
     changed = _changed(model)
     new = {n: (named[n] * 1.25).to(torch.bfloat16).to(dtype) for n in changed}

@@ -13,10 +13,26 @@ def test_eval_policy_reports_solve_rates_and_stops(tiny_tokenizer, tmp_path, cap
 
     section = dataclasses.replace(tiny_model_section("qwen3_moe"), max_positions=2048)
     save_model(build_model(section, tiny_tokenizer, seed=0), tiny_tokenizer, tmp_path / "policy")
-    argv = ["eval", "policy", "--policy", str(tmp_path / "policy"), "--json", str(tmp_path / "eval.json"),
-            "--set", "rollout.eval_difficulties=[1, 2]", "--set", "rollout.eval_episodes=1",
-            "--set", "rollout.max_turns=1", "--set", "rollout.max_context=1100", "--set", "rollout.workers=2",
-            "--samples", "2"]
+    argv = [
+        "eval",
+        "policy",
+        "--policy",
+        str(tmp_path / "policy"),
+        "--json",
+        str(tmp_path / "eval.json"),
+        "--set",
+        "rollout.eval_difficulties=[1, 2]",
+        "--set",
+        "rollout.eval_episodes=1",
+        "--set",
+        "rollout.max_turns=1",
+        "--set",
+        "rollout.max_context=1100",
+        "--set",
+        "rollout.workers=2",
+        "--samples",
+        "2",
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "solve_rate" in out and "stops" in out and "pass@2" in out and "retried after it" in out

@@ -57,15 +57,20 @@ def fields() -> list[str]:
 
 def repo_state() -> str:
     """Every file git sees in the repository, ignored ones included: nothing may appear there."""
-    return subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=all"], cwd=REPO,
-                          capture_output=True, text=True).stdout
+    return subprocess.run(
+        ["git", "status", "--porcelain", "--ignored", "--untracked-files=all"], cwd=REPO, capture_output=True, text=True
+    ).stdout
 
 
 def leftovers() -> set[str]:
     """Scratch folders and child processes this process owns."""
     me = os.getpid()
-    dirs = {str(p) for base in (Path("/tmp"), Path("/dev/shm")) for p in base.glob(f"strop-*-{me}-*")
-            if not p.name.startswith("strop-sbx-")}  # the per-process sandbox root lives as long as the process
+    dirs = {
+        str(p)
+        for base in (Path("/tmp"), Path("/dev/shm"))
+        for p in base.glob(f"strop-*-{me}-*")
+        if not p.name.startswith("strop-sbx-")
+    }  # the per-process sandbox root lives as long as the process
     kids = set()
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -98,6 +103,7 @@ def one_line_error(code: int, err: str, argv) -> None:
 
 # ---- config values ---------------------------------------------------------------------------
 
+
 def fuzz_config(n: int, seed: int) -> None:
     rng = random.Random(seed)
     keys = fields() + ["run", "nosuch.key", "run.name.deeper", "rl.", ".x", "", "=", "model.path.x"]
@@ -113,7 +119,11 @@ def fuzz_config(n: int, seed: int) -> None:
         for section in cfg.__dict__.values():
             for v in section.__dict__.values():
                 assert not isinstance(v, float) or np.isfinite(v), overrides
-        assert cfg.run_dir.parent == Path(cfg.run.out_dir) and cfg.run_dir.name == cfg.run.name not in ("", ".", ".."), overrides
+        assert cfg.run_dir.parent == Path(cfg.run.out_dir) and cfg.run_dir.name == cfg.run.name not in (
+            "",
+            ".",
+            "..",
+        ), overrides
 
 
 def test_fuzz_config_values():
@@ -126,6 +136,7 @@ def test_fuzz_config_values_long():
 
 
 # ---- command lines -----------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
@@ -142,28 +153,107 @@ def inputs(tmp_path_factory):
 
 
 def paths(d: Path) -> list[str]:
-    return [str(d / n) for n in ("base.safetensors", "new.safetensors", "delta.bin", "junk.bin", "empty", "dir",
-                                 "model", "missing", "missing/deep/file", "base.safetensors/inside")] + ["", "-", "/"]
+    return [
+        str(d / n)
+        for n in (
+            "base.safetensors",
+            "new.safetensors",
+            "delta.bin",
+            "junk.bin",
+            "empty",
+            "dir",
+            "model",
+            "missing",
+            "missing/deep/file",
+            "base.safetensors/inside",
+        )
+    ] + ["", "-", "/"]
 
 
 def command_lines(rng: random.Random, d: Path) -> list[str]:
-    p, out = (lambda: rng.choice(paths(d))), (lambda: str(d / "out" / f"o{rng.randrange(10 ** 6)}"))
+    p, out = (lambda: rng.choice(paths(d))), (lambda: str(d / "out" / f"o{rng.randrange(10**6)}"))
     choices = [
-        lambda: ["sync", "encode", "--base", p(), "--new", p(), "-o", rng.choice([out(), p()]), "--version", rng.choice(NUMBERS)],
+        lambda: [
+            "sync",
+            "encode",
+            "--base",
+            p(),
+            "--new",
+            p(),
+            "-o",
+            rng.choice([out(), p()]),
+            "--version",
+            rng.choice(NUMBERS),
+        ],
         lambda: ["sync", "decode", "--base", p(), p(), "-o", rng.choice([out(), p()])],
-        lambda: ["serve", "--checkpoint", p(), "--port", rng.choice(NUMBERS + ["99999", "65536"]), "--max-batch",
-                 rng.choice(NUMBERS), "--max-len", rng.choice(NUMBERS), "--host", rng.choice(["127.0.0.1", "", "999.1.1.1", "::1", "nohost.invalid"])],
-        lambda: ["sandbox", "run", "--timeout", rng.choice(NUMBERS), "--memory", rng.choice(NUMBERS), *rng.choice([[], ["--world", p()]]), "--", "true"],
-        lambda: ["tasks", rng.choice(["list", "export", "check"]), "--suite", rng.choice(["synthetic", "humaneval", "nope", "synthetic/zz", ""]),
-                 rng.choice(["synthetic-d1-eval-0000", "synthetic-d9-eval-1", "x", "", "../../etc"]), out(), "--json", rng.choice([out(), p()])],
-        lambda: ["eval", "policy", "--policy", p(), "--set", "rollout.eval_episodes=1", "--set", f"rollout.eval_difficulties={rng.choice(STRUCTS)}"],
-        lambda: ["agent", "--world", p(), "--endpoint", rng.choice(["http://127.0.0.1:9", "nonsense", "ftp://x", ""]), "--tokenizer", p(), "hi"],
+        lambda: [
+            "serve",
+            "--checkpoint",
+            p(),
+            "--port",
+            rng.choice(NUMBERS + ["99999", "65536"]),
+            "--max-batch",
+            rng.choice(NUMBERS),
+            "--max-len",
+            rng.choice(NUMBERS),
+            "--host",
+            rng.choice(["127.0.0.1", "", "999.1.1.1", "::1", "nohost.invalid"]),
+        ],
+        lambda: [
+            "sandbox",
+            "run",
+            "--timeout",
+            rng.choice(NUMBERS),
+            "--memory",
+            rng.choice(NUMBERS),
+            *rng.choice([[], ["--world", p()]]),
+            "--",
+            "true",
+        ],
+        lambda: [
+            "tasks",
+            rng.choice(["list", "export", "check"]),
+            "--suite",
+            rng.choice(["synthetic", "humaneval", "nope", "synthetic/zz", ""]),
+            rng.choice(["synthetic-d1-eval-0000", "synthetic-d9-eval-1", "x", "", "../../etc"]),
+            out(),
+            "--json",
+            rng.choice([out(), p()]),
+        ],
+        lambda: [
+            "eval",
+            "policy",
+            "--policy",
+            p(),
+            "--set",
+            "rollout.eval_episodes=1",
+            "--set",
+            f"rollout.eval_difficulties={rng.choice(STRUCTS)}",
+        ],
+        lambda: [
+            "agent",
+            "--world",
+            p(),
+            "--endpoint",
+            rng.choice(["http://127.0.0.1:9", "nonsense", "ftp://x", ""]),
+            "--tokenizer",
+            p(),
+            "hi",
+        ],
         # (never a directory of two real snapshots, such as "" = here: that runs the benchmark)
-        lambda: ["bench", "sync", "--demo-run", rng.choice([str(d / n) for n in ("dir", "missing", "junk.bin", "model")] + ["/"]),
-                 "--quick", "--no-fanout"],
+        lambda: [
+            "bench",
+            "sync",
+            "--demo-run",
+            rng.choice([str(d / n) for n in ("dir", "missing", "junk.bin", "model")] + ["/"]),
+            "--quick",
+            "--no-fanout",
+        ],
         # (not midtrain or demo: a valid config would start them)
         lambda: [rng.choice(["sft", "train"]), "--config", p(), "--set", f"run.out_dir={d / 'runs'}"],
-        lambda: [rng.choice(["frobnicate", "sync", "tasks", "bench"])] + [hostile(rng) for _ in range(rng.randint(0, 3))],
+        lambda: (
+            [rng.choice(["frobnicate", "sync", "tasks", "bench"])] + [hostile(rng) for _ in range(rng.randint(0, 3))]
+        ),
     ]
     return [str(a) for a in rng.choice(choices)()]
 
@@ -216,7 +306,11 @@ def fuzz_remove_run_dir(n: int, seed: int, tmp: Path) -> None:
         except UserError:
             pass
         gone = not (root / "runs" / "real").exists()
-        assert (root / "keep.txt").exists() and (root / "runs" / "plain").exists() and (root / "runs" / "link").is_symlink()
+        assert (
+            (root / "keep.txt").exists()
+            and (root / "runs" / "plain").exists()
+            and (root / "runs" / "link").is_symlink()
+        )
         assert not gone or (out.resolve() == (root / "runs").resolve() and name == "real")
 
 
@@ -231,6 +325,7 @@ def test_fuzz_fresh_run_directory_long(tmp_path):
 
 # ---- damaged files -----------------------------------------------------------------------------
 
+
 def damage(blob: bytes, rng: random.Random) -> bytes:
     b = bytearray(blob)
     kind = rng.randrange(6)
@@ -238,18 +333,27 @@ def damage(blob: bytes, rng: random.Random) -> bytes:
         for _ in range(rng.randint(1, 8)):
             b[rng.randrange(len(b))] ^= 1 << rng.randrange(8)
     elif kind == 1:  # truncate
-        del b[rng.randrange(len(b) + 1):]
+        del b[rng.randrange(len(b) + 1) :]
     elif kind == 2:  # random bytes spliced in
         at = rng.randrange(len(b) + 1)
         b[at:at] = os.urandom(rng.randint(1, 64))
     elif kind == 3 and len(b) >= 8:  # a lying length prefix
-        b[:8] = struct.pack("<Q", rng.choice([0, 1, 7, len(b), len(b) - 8, 2 ** 63, 2 ** 64 - 1]))
+        b[:8] = struct.pack("<Q", rng.choice([0, 1, 7, len(b), len(b) - 8, 2**63, 2**64 - 1]))
     elif kind == 4:  # a hostile JSON header (safetensors layout)
-        header = json.dumps(rng.choice([{"a": 1}, [], "x", {"w": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}},
-                                        {"w": {"dtype": "BF16", "shape": [10 ** 12], "data_offsets": [0, 2]}},
-                                        {"w": {"dtype": "Q99", "shape": [1], "data_offsets": [0, 1]}},
-                                        {"w": {"dtype": "F32", "shape": [1], "data_offsets": [4, 0]}},
-                                        {"w": {"dtype": "F32", "shape": [True], "data_offsets": [0, 4]}}])).encode()
+        header = json.dumps(
+            rng.choice(
+                [
+                    {"a": 1},
+                    [],
+                    "x",
+                    {"w": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}},
+                    {"w": {"dtype": "BF16", "shape": [10**12], "data_offsets": [0, 2]}},
+                    {"w": {"dtype": "Q99", "shape": [1], "data_offsets": [0, 1]}},
+                    {"w": {"dtype": "F32", "shape": [1], "data_offsets": [4, 0]}},
+                    {"w": {"dtype": "F32", "shape": [True], "data_offsets": [0, 4]}},
+                ]
+            )
+        ).encode()
         b = bytearray(struct.pack("<Q", len(header)) + header + b"\0" * 8)
     else:  # swap two slices
         i, j = sorted(rng.randrange(len(b) + 1) for _ in range(2))
@@ -302,7 +406,9 @@ def fuzz_decode_cli(n: int, seed: int, d: Path) -> None:
     out.write_bytes(b"previous")
     for _ in range(n):
         (d / "damaged.delta").write_bytes(damage(delta, rng))
-        code, err = cli("sync", "decode", "--base", str(d / "base.safetensors"), str(d / "damaged.delta"), "-o", str(out))
+        code, err = cli(
+            "sync", "decode", "--base", str(d / "base.safetensors"), str(d / "damaged.delta"), "-o", str(out)
+        )
         one_line_error(code, err, "decode")
         assert out.read_bytes() == b"previous" if code else out.read_bytes() == (d / "new.safetensors").read_bytes()
         out.write_bytes(b"previous")
@@ -319,6 +425,7 @@ def test_fuzz_decode_command_long(inputs):
 
 # ---- the server --------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def served(tiny_tokenizer):
     with served_tiny_moe(tiny_tokenizer, max_batch=4, max_len=128) as s:
@@ -330,35 +437,84 @@ VALID = {
     "/v1/chat/completions": {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
     "/weights/update": {"path": "/nonexistent", "version": 1},
 }
-JSONISH = [None, True, False, 0, -1, 1.5, 2 ** 70, -(2 ** 70), "", "x" * 3000, "tiny", [], [1, "a"], {}, {"a": {"b": []}},
-           [[10 ** 9]], [-5], "\u0000", "\ud800"[:0] + "é", [[]] * 50]
+JSONISH = [
+    None,
+    True,
+    False,
+    0,
+    -1,
+    1.5,
+    2**70,
+    -(2**70),
+    "",
+    "x" * 3000,
+    "tiny",
+    [],
+    [1, "a"],
+    {},
+    {"a": {"b": []}},
+    [[10**9]],
+    [-5],
+    "\u0000",
+    "\ud800"[:0] + "é",
+    [[]] * 50,
+]
 
 
 def mutate(body: dict, rng: random.Random):
     body = json.loads(json.dumps(body))
     for _ in range(rng.randint(1, 3)):
         op = rng.randrange(4)
-        keys = list(body) + ["stream", "n", "logprobs", "tools", "stop", "seed", "top_p", "temperature", "tool_choice",
-                             "max_completion_tokens", "return_routed_experts", "prompt", "messages", "path", "version"]
+        keys = list(body) + [
+            "stream",
+            "n",
+            "logprobs",
+            "tools",
+            "stop",
+            "seed",
+            "top_p",
+            "temperature",
+            "tool_choice",
+            "max_completion_tokens",
+            "return_routed_experts",
+            "prompt",
+            "messages",
+            "path",
+            "version",
+        ]
         key = rng.choice(keys)
         if op == 0:
             body.pop(key, None)
         elif op == 1:
             body[key] = rng.choice(JSONISH)
         elif op == 2 and isinstance(body.get("messages"), list) and body["messages"]:
-            body["messages"][0] = rng.choice([{"role": "user"}, {"role": "tool", "content": 3}, {"content": "x"},
-                                              {"role": "assistant", "content": None, "tool_calls": rng.choice(JSONISH)}, "hi", []])
+            body["messages"][0] = rng.choice(
+                [
+                    {"role": "user"},
+                    {"role": "tool", "content": 3},
+                    {"content": "x"},
+                    {"role": "assistant", "content": None, "tool_calls": rng.choice(JSONISH)},
+                    "hi",
+                    [],
+                ]
+            )
         else:
             body[key] = mutate({"nested": rng.choice(JSONISH)}, rng) if rng.random() < 0.3 else rng.choice(JSONISH)
     return body
 
 
-RAW = [b"GET / HTTP/1.1\r\n\r\n", b"POST /v1/completions HTTP/1.1\r\nContent-Length: -5\r\n\r\n",
-       b"POST /v1/completions HTTP/1.1\r\nContent-Length: 99999999999\r\n\r\n{",
-       b"POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nZZ\r\nxx\r\n",
-       b"POST /v1/completions HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 9\r\n\r\nabc",
-       b"BREW /coffee HTCPCP/1.0\r\n\r\n", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\n\r\n",
-       b"POST /weights/update HTTP/1.1\r\nHost: x\r\n" + b"X-Pad: " + b"b" * 20000 + b"\r\n\r\n", b"\r\n\r\n\r\n"]
+RAW = [
+    b"GET / HTTP/1.1\r\n\r\n",
+    b"POST /v1/completions HTTP/1.1\r\nContent-Length: -5\r\n\r\n",
+    b"POST /v1/completions HTTP/1.1\r\nContent-Length: 99999999999\r\n\r\n{",
+    b"POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nZZ\r\nxx\r\n",
+    b"POST /v1/completions HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 9\r\n\r\nabc",
+    b"BREW /coffee HTCPCP/1.0\r\n\r\n",
+    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
+    b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\n\r\n",
+    b"POST /weights/update HTTP/1.1\r\nHost: x\r\n" + b"X-Pad: " + b"b" * 20000 + b"\r\n\r\n",
+    b"\r\n\r\n\r\n",
+]
 
 
 def weights(engine) -> list[torch.Tensor]:
@@ -373,11 +529,15 @@ def fuzz_http(n: int, seed: int, served, d: Path) -> None:
         for i in range(n):
             path = rng.choice(list(VALID))
             kind = rng.randrange(10)
-            headers = {"content-type": rng.choice(["application/json", "text/plain", "application/x-www-form-urlencoded", ""])}
+            headers = {
+                "content-type": rng.choice(["application/json", "text/plain", "application/x-www-form-urlencoded", ""])
+            }
             if kind < 6:
                 body = mutate(VALID[path], rng)
                 if path == "/weights/update" and rng.random() < 0.5:
-                    body["path"] = str(d / rng.choice(["junk.bin", "empty", "dir", "model", "delta.bin", "damaged0.safetensors"]))
+                    body["path"] = str(
+                        d / rng.choice(["junk.bin", "empty", "dir", "model", "delta.bin", "damaged0.safetensors"])
+                    )
                 content = json.dumps(body).encode()
             elif kind < 8:
                 content = os.urandom(rng.randint(0, 200))
@@ -410,6 +570,7 @@ def test_fuzz_http_long(served, inputs):
 
 # ---- answers to the isolated grader ------------------------------------------------------------
 
+
 def fuzz_judge(n: int, seed: int, tmp: Path) -> None:
     """The judge reading hostile answers (whatever the agent's code wrote) never crashes and never
     passes a check a correct answer would not."""
@@ -417,20 +578,36 @@ def fuzz_judge(n: int, seed: int, tmp: Path) -> None:
 
     rng = random.Random(seed)
     checks = tmp / "checks.py"
-    checks.write_text("def total(call):\n    assert call('m', 'f', 1, 2) == 3\n\n\n"
-                      "def pair(call):\n    assert call('m', 'g', [1]) == (1, [1])\n\n\n"
-                      "CHECKS = [('sum', total), ('pair', pair)]\n")
+    checks.write_text(
+        "def total(call):\n    assert call('m', 'f', 1, 2) == 3\n\n\n"
+        "def pair(call):\n    assert call('m', 'g', [1]) == (1, [1])\n\n\n"
+        "CHECKS = [('sum', total), ('pair', pair)]\n"
+    )
     (tmp / "calls.json").write_text(json.dumps([["m", "f", gp.encode([1, 2])], ["m", "g", gp.encode([[1]])]]))
     answers = [[{"value": 3}, {"value": gp.encode((1, [1]))}]]
     for _ in range(n):
-        junk = rng.choice([
-            lambda: os.urandom(rng.randint(0, 100)),
-            lambda: json.dumps(rng.choice(JSONISH)).encode(),
-            lambda: json.dumps([rng.choice([{"value": rng.choice(JSONISH)}, {"raised": rng.choice(JSONISH)}, {"value": 3, "raised": "X"},
-                                            {"value": {"tuple": rng.choice(JSONISH)}}, {"value": {"float": "nan"}}, {}])
-                                for _ in range(rng.randint(0, 3))]).encode(),
-            lambda: (b"[" * 100000) + (b"]" * 100000),
-        ])()
+        junk = rng.choice(
+            [
+                lambda: os.urandom(rng.randint(0, 100)),
+                lambda: json.dumps(rng.choice(JSONISH)).encode(),
+                lambda: json.dumps(
+                    [
+                        rng.choice(
+                            [
+                                {"value": rng.choice(JSONISH)},
+                                {"raised": rng.choice(JSONISH)},
+                                {"value": 3, "raised": "X"},
+                                {"value": {"tuple": rng.choice(JSONISH)}},
+                                {"value": {"float": "nan"}},
+                                {},
+                            ]
+                        )
+                        for _ in range(rng.randint(0, 3))
+                    ]
+                ).encode(),
+                lambda: (b"[" * 100000) + (b"]" * 100000),
+            ]
+        )()
         (tmp / "answers.json").write_bytes(junk)
         gp.judge(str(checks), str(tmp / "verdict.json"), [str(tmp / "calls.json"), str(tmp / "answers.json")])
         verdict = json.loads((tmp / "verdict.json").read_text())

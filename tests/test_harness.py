@@ -60,8 +60,11 @@ def generated(seg) -> list[int]:
 
 
 def test_loss_mask_is_exactly_the_generated_tokens(tiny_tokenizer, sandbox):
-    turns = ["Looking." + call("read_file", path="mod.py"),
-             call("edit_file", path="mod.py", old="a - b", new="a + b"), SUBMIT]
+    turns = [
+        "Looking." + call("read_file", path="mod.py"),
+        call("edit_file", path="mod.py", old="a - b", new="a + b"),
+        SUBMIT,
+    ]
     episode = play(tiny_tokenizer, sandbox, turns)
     assert episode.stop_reason == "submitted" and episode.turns == 3 and len(episode.segments) == 1
     seg = episode.segments[0]
@@ -69,25 +72,31 @@ def test_loss_mask_is_exactly_the_generated_tokens(tiny_tokenizer, sandbox):
     assert generated(seg) == expected  # never re-tokenized
     assert sandbox.read_file("mod.py") == b"def add(a, b):\n    return a + b\n"
     assert [c["name"] for c in episode.tool_calls] == ["read_file", "edit_file", "submit"]
-    assert episode.tool_calls[0] == {"name": "read_file", "arguments": {"path": "mod.py"},
-                                     "output": "1| def add(a, b):\n2|     return a - b", "error": None}
+    assert episode.tool_calls[0] == {
+        "name": "read_file",
+        "arguments": {"path": "mod.py"},
+        "output": "1| def add(a, b):\n2|     return a - b",
+        "error": None,
+    }
     assert [m["role"] for m in episode.messages] == ["system", "user"] + ["assistant", "tool"] * 3
     assert set(episode.timings) == {"policy_s", "tools_s", "total_s"}
 
 
 def test_every_error_path_is_an_observation(tiny_tokenizer, sandbox):
-    turns = ['<tool_call>{"name": "read_file", "arguments": {</tool_call>',  # malformed JSON
-             '<tool_call>{"name": "read_file"',  # unclosed
-             call("fly", to="moon"),  # unknown tool
-             call("read_file"),  # missing argument
-             call("read_file", path="nope.py"),  # missing file
-             call("run", command="sleep 30", timeout=1),  # timeout
-             call("run", command="yes | head -c 2000000"),  # huge output
-             call("run", command="python -c 'import os; os.abort()'"),  # crashing command
-             call("run", command="exit 0") + call("grep", pattern="("),  # one good, one bad call
-             call("write_file", path="test_crash.py", content="import os\nos.abort()\n"),
-             call("run", command="python -m pytest -q test_crash.py"),  # the test runner crashes
-             SUBMIT]
+    turns = [
+        '<tool_call>{"name": "read_file", "arguments": {</tool_call>',  # malformed JSON
+        '<tool_call>{"name": "read_file"',  # unclosed
+        call("fly", to="moon"),  # unknown tool
+        call("read_file"),  # missing argument
+        call("read_file", path="nope.py"),  # missing file
+        call("run", command="sleep 30", timeout=1),  # timeout
+        call("run", command="yes | head -c 2000000"),  # huge output
+        call("run", command="python -c 'import os; os.abort()'"),  # crashing command
+        call("run", command="exit 0") + call("grep", pattern="("),  # one good, one bad call
+        call("write_file", path="test_crash.py", content="import os\nos.abort()\n"),
+        call("run", command="python -m pytest -q test_crash.py"),  # the test runner crashes
+        SUBMIT,
+    ]
     episode = play(tiny_tokenizer, sandbox, turns, observation_chars=400, max_invalid_turns=100, max_context=8192)
     assert episode.stop_reason == "submitted" and episode.turns == len(turns)
     errors = [c["error"] for c in episode.tool_calls]
@@ -101,14 +110,17 @@ def test_every_error_path_is_an_observation(tiny_tokenizer, sandbox):
     assert episode.tool_calls[11]["output"].startswith("exit code 134")
 
 
-@pytest.mark.parametrize("config, turns, reason", [
-    ({"max_turns": 2}, [call("list_dir")], "max_turns"),
-    ({"max_invalid_turns": 3}, ["<tool_call>{bad}</tool_call>"], "invalid_calls"),
-    ({}, ["I am not sure what to do. Could you help?"], "no_tool_call"),
-    ({"max_turn_tokens": 20}, ["x" * 400 + SUBMIT], "turn_too_long"),
-    ({"max_context": 600}, ["x" * 4000 + SUBMIT], "context_full"),  # the turn overruns the window
-    ({"max_context": 600, "observation_chars": 3000}, [call("run", command="seq 1 2000")], "context_full"),
-])
+@pytest.mark.parametrize(
+    "config, turns, reason",
+    [
+        ({"max_turns": 2}, [call("list_dir")], "max_turns"),
+        ({"max_invalid_turns": 3}, ["<tool_call>{bad}</tool_call>"], "invalid_calls"),
+        ({}, ["I am not sure what to do. Could you help?"], "no_tool_call"),
+        ({"max_turn_tokens": 20}, ["x" * 400 + SUBMIT], "turn_too_long"),
+        ({"max_context": 600}, ["x" * 4000 + SUBMIT], "context_full"),  # the turn overruns the window
+        ({"max_context": 600, "observation_chars": 3000}, [call("run", command="seq 1 2000")], "context_full"),
+    ],
+)
 def test_limits_end_the_episode_with_a_reason(tiny_tokenizer, sandbox, config, turns, reason):
     episode = play(tiny_tokenizer, sandbox, turns, **config)
     assert episode.stop_reason == reason, (episode.stop_reason, episode.detail)
@@ -133,12 +145,15 @@ class Broken:
         return self.reply
 
 
-@pytest.mark.parametrize("reply, reason", [
-    (ConnectionError("engine down"), "policy_error"),
-    (Generation([], [], [], ""), "policy_error"),
-    (Generation([5] * 5000, [0.0] * 5000, [0] * 5000, "x"), "policy_error"),  # ignores max_tokens
-    (Generation([5, 6], [0.0], [0, 0], "x"), "error"),  # misaligned logprobs
-])
+@pytest.mark.parametrize(
+    "reply, reason",
+    [
+        (ConnectionError("engine down"), "policy_error"),
+        (Generation([], [], [], ""), "policy_error"),
+        (Generation([5] * 5000, [0.0] * 5000, [0] * 5000, "x"), "policy_error"),  # ignores max_tokens
+        (Generation([5, 6], [0.0], [0, 0], "x"), "error"),  # misaligned logprobs
+    ],
+)
 def test_policy_failures_are_recorded(tiny_tokenizer, sandbox, reply, reason):
     episode = Harness(tiny_tokenizer).run(Broken(reply), sandbox, "Fix it.")
     assert episode.stop_reason == reason and episode.detail

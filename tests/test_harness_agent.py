@@ -21,8 +21,20 @@ def test_agent_runs_a_local_checkpoint(tiny_tokenizer, tmp_path, capsys):
     world = tmp_path / "repo"
     world.mkdir()
     (world / "a.py").write_text("x = 1\n")
-    argv = ["agent", "--world", str(world), "--checkpoint", str(tmp_path / "ckpt"), "--max-turns", "2",
-            "--max-context", "1100", "--json", str(tmp_path / "ep.json"), "Fix a.py."]
+    argv = [
+        "agent",
+        "--world",
+        str(world),
+        "--checkpoint",
+        str(tmp_path / "ckpt"),
+        "--max-turns",
+        "2",
+        "--max-context",
+        "1100",
+        "--json",
+        str(tmp_path / "ep.json"),
+        "Fix a.py.",
+    ]
     assert main(argv) == 0
     assert "stopped: " in capsys.readouterr().out
     episode = json.loads((tmp_path / "ep.json").read_text())
@@ -51,7 +63,8 @@ def test_harness_through_strop_engine_server(tiny_tokenizer, tmp_path):
     sandbox = open_sandbox(tmp_path)
     try:
         episode = Harness(tiny_tokenizer, HarnessConfig(max_turns=1, max_context=1100)).run(
-            EndpointClient(url), sandbox, "Fix it.")
+            EndpointClient(url), sandbox, "Fix it."
+        )
     finally:
         sandbox.close()
         stop()

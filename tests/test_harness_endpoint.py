@@ -14,7 +14,10 @@ from strop.env.oracle import ScriptedClient
 from strop.env.sandbox import open_sandbox
 from strop.policy_api import SamplingParams
 
-TURNS = ['<tool_call>{"name": "list_dir", "arguments": {}}</tool_call>', 'Done.<tool_call>{"name": "submit", "arguments": {}}</tool_call>']
+TURNS = [
+    '<tool_call>{"name": "list_dir", "arguments": {}}</tool_call>',
+    'Done.<tool_call>{"name": "submit", "arguments": {}}</tool_call>',
+]
 
 
 @pytest.fixture
@@ -46,9 +49,14 @@ def server(tiny_tokenizer):
             # as strop's server: routing for every position read (prompt and output but the last);
             # here position k "routes" to experts [k, k]
             routing = [[[k, k]] for k in range(p + n - 1)]
-            choice = {"text": gen.text, "finish_reason": "stop", "token_ids": gen.token_ids,
-                      "logprobs": {"token_logprobs": [-0.5] * n}, "policy_versions": [7] * n,
-                      "routed_experts": routing}
+            choice = {
+                "text": gen.text,
+                "finish_reason": "stop",
+                "token_ids": gen.token_ids,
+                "logprobs": {"token_logprobs": [-0.5] * n},
+                "policy_versions": [7] * n,
+                "routed_experts": routing,
+            }
             self._reply({"choices": [choice]})
 
         def log_message(self, *args):
@@ -92,8 +100,15 @@ def test_endpoint_failure_is_a_policy_error(tiny_tokenizer, server, tmp_path):
 
 
 def test_parse_completion_reads_vllm_token_strings():
-    reply = {"choices": [{"text": "ab", "finish_reason": "length",
-                          "logprobs": {"tokens": ["token_id:5", "token_id:9"], "token_logprobs": [-1.0, -2.0]}}]}
+    reply = {
+        "choices": [
+            {
+                "text": "ab",
+                "finish_reason": "length",
+                "logprobs": {"tokens": ["token_id:5", "token_id:9"], "token_logprobs": [-1.0, -2.0]},
+            }
+        ]
+    }
     gen = parse_completion(reply, prompt_len=3)
     assert gen.token_ids == [5, 9] and gen.logprobs == [-1.0, -2.0] and gen.versions == [0, 0]
     assert gen.finish_reason == "length" and gen.routing is None
@@ -107,7 +122,9 @@ def test_strop_agent_prints_the_diff_and_applies_only_when_asked(tiny_tokenizer,
     world = tmp_path / "repo"
     world.mkdir()
     (world / "mod.py").write_text("def add(a, b):\n    return a - b\n")
-    edit = '<tool_call>{"name": "edit_file", "arguments": {"path": "mod.py", "old": "a - b", "new": "a + b"}}</tool_call>'
+    edit = (
+        '<tool_call>{"name": "edit_file", "arguments": {"path": "mod.py", "old": "a - b", "new": "a + b"}}</tool_call>'
+    )
     argv = ["agent", "--world", str(world), "--endpoint", url, "--tokenizer", str(tmp_path / "tok"), "Fix add."]
     script[0] = ScriptedClient([edit, TURNS[1]], tiny_tokenizer)
     assert main(argv) == 0

@@ -34,18 +34,23 @@ def test_every_unfixed_hack_of_the_catalogue_earns_nothing():
     assert rewarded == []
 
 
-@pytest.mark.parametrize("body", [
-    # an int whose __eq__ is always true: refused as not plain data, not passed on as the int it claims
-    f"class Liar(int):\n    def __eq__(self, other):\n        return True\n\n\n" f"def {FN}(*args):\n    return Liar(0)\n",
-    # patch the answering program itself so that it writes whatever this code likes
-    f"import __main__\n__main__.encode = lambda v, depth=0: 'anything'\n\n\ndef {FN}(*args):\n    return None\n",
-    # write an answers file by hand, then leave before the real one is written
-    f"import json, os, sys\n\n\ndef {FN}(*args):\n" "    json.dump([{'value': 1}] * 1000, open(sys.argv[-1], 'w'))\n    os._exit(0)\n",
-    # look for the checks and their expected values: they never enter this sandbox
-    f"import glob\n\n\ndef {FN}(*args):\n"
-    "    found = glob.glob('/tmp/strop-checks-*') + glob.glob('/**/test_hidden.py', recursive=True)\n"
-    f"    assert not found, found\n    return None\n",
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        # an int whose __eq__ is always true: refused as not plain data, not passed on as the int it claims
+        f"class Liar(int):\n    def __eq__(self, other):\n        return True\n\n\n"
+        f"def {FN}(*args):\n    return Liar(0)\n",
+        # patch the answering program itself so that it writes whatever this code likes
+        f"import __main__\n__main__.encode = lambda v, depth=0: 'anything'\n\n\ndef {FN}(*args):\n    return None\n",
+        # write an answers file by hand, then leave before the real one is written
+        f"import json, os, sys\n\n\ndef {FN}(*args):\n"
+        "    json.dump([{'value': 1}] * 1000, open(sys.argv[-1], 'w'))\n    os._exit(0)\n",
+        # look for the checks and their expected values: they never enter this sandbox
+        f"import glob\n\n\ndef {FN}(*args):\n"
+        "    found = glob.glob('/tmp/strop-checks-*') + glob.glob('/**/test_hidden.py', recursive=True)\n"
+        f"    assert not found, found\n    return None\n",
+    ],
+)
 def test_in_process_tricks_earn_nothing(body):
     score = check(TASK, replaced(body), perturbed=False)
     assert score.reward == 0 and score.passed < TASK.metadata["n_tests"], score
@@ -69,15 +74,33 @@ def test_honest_answers_pass_and_failures_say_why():
 
 def test_humaneval_always_equal_earns_nothing_and_the_canonical_passes():
     stub = HE.files["solution.py"]
-    evil = stub.replace(humaneval.STUB, "    class Anything:\n        def __eq__(self, other):\n            return True\n\n"
-                                         "    return Anything()\n")
+    evil = stub.replace(
+        humaneval.STUB,
+        "    class Anything:\n        def __eq__(self, other):\n            return True\n\n    return Anything()\n",
+    )
     assert check(HE, {"solution.py": evil}).reward == 0
     assert check(HE, apply_edits(HE.files, HE.metadata["reference_edits"])).reward == 1
 
 
 def test_plain_data_round_trips_exactly():
-    values = [None, True, 0, -7, 2 ** 200, 1.5, math.inf, -0.0, "é\n", b"\x00\xff", [1, (2, 3)], (), {"a": [1]},
-              {1: {2}}, {(1, 2): frozenset({3})}, [[[]]]]
+    values = [
+        None,
+        True,
+        0,
+        -7,
+        2**200,
+        1.5,
+        math.inf,
+        -0.0,
+        "é\n",
+        b"\x00\xff",
+        [1, (2, 3)],
+        (),
+        {"a": [1]},
+        {1: {2}},
+        {(1, 2): frozenset({3})},
+        [[[]]],
+    ]
     for v in values:
         back = decode(encode(v))
         assert back == v and type(back) is type(v) and repr(back) == repr(v)

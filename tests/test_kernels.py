@@ -48,7 +48,9 @@ def test_linear_matches_torch_and_is_batch_invariant():
         _check_invariant(lambda rows: kernels.linear(x[rows], packed, bias), len(x))
         exact = w.bfloat16().float()  # bf16 values pack as bf16: half the bytes, the same bits
         assert kernels.pack_linear(exact).bf16
-        assert torch.equal(kernels.linear(x, kernels.pack_linear(exact)), kernels.linear(x, kernels.pack_linear(exact, False)))
+        assert torch.equal(
+            kernels.linear(x, kernels.pack_linear(exact)), kernels.linear(x, kernels.pack_linear(exact, False))
+        )
 
 
 def test_row_kernels_match_torch_and_are_batch_invariant():

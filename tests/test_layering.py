@@ -10,8 +10,19 @@ ROOT = Path(__file__).resolve().parent.parent / "strop"
 # Low to high. A package may import packages of lower layers only: never a peer in its own layer,
 # never one above. The foundation's single modules (errors, config, ...) may import each other,
 # without a cycle.
-FOUNDATION = {"strop", "errors", "outputs", "threads", "memory", "native", "config", "report", "checkpoint",
-              "kernels", "policy_api"}
+FOUNDATION = {
+    "strop",
+    "errors",
+    "outputs",
+    "threads",
+    "memory",
+    "native",
+    "config",
+    "report",
+    "checkpoint",
+    "kernels",
+    "policy_api",
+}
 LAYERS: list[set[str]] = [
     FOUNDATION,
     {"data"},  # corpus -> tokenizer -> packed token streams
@@ -95,7 +106,7 @@ def test_no_cycle_between_packages():
         state[node] = "open"
         for nxt in sorted(edges.get(node, ())):
             if state.get(nxt) == "open":
-                cycles.append(" -> ".join(path[path.index(nxt):] + [node, nxt]) if nxt in path else f"{node} -> {nxt}")
+                cycles.append(" -> ".join(path[path.index(nxt) :] + [node, nxt]) if nxt in path else f"{node} -> {nxt}")
             elif nxt not in state:
                 visit(nxt, path + [node])
         state[node] = "done"

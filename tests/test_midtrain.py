@@ -36,7 +36,7 @@ expert_size = 16
 dense_size = 64
 [data]
 stdlib = false
-dirs = ["{lib / 'json'}", "{lib / 'email'}"]
+dirs = ["{lib / "json"}", "{lib / "email"}"]
 val_files = 3
 vocab_size = 400
 seq_len = 32
@@ -52,8 +52,15 @@ eval_batches = 1
 
 def strop(*args: str, **kw) -> subprocess.Popen:
     env = {**os.environ, "STROP_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.Popen([sys.executable, "-m", "strop.cli", *args], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "strop.cli", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 def test_killed_run_resumes_bit_for_bit(tmp_path):

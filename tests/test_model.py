@@ -17,8 +17,9 @@ def test_saved_model_loads_with_auto_classes(tiny_model, tiny_tokenizer, tmp_pat
     tok = AutoTokenizer.from_pretrained(tmp_path / "m")
     for name, p in tiny_model.state_dict().items():
         assert torch.equal(p, model.state_dict()[name]), name
-    prompt = tok.apply_chat_template([{"role": "user", "content": "def add(a, b):"}], tokenize=False,
-                                     add_generation_prompt=True)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "def add(a, b):"}], tokenize=False, add_generation_prompt=True
+    )
     assert prompt == render([{"role": "user", "content": "def add(a, b):"}], add_generation_prompt=True)
     ids = tok(prompt, return_tensors="pt").input_ids
     out = model.generate(ids, max_new_tokens=5, do_sample=False, pad_token_id=tok.pad_token_id)

@@ -19,7 +19,9 @@ def test_builds_caches_and_loads(tmp_path, monkeypatch):
     mtime = built[0].stat().st_mtime_ns
     assert load_library("t", SOURCE, slow_path="python").add_one(1) == 2  # from the cache: not rebuilt
     assert built[0].stat().st_mtime_ns == mtime
-    assert load_library("t", SOURCE + "\n// changed\n", slow_path="python").add_one(1) == 2  # a new source gets its own file
+    assert (
+        load_library("t", SOURCE + "\n// changed\n", slow_path="python").add_one(1) == 2
+    )  # a new source gets its own file
     assert len(list((tmp_path / "strop").glob("t_*.so"))) == 2
 
 
@@ -53,5 +55,7 @@ def test_compiler_warnings_are_shown_once(tmp_path, monkeypatch, capsys):
 
 def test_shipped_sources_are_package_files_marked_by_line():
     source = read_sources("strop.sync", "delta_encode.c", "delta_decode.c")
-    assert source.startswith('#line 1 "strop/sync/delta_encode.c"\n') and '#line 1 "strop/sync/delta_decode.c"\n' in source
+    assert (
+        source.startswith('#line 1 "strop/sync/delta_encode.c"\n') and '#line 1 "strop/sync/delta_decode.c"\n' in source
+    )
     assert "delta_scan" in source and "delta_decode" in source

@@ -8,7 +8,6 @@ import dataclasses
 import json
 import zlib
 
-import httpx
 import pytest
 import torch
 
@@ -21,10 +20,10 @@ from strop.online.auth import KeyFile
 from strop.online.cycle import CycleSettings, initialize, run_cycle, served
 from strop.online.gates import GateSettings, compare, regressed
 from strop.online.monitors import classify
-from strop.online.population import drive, make_population, prefers
+from strop.online.population import drive, prefers
 from strop.online.probes import task_request
 from strop.online.rewards import RewardMap
-from strop.online.sim_policy import reply, warm_start
+from strop.online.sim_policy import reply
 from strop.online.simulate import prepare
 from strop.online.store import Store
 from strop.online.versions import Versions
@@ -32,7 +31,12 @@ from strop.online.versions import Versions
 
 def test_rewards_are_tab_style_and_configurable():
     r = RewardMap()
-    assert (r("accept", "accept"), r("accept", "reject"), r("thumbs", "up"), r("edit", "reverted")) == (0.75, -0.25, 0.75, -0.25)
+    assert (r("accept", "accept"), r("accept", "reject"), r("thumbs", "up"), r("edit", "reverted")) == (
+        0.75,
+        -0.25,
+        0.75,
+        -0.25,
+    )
     assert RewardMap.parse("accept.reject=-1, thumbs.up=0.5")("accept", "reject") == -1.0
     for bad in ("accept.maybe=1", "accept.reject", "accept.reject=x"):
         with pytest.raises(ValueError, match="reward"):
@@ -68,10 +72,16 @@ def online_server(tmp_path, tokenizer):
     engine = Engine.from_checkpoint(str(made["base"]), max_batch=16, max_len=1024)
     app = create_serving_app(engine, "sim", keys, store, Versions(str(tmp_path / "weights")))
     url, stop = serve_in_thread(engine, "sim", app=app)
-    s = CycleSettings(checkpoint=str(made["base"]), weights=str(tmp_path / "weights"), engines=[url],
-                      admin_key=made["admin"], run_dir=tmp_path, min_rated=8,
-                      rl=RLSection(lr=1e-6, micro_batch=16, measure_update=False),
-                      gates=GateSettings(suites=(), probe_samples=1))
+    s = CycleSettings(
+        checkpoint=str(made["base"]),
+        weights=str(tmp_path / "weights"),
+        engines=[url],
+        admin_key=made["admin"],
+        run_dir=tmp_path,
+        min_rated=8,
+        rl=RLSection(lr=1e-6, micro_batch=16, measure_update=False),
+        gates=GateSettings(suites=(), probe_samples=1),
+    )
     try:
         yield s, store, engine, made["population"]
     finally:
@@ -98,32 +108,117 @@ def test_one_cycle_promotes_a_harmful_update_is_refused_and_rollback_is_bitwise(
         # a deliberately harmful update: rewards by coin flip at a huge learning rate (the mixture policy
         # warm-started this briefly asks too rarely for `asks_instead_of_editing` to have a signal)
         refused = run_cycle(harmful, store, reward_of=lambda rc: (-1.0, 1.0)[zlib.crc32(rc.completion.id.encode()) % 2])
-        assert refused["status"] == "refused" and refused["failed_gates"], json.dumps([refused["train"], refused["gates"]])
+        assert refused["status"] == "refused" and refused["failed_gates"], json.dumps(
+            [refused["train"], refused["gates"]]
+        )
         assert engine.version == 1 and served(store).version == 1  # nothing served changed
 
         monkeypatch.setenv("STROP_API_KEY", s.admin_key)
-        assert main(["online", "rollback", "--to", "0", "--store", str(tmp_path / "feedback.db"),
-                     "--weights-store", s.weights, "--engine", s.engines[0], "--checkpoint", s.checkpoint,
-                     "--run-dir", str(tmp_path)]) == 0
+        assert (
+            main(
+                [
+                    "online",
+                    "rollback",
+                    "--to",
+                    "0",
+                    "--store",
+                    str(tmp_path / "feedback.db"),
+                    "--weights-store",
+                    s.weights,
+                    "--engine",
+                    s.engines[0],
+                    "--checkpoint",
+                    s.checkpoint,
+                    "--run-dir",
+                    str(tmp_path),
+                ]
+            )
+            == 0
+        )
         assert engine.version == 0 and served(store).version == 0
         assert all(torch.equal(engine.named_tensors()[n], t) for n, t in v0.items())  # bit for bit
         assert [d.kind for d in store.deployments()] == ["initial", "promoted", "refused", "rollback"]
-        assert main(["online", "rollback", "--to", "0", "--store", str(tmp_path / "feedback.db"),
-                     "--weights-store", s.weights, "--engine", s.engines[0], "--checkpoint", s.checkpoint]) == 2
+        assert (
+            main(
+                [
+                    "online",
+                    "rollback",
+                    "--to",
+                    "0",
+                    "--store",
+                    str(tmp_path / "feedback.db"),
+                    "--weights-store",
+                    s.weights,
+                    "--engine",
+                    s.engines[0],
+                    "--checkpoint",
+                    s.checkpoint,
+                ]
+            )
+            == 2
+        )
 
 
 def test_online_command_refuses_bad_input(capsys, monkeypatch):
     assert main(["online", "--once"]) == 2
     assert "needs --checkpoint" in capsys.readouterr().err
     monkeypatch.delenv("STROP_API_KEY", raising=False)
-    assert main(["online", "--once", "--checkpoint", "x", "--store", "x.db", "--weights-store", "w",
-                 "--engine", "http://127.0.0.1:1"]) == 2
+    assert (
+        main(
+            [
+                "online",
+                "--once",
+                "--checkpoint",
+                "x",
+                "--store",
+                "x.db",
+                "--weights-store",
+                "w",
+                "--engine",
+                "http://127.0.0.1:1",
+            ]
+        )
+        == 2
+    )
     assert "STROP_API_KEY" in capsys.readouterr().err
     monkeypatch.setenv("STROP_API_KEY", "k")
-    assert main(["online", "--interval", "soon", "--checkpoint", "x", "--store", "x.db", "--weights-store", "w",
-                 "--engine", "http://127.0.0.1:1"]) == 2
-    assert main(["online", "--once", "--rewards", "accept.maybe=1", "--checkpoint", "x", "--store", "x.db",
-                 "--weights-store", "w", "--engine", "http://127.0.0.1:1"]) == 2
+    assert (
+        main(
+            [
+                "online",
+                "--interval",
+                "soon",
+                "--checkpoint",
+                "x",
+                "--store",
+                "x.db",
+                "--weights-store",
+                "w",
+                "--engine",
+                "http://127.0.0.1:1",
+            ]
+        )
+        == 2
+    )
+    assert (
+        main(
+            [
+                "online",
+                "--once",
+                "--rewards",
+                "accept.maybe=1",
+                "--checkpoint",
+                "x",
+                "--store",
+                "x.db",
+                "--weights-store",
+                "w",
+                "--engine",
+                "http://127.0.0.1:1",
+            ]
+        )
+        == 2
+    )
 
 
 @pytest.mark.slow
@@ -131,8 +226,24 @@ def test_simulated_users_approval_rises_with_every_gate_passing(tmp_path):
     """The acceptance run, `strop online --simulate 3 --json F`: a real `strop serve` process, real HTTP,
     a real SQLite log. Not yet run to completion on this machine (see the README)."""
     out = tmp_path / "sim.json"
-    assert main(["online", "--simulate", "3", "--json", str(out), "--run-dir", str(tmp_path / "run"),
-                 "--gate-suites", "synthetic,humaneval", "--gate-episodes", "4"]) == 0
+    assert (
+        main(
+            [
+                "online",
+                "--simulate",
+                "3",
+                "--json",
+                str(out),
+                "--run-dir",
+                str(tmp_path / "run"),
+                "--gate-suites",
+                "synthetic,humaneval",
+                "--gate-episodes",
+                "4",
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     assert len(report["approval"]) == len(report["approval_ci95"]) == 4 and len(report["gates"]) == 3
     assert report["rises_outside_ci95"] and report["all_gates_passed"], report["approval_rounds"]

@@ -32,8 +32,10 @@ def publish_versions(engine: Engine, root: str, n: int) -> list[dict[str, torch.
     for v in range(n):
         new: dict[int, torch.Tensor] = {}
         with torch.no_grad():
-            state = {k: new.setdefault(id(t), (t + 0.01 * torch.randn_like(t) if v else t.clone()).contiguous())
-                     for k, t in engine.named_tensors().items()}
+            state = {
+                k: new.setdefault(id(t), (t + 0.01 * torch.randn_like(t) if v else t.clone()).contiguous())
+                for k, t in engine.named_tensors().items()
+            }
         publisher.publish({k: bits_view(t) for k, t in state.items()}, version=v)
         states.append(state)
     return states
@@ -89,13 +91,24 @@ def test_missing_unknown_and_wrongly_scoped_keys(tiny_tokenizer, tmp_path, keys)
     body = {"model": "tiny", "prompt": "x", "max_tokens": 2}
     with secure_server(tiny_tokenizer, k, Store(str(tmp_path / "log.db"))) as (url, _), httpx.Client() as c:
         assert c.get(url + "/health").status_code == 200  # the one open path
-        for headers in ({}, auth("strop_not-a-key"), {"Authorization": "Basic " + made["infer"]}, {"Authorization": "Bearer"}):
+        for headers in (
+            {},
+            auth("strop_not-a-key"),
+            {"Authorization": "Basic " + made["infer"]},
+            {"Authorization": "Bearer"},
+        ):
             r = c.post(url + "/v1/completions", json=body, headers=headers)
             assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", headers
             assert r.json()["error"]["type"] == "authentication_error"
         assert c.post(url + "/v1/completions", json=body, headers=auth(made["infer"])).status_code == 200
-        refused = [("/v1/completions", "feedback"), ("/v1/chat/completions", "admin"), ("/v1/feedback", "infer"),
-                   ("/weights/update", "infer"), ("/weights/rollback", "feedback"), ("/not/listed", "infer")]
+        refused = [
+            ("/v1/completions", "feedback"),
+            ("/v1/chat/completions", "admin"),
+            ("/v1/feedback", "infer"),
+            ("/weights/update", "infer"),
+            ("/weights/rollback", "feedback"),
+            ("/not/listed", "infer"),
+        ]
         for path, scope in refused:
             r = c.post(url + path, json={}, headers=auth(made[scope]))
             assert r.status_code == 403 and "scope" in r.json()["error"]["message"], (path, scope)
@@ -123,9 +136,15 @@ def test_weights_move_only_between_versions_of_the_store(tiny_tokenizer, tmp_pat
         stack.callback(stop)
         c = stack.enter_context(httpx.Client(headers=auth(made["admin"]), timeout=60))
         original = {n: t.clone() for n, t in engine.named_tensors().items()}
-        save_model(build_model(tiny_model_section("qwen3_moe"), tiny_tokenizer, seed=5), tiny_tokenizer, tmp_path / "evil")
-        for body in ({"path": str(tmp_path / "evil")}, {"path": str(tmp_path / "evil"), "version": 1},
-                     {"version": "../evil"}, {"version": 1, "from": "/etc/passwd"}):
+        save_model(
+            build_model(tiny_model_section("qwen3_moe"), tiny_tokenizer, seed=5), tiny_tokenizer, tmp_path / "evil"
+        )
+        for body in (
+            {"path": str(tmp_path / "evil")},
+            {"path": str(tmp_path / "evil"), "version": 1},
+            {"version": "../evil"},
+            {"version": 1, "from": "/etc/passwd"},
+        ):
             r = c.post(url + "/weights/update", json=body)
             assert r.status_code == 400, body
         r = c.post(url + "/weights/update", json={"path": "/etc/passwd"})
@@ -140,8 +159,12 @@ def test_weights_move_only_between_versions_of_the_store(tiny_tokenizer, tmp_pat
         r = c.post(url + "/weights/rollback", json={"to": 0})
         assert r.status_code == 200 and engine.version == 0
         assert all(torch.equal(engine.named_tensors()[n], t) for n, t in original.items())  # bit for bit
-        infer = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2},
-                           headers=auth(made["infer"]), timeout=60)
+        infer = httpx.post(
+            url + "/v1/completions",
+            json={"model": "tiny", "prompt": "x", "max_tokens": 2},
+            headers=auth(made["infer"]),
+            timeout=60,
+        )
         assert infer.json()["choices"][0]["policy_versions"] == [0, 0]
         assert c.post(url + "/weights/rollback", json={"to": 1}).status_code == 400  # not older than the served 0
 

@@ -42,8 +42,24 @@ def store_url(request, tmp_path):
 
 
 def row(cid: str = "cmpl-1", choice: int = 0) -> CompletionRow:
-    return CompletionRow(cid, choice, 1.5, "alice", "chat", "tiny", {"messages": [{"role": "user", "content": "hé"}]},
-                         [1, 2, 3], [4, 5], [-0.25, -1.5], [3, 3], [[[0, 1]], [[2, 3]]], 3, "stop", "ok", 0.01)
+    return CompletionRow(
+        cid,
+        choice,
+        1.5,
+        "alice",
+        "chat",
+        "tiny",
+        {"messages": [{"role": "user", "content": "hé"}]},
+        [1, 2, 3],
+        [4, 5],
+        [-0.25, -1.5],
+        [3, 3],
+        [[[0, 1]], [[2, 3]]],
+        3,
+        "stop",
+        "ok",
+        0.01,
+    )
 
 
 def test_store_round_trip_and_idempotent_feedback(store_url):
@@ -56,9 +72,12 @@ def test_store_round_trip_and_idempotent_feedback(store_url):
         assert statuses == ["added", "duplicate", "duplicate"]
         changed = FeedbackRow("e1", "cmpl-1", 0, "thumbs", "down", None, "alice", 3.0)
         assert store.add_feedback(changed).result(30) == "conflict"
-        assert store.add_feedback(FeedbackRow("e2", "cmpl-9", 0, "edit", "kept", None, None, 2.0)).result(30) == "unknown"
-        many = [store.add_feedback(FeedbackRow(f"m{i}", "cmpl-1", 1, "accept", "reject", "x", None, 4.0))
-                for i in range(50)]  # queued at once: committed together
+        assert (
+            store.add_feedback(FeedbackRow("e2", "cmpl-9", 0, "edit", "kept", None, None, 2.0)).result(30) == "unknown"
+        )
+        many = [
+            store.add_feedback(FeedbackRow(f"m{i}", "cmpl-1", 1, "accept", "reject", "x", None, 4.0)) for i in range(50)
+        ]  # queued at once: committed together
         assert all(f.result(30) == "added" for f in many)
         assert store.count("feedback") == 51 and store.feedback()[0] == event
     finally:
@@ -69,8 +88,17 @@ def test_served_completions_are_logged_and_rated(tiny_tokenizer, store_url):
     store = Store(store_url)
     try:
         with secure_server(tiny_tokenizer, None, store) as (url, _), httpx.Client(base_url=url, timeout=60) as c:
-            r = c.post("/v1/completions", json={"model": "tiny", "prompt": "def f(x):", "max_tokens": 4, "n": 2,
-                                                "logprobs": 1, "return_routed_experts": True}).json()
+            r = c.post(
+                "/v1/completions",
+                json={
+                    "model": "tiny",
+                    "prompt": "def f(x):",
+                    "max_tokens": 4,
+                    "n": 2,
+                    "logprobs": 1,
+                    "return_routed_experts": True,
+                },
+            ).json()
             for i, choice in enumerate(r["choices"]):
                 logged = store.completion(r["id"], i)  # committed before the response came back
                 assert logged.token_ids == choice["token_ids"] and logged.prompt_ids == choice["prompt_token_ids"]
@@ -78,29 +106,50 @@ def test_served_completions_are_logged_and_rated(tiny_tokenizer, store_url):
                 assert logged.routing == choice["routed_experts"] and logged.versions == choice["policy_versions"]
                 assert logged.policy_version == 0 and logged.latency_s > 0 and logged.text == choice["text"]
                 assert logged.request["prompt"] == "def f(x):" and logged.endpoint == "completions"
-            chat = c.post("/v1/chat/completions", json={"model": "tiny", "max_tokens": 3,
-                                                        "messages": [{"role": "user", "content": "hi"}]}).json()
+            chat = c.post(
+                "/v1/chat/completions",
+                json={"model": "tiny", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]},
+            ).json()
             assert store.completion(chat["id"]).request["messages"][0]["content"] == "hi"
-            with c.stream("POST", "/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 3,
-                                                           "stream": True}) as s:
+            with c.stream(
+                "POST", "/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 3, "stream": True}
+            ) as s:
                 first = next(line for line in list(s.iter_lines()) if line.startswith("data: {"))
             streamed_id = first.split('"id": "')[1].split('"')[0]
             assert len(store.completion(streamed_id).token_ids) == 3
 
-            event = {"event_id": "ev-1", "completion_id": r["id"], "choice": 1, "kind": "edit", "value": "kept",
-                     "text": "good refactor"}
+            event = {
+                "event_id": "ev-1",
+                "completion_id": r["id"],
+                "choice": 1,
+                "kind": "edit",
+                "value": "kept",
+                "text": "good refactor",
+            }
             assert c.post("/v1/feedback", json=event).json() == {"event_id": "ev-1", "status": "added"}
             assert c.post("/v1/feedback", json=event).json()["status"] == "duplicate"  # a retry counts once
             assert c.post("/v1/feedback", json={**event, "value": "reverted"}).status_code == 409
-            assert c.post("/v1/feedback", json={**event, "event_id": "ev-2", "completion_id": "cmpl-nope"}).status_code == 404
+            assert (
+                c.post("/v1/feedback", json={**event, "event_id": "ev-2", "completion_id": "cmpl-nope"}).status_code
+                == 404
+            )
             assert c.post("/v1/feedback", json={**event, "event_id": "ev-3", "choice": 5}).status_code == 404
-            bad = [{**event, "kind": "stars"}, {**event, "value": "up"}, {**event, "score": 5},
-                   {k: v for k, v in event.items() if k != "event_id"}, {**event, "text": "x" * 5000},
-                   {**event, "choice": -1}, {**event, "event_id": ""}]
+            bad = [
+                {**event, "kind": "stars"},
+                {**event, "value": "up"},
+                {**event, "score": 5},
+                {k: v for k, v in event.items() if k != "event_id"},
+                {**event, "text": "x" * 5000},
+                {**event, "choice": -1},
+                {**event, "event_id": ""},
+            ]
             for body in bad:
                 resp = c.post("/v1/feedback", json=body)
                 assert resp.status_code == 400 and resp.json()["error"]["message"], body
-            assert c.post("/v1/feedback", content=b"{nope", headers={"content-type": "application/json"}).status_code == 400
+            assert (
+                c.post("/v1/feedback", content=b"{nope", headers={"content-type": "application/json"}).status_code
+                == 400
+            )
             thumbs = {"event_id": "ev-4", "completion_id": chat["id"], "kind": "thumbs", "value": "down"}
             assert c.post("/v1/feedback", json=thumbs).status_code == 200
         assert [(f.event_id, f.value) for f in store.feedback()] == [("ev-1", "kept"), ("ev-4", "down")]

@@ -63,9 +63,18 @@ def test_a_careless_demonstrator_gives_up_after_a_rejected_edit_and_a_careful_on
     careless, changes = oracle_episode(task, tiny_tokenizer, config, style=DemoStyle(careful=False, wrong=(suspect,)))
     assert [c["name"] for c in careless.tool_calls] == ["read_file", "edit_file", "submit"]
     assert careless.tool_calls[1]["error"] and not changes  # the bug is still there
-    careful, changes = oracle_episode(task, tiny_tokenizer, config, style=DemoStyle(careful=True, wrong=(suspect, slip)))
+    careful, changes = oracle_episode(
+        task, tiny_tokenizer, config, style=DemoStyle(careful=True, wrong=(suspect, slip))
+    )
     errors = [c["error"] is not None for c in careful.tool_calls]
-    assert [c["name"] for c in careful.tool_calls] == ["read_file", "edit_file", "edit_file", "edit_file", "run", "submit"]
+    assert [c["name"] for c in careful.tool_calls] == [
+        "read_file",
+        "edit_file",
+        "edit_file",
+        "edit_file",
+        "run",
+        "submit",
+    ]
     assert errors == [False, True, True, False, False, False]
     assert "closest text" in careful.tool_calls[2]["output"]  # the misremembered line is shown as it is
     assert check(task, changes, perturbed=False).reward == 1.0
@@ -75,10 +84,18 @@ def test_demonstrator_mix_draws_the_configured_population(tiny_tokenizer):
     from strop.env.oracle import DemonstratorMix
 
     tasks = _parse_tasks(12)
-    report = solve(tasks, tiny_tokenizer, HarnessConfig(max_context=4096), check=True,
-                   mix=DemonstratorMix(careful=0.5, suspects=0.7, misremember=0.3), workers=2)
+    report = solve(
+        tasks,
+        tiny_tokenizer,
+        HarnessConfig(max_context=4096),
+        check=True,
+        mix=DemonstratorMix(careful=0.5, suspects=0.7, misremember=0.3),
+        workers=2,
+    )
     styles = report["styles"]
     assert styles["off_plan"] == 0 and styles["wrong_first"] == styles["recovered"] + styles["gave_up"]
     assert 0 < styles["careful"] < len(tasks) and styles["recovered"] > 0 and styles["gave_up"] > 0
-    for r in report["results"]:  # a careful demonstrator always solves; a careless one fails exactly when it guessed wrong
+    for r in report[
+        "results"
+    ]:  # a careful demonstrator always solves; a careless one fails exactly when it guessed wrong
         assert r["reward"] == (1.0 if r["careful"] or not r["wrong"] else 0.0), r

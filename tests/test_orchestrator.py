@@ -25,8 +25,14 @@ class SimRuntime:
     can change mid-episode). Items listed in `lose` fail on their first attempt (a dead engine); sample 0 of a
     task in `hacked_tasks` is hack-flagged."""
 
-    def __init__(self, seed: int = 0, lose: frozenset = frozenset(), hacked_tasks: frozenset = frozenset(),
-                 rollout_s: float = 0.004, train_s: float = 0.002):
+    def __init__(
+        self,
+        seed: int = 0,
+        lose: frozenset = frozenset(),
+        hacked_tasks: frozenset = frozenset(),
+        rollout_s: float = 0.004,
+        train_s: float = 0.002,
+    ):
         self._version, self.bytes_synced = 0, 0
         self.rng = random.Random(seed)
         self.lose, self.hacked_tasks = lose, hacked_tasks
@@ -54,9 +60,21 @@ class SimRuntime:
         seg.add_generated([3, 4], [-0.5, -0.5], [first, self._version], None)
         hacked = item.task_id in self.hacked_tasks and item.sample == 0
         reward = float(hash((item.group_id, item.sample)) % 2)
-        self.done.put((item, Trajectory(item.task_id, item.group_id, item.sample, [seg], reward,
-                                        hack_flags=[{"kind": "test_edit", "evidence": "x"}] if hacked else [],
-                                        start_version=item.version), None))
+        self.done.put(
+            (
+                item,
+                Trajectory(
+                    item.task_id,
+                    item.group_id,
+                    item.sample,
+                    [seg],
+                    reward,
+                    hack_flags=[{"kind": "test_edit", "evidence": "x"}] if hacked else [],
+                    start_version=item.version,
+                ),
+                None,
+            )
+        )
 
     def results(self, timeout: float):
         return drain(self.done, timeout)
@@ -69,8 +87,15 @@ class SimRuntime:
         staleness = [self._version - s.trajectory.min_version for s in samples]
         self._version += 1
         self.bytes_synced += 100
-        return {"version": self._version, "reward": 0.0, "solve_rate": 0.0, "hacked": sum(bool(s.trajectory.hack_flags) for s in samples),
-                "staleness_max": max(staleness), "k3": 0.0, "clip_frac": 0.0}
+        return {
+            "version": self._version,
+            "reward": 0.0,
+            "solve_rate": 0.0,
+            "hacked": sum(bool(s.trajectory.hack_flags) for s in samples),
+            "staleness_max": max(staleness),
+            "k3": 0.0,
+            "clip_frac": 0.0,
+        }
 
     def wait_synced(self) -> None:
         pass
@@ -95,7 +120,9 @@ class SimRuntime:
 
 
 def config(tmp_path, **rl):
-    sets = [f"rl.{k}={v}" for k, v in {"group_size": 4, "batch_groups": 2, "steps": 12, "max_staleness": 1, **rl}.items()]
+    sets = [
+        f"rl.{k}={v}" for k, v in {"group_size": 4, "batch_groups": 2, "steps": 12, "max_staleness": 1, **rl}.items()
+    ]
     return load_config(None, sets + [f"run.out_dir={tmp_path}", "rollout.retries=2"])
 
 

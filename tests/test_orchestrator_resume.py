@@ -36,14 +36,29 @@ max_context = 1536
 def test_killed_trainer_resumes_from_last_checkpoint(tmp_path, tiny_tokenizer):
     from strop.model.policy import build_model, save_model
 
-    save_model(build_model(dataclasses.replace(tiny_model_section(), max_positions=2048), tiny_tokenizer, seed=0),
-               tiny_tokenizer, tmp_path / "policy")
+    save_model(
+        build_model(dataclasses.replace(tiny_model_section(), max_positions=2048), tiny_tokenizer, seed=0),
+        tiny_tokenizer,
+        tmp_path / "policy",
+    )
     (tmp_path / "rl.toml").write_text(CONFIG)
     out = tmp_path / "rl"
-    cmd = [sys.executable, "-m", "strop.cli", "train", "--config", str(tmp_path / "rl.toml"),
-           "--policy", str(tmp_path / "policy"), "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "strop.cli",
+        "train",
+        "--config",
+        str(tmp_path / "rl.toml"),
+        "--policy",
+        str(tmp_path / "policy"),
+        "--out",
+        str(out),
+    ]
     env = {**os.environ, "STROP_THREADS": "1"}
-    first = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first = subprocess.Popen(
+        cmd, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     deadline = time.time() + 240
     while not (out / "checkpoint" / "run.json").is_file():
         assert first.poll() is None and time.time() < deadline, "no checkpoint before the run ended"

@@ -18,8 +18,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def demo(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "strop.cli", "demo", "--config", str(REPO / "examples/demo.toml"), *args],
-                          capture_output=True, text=True, cwd=cwd, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "strop.cli", "demo", "--config", str(REPO / "examples/demo.toml"), *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
+    )
 
 
 @pytest.mark.parametrize("name", ["", ".", "..", "a/b", "../x", "/abs", "-rf", ".hidden", "a\\b", "a\0b", "x" * 101])
@@ -101,7 +106,11 @@ def test_write_atomic_killed_mid_write_keeps_the_previous_file(tmp_path):
     and the next write removes the dead writer's temporary file."""
     target = tmp_path / "delta.bin"
     target.write_bytes(b"good")
-    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import os, time
         from strop import outputs
         def stall(fd):
@@ -109,7 +118,12 @@ def test_write_atomic_killed_mid_write_keeps_the_previous_file(tmp_path):
             time.sleep(60)
         outputs.os.fsync = stall
         outputs.write_atomic({str(target)!r}, os.urandom(1 << 20))
-    """)], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
     assert child.stdout.readline().strip() == "written"
     os.kill(child.pid, signal.SIGKILL)
     child.wait()

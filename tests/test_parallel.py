@@ -22,8 +22,14 @@ def step_batches(policy_dir, rows_per_step: list[int]) -> list[list]:
     advantages +-1 (the toy reward is rarely earned in 3 tokens)."""
     model = load_model(policy_dir)
     torch.manual_seed(0)
-    return [[Sample(t, (-1.0) ** i, 1 / (3 * rows)) for g in sample_groups(model, step, rows // 4, 4, 3, step, routing=True)
-             for i, t in enumerate(g.trajectories)] for step, rows in enumerate(rows_per_step)]
+    return [
+        [
+            Sample(t, (-1.0) ** i, 1 / (3 * rows))
+            for g in sample_groups(model, step, rows // 4, 4, 3, step, routing=True)
+            for i, t in enumerate(g.trajectories)
+        ]
+        for step, rows in enumerate(rows_per_step)
+    ]
 
 
 def compare(cfg: Config, policy_dir, pad_id: int, batches: list[list], tmp_path) -> list[tuple]:
@@ -59,7 +65,9 @@ def test_two_ranks_train_as_one_process(tiny_policy_dir, tiny_tokenizer, tmp_pat
     another order): measured bitwise here too; the bound is 1e-6. (Clipping on many ranks:
     `test_four_ranks_and_a_resume_at_another_count`.)"""
     cfg = Config(rl=RLSection(lr=1e-2, micro_batch=4, grad_clip=0.0), trainer=TrainerSection(ParallelSection(fsdp=2)))
-    steps = compare(cfg, tiny_policy_dir, tiny_tokenizer.pad_token_id, step_batches(tiny_policy_dir, [8, 8, 12]), tmp_path)
+    steps = compare(
+        cfg, tiny_policy_dir, tiny_tokenizer.pad_token_id, step_batches(tiny_policy_dir, [8, 8, 12]), tmp_path
+    )
     for one, two, w1, w2 in steps[:2]:
         assert one["loss"] == two["loss"] and one["grad_norm"] > 0
         assert one["grad_norm"] == pytest.approx(two["grad_norm"], rel=1e-6)
@@ -73,8 +81,12 @@ def test_two_ranks_train_as_one_process(tiny_policy_dir, tiny_tokenizer, tmp_pat
 
 def test_parallel_config_is_checked():
     assert load_config(overrides=["trainer.parallel.fsdp=4"]).trainer.parallel.fsdp == 4
-    for bad in ("trainer.parallel.fsdp=0", "trainer.parallel.fsdp=2.5", "trainer.parallel.fsdp=true",
-                "trainer.parallel.tp=2"):
+    for bad in (
+        "trainer.parallel.fsdp=0",
+        "trainer.parallel.fsdp=2.5",
+        "trainer.parallel.fsdp=true",
+        "trainer.parallel.tp=2",
+    ):
         with pytest.raises(UserError, match="trainer.parallel"):
             load_config(overrides=[bad])
 
@@ -96,8 +108,13 @@ def test_four_ranks_and_a_resume_at_another_count(tiny_policy_dir, tiny_tokenize
     pad_id = tiny_tokenizer.pad_token_id
     rl = RLSection(lr=1e-2, micro_batch=2, grad_clip=0.05)
     batches = step_batches(tiny_policy_dir, [8, 12, 8])
-    steps = compare(Config(rl=rl, trainer=TrainerSection(ParallelSection(fsdp=4))), tiny_policy_dir, pad_id, batches,
-                    tmp_path / "four")
+    steps = compare(
+        Config(rl=rl, trainer=TrainerSection(ParallelSection(fsdp=4))),
+        tiny_policy_dir,
+        pad_id,
+        batches,
+        tmp_path / "four",
+    )
     for one, four, w1, w4 in steps:
         assert one["grad_norm"] > rl.grad_clip  # the clip is active
         assert one["grad_norm"] == pytest.approx(four["grad_norm"], rel=1e-5)
@@ -105,16 +122,26 @@ def test_four_ranks_and_a_resume_at_another_count(tiny_policy_dir, tiny_tokenize
         print(f"4 ranks: max |w1 - w4| = {max_diff(w1, w4):.3g}")
         assert max_diff(w1, w4) < 1e-5
 
-    two = start_trainer(Config(rl=rl, trainer=TrainerSection(ParallelSection(fsdp=2))), str(tiny_policy_dir),
-                        router_replay, pad_id, str(tmp_path / "two"))
+    two = start_trainer(
+        Config(rl=rl, trainer=TrainerSection(ParallelSection(fsdp=2))),
+        str(tiny_policy_dir),
+        router_replay,
+        pad_id,
+        str(tmp_path / "two"),
+    )
     try:
         two.publish()
         two.step(batches[0])
         two.save(tmp_path / "ckpt")
     finally:
         two.close()
-    four = start_trainer(Config(rl=rl, trainer=TrainerSection(ParallelSection(fsdp=4))), str(tiny_policy_dir),
-                         router_replay, pad_id, str(tmp_path / "resumed"))
+    four = start_trainer(
+        Config(rl=rl, trainer=TrainerSection(ParallelSection(fsdp=4))),
+        str(tiny_policy_dir),
+        router_replay,
+        pad_id,
+        str(tmp_path / "resumed"),
+    )
     try:
         four.load(tmp_path / "ckpt")
         assert four.version == 1
@@ -122,7 +149,11 @@ def test_four_ranks_and_a_resume_at_another_count(tiny_policy_dir, tiny_tokenize
         resumed = four.state_dict()["model"]
     finally:
         four.close()
-    assert sorted(p.name for p in (tmp_path / "ckpt" / "shards").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert sorted(p.name for p in (tmp_path / "ckpt" / "shards").iterdir()) == [
+        ".metadata",
+        "__0_0.distcp",
+        "__1_0.distcp",
+    ]
     assert [r["version"] for r in rows] == [2, 3]
     print(f"2 -> 4 ranks: max |w1 - w| = {max_diff(steps[-1][2], resumed):.3g}")
     assert max_diff(steps[-1][2], resumed) < 1e-5

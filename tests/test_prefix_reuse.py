@@ -95,8 +95,10 @@ def test_parked_slots_are_evicted_least_recent_first(tiny_moe, tiny_tokenizer):
     # More requests than slots, all at once: every slot in use, parked ones evicted as needed.
     outs = eng.generate(p + [p[0] + oa.token_ids], [_greedy(3 + i) for i in range(5)])
     ref = Engine(tiny_moe, tok, max_batch=2, max_len=256, reuse_min=0)
-    refs = ref.generate([p[1] + ob.token_ids, p[0] + oa.token_ids] + p + [p[0] + oa.token_ids],
-                        [_greedy(4), _greedy(4)] + [_greedy(3 + i) for i in range(5)])
+    refs = ref.generate(
+        [p[1] + ob.token_ids, p[0] + oa.token_ids] + p + [p[0] + oa.token_ids],
+        [_greedy(4), _greedy(4)] + [_greedy(3 + i) for i in range(5)],
+    )
     for o, r in zip([ob2, oa2] + outs, refs):
         assert o.token_ids == r.token_ids and o.finish_reason == "length"
         _check_routing(o)

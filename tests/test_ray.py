@@ -19,9 +19,22 @@ def test_killing_an_engine_and_a_worker_mid_run(tmp_path, tiny_policy_dir):
     from strop.runtime.build import train_tasks
     from strop.runtime.ray_runtime import start_ray
 
-    cfg = load_config(None, ["rl.group_size=2", "rl.batch_groups=2", "rl.steps=4", "rl.max_staleness=2",
-                             "rollout.engines=2", "rollout.workers=4", "rollout.train_tasks=8", "rollout.max_turns=2",
-                             "rollout.max_turn_tokens=24", "rollout.max_context=1536", "rollout.retries=3"])
+    cfg = load_config(
+        None,
+        [
+            "rl.group_size=2",
+            "rl.batch_groups=2",
+            "rl.steps=4",
+            "rl.max_staleness=2",
+            "rollout.engines=2",
+            "rollout.workers=4",
+            "rollout.train_tasks=8",
+            "rollout.max_turns=2",
+            "rollout.max_turn_tokens=24",
+            "rollout.max_context=1536",
+            "rollout.retries=3",
+        ],
+    )
     tasks = {t.id: t for t in train_tasks(cfg)}
     rt = start_ray(cfg, str(tiny_policy_dir), tasks, router_replay)
     trained = record_trained(rt)

@@ -12,9 +12,21 @@ from strop.config import load_config
 from strop.runtime import record_trained
 
 # Zero reward, zero gradient: weight decay makes every version's delta real (see test_weight_transport).
-BASE = ["rl.group_size=2", "rl.batch_groups=1", "rl.lr=1e-3", "rl.weight_decay=0.1", "rl.skip_zero_advantage=false",
-        "rollout.workers=2", "rollout.engine_batch=4", "rollout.train_tasks=6", "rollout.max_turns=1",
-        "rollout.max_turn_tokens=16", "rollout.max_context=1536", "rollout.ckpt_every=100", "rollout.retries=3"]
+BASE = [
+    "rl.group_size=2",
+    "rl.batch_groups=1",
+    "rl.lr=1e-3",
+    "rl.weight_decay=0.1",
+    "rl.skip_zero_advantage=false",
+    "rollout.workers=2",
+    "rollout.engine_batch=4",
+    "rollout.train_tasks=6",
+    "rollout.max_turns=1",
+    "rollout.max_turn_tokens=16",
+    "rollout.max_context=1536",
+    "rollout.ckpt_every=100",
+    "rollout.retries=3",
+]
 
 
 def _engines_match_trainer(rt) -> bool:
@@ -37,11 +49,25 @@ def test_two_nodes_trainer_and_one_inference_cluster(tmp_path, tiny_policy_dir):
     tasks = {t.id: t for t in train_tasks(cfg)}
     with local_cluster(["a"]) as address:
         nodes = {n["Labels"].get("strop-cluster", "trainer"): n["NodeID"] for n in ray.nodes()}
-        rt = start_ray(cfg, str(tiny_policy_dir), tasks, router_replay, address=address, rollout_actors=1,
-                       store_url=str(tmp_path / "weights"))
+        rt = start_ray(
+            cfg,
+            str(tiny_policy_dir),
+            tasks,
+            router_replay,
+            address=address,
+            rollout_actors=1,
+            store_url=str(tmp_path / "weights"),
+        )
         try:
             matched = []
-            orch = Orchestrator(cfg, rt, list(tasks), "sync", tmp_path / "rl", log=lambda row: matched.append(_engines_match_trainer(rt)))
+            orch = Orchestrator(
+                cfg,
+                rt,
+                list(tasks),
+                "sync",
+                tmp_path / "rl",
+                log=lambda row: matched.append(_engines_match_trainer(rt)),
+            )
             result = orch.run()
             stats = rt.sync_stats()
             (engine,) = rt.engines.values()
@@ -64,12 +90,25 @@ def test_three_nodes_two_clusters_engines_join_and_leave_over_shaped_links(tmp_p
     from strop.runtime.local_cluster import local_cluster
     from strop.runtime.ray_runtime import start_ray
 
-    cfg = load_config(None, BASE + ["rl.steps=6", "rl.max_staleness=1", "rollout.engines=4", "rollout.workers=4",
-                                    "sync.wan_mb_s=2", "sync.lan_mb_s=20", "sync.keep_deltas=2"])
+    cfg = load_config(
+        None,
+        BASE
+        + [
+            "rl.steps=6",
+            "rl.max_staleness=1",
+            "rollout.engines=4",
+            "rollout.workers=4",
+            "sync.wan_mb_s=2",
+            "sync.lan_mb_s=20",
+            "sync.keep_deltas=2",
+        ],
+    )
     tasks = {t.id: t for t in train_tasks(cfg)}
     with local_cluster(["a", "b"]) as address:
         nodes = {n["Labels"].get("strop-cluster"): n["NodeID"] for n in ray.nodes()}
-        rt = start_ray(cfg, str(tiny_policy_dir), tasks, router_replay, address=address, store_url=str(tmp_path / "weights"))
+        rt = start_ray(
+            cfg, str(tiny_policy_dir), tasks, router_replay, address=address, store_url=str(tmp_path / "weights")
+        )
         trained = record_trained(rt)
         events: dict = {}
 
@@ -94,7 +133,9 @@ def test_three_nodes_two_clusters_engines_join_and_leave_over_shaped_links(tmp_p
     assert events["killed"] not in infos and events["joined"] in infos
     assert all(info["node"] == nodes[info["label"]] for info in infos.values())  # placed by cluster label
     # each version left the trainer once per inference cluster, however many engines each had
-    assert all(n == 2 for n, _ in stats["sent_by_version"].values()) and sorted(stats["sent_by_version"]) == list(range(1, 7))
+    assert all(n == 2 for n, _ in stats["sent_by_version"].values()) and sorted(stats["sent_by_version"]) == list(
+        range(1, 7)
+    )
     rows = [json.loads(line) for line in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["bytes_synced"] >= sum(b for _, b in stats["sent_by_version"].values())
     assert all(r["staleness_max"] <= 1 for r in rows)

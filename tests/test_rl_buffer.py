@@ -148,7 +148,9 @@ def test_threads_never_lose_or_duplicate_and_respect_the_bound():
         t.join()
     s = buf.stats()
     dropped = sum(s["dropped"].values())
-    assert s["admitted"] == s["released"] + dropped + s["inflight"] + s["buffered"] == len(seen) + dropped + s["buffered"]
+    assert (
+        s["admitted"] == s["released"] + dropped + s["inflight"] + s["buffered"] == len(seen) + dropped + s["buffered"]
+    )
 
 
 def test_snapshot_restore_is_exact():

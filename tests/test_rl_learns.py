@@ -35,11 +35,26 @@ RL_STEPS = 14
 MARGIN = 0.2  # last quarter over first quarter (see the docstring for the measured spread)
 CONFIG = {
     "run": {"name": "guard", "seed": 0, "threads": 1},
-    "sft": {"batch_size": 8, "lr": 3e-3, "warmup_steps": 5, "max_steps": 160, "eval_every": 40, "patience": 10,
-            "val_fraction": 0.125},
+    "sft": {
+        "batch_size": 8,
+        "lr": 3e-3,
+        "warmup_steps": 5,
+        "max_steps": 160,
+        "eval_every": 40,
+        "patience": 10,
+        "val_fraction": 0.125,
+    },
     "rl": {"group_size": 8, "batch_groups": 2, "steps": RL_STEPS, "lr": 3e-4, "max_staleness": 1},
-    "rollout": {"suite": "synthetic/parse", "difficulties": [1], "train_tasks": TASKS, "max_turns": 6,
-                "max_context": 3072, "workers": 4, "ckpt_every": 100, "temperature": 0.7},
+    "rollout": {
+        "suite": "synthetic/parse",
+        "difficulties": [1],
+        "train_tasks": TASKS,
+        "max_turns": 6,
+        "max_context": 3072,
+        "workers": 4,
+        "ckpt_every": 100,
+        "temperature": 0.7,
+    },
 }
 MIX = DemonstratorMix(careful=0.3, misremember=1.0, run_tests=False)
 
@@ -49,13 +64,27 @@ def warm_start(tmp_path):
     cfg = from_dict({**CONFIG, "run": {**CONFIG["run"], "out_dir": str(tmp_path)}})
     data = DataSection(vocab_size=4096)  # the demo's tokenizer
     tokenizer = train_tokenizer(load_corpus(data).train, data.vocab_size, data.tokenizer_sample_bytes)
-    section = ModelSection(arch="qwen3_moe", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
-                           num_experts=8, experts_per_token=2, expert_size=32, dense_size=128, max_positions=4096)
+    section = ModelSection(
+        arch="qwen3_moe",
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        num_experts=8,
+        experts_per_token=2,
+        expert_size=32,
+        dense_size=128,
+        max_positions=4096,
+    )
     save_model(build_model(section, tokenizer, seed=0), tokenizer, tmp_path / "base")
     tasks = load_suite("synthetic/parse", "train", difficulty=1, limit=TASKS)
     harness = HarnessConfig(max_context=section.max_positions)
-    episodes = [ep for seed in range(DEMOS_PER_TASK)
-                for ep in solve(tasks, tokenizer, harness, check=False, mix=MIX, seed=seed)["episodes"].values()]
+    episodes = [
+        ep
+        for seed in range(DEMOS_PER_TASK)
+        for ep in solve(tasks, tokenizer, harness, check=False, mix=MIX, seed=seed)["episodes"].values()
+    ]
     (tmp_path / "guard" / "sft").mkdir(parents=True)
     (tmp_path / "guard" / "sft" / "demos.jsonl").write_text("".join(json.dumps(e.to_dict()) + "\n" for e in episodes))
     sft(cfg, str(tmp_path / "base"))
@@ -64,13 +93,31 @@ def warm_start(tmp_path):
 
 def test_rl_raises_training_reward_from_a_mixed_warm_start(tmp_path):
     policy = warm_start(tmp_path)
-    toml = "\n".join(f"[{name}]\n" + "\n".join(f"{k} = {json.dumps(v)}" for k, v in section.items())
-                     for name, section in CONFIG.items() if name in ("rl", "rollout"))
+    toml = "\n".join(
+        f"[{name}]\n" + "\n".join(f"{k} = {json.dumps(v)}" for k, v in section.items())
+        for name, section in CONFIG.items()
+        if name in ("rl", "rollout")
+    )
     (tmp_path / "rl.toml").write_text(toml + "\n[run]\nthreads = 1\n")
     out = tmp_path / "rl"
-    done = subprocess.run([sys.executable, "-m", "strop.cli", "train", "--config", str(tmp_path / "rl.toml"),
-                           "--policy", str(policy), "--out", str(out)],
-                          env={**os.environ, "STROP_THREADS": "1"}, capture_output=True, text=True, timeout=3600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "strop.cli",
+            "train",
+            "--config",
+            str(tmp_path / "rl.toml"),
+            "--policy",
+            str(policy),
+            "--out",
+            str(out),
+        ],
+        env={**os.environ, "STROP_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     rewards = [r["reward"] for r in rows]

@@ -5,22 +5,52 @@ import json
 
 
 def _eval(rate: float, outcomes: dict) -> dict:
-    return {"solve_rate": rate, "solve_rate_ci95": [rate / 2, min(1.0, rate * 2)], "eval_episodes": 20,
-            "by_difficulty": {"1": {"solve_rate": rate, "solve_rate_ci95": [0.0, 1.0], "eval_episodes": 20}},
-            "outcomes": outcomes,
-            "behaviour": {"episodes": 20, "turns": 4.0, "rejected_edit": rate, "retry_after_rejected_edit": 1 - rate,
-                          "test_runs": rate, "submitted_untested": 0.5, "submitted_failing_tests": 0.0}}
+    return {
+        "solve_rate": rate,
+        "solve_rate_ci95": [rate / 2, min(1.0, rate * 2)],
+        "eval_episodes": 20,
+        "by_difficulty": {"1": {"solve_rate": rate, "solve_rate_ci95": [0.0, 1.0], "eval_episodes": 20}},
+        "outcomes": outcomes,
+        "behaviour": {
+            "episodes": 20,
+            "turns": 4.0,
+            "rejected_edit": rate,
+            "retry_after_rejected_edit": 1 - rate,
+            "test_runs": rate,
+            "submitted_untested": 0.5,
+            "submitted_failing_tests": 0.0,
+        },
+    }
 
 
 def test_report_has_evaluations_gain_and_plots(tmp_path):
     from strop.rl.report import write_report
 
-    rows = [{"step": s, "mode": "async", "reward": 0.1 * s, "solve_rate": 0.1 * s, "staleness_hist": {"0": 4, "1": s},
-             "bytes_synced": 1e6 * s, "k3": 0.001, "mismatch_mean_abs_dlogp": 0.01, "mismatch_ratio_outside_frac": 0.0,
-             "trainer_busy": 0.9, "engine_busy": 0.6, "wall_s": 2.0 * s, "dropped_stale": 0, "hacked_total": 1,
-             "mixed_groups": 0.5, "dlogp_pos": 0.01, "dlogp_neg": -0.01, "clip_frac": 0.0,
-             "behaviour_retry_after_rejected_edit": 0.1 * s, "behaviour_rejected_edit": 0.5}
-            for s in (1, 2, 3)]
+    rows = [
+        {
+            "step": s,
+            "mode": "async",
+            "reward": 0.1 * s,
+            "solve_rate": 0.1 * s,
+            "staleness_hist": {"0": 4, "1": s},
+            "bytes_synced": 1e6 * s,
+            "k3": 0.001,
+            "mismatch_mean_abs_dlogp": 0.01,
+            "mismatch_ratio_outside_frac": 0.0,
+            "trainer_busy": 0.9,
+            "engine_busy": 0.6,
+            "wall_s": 2.0 * s,
+            "dropped_stale": 0,
+            "hacked_total": 1,
+            "mixed_groups": 0.5,
+            "dlogp_pos": 0.01,
+            "dlogp_neg": -0.01,
+            "clip_frac": 0.0,
+            "behaviour_retry_after_rejected_edit": 0.1 * s,
+            "behaviour_rejected_edit": 0.5,
+        }
+        for s in (1, 2, 3)
+    ]
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
     evals = {"sft": _eval(0.25, {"no changes": 15, "solved": 5}), "rl": _eval(0.5, {"solved": 10, "tests failed": 10})}
@@ -29,5 +59,13 @@ def test_report_has_evaluations_gain_and_plots(tmp_path):
     assert "**+25.0 points**" in text
     assert "3 steps (async)" in text and "bytes synced 3.0 MB" in text
     assert "| retried after it | 0.75 | 0.50 |" in text
-    for png in ("reward.png", "behaviour.png", "learning.png", "staleness.png", "bytes_synced.png", "mismatch.png", "busy.png"):
+    for png in (
+        "reward.png",
+        "behaviour.png",
+        "learning.png",
+        "staleness.png",
+        "bytes_synced.png",
+        "mismatch.png",
+        "busy.png",
+    ):
         assert (tmp_path / png).stat().st_size > 0 and f"]({png})" in text

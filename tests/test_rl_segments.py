@@ -40,16 +40,22 @@ def on_policy(model, traj: Trajectory) -> Trajectory:
 
 def test_a_summarized_episode_is_one_sample_and_its_summaries_train(tiny_tokenizer):
     task = make_task(1, "train", 0)
-    config = HarnessConfig(max_context=WINDOW, max_turn_tokens=200, summary_tokens=128, max_turns=20,
-                           context_strategy="summarize")
+    config = HarnessConfig(
+        max_context=WINDOW, max_turn_tokens=200, summary_tokens=128, max_turns=20, context_strategy="summarize"
+    )
     long_ep, _ = run_task(Harness(tiny_tokenizer, config), ChainDemonstrator(task, tiny_tokenizer), task)
     assert long_ep.stop_reason == "submitted" and len(long_ep.resets) >= 2, (long_ep.stop_reason, len(long_ep.resets))
-    short_ep, _ = run_task(Harness(tiny_tokenizer, dataclasses.replace(config, context_strategy="truncation")),
-                           ChainDemonstrator(task, tiny_tokenizer), task)
+    short_ep, _ = run_task(
+        Harness(tiny_tokenizer, dataclasses.replace(config, context_strategy="truncation")),
+        ChainDemonstrator(task, tiny_tokenizer),
+        task,
+    )
 
     model = build_model(dataclasses.replace(tiny_model_section(), max_positions=WINDOW), tiny_tokenizer)
-    trajs = [Trajectory(task.id, "g0", i, ep.segments, reward, stop_reason=ep.stop_reason)
-             for i, (ep, reward) in enumerate([(long_ep, 1.0), (short_ep, 0.0)])]
+    trajs = [
+        Trajectory(task.id, "g0", i, ep.segments, reward, stop_reason=ep.stop_reason)
+        for i, (ep, reward) in enumerate([(long_ep, 1.0), (short_ep, 0.0)])
+    ]
     trajs = [on_policy(model, t) for t in trajs]
     samples = make_samples([TrajectoryGroup(task.id, "g0", 2, trajs)])
     assert len(samples) == 2  # the long episode is one sample of its group, whatever its windows

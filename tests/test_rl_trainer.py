@@ -23,8 +23,16 @@ TARGET = range(256, 320)  # the toy reward: how often the policy says one of the
 
 
 @torch.no_grad()
-def sample_groups(model, version: int, n_groups: int, G: int, new_tokens: int, step: int,
-                  routing: bool = False, temperature: float = 1.0) -> list[TrajectoryGroup]:
+def sample_groups(
+    model,
+    version: int,
+    n_groups: int,
+    G: int,
+    new_tokens: int,
+    step: int,
+    routing: bool = False,
+    temperature: float = 1.0,
+) -> list[TrajectoryGroup]:
     """Sample from `model` itself at `temperature` (full recompute per token); reward = fraction
     of TARGET tokens."""
     model.eval()
@@ -50,7 +58,7 @@ def sample_groups(model, version: int, n_groups: int, G: int, new_tokens: int, s
             r = g * G + s
             seg = Segment(temperature=temperature)
             seg.add_forced(PROMPT)
-            gen = ids[r, len(PROMPT):].tolist()
+            gen = ids[r, len(PROMPT) :].tolist()
             seg.add_generated(gen, logps[r].tolist(), [version] * new_tokens, None)
             if routes is not None:
                 seg.routing = [None] + routes[r][:-1]
@@ -91,8 +99,13 @@ def test_policy_learns_a_toy_reward(tiny_moe, tiny_tokenizer):
     rl = RLSection(lr=2e-2, micro_batch=16, max_staleness=1)
     published = []
     rows = []
-    trainer = RLTrainer(tiny_moe, rl, pad_id=tiny_tokenizer.pad_token_id,
-                        publish=lambda v, sd: published.append((v, {t.dtype for t in sd.values()})), log=rows.append)
+    trainer = RLTrainer(
+        tiny_moe,
+        rl,
+        pad_id=tiny_tokenizer.pad_token_id,
+        publish=lambda v, sd: published.append((v, {t.dtype for t in sd.values()})),
+        log=rows.append,
+    )
     torch.manual_seed(0)
     before = p_target(trainer.model)
     t0 = time.perf_counter()
@@ -100,15 +113,21 @@ def test_policy_learns_a_toy_reward(tiny_moe, tiny_tokenizer):
         groups = sample_groups(trainer.model, trainer.version, 8, 8, 1, step)
         trainer.step(make_samples(groups, hack_penalty=rl.hack_penalty))
     after = p_target(trainer.model)
-    print(f"p_target {before:.3f} -> {after:.3f}; rewards {[round(r['reward'], 3) for r in rows]}; " f"{time.perf_counter() - t0:.1f}s")
+    print(
+        f"p_target {before:.3f} -> {after:.3f}; rewards {[round(r['reward'], 3) for r in rows]}; "
+        f"{time.perf_counter() - t0:.1f}s"
+    )
     assert after > before + 0.25
+
     def mean(rs: list[dict]) -> float:
         return sum(r["reward"] for r in rs) / len(rs)
 
     assert mean(rows[-3:]) > mean(rows[:3]) + 0.1
     assert published == [(v, {torch.bfloat16}) for v in range(1, 11)] and trainer.version == 10
     # on-policy samples: the recomputed logprobs match the sampling ones
-    assert rows[0]["k3"] < 1e-6 and rows[0]["clip_frac"] == 0.0 and rows[0]["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert (
+        rows[0]["k3"] < 1e-6 and rows[0]["clip_frac"] == 0.0 and rows[0]["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+    )
     assert rows[0]["staleness_hist"] == {"0": 64} and rows[0]["tokens_per_s"] > 0
     assert rows[0]["mismatch_mean_abs_dlogp"] < 1e-4
 
@@ -144,7 +163,9 @@ def test_rows_without_signal_run_forward_only(tiny_moe, tiny_tokenizer):
     row = with_flat.step(flat)
     assert row["no_signal_frac"] == 1.0 and row["gen_tokens"] == 12 and with_flat.version == 2
     assert all(torch.equal(before[k], v) for k, v in with_flat.model.state_dict().items())
-    full_cost = RLTrainer(copy.deepcopy(tiny_moe), dataclasses.replace(rl, skip_zero_advantage=False), pad_id=tiny_tokenizer.pad_token_id)
+    full_cost = RLTrainer(
+        copy.deepcopy(tiny_moe), dataclasses.replace(rl, skip_zero_advantage=False), pad_id=tiny_tokenizer.pad_token_id
+    )
     assert full_cost.step(signal + flat)["no_signal_frac"] == 0.0
 
 
@@ -177,15 +198,20 @@ def test_router_replay_plugs_in_as_a_context(tiny_moe, tiny_tokenizer):
             rows = [[r if r is not None else pad for r in row] + [pad] * (width - len(row)) for row in batch.routing]
             calls.append(width)
             return replay_routing(model, (torch.tensor(rows) + shift) % model.config.num_experts)
+
         return ctx
 
     rl = RLSection(micro_batch=3, correction="none")
     torch.manual_seed(0)
     samples = make_samples(sample_groups(tiny_moe, 0, 2, 4, 3, 0, routing=True))
-    right = RLTrainer(copy.deepcopy(tiny_moe), rl, pad_id=tiny_tokenizer.pad_token_id, replay_ctx=replay(0)).step(samples)
+    right = RLTrainer(copy.deepcopy(tiny_moe), rl, pad_id=tiny_tokenizer.pad_token_id, replay_ctx=replay(0)).step(
+        samples
+    )
     assert len(calls) == 3  # 8 rows in micro-batches of 3
     assert right["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
-    wrong = RLTrainer(copy.deepcopy(tiny_moe), rl, pad_id=tiny_tokenizer.pad_token_id, replay_ctx=replay(1)).step(samples)
+    wrong = RLTrainer(copy.deepcopy(tiny_moe), rl, pad_id=tiny_tokenizer.pad_token_id, replay_ctx=replay(1)).step(
+        samples
+    )
     assert wrong["k3"] > 1e-6 > 1e-9 > right["k3"]  # measured: 7e-6 vs 0.0 (bitwise equal logprobs)
 
 
@@ -202,8 +228,12 @@ def test_resume_repeats_a_step_bitwise(tiny_tokenizer, tmp_path):
     a.step(batches[2])
 
     published = []
-    b = RLTrainer(build_model(tiny_model_section(), tiny_tokenizer, seed=1), rl, pad_id=pad,
-                  publish=lambda v, sd: published.append((v, sd)))
+    b = RLTrainer(
+        build_model(tiny_model_section(), tiny_tokenizer, seed=1),
+        rl,
+        pad_id=pad,
+        publish=lambda v, sd: published.append((v, sd)),
+    )
     b.load(tmp_path)
     assert torch.equal(torch.get_rng_state(), rng)
     b.step(batches[1])

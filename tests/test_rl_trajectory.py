@@ -14,8 +14,9 @@ from strop.rl.trajectory import SCHEMA_VERSION, Trajectory, TrajectoryGroup, rea
 def segment(versions: list[int]) -> Segment:
     seg = Segment(messages=[{"role": "user", "content": "hi"}])
     seg.add_forced([5, 6, 7])
-    seg.add_generated([8 + i for i in range(len(versions))], [-0.5] * len(versions), versions,
-                      [[[1, 2]] for _ in versions])
+    seg.add_generated(
+        [8 + i for i in range(len(versions))], [-0.5] * len(versions), versions, [[[1, 2]] for _ in versions]
+    )
     seg.add_forced([9])
     return seg
 
@@ -29,8 +30,18 @@ def test_min_version_is_the_oldest_generated_token():
 
 
 def test_json_round_trip_and_schema_version(tmp_path):
-    t = Trajectory("task", "g0", 1, [segment([4, 3])], 0.5, {"passed": 1}, [{"kind": "k", "evidence": "e"}],
-                   "submitted", {"total_s": 1.5}, start_version=3)
+    t = Trajectory(
+        "task",
+        "g0",
+        1,
+        [segment([4, 3])],
+        0.5,
+        {"passed": 1},
+        [{"kind": "k", "evidence": "e"}],
+        "submitted",
+        {"total_s": 1.5},
+        start_version=3,
+    )
     d = json.loads(json.dumps(t.to_dict()))
     assert d["schema_version"] == SCHEMA_VERSION and d["min_version"] == 3
     assert Trajectory.from_dict(d) == t
@@ -50,8 +61,15 @@ def test_json_round_trip_and_schema_version(tmp_path):
 def test_from_episode():
     ep = Episode([segment([2, 2])], [], [], "submitted", 1, {"policy_s": 1.0, "total_s": 2.0})
     score = Score(reward=1.0, passed=3, duration=0.25)
-    t = Trajectory.from_episode(ep, task_id="task", group_id="g", sample=0, score=score,
-                                hack_flags=[HackFlag("test_edit", "edited tests/")], start_version=2)
+    t = Trajectory.from_episode(
+        ep,
+        task_id="task",
+        group_id="g",
+        sample=0,
+        score=score,
+        hack_flags=[HackFlag("test_edit", "edited tests/")],
+        start_version=2,
+    )
     assert t.reward == 1.0 and t.breakdown["passed"] == 3 and t.stop_reason == "submitted"
     assert t.hack_flags == [{"kind": "test_edit", "evidence": "edited tests/"}]
     assert t.timings == {"policy_s": 1.0, "total_s": 2.0, "check_s": 0.25}

@@ -43,9 +43,16 @@ def test_oracle_rollout_is_a_solved_unflagged_trajectory(task, tiny_tokenizer):
 
 def test_tampering_rollout_is_flagged_and_penalised(task, tiny_tokenizer):
     plant = {"name": "write_file", "arguments": {"path": "conftest.py", "content": "import sys\nsys.exit(0)\n"}}
-    script = [assistant_text({"role": "assistant", "content": "Skip the hard part.",
-                              "tool_calls": [{"id": "", "type": "function", "function": plant}]}),
-              assistant_text(_call("Done.", "submit"))]
+    script = [
+        assistant_text(
+            {
+                "role": "assistant",
+                "content": "Skip the hard part.",
+                "tool_calls": [{"id": "", "type": "function", "function": plant}],
+            }
+        ),
+        assistant_text(_call("Done.", "submit")),
+    ]
     harness = Harness(tiny_tokenizer, harness_config(SCRIPTED))
     hacked = rollout(task, ScriptedClient(script, tiny_tokenizer), harness, item(task, 1), sandbox_limits(ROLLOUT))
     assert hacked.stop_reason == "submitted"
@@ -91,7 +98,13 @@ def test_wilson_interval():
 
 
 def test_harness_config_carries_every_rollout_limit():
-    config = harness_config(RolloutSection(max_turns=7, max_context=2048, max_turn_tokens=64, max_invalid_turns=5,
-                                           temperature=0.5))
-    assert (config.max_turns, config.max_context, config.max_turn_tokens, config.max_invalid_turns,
-            config.temperature) == (7, 2048, 64, 5, 0.5)
+    config = harness_config(
+        RolloutSection(max_turns=7, max_context=2048, max_turn_tokens=64, max_invalid_turns=5, temperature=0.5)
+    )
+    assert (
+        config.max_turns,
+        config.max_context,
+        config.max_turn_tokens,
+        config.max_invalid_turns,
+        config.temperature,
+    ) == (7, 2048, 64, 5, 0.5)

@@ -191,8 +191,13 @@ def test_diff_reports_adds_edits_deletes(sb):
     sb.exec("echo 'def f():\n    return 2' > pkg/mod.py; rm README.md; mkdir -p new/dir; echo n > new/dir/n.txt")
     sb.exec("rm -r old; touch pkg/mod.py.tmp; rm pkg/mod.py.tmp; chmod +x pkg/mod.py")
     sb.write_file("host.txt", b"\x00\x01binary")
-    assert sb.diff() == {"pkg/mod.py": b"def f():\n    return 2\n", "README.md": None, "new/dir/n.txt": b"n\n",
-                         "old/a.txt": None, "host.txt": b"\x00\x01binary"}
+    assert sb.diff() == {
+        "pkg/mod.py": b"def f():\n    return 2\n",
+        "README.md": None,
+        "new/dir/n.txt": b"n\n",
+        "old/a.txt": None,
+        "host.txt": b"\x00\x01binary",
+    }
     sb.exec("mkdir old; echo again > old/b.txt")  # a deleted directory re-created: opaque in the upper layer
     d = sb.diff()
     assert d["old/a.txt"] is None and d["old/b.txt"] == b"again\n"
@@ -238,7 +243,9 @@ def test_pool_hands_out_fresh_sandboxes_and_bounds_concurrency(world):
 
 def test_cli_exit_codes(world, capfd):
     # in-process: the CLI's set_threads imports torch, which is paid once here rather than per call
-    assert main(["sandbox", "run", "--world", str(world), "--", "sh", "-c", "cat README.md; echo oops >&2; exit 7"]) == 7
+    assert (
+        main(["sandbox", "run", "--world", str(world), "--", "sh", "-c", "cat README.md; echo oops >&2; exit 7"]) == 7
+    )
     out, err = capfd.readouterr()
     assert (out, err) == ("hello\n", "oops\n")
     assert main(["sandbox", "run", "--timeout", "0.5", "--", "sleep", "10"]) == 124
@@ -276,7 +283,6 @@ def test_concurrent_sweeps_of_dead_roots_do_not_raise(tmp_path):
     thread removed first is not an error."""
     import threading
 
-
     errors = []
 
     def sweep():
@@ -307,11 +313,13 @@ def test_rmtree_removes_nested_unreadable_directories():
     import sys
     import tempfile
 
-    script = ("import os, sys; from pathlib import Path; from strop.env.bwrap_host import rmtree\n"
-              "root = Path(sys.argv[1]); inner = root / 'sbx' / 'work' / 'work' / 'index'\n"
-              "inner.mkdir(parents=True); (inner / 'f').write_text('x')\n"
-              "os.chmod(inner, 0); os.chmod(inner.parent, 0)\n"
-              "rmtree(root); assert not root.exists()\n")
+    script = (
+        "import os, sys; from pathlib import Path; from strop.env.bwrap_host import rmtree\n"
+        "root = Path(sys.argv[1]); inner = root / 'sbx' / 'work' / 'work' / 'index'\n"
+        "inner.mkdir(parents=True); (inner / 'f').write_text('x')\n"
+        "os.chmod(inner, 0); os.chmod(inner.parent, 0)\n"
+        "rmtree(root); assert not root.exists()\n"
+    )
     base = Path(tempfile.mkdtemp(dir="/tmp"))  # pytest's tmp_path sits under a root-only directory
     try:
         cmd = [sys.executable, "-c", script, str(base / "layer")]

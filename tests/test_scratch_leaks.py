@@ -16,8 +16,9 @@ SHM = Path("/dev/shm")
 
 def strop(*args: str, tmp: Path, **kw) -> subprocess.Popen:
     env = {**os.environ, "TMPDIR": str(tmp)}  # scratch worlds go here, away from other processes' own
-    return subprocess.Popen([sys.executable, "-m", "strop.cli", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "strop.cli", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw
+    )
 
 
 def leftovers(pid: int, tmp: Path) -> list[Path]:

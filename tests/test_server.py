@@ -10,8 +10,16 @@ from strop.engine.endpoint import EndpointClient
 from strop.engine.policy_client import EnginePolicy
 from strop.policy_api import SamplingParams
 
-TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a command",
-                                           "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "run a command",
+            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+        },
+    }
+]
 
 
 @pytest.fixture(scope="module")
@@ -32,18 +40,29 @@ def test_openai_client_models_complete_chat_stream(server):
     assert len(c.choices[0].logprobs.token_logprobs) == 5 and c.usage.completion_tokens == 5
     assert len(c.choices[0].model_extra["token_ids"]) == 5
     chat = client.chat.completions.create(
-        model="tiny", messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "list files"}],
-        tools=TOOLS, max_tokens=6, logprobs=True)
+        model="tiny",
+        messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "list files"}],
+        tools=TOOLS,
+        max_tokens=6,
+        logprobs=True,
+    )
     ch = chat.choices[0]
     assert ch.message.role == "assistant" and ch.finish_reason in ("stop", "length", "tool_calls")
     assert len(ch.logprobs.content) == len(ch.model_extra["token_ids"]) > 0
-    pieces = list(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
-                                                 max_tokens=6, stream=True, seed=2))
+    pieces = list(
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=6, stream=True, seed=2
+        )
+    )
     assert pieces[-1].choices[0].finish_reason in ("stop", "length")
     streamed = "".join(p.choices[0].delta.content or "" for p in pieces)
-    again = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=6, seed=2)
+    again = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=6, seed=2
+    )
     assert streamed.strip() == (again.choices[0].message.content or "")  # same seed: the same text, streamed
-    text = "".join(p.choices[0].text for p in client.completions.create(model="tiny", prompt="x =", max_tokens=4, stream=True))
+    text = "".join(
+        p.choices[0].text for p in client.completions.create(model="tiny", prompt="x =", max_tokens=4, stream=True)
+    )
     assert isinstance(text, str)
 
 
@@ -58,8 +77,16 @@ def test_tool_calls_are_parsed(server, monkeypatch):
         return [forced[min(len(r.token_ids), len(forced) - 1)] for r in batch], lps
 
     monkeypatch.setattr(engine, "_sample", scripted)
-    reply = httpx.post(url + "/v1/chat/completions", timeout=60, json={
-        "model": "tiny", "messages": [{"role": "user", "content": "list files"}], "tools": TOOLS, "max_tokens": 40}).json()
+    reply = httpx.post(
+        url + "/v1/chat/completions",
+        timeout=60,
+        json={
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "list files"}],
+            "tools": TOOLS,
+            "max_tokens": 40,
+        },
+    ).json()
     choice = reply["choices"][0]
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["tool_calls"][0]["function"]["name"] == "bash"
     assert json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"]) == {"cmd": "ls"}
@@ -92,8 +119,12 @@ def test_concurrent_requests_batched(server):
     client = EndpointClient(url)
     results = []
     params = SamplingParams(max_tokens=20, stop_token_ids=[])
-    threads = [threading.Thread(target=lambda i=i: results.append(client.generate(engine.tokenizer.encode(f"x = {i}"), params)))
-               for i in range(6)]
+    threads = [
+        threading.Thread(
+            target=lambda i=i: results.append(client.generate(engine.tokenizer.encode(f"x = {i}"), params))
+        )
+        for i in range(6)
+    ]
     steps0 = engine.tokens_generated
     for t in threads:
         t.start()
@@ -104,20 +135,27 @@ def test_concurrent_requests_batched(server):
     assert engine.peak_batch >= 2  # requests from different connections shared decode steps
 
 
-@pytest.mark.parametrize("path,body,status", [
-    ("/v1/completions", "{not json", 400),
-    ("/v1/completions", {"model": "tiny"}, 400),
-    ("/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": -1}, 400),
-    ("/v1/completions", {"model": "tiny", "prompt": "x", "temperature": "hot"}, 400),
-    ("/v1/completions", {"model": "nope", "prompt": "x"}, 404),
-    ("/v1/completions", {"model": "tiny", "prompt": [10 ** 9]}, 400),
-    ("/v1/completions", {"model": "tiny", "prompt": "x" * 5000}, 400),
-    ("/v1/chat/completions", {"model": "tiny", "messages": []}, 400),
-    ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]}, 400),
-    ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": {"a": 1}}]}, 400),
-    ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tools": "bash"}, 400),
-    ("/weights/update", {"path": "/nonexistent"}, 400),
-])
+@pytest.mark.parametrize(
+    "path,body,status",
+    [
+        ("/v1/completions", "{not json", 400),
+        ("/v1/completions", {"model": "tiny"}, 400),
+        ("/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": -1}, 400),
+        ("/v1/completions", {"model": "tiny", "prompt": "x", "temperature": "hot"}, 400),
+        ("/v1/completions", {"model": "nope", "prompt": "x"}, 404),
+        ("/v1/completions", {"model": "tiny", "prompt": [10**9]}, 400),
+        ("/v1/completions", {"model": "tiny", "prompt": "x" * 5000}, 400),
+        ("/v1/chat/completions", {"model": "tiny", "messages": []}, 400),
+        ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]}, 400),
+        ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": {"a": 1}}]}, 400),
+        (
+            "/v1/chat/completions",
+            {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tools": "bash"},
+            400,
+        ),
+        ("/weights/update", {"path": "/nonexistent"}, 400),
+    ],
+)
 def test_malformed_requests_get_4xx_and_server_survives(server, path, body, status):
     url, _ = server
     data = body if isinstance(body, str) else json.dumps(body)

@@ -80,8 +80,11 @@ def test_oversized_bodies_and_prompts_are_refused_before_parsing(slow_server):
     r = httpx.post(url + "/v1/completions", content=chunks(), headers={"content-type": "application/json"}, timeout=30)
     assert r.status_code == 413
     long = "a" * (engine.max_len * 200)  # under the body limit, more characters than the context can hold
-    r = httpx.post(url + "/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": long}]},
-                   timeout=30)
+    r = httpx.post(
+        url + "/v1/chat/completions",
+        json={"model": "tiny", "messages": [{"role": "user", "content": long}]},
+        timeout=30,
+    )
     assert r.status_code == 400 and "characters" in r.json()["error"]["message"]
     assert httpx.get(url + "/health", timeout=5).status_code == 200
 
@@ -100,8 +103,13 @@ def test_tokenizing_runs_off_the_event_loop(slow_server, monkeypatch):
 
     monkeypatch.setattr(engine.tokenizer, "encode", blocking_encode)
     result = {}
-    t = threading.Thread(target=lambda: result.update(r=httpx.post(
-        url + "/v1/completions", json={"model": "tiny", "prompt": "BLOCK me", "max_tokens": 2}, timeout=30)))
+    t = threading.Thread(
+        target=lambda: result.update(
+            r=httpx.post(
+                url + "/v1/completions", json={"model": "tiny", "prompt": "BLOCK me", "max_tokens": 2}, timeout=30
+            )
+        )
+    )
     t.start()
     try:
         assert entered.wait(10)
@@ -113,7 +121,7 @@ def test_tokenizing_runs_off_the_event_loop(slow_server, monkeypatch):
 
 
 def test_impossible_engine_settings_are_refused(tiny_moe, tiny_tokenizer):
-    for kwargs in ({"max_batch": 0}, {"max_batch": -1}, {"max_len": 1}, {"max_len": 10 ** 6}):
+    for kwargs in ({"max_batch": 0}, {"max_batch": -1}, {"max_len": 1}, {"max_len": 10**6}):
         with pytest.raises(ValueError):
             Engine(tiny_moe, tiny_tokenizer, **kwargs)
 
@@ -152,13 +160,16 @@ def test_serve_refuses_a_busy_port_and_exits_on_sigterm_mid_request(tiny_tokeniz
         line = proc.stdout.readline()
         assert " on http://" in line, line
         url = line.split(" on ")[1].split()[0]
-        stream = httpx.Client(timeout=30).stream("POST", url + "/v1/completions",
-                                                 json={"model": "m", "prompt": "x", "max_tokens": 500, "stream": True})
+        stream = httpx.Client(timeout=30).stream(
+            "POST", url + "/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 500, "stream": True}
+        )
         r = stream.__enter__()
         assert next(r.iter_lines()).startswith("data: ")
         t0 = time.time()
         os.kill(proc.pid, signal.SIGTERM)
-        assert proc.wait(timeout=30) == 128 + signal.SIGTERM  # uvicorn re-raises it once shut down: the CLI exits as for any SIGTERM
+        assert (
+            proc.wait(timeout=30) == 128 + signal.SIGTERM
+        )  # uvicorn re-raises it once shut down: the CLI exits as for any SIGTERM
         assert time.time() - t0 < 20
     finally:
         if proc.poll() is None:

@@ -14,7 +14,9 @@ def gathered(ranks, path: str) -> tuple[dict, dict, int, bool]:
     """Every rank: load its shards; the whole parameters, the buffers, how many elements this rank
     holds, and whether the head is the embedding's parameter."""
     model = load_sharded_model(path, ranks)
-    params = {name: whole(p).detach().clone() for name, p in model.named_parameters()}  # a collective, same order on every rank
+    params = {
+        name: whole(p).detach().clone() for name, p in model.named_parameters()
+    }  # a collective, same order on every rank
     held = sum(local(p).numel() for p in model.parameters())
     tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
     return params, dict(model.named_buffers()), held, tied

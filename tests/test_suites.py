@@ -28,7 +28,9 @@ def test_synthetic_is_deterministic_small_and_split():
     tasks = load_suite("synthetic", difficulty=1, limit=5)
     assert {t.split for t in tasks} == {"train", "eval"} and len(tasks) == 10
     evals = {json.dumps(t.files, sort_keys=True) for t in synthetic.load("eval", difficulty=1)}
-    assert not any(json.dumps(t.files, sort_keys=True) in evals for t in synthetic.load("train", difficulty=1, limit=300))
+    assert not any(
+        json.dumps(t.files, sort_keys=True) in evals for t in synthetic.load("train", difficulty=1, limit=300)
+    )
     for t in tasks + [synthetic.make_task(d, s, i) for d in (2, 3) for s in ("train", "eval") for i in range(3)]:
         source_lines = sum(v.count("\n") for k, v in t.files.items() if not k.startswith("tests/"))
         assert 15 <= source_lines <= 130, (t.id, source_lines)
@@ -93,8 +95,9 @@ def test_synthetic_references_pass_and_bugs_fail_through_checker():
         assert buggy.reward == 0 and buggy.failed > 0 and buggy.perturbed_reward is None, buggy  # unpaid: not rerun
         assert fixed.reward == 1 and fixed.perturbed_reward == 1, fixed
         # the perturbed tests catch the bug too, run as the hidden tests
-        as_hidden = dataclasses.replace(t, hidden_tests=t.perturbed_tests,
-                                        metadata={**t.metadata, "n_tests": t.metadata["n_perturbed_tests"]})
+        as_hidden = dataclasses.replace(
+            t, hidden_tests=t.perturbed_tests, metadata={**t.metadata, "n_tests": t.metadata["n_perturbed_tests"]}
+        )
         perturbed = check(as_hidden, {}, perturbed=False)
         assert perturbed.reward == 0 and perturbed.failed > 0, perturbed
 
@@ -133,7 +136,13 @@ def test_mutations_are_single_token_and_parse():
 
     src = "def f(a, b):\n    if a < b and not a:\n        return a + 1\n    return True\n"
     ms = mutations("m.py", src)
-    assert {m.family for m in ms} == {"comparison_flip", "wrong_operator", "missing_case", "off_by_one", "wrong_constant"}
+    assert {m.family for m in ms} == {
+        "comparison_flip",
+        "wrong_operator",
+        "missing_case",
+        "off_by_one",
+        "wrong_constant",
+    }
     for m in ms:
         out = m.apply(src)
         ast.parse(out)
@@ -150,7 +159,21 @@ def test_tasks_cli_export_then_check_round_trip(tmp_path, capsys):
     for path, text in apply_edits(task.files, task.metadata["reference_edits"]).items():
         (ws / path).write_text(text)
     (ws / "conftest.py").write_text("def pytest_configure(config):\n    pass\n")
-    assert main(["tasks", "check", "--suite", "synthetic", "synthetic-d1-eval-0001", str(ws), "--json", str(tmp_path / "r.json")]) == 0
+    assert (
+        main(
+            [
+                "tasks",
+                "check",
+                "--suite",
+                "synthetic",
+                "synthetic-d1-eval-0001",
+                str(ws),
+                "--json",
+                str(tmp_path / "r.json"),
+            ]
+        )
+        == 0
+    )
     result = json.loads((tmp_path / "r.json").read_text())
     assert result["reward"] == 1 and result["dropped_paths"] == ["conftest.py"]
     assert [f["kind"] for f in result["flags"]] == ["conftest_or_plugin"]

@@ -61,7 +61,9 @@ def test_engine_sync_widens_bf16_into_fp32_live_weights_and_repacks_only_changes
 
     sync = EngineSync(live, version=-1, swap=swap)
     stop = threading.Event()
-    follower = threading.Thread(target=sync.follow, args=(trainer.publisher.store, http_link(relay.url), trainer.origin_url, stop))
+    follower = threading.Thread(
+        target=sync.follow, args=(trainer.publisher.store, http_link(relay.url), trainer.origin_url, stop)
+    )
     follower.start()
     try:
         assert sync.wait_version(0, 20)

@@ -99,8 +99,16 @@ def test_fp32_f16_shape_dtype_and_set_changes(snaps):
     }
     blob = roundtrip(base, new)
     methods = {e.name: e.method for e in codec.read_header(blob).entries}
-    assert methods == {"dense32": "full", "sparse32": "delta", "half": "delta", "reshaped": "full",
-                       "retyped": "full", "ints": "full", "same": "same", "added": "full"}
+    assert methods == {
+        "dense32": "full",
+        "sparse32": "delta",
+        "half": "delta",
+        "reshaped": "full",
+        "retyped": "full",
+        "ints": "full",
+        "same": "same",
+        "added": "full",
+    }
 
 
 @pytest.fixture()
@@ -220,6 +228,10 @@ def test_bench_sync_on_equal_snapshots_says_so(tmp_path):
     assert "v000001" in info["source"] and not np.array_equal(old["w"].data, new["w"].data)
     (tmp_path / "v000001.safetensors").unlink()
     assert _load_demo_run(str(tmp_path)) is None
-    out = subprocess.run([sys.executable, "-m", "strop.cli", "bench", "sync", "--quick", "--no-fanout",
-                          "--demo-run", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "strop.cli", "bench", "sync", "--quick", "--no-fanout", "--demo-run", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2 and "all equal" in out.stderr and "Traceback" not in out.stderr, out.stderr

@@ -40,8 +40,17 @@ def changed(rng: np.random.Generator, old: np.ndarray, density: float, extreme: 
     at = np.flatnonzero(rng.random(len(old)) < p)
     new = old.copy()
     if extreme:
-        special = np.array([0, 1 << (bits - 1), (1 << bits) - 1, 0x7F80 if bits == 16 else 0x7F800000,
-                            0x7FC0 if bits == 16 else 0x7FC00000, 1 << (bits - 2)], dtype=np.uint64)
+        special = np.array(
+            [
+                0,
+                1 << (bits - 1),
+                (1 << bits) - 1,
+                0x7F80 if bits == 16 else 0x7F800000,
+                0x7FC0 if bits == 16 else 0x7FC00000,
+                1 << (bits - 2),
+            ],
+            dtype=np.uint64,
+        )
         pick = rng.random(len(at)) < 0.5
         vals = np.where(pick, rng.choice(special, len(at)), rng.integers(0, 1 << bits, len(at), dtype=np.uint64))
         new[at] = vals.astype(old.dtype)

@@ -34,8 +34,10 @@ def test_published_versions_are_deltas_on_the_wire_and_rebuild_bit_exact(tmp_pat
         assert all(len(b) < full_bytes / 4 for b in blobs)
         assert sync.stats()["sent_by_version"] == {1: [1, len(blobs[0])], 2: [1, len(blobs[1])]}
         r = Replica.bootstrap(store)
-        assert all(torch.equal(torch.from_numpy(r.state[k].data.view("int16")).view(torch.bfloat16).view(t.shape), t)
-                   for k, t in states[-1].items())
+        assert all(
+            torch.equal(torch.from_numpy(r.state[k].data.view("int16")).view(torch.bfloat16).view(t.shape), t)
+            for k, t in states[-1].items()
+        )
     finally:
         sync.close()
 

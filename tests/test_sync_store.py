@@ -22,9 +22,15 @@ def versions() -> list[dict[str, Tensor]]:
     b = adamw_snapshots(N // 3, 1e-5, steps=STEPS, keep=tuple(range(STEPS + 1)), seed=2)
     c = adamw_snapshots(N // 10, 1e-5, steps=STEPS, keep=tuple(range(STEPS + 1)), seed=4)
     frozen = adamw_snapshots(1000, 1e-5, steps=0, keep=(0,), seed=3)[0]
-    return [{"a": Tensor("BF16", (N // 100, 100), a[v]), "b": Tensor("BF16", (N // 3,), b[v]),
-             "c": Tensor("BF16", (N // 10,), c[v]), "frozen": Tensor("BF16", (1000,), frozen)}
-            for v in range(STEPS + 1)]
+    return [
+        {
+            "a": Tensor("BF16", (N // 100, 100), a[v]),
+            "b": Tensor("BF16", (N // 3,), b[v]),
+            "c": Tensor("BF16", (N // 10,), c[v]),
+            "frozen": Tensor("BF16", (1000,), frozen),
+        }
+        for v in range(STEPS + 1)
+    ]
 
 
 def publish_all(root: str, versions) -> Store:

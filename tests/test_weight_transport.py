@@ -13,10 +13,22 @@ from strop.config import load_config
 # The random policy earns no reward, so its gradients are zero; weight decay (applied once the step
 # runs backward: skip_zero_advantage=false) still moves every weight by lr * wd relative per step,
 # which changes a few % of its bf16 values: real, sparse deltas.
-CONFIG = ["rl.group_size=2", "rl.batch_groups=1", "rl.steps=3", "rl.lr=1e-3", "rl.weight_decay=0.1",
-          "rl.skip_zero_advantage=false",
-          "rollout.engines=2", "rollout.workers=2", "rollout.engine_batch=4", "rollout.train_tasks=4",
-          "rollout.max_turns=1", "rollout.max_turn_tokens=16", "rollout.max_context=1536", "rollout.ckpt_every=100"]
+CONFIG = [
+    "rl.group_size=2",
+    "rl.batch_groups=1",
+    "rl.steps=3",
+    "rl.lr=1e-3",
+    "rl.weight_decay=0.1",
+    "rl.skip_zero_advantage=false",
+    "rollout.engines=2",
+    "rollout.workers=2",
+    "rollout.engine_batch=4",
+    "rollout.train_tasks=4",
+    "rollout.max_turns=1",
+    "rollout.max_turn_tokens=16",
+    "rollout.max_context=1536",
+    "rollout.ckpt_every=100",
+]
 
 
 def _run(tmp_path, policy_dir, *, trainer_process: bool, steps: int = 3):
@@ -26,13 +38,21 @@ def _run(tmp_path, policy_dir, *, trainer_process: bool, steps: int = 3):
 
     cfg = load_config(None, CONFIG + [f"rl.steps={steps}"])
     tasks = {t.id: t for t in train_tasks(cfg)}
-    rt = start_inline(cfg, str(policy_dir), tasks, router_replay, cpus=split_cores(), trainer_process=trainer_process,
-                      store_url=str(tmp_path / "weights"))
+    rt = start_inline(
+        cfg,
+        str(policy_dir),
+        tasks,
+        router_replay,
+        cpus=split_cores(),
+        trainer_process=trainer_process,
+        store_url=str(tmp_path / "weights"),
+    )
     checked = []
 
     try:
-        orch = Orchestrator(cfg, rt, list(tasks), "sync", tmp_path / "rl",
-                            log=lambda row: checked.append(_engines_equal_trainer(rt)))
+        orch = Orchestrator(
+            cfg, rt, list(tasks), "sync", tmp_path / "rl", log=lambda row: checked.append(_engines_equal_trainer(rt))
+        )
         result = orch.run()
         stats = rt.trainer.sync_stats()
         reply_bytes = dict(getattr(rt.trainer, "reply_bytes", {}))
@@ -67,8 +87,9 @@ def test_only_deltas_leave_the_trainer_process_and_engines_match_it_bit_for_bit(
     assert reply_bytes["step"] / 3 < 16_000 < snapshot_bytes
 
 
-def test_a_delta_damaged_or_lost_in_the_store_is_repaired_per_tensor_and_the_run_goes_on(tmp_path, tiny_policy_dir,
-                                                                                         monkeypatch):
+def test_a_delta_damaged_or_lost_in_the_store_is_repaired_per_tensor_and_the_run_goes_on(
+    tmp_path, tiny_policy_dir, monkeypatch
+):
     """The in-process trainer writes version 2's delta with one tensor's payload corrupted and loses
     version 3's file: engines repair just the tensors those deltas failed to deliver."""
     from strop.sync import codec
@@ -87,7 +108,9 @@ def test_a_delta_damaged_or_lost_in_the_store_is_repaired_per_tensor_and_the_run
         put_delta(store, blob, manifest)
         if manifest.version == 3:
             store.fs.rm(store._delta_path(3))
-            damaged[3] = sorted(n for n, (_, _, crc) in manifest.tensors.items() if crc != store.manifest(2).tensors[n][2])
+            damaged[3] = sorted(
+                n for n, (_, _, crc) in manifest.tensors.items() if crc != store.manifest(2).tensors[n][2]
+            )
 
     monkeypatch.setattr(Store, "put_delta", faulty_put_delta)  # the trainer runs in this process
     result, _, checked, _, _, repaired, _ = _run(tmp_path, tiny_policy_dir, trainer_process=False, steps=4)

@@ -52,8 +52,13 @@ def test_a_refused_update_touches_no_tensor(served, tmp_path):
     cases = {
         "unknown": {"model.embed_tokens.weight": torch.zeros_like(emb), "model.no_such.weight": torch.zeros(3)},
         "shape": {"model.embed_tokens.weight": torch.zeros_like(emb), "model.norm.weight": torch.zeros(7)},
-        "nan": {"model.embed_tokens.weight": torch.zeros_like(emb), "model.norm.weight": torch.full_like(engine.model.model.norm.weight, float("nan"))},
-        "inf_after_cast": {"model.norm.weight": torch.full(engine.model.model.norm.weight.shape, 1e300, dtype=torch.float64)},
+        "nan": {
+            "model.embed_tokens.weight": torch.zeros_like(emb),
+            "model.norm.weight": torch.full_like(engine.model.model.norm.weight, float("nan")),
+        },
+        "inf_after_cast": {
+            "model.norm.weight": torch.full(engine.model.model.norm.weight.shape, 1e300, dtype=torch.float64)
+        },
         "dtype": {"model.norm.weight": torch.ones(engine.model.model.norm.weight.shape, dtype=torch.int64)},
     }
     for name, tensors in cases.items():
@@ -84,8 +89,16 @@ def test_unreadable_paths_all_say_the_same(served, tmp_path):
     header = b'{"a":1}'
     (tmp_path / "header.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
     (tmp_path / "empty").mkdir()
-    messages = [refused(client, p) for p in ("/no/such/file", tmp_path / "empty", tmp_path / "text.safetensors",
-                                             tmp_path / "header.safetensors", "/etc/passwd")]
+    messages = [
+        refused(client, p)
+        for p in (
+            "/no/such/file",
+            tmp_path / "empty",
+            tmp_path / "text.safetensors",
+            tmp_path / "header.safetensors",
+            "/etc/passwd",
+        )
+    ]
     assert all(m.startswith("no safetensors weights could be read at") for m in messages), messages
     assert unchanged(engine, before)
 

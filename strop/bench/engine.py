@@ -39,14 +39,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="64 new tokens per sequence (under a minute)")
     parser.add_argument("--new-tokens", type=int, default=256, help="tokens generated per sequence")
     parser.add_argument("--prompt-len", type=int, default=32, help="prompt tokens per sequence")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads for both sides (default 1, as strop runs engines; 0 = STROP_THREADS or all cores)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads for both sides (default 1, as strop runs engines; 0 = STROP_THREADS or all cores)",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats per batch size (2 with --quick)")
-    parser.add_argument("--multi-turn", action="store_true",
-                        help="time multi-turn episodes with and without prefix reuse instead of the HF comparison")
-    parser.add_argument("--backend", choices=["strop", "vllm"], default="strop",
-                        help="vllm: vLLM beside strop's engine on the same model and batch, and their mismatch "
-                             "to the trainer with and without replay (strop.bench.engine_vllm)")
+    parser.add_argument(
+        "--multi-turn",
+        action="store_true",
+        help="time multi-turn episodes with and without prefix reuse instead of the HF comparison",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=["strop", "vllm"],
+        default="strop",
+        help="vllm: vLLM beside strop's engine on the same model and batch, and their mismatch "
+        "to the trainer with and without replay (strop.bench.engine_vllm)",
+    )
     parser.add_argument("--json", help="write results to this JSON file")
 
 
@@ -94,8 +105,17 @@ def time_hf(model, tok, prompts: list[list[int]], new_tokens: int) -> tuple[floa
     ids = torch.tensor(prompts)
     w0, c0 = _clocks()
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_p=0.95,
-                             top_k=0, max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=tok.pad_token_id)
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=True,
+            temperature=1.0,
+            top_p=0.95,
+            top_k=0,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            pad_token_id=tok.pad_token_id,
+        )
     w1, c1 = _clocks()
     assert out.shape[1] == ids.shape[1] + new_tokens
     return w1 - w0, c1 - c0
@@ -113,7 +133,9 @@ def time_engine(engine, prompts: list[list[int]], new_tokens: int) -> tuple[floa
     return w1 - w0, c1 - c0
 
 
-def time_episodes(engine, firsts: list[list[int]], observations: list[list[list[int]]], new_tokens: int) -> tuple[float, float]:
+def time_episodes(
+    engine, firsts: list[list[int]], observations: list[list[list[int]]], new_tokens: int
+) -> tuple[float, float]:
     """(wall, process CPU) seconds of len(firsts) episodes in lockstep: each turn generates for every
     episode together, then appends its completion and its next observation to its prompt."""
     from strop.policy_api import SamplingParams
@@ -135,13 +157,29 @@ def run_multi_turn(args: argparse.Namespace, model, tok, stream, threads: int) -
 
     system, instruction, obs_len, turns, new_tokens = 220, 60, 150, 4, 48
     max_len = system + instruction + turns * (new_tokens + obs_len) + 8
-    engines = {name: Engine(model, tok, max_batch=64, max_len=max_len, deterministic=det, reuse_min=reuse)
-               for name, det, reuse in (("engine", False, 0), ("engine+reuse", False, 32),
-                                        ("deterministic", True, 0), ("deterministic+reuse", True, 32))}
+    engines = {
+        name: Engine(model, tok, max_batch=64, max_len=max_len, deterministic=det, reuse_min=reuse)
+        for name, det, reuse in (
+            ("engine", False, 0),
+            ("engine+reuse", False, 32),
+            ("deterministic", True, 0),
+            ("deterministic+reuse", True, 32),
+        )
+    }
     head = prompts_from(stream, 1, system, 7)[0]
-    rows, result = [], {"threads": threads, "turns": turns, "new_tokens": new_tokens, "system": system,
-                        "instruction": instruction, "observation": obs_len,
-                        "model": args.checkpoint or "random demo-size qwen3_moe", "cpu": platform.processor() or platform.machine()}
+    rows, result = (
+        [],
+        {
+            "threads": threads,
+            "turns": turns,
+            "new_tokens": new_tokens,
+            "system": system,
+            "instruction": instruction,
+            "observation": obs_len,
+            "model": args.checkpoint or "random demo-size qwen3_moe",
+            "cpu": platform.processor() or platform.machine(),
+        },
+    )
     reps = 2 if args.quick else args.repeats
 
     def episodes(bs: int, seed: int):
@@ -164,18 +202,40 @@ def run_multi_turn(args: argparse.Namespace, model, tok, stream, threads: int) -
         best = {name: (n / min(r[name][0] for r in runs), n / min(r[name][1] for r in runs)) for name in engines}
         for mode in ("engine", "deterministic"):
             prefilled, reused = runs[-1][f"{mode}+reuse:prefill"]
-            row = {"episodes": bs, "mode": mode, "tok_s": best[mode][0], "reuse_tok_s": best[f"{mode}+reuse"][0],
-                   "speedup": best[f"{mode}+reuse"][0] / best[mode][0],
-                   "cpu_speedup": best[f"{mode}+reuse"][1] / best[mode][1],
-                   "prefill_per_episode": runs[-1][mode + ":prefill"][0] / bs,
-                   "reuse_prefill_per_episode": prefilled / bs, "reused_per_episode": reused / bs}
+            row = {
+                "episodes": bs,
+                "mode": mode,
+                "tok_s": best[mode][0],
+                "reuse_tok_s": best[f"{mode}+reuse"][0],
+                "speedup": best[f"{mode}+reuse"][0] / best[mode][0],
+                "cpu_speedup": best[f"{mode}+reuse"][1] / best[mode][1],
+                "prefill_per_episode": runs[-1][mode + ":prefill"][0] / bs,
+                "reuse_prefill_per_episode": prefilled / bs,
+                "reused_per_episode": reused / bs,
+            }
             rows.append(row)
             result.update({f"{mode}_{k}_eps{bs}": v for k, v in row.items() if k not in ("episodes", "mode")})
-    print(f"multi-turn episodes, prefix reuse vs none: {result['model']}, {turns} turns of {new_tokens} tokens, "
-          f"{system}-token system prompt + {instruction}-token instruction, {obs_len}-token observations, "
-          f"T=1 top-p 0.95, {threads} threads, {result['cpu']}; tok_s = generated tokens/s")
-    print(format_table(rows, ["episodes", "mode", "tok_s", "reuse_tok_s", "speedup", "cpu_speedup", "prefill_per_episode",
-                              "reuse_prefill_per_episode", "reused_per_episode"]))
+    print(
+        f"multi-turn episodes, prefix reuse vs none: {result['model']}, {turns} turns of {new_tokens} tokens, "
+        f"{system}-token system prompt + {instruction}-token instruction, {obs_len}-token observations, "
+        f"T=1 top-p 0.95, {threads} threads, {result['cpu']}; tok_s = generated tokens/s"
+    )
+    print(
+        format_table(
+            rows,
+            [
+                "episodes",
+                "mode",
+                "tok_s",
+                "reuse_tok_s",
+                "speedup",
+                "cpu_speedup",
+                "prefill_per_episode",
+                "reuse_prefill_per_episode",
+                "reused_per_episode",
+            ],
+        )
+    )
     write_json(args.json, result | {"rows": rows})
     return 0
 
@@ -206,14 +266,24 @@ def run(args: argparse.Namespace) -> int:
         return run_multi_turn(args, model, tok, stream, threads)
     max_len = args.prompt_len + new_tokens + 8
     # Prefix reuse off: repeats rerun the same prompts, which HF generate has to prefill every time.
-    engines = {"engine": Engine(model, tok, max_batch=64, max_len=max_len, reuse_min=0),
-               "deterministic": Engine(model, tok, max_batch=64, max_len=max_len, deterministic=True, reuse_min=0)}
+    engines = {
+        "engine": Engine(model, tok, max_batch=64, max_len=max_len, reuse_min=0),
+        "deterministic": Engine(model, tok, max_batch=64, max_len=max_len, deterministic=True, reuse_min=0),
+    }
     warm = prompts_from(stream, 2, args.prompt_len, 99)
     time_hf(model, tok, warm, 2)
     for e in engines.values():
         time_engine(e, warm, 2)
-    rows, result = [], {"threads": threads, "new_tokens": new_tokens, "prompt_len": args.prompt_len,
-                        "model": args.checkpoint or "random demo-size qwen3_moe", "cpu": platform.processor() or platform.machine()}
+    rows, result = (
+        [],
+        {
+            "threads": threads,
+            "new_tokens": new_tokens,
+            "prompt_len": args.prompt_len,
+            "model": args.checkpoint or "random demo-size qwen3_moe",
+            "cpu": platform.processor() or platform.machine(),
+        },
+    )
     reps = 2 if args.quick else args.repeats
     for bs in (1, 16, 64):
         prompts = prompts_from(stream, bs, args.prompt_len, bs)
@@ -227,19 +297,42 @@ def run(args: argparse.Namespace) -> int:
             runs.append((hf_t, t["engine"], t["deterministic"]))
         # Best of the interleaved repeats, per side and clock: other jobs' bursts hit both sides alike.
         (hf, hf_cpu), (eng, eng_cpu), (det, det_cpu) = (
-            (n / min(r[i][0] for r in runs), n / min(r[i][1] for r in runs)) for i in range(3))
+            (n / min(r[i][0] for r in runs), n / min(r[i][1] for r in runs)) for i in range(3)
+        )
         # Deterministic mode's cost: CPU-time ratios of the repeats' interleaved pairs, their median and range.
         costs = [r[2][1] / r[1][1] for r in runs]
-        rows.append({"batch": bs, "hf_tok_s": hf, "engine_tok_s": eng, "ratio": eng / hf, "cpu_ratio": eng_cpu / hf_cpu,
-                     "det_tok_s": det, "det_cost": statistics.median(costs),
-                     "det_range": f"{min(costs):.3f}-{max(costs):.3f}"})
-        result.update({f"hf_tok_s_bs{bs}": hf, f"engine_tok_s_bs{bs}": eng, f"ratio_bs{bs}": eng / hf,
-                       f"deterministic_tok_s_bs{bs}": det, f"cpu_ratio_bs{bs}": eng_cpu / hf_cpu,
-                       f"deterministic_cost_bs{bs}": statistics.median(costs), f"deterministic_costs_bs{bs}": costs})
-    print(f"engine vs HF generate: {result['model']}, {new_tokens} new tokens after {args.prompt_len}-token prompts, "
-          f"T=1 top-p 0.95, {threads} threads, {result['cpu']}; det_cost: deterministic engine CPU time / default "
-          f"engine's, median [range] of {reps} interleaved repeats")
-    print(format_table(rows, ["batch", "hf_tok_s", "engine_tok_s", "ratio", "cpu_ratio", "det_tok_s", "det_cost",
-                              "det_range"]))
+        rows.append(
+            {
+                "batch": bs,
+                "hf_tok_s": hf,
+                "engine_tok_s": eng,
+                "ratio": eng / hf,
+                "cpu_ratio": eng_cpu / hf_cpu,
+                "det_tok_s": det,
+                "det_cost": statistics.median(costs),
+                "det_range": f"{min(costs):.3f}-{max(costs):.3f}",
+            }
+        )
+        result.update(
+            {
+                f"hf_tok_s_bs{bs}": hf,
+                f"engine_tok_s_bs{bs}": eng,
+                f"ratio_bs{bs}": eng / hf,
+                f"deterministic_tok_s_bs{bs}": det,
+                f"cpu_ratio_bs{bs}": eng_cpu / hf_cpu,
+                f"deterministic_cost_bs{bs}": statistics.median(costs),
+                f"deterministic_costs_bs{bs}": costs,
+            }
+        )
+    print(
+        f"engine vs HF generate: {result['model']}, {new_tokens} new tokens after {args.prompt_len}-token prompts, "
+        f"T=1 top-p 0.95, {threads} threads, {result['cpu']}; det_cost: deterministic engine CPU time / default "
+        f"engine's, median [range] of {reps} interleaved repeats"
+    )
+    print(
+        format_table(
+            rows, ["batch", "hf_tok_s", "engine_tok_s", "ratio", "cpu_ratio", "det_tok_s", "det_cost", "det_range"]
+        )
+    )
     write_json(args.json, result | {"rows": rows})
     return 0

@@ -69,7 +69,9 @@ def run_vllm(args: argparse.Namespace, threads: int) -> int:
     with tempfile.TemporaryDirectory(prefix="strop-bench-vllm-") as tmp:
         save_model(model, tok, tmp)
         t0 = time.perf_counter()
-        server = ServerProcess(vllm_argv(tmp, name="strop", max_len=max_len, max_batch=BATCH, seed=0), env=vllm_env(threads))
+        server = ServerProcess(
+            vllm_argv(tmp, name="strop", max_len=max_len, max_batch=BATCH, seed=0), env=vllm_env(threads)
+        )
         try:
             policies["vllm"] = EndpointClient(server.url, model="strop")
             _generate_all(policies["vllm"], prompts[:2], SamplingParams(max_tokens=2, stop_token_ids=[]))
@@ -77,35 +79,60 @@ def run_vllm(args: argparse.Namespace, threads: int) -> int:
             _generate_all(policies["engine"], prompts[:2], SamplingParams(max_tokens=2, stop_token_ids=[]))
             best = {name: 0.0 for name in policies}
             for rep in range(reps):  # alternating order: drift hits both alike
-                for name in (("vllm", "engine") if rep % 2 == 0 else ("engine", "vllm")):
+                for name in ("vllm", "engine") if rep % 2 == 0 else ("engine", "vllm"):
                     wall, gens = _generate_all(policies[name], prompts, timed)
                     best[name] = max(best[name], sum(len(g.token_ids) for g in gens) / wall)
-            mismatch = {name: engine_vs_trainer(model, list(zip(probe_prompts, _generate_all(p, probe_prompts, sampled)[1])))
-                        for name, p in policies.items()}
+            mismatch = {
+                name: engine_vs_trainer(model, list(zip(probe_prompts, _generate_all(p, probe_prompts, sampled)[1])))
+                for name, p in policies.items()
+            }
         finally:
             server.close()
     faster = "vllm" if best["vllm"] > best["engine"] else "strop's engine"
-    result = {"threads": threads, "new_tokens": new_tokens, "prompt_len": args.prompt_len, "batch": BATCH,
-              "model": args.checkpoint or "random demo-size qwen3_moe", "cpu": platform.processor() or platform.machine(),
-              "vllm_tok_s_bs16": best["vllm"], "engine_tok_s_bs16": best["engine"],
-              "vllm_over_engine": best["vllm"] / best["engine"], "faster": faster, "vllm_startup_s": startup_s}
+    result = {
+        "threads": threads,
+        "new_tokens": new_tokens,
+        "prompt_len": args.prompt_len,
+        "batch": BATCH,
+        "model": args.checkpoint or "random demo-size qwen3_moe",
+        "cpu": platform.processor() or platform.machine(),
+        "vllm_tok_s_bs16": best["vllm"],
+        "engine_tok_s_bs16": best["engine"],
+        "vllm_over_engine": best["vllm"] / best["engine"],
+        "faster": faster,
+        "vllm_startup_s": startup_s,
+    }
     rows = []
     for name, m in mismatch.items():
         for mode in ("plain", "replay"):
-            rows.append({"engine": name, "trainer": mode, "flips": m[mode].get("routing_flip_rate", 0.0),
-                         "mean_abs_dlogp": m[mode]["mean_abs_dlogp"], "max_abs_dlogp": m[mode]["max_abs_dlogp"],
-                         "k3": m[mode]["k3"], "tokens": m[mode]["tokens"]})
+            rows.append(
+                {
+                    "engine": name,
+                    "trainer": mode,
+                    "flips": m[mode].get("routing_flip_rate", 0.0),
+                    "mean_abs_dlogp": m[mode]["mean_abs_dlogp"],
+                    "max_abs_dlogp": m[mode]["max_abs_dlogp"],
+                    "k3": m[mode]["k3"],
+                    "tokens": m[mode]["tokens"],
+                }
+            )
         prefix = "vllm" if name == "vllm" else "engine"
         result[f"{prefix}_flips_without_replay"] = m["plain"].get("routing_flip_rate", 0.0)
         result[f"{prefix}_replay_flips"] = m["replay"].get("routing_flip_rate", 0.0)
         for k in ("mean_abs_dlogp", "k3"):
             result[f"{prefix}_{k}"] = m["plain"][k]
             result[f"{prefix}_{k}_replay"] = m["replay"][k]
-    print(f"vLLM vs strop's engine: {result['model']}, batch {BATCH}, {new_tokens} new tokens after "
-          f"{args.prompt_len}-token prompts, T=1 top-p 0.95, best of {reps}; strop's engine on {threads} threads, "
-          f"{result['cpu']}; vLLM start-up {startup_s:.0f} s (not in tok/s)")
-    print(format_table([{"engine": "vllm", "tok_s_bs16": best["vllm"]}, {"engine": "strop", "tok_s_bs16": best["engine"]}],
-                       ["engine", "tok_s_bs16"]))
+    print(
+        f"vLLM vs strop's engine: {result['model']}, batch {BATCH}, {new_tokens} new tokens after "
+        f"{args.prompt_len}-token prompts, T=1 top-p 0.95, best of {reps}; strop's engine on {threads} threads, "
+        f"{result['cpu']}; vLLM start-up {startup_s:.0f} s (not in tok/s)"
+    )
+    print(
+        format_table(
+            [{"engine": "vllm", "tok_s_bs16": best["vllm"]}, {"engine": "strop", "tok_s_bs16": best["engine"]}],
+            ["engine", "tok_s_bs16"],
+        )
+    )
     print(f"faster here: {faster} ({max(best.values()) / min(best.values()):.2f}x)")
     print("mismatch to the trainer (plain HF forward on the same weights), T=1 top-p 1:")
     print(format_table(rows, ["engine", "trainer", "flips", "mean_abs_dlogp", "max_abs_dlogp", "k3", "tokens"]))

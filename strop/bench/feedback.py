@@ -36,8 +36,12 @@ BACKENDS = ("sqlite", "postgres")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="about a minute: 3 s sustained, kill 1 s into the burst")
     p.add_argument("--duration", type=float, default=None, help="seconds of sustained load (default 20, --quick 3)")
-    p.add_argument("--kill-after", type=float, default=None, help="seconds into the second burst to kill -9 the server "
-                                                                   "(default 3, --quick 1)")
+    p.add_argument(
+        "--kill-after",
+        type=float,
+        default=None,
+        help="seconds into the second burst to kill -9 the server (default 3, --quick 1)",
+    )
     p.add_argument("--connections", type=int, default=32, help="concurrent keep-alive connections")
     p.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated, some of: sqlite, postgres")
     p.add_argument("--json", help="write results to this JSON file")
@@ -53,16 +57,43 @@ def _tiny_checkpoint(path: Path) -> None:
 
     corpus = load_corpus(DataSection(val_files=5))
     tok = train_tokenizer(corpus.train[:100], vocab_size=512, sample_bytes=200_000)
-    section = ModelSection(arch="qwen3_moe", hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16,
-                           num_experts=8, experts_per_token=2, expert_size=16, dense_size=64, max_positions=512)
+    section = ModelSection(
+        arch="qwen3_moe",
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+        num_experts=8,
+        experts_per_token=2,
+        expert_size=16,
+        dense_size=64,
+        max_positions=512,
+    )
     save_model(build_model(section, tok, seed=0), tok, path)
 
 
 @contextlib.contextmanager
 def _server(checkpoint: Path, keys: Path, store_url: str):
     """A `strop serve` process: yields (base URL, Popen)."""
-    cmd = [sys.executable, "-m", "strop.cli", "serve", "--checkpoint", str(checkpoint), "--port", "0", "--threads", "1",
-           "--keys", str(keys), "--store", store_url, "--name", "m"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "strop.cli",
+        "serve",
+        "--checkpoint",
+        str(checkpoint),
+        "--port",
+        "0",
+        "--threads",
+        "1",
+        "--keys",
+        str(keys),
+        "--store",
+        store_url,
+        "--name",
+        "m",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
@@ -80,8 +111,10 @@ class Connection:
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str, key: str):
         self.reader, self.writer = reader, writer
-        self.head = f"POST /v1/feedback HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\n" \
-                    "Content-Type: application/json\r\n"
+        self.head = (
+            f"POST /v1/feedback HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\n"
+            "Content-Type: application/json\r\n"
+        )
 
     async def post(self, body: bytes) -> int:
         self.writer.write(f"{self.head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
@@ -92,8 +125,16 @@ class Connection:
         return status
 
 
-async def _burst(base: str, key: str, completion_ids: list[str], connections: int, seconds: float,
-                 acked: list[str], latencies: list[float], failures: dict) -> None:
+async def _burst(
+    base: str,
+    key: str,
+    completion_ids: list[str],
+    connections: int,
+    seconds: float,
+    acked: list[str],
+    latencies: list[float],
+    failures: dict,
+) -> None:
     """Send new feedback events on every connection until `seconds` pass or the server dies."""
     host, port = base.removeprefix("http://").rsplit(":", 1)
     deadline = time.perf_counter() + seconds
@@ -104,8 +145,14 @@ async def _burst(base: str, key: str, completion_ids: list[str], connections: in
         try:
             while time.perf_counter() < deadline:
                 event_id = f"{w}-{i}-{uuid.uuid4().hex[:8]}"
-                body = json.dumps({"event_id": event_id, "completion_id": completion_ids[i % len(completion_ids)],
-                                   "kind": "thumbs", "value": "up" if i % 3 else "down"}).encode()
+                body = json.dumps(
+                    {
+                        "event_id": event_id,
+                        "completion_id": completion_ids[i % len(completion_ids)],
+                        "kind": "thumbs",
+                        "value": "up" if i % 3 else "down",
+                    }
+                ).encode()
                 t = time.perf_counter()
                 try:
                     status = await conn.post(body)
@@ -135,8 +182,10 @@ def _measure(backend: str, store_url: str, checkpoint: Path, keys: Path, key: st
 
     with _server(checkpoint, keys, store_url) as (base, proc):
         with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=60) as c:
-            completion_ids = [c.post("/v1/completions", json={"model": "m", "prompt": f"x = {i}", "max_tokens": 1}).json()["id"]
-                              for i in range(16)]
+            completion_ids = [
+                c.post("/v1/completions", json={"model": "m", "prompt": f"x = {i}", "max_tokens": 1}).json()["id"]
+                for i in range(16)
+            ]
         acked, latencies, failures = [], [], {}
         t0 = time.perf_counter()
         asyncio.run(_burst(base, key, completion_ids, args.connections, args.duration, acked, latencies, failures))
@@ -146,7 +195,9 @@ def _measure(backend: str, store_url: str, checkpoint: Path, keys: Path, key: st
         async def burst_and_kill() -> None:
             loop = asyncio.get_running_loop()
             loop.call_later(args.kill_after, os.kill, proc.pid, signal.SIGKILL)
-            await _burst(base, key, completion_ids, args.connections, args.kill_after + 30, killed, kill_lat, kill_failures)
+            await _burst(
+                base, key, completion_ids, args.connections, args.kill_after + 30, killed, kill_lat, kill_failures
+            )
 
         asyncio.run(burst_and_kill())
         proc.wait()
@@ -156,10 +207,18 @@ def _measure(backend: str, store_url: str, checkpoint: Path, keys: Path, key: st
     finally:
         store.close()
     lost = [e for e in killed if e not in in_db]
-    return {"req_per_s": len(acked) / elapsed, "p50_ms": _pct(latencies, 0.5), "p99_ms": _pct(latencies, 0.99),
-            "requests": len(acked), "refused": failures, "acked": len(killed), "lost_after_kill": len(lost),
-            "committed_unacked": len(in_db) - len(acked) - len(killed) + len(lost), "kill_refused": kill_failures,
-            "killed_by": -proc.returncode if proc.returncode and proc.returncode < 0 else proc.returncode}
+    return {
+        "req_per_s": len(acked) / elapsed,
+        "p50_ms": _pct(latencies, 0.5),
+        "p99_ms": _pct(latencies, 0.99),
+        "requests": len(acked),
+        "refused": failures,
+        "acked": len(killed),
+        "lost_after_kill": len(lost),
+        "committed_unacked": len(in_db) - len(acked) - len(killed) + len(lost),
+        "kill_refused": kill_failures,
+        "killed_by": -proc.returncode if proc.returncode and proc.returncode < 0 else proc.returncode,
+    }
 
 
 def _postgres_or_reason(stack: contextlib.ExitStack) -> tuple[str | None, str | None]:
@@ -196,7 +255,7 @@ def run(args: argparse.Namespace) -> int:
         root = Path(d)
         _tiny_checkpoint(root / "model")
         keys = KeyFile()
-        key = keys.add("bench", ["infer", "feedback"], rate_per_s=1e9, burst=10 ** 9)  # the limit is not what is measured
+        key = keys.add("bench", ["infer", "feedback"], rate_per_s=1e9, burst=10**9)  # the limit is not what is measured
         keys.save(root / "keys.json")
         for backend in backends:
             if backend == "sqlite":
@@ -209,8 +268,31 @@ def run(args: argparse.Namespace) -> int:
                     continue
             results[backend] = _measure(backend, url, root / "model", root / "keys.json", key, args)
     rows = [{"backend": b, **r} for b, r in results.items()]
-    print(format_table(rows, ["backend", "req_per_s", "p50_ms", "p99_ms", "requests", "acked", "lost_after_kill",
-                              "committed_unacked", "skipped"]))
-    write_json(args.json, {**results, "duration_s": args.duration, "kill_after_s": args.kill_after,
-                           "connections": args.connections, "loadavg_1m": load, "cpus": os.cpu_count()})
+    print(
+        format_table(
+            rows,
+            [
+                "backend",
+                "req_per_s",
+                "p50_ms",
+                "p99_ms",
+                "requests",
+                "acked",
+                "lost_after_kill",
+                "committed_unacked",
+                "skipped",
+            ],
+        )
+    )
+    write_json(
+        args.json,
+        {
+            **results,
+            "duration_s": args.duration,
+            "kill_after_s": args.kill_after,
+            "connections": args.connections,
+            "loadavg_1m": load,
+            "cpus": os.cpu_count(),
+        },
+    )
     return 0

@@ -35,7 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--difficulty", type=int, default=3, help="chain difficulty (1: 4 stages, 2: 12, 3: 32)")
     parser.add_argument("--window", type=int, default=2048, help="context window in tokens")
     parser.add_argument("--workers", type=int, default=2, help="episodes run at once")
-    parser.add_argument("--tokenizer", help="tokenizer directory (default: the configured vocabulary, trained on 2 MB of the corpus)")
+    parser.add_argument(
+        "--tokenizer", help="tokenizer directory (default: the configured vocabulary, trained on 2 MB of the corpus)"
+    )
     parser.add_argument("--json", help="write results to this JSON file")
 
 
@@ -48,18 +50,33 @@ def measure(tasks: list, tokenizer, strategy: str, window: int, workers: int) ->
     from strop.rl.evaluate import wilson
 
     stages = len(tasks[0].metadata["facts"])
-    harness = Harness(tokenizer, HarnessConfig(max_context=window, max_turn_tokens=MAX_TURN_TOKENS, max_turns=max_turns(stages),
-                                               context_strategy=strategy, max_resets=MAX_RESETS,
-                                               summary_tokens=SUMMARY_TOKENS))
+    harness = Harness(
+        tokenizer,
+        HarnessConfig(
+            max_context=window,
+            max_turn_tokens=MAX_TURN_TOKENS,
+            max_turns=max_turns(stages),
+            context_strategy=strategy,
+            max_resets=MAX_RESETS,
+            summary_tokens=SUMMARY_TOKENS,
+        ),
+    )
 
     def one(task) -> dict:
         episode, changes = run_task(harness, ChainDemonstrator(task, tokenizer), task)
         changes = source_changes(changes)
         reward = check(task, changes, perturbed=False).reward if changes else 0.0
         lost, found = facts_lost(episode.resets, episode.tool_calls, task.metadata["facts"])
-        return {"solved": reward >= 1.0, "stop_reason": episode.stop_reason, "resets": len(episode.resets),
-                "carried": [r["carried_tokens"] for r in episode.resets], "lost": lost, "found": found,
-                "tokens": sum(len(s) for s in episode.segments), "conversation": harness.count(episode.messages)}
+        return {
+            "solved": reward >= 1.0,
+            "stop_reason": episode.stop_reason,
+            "resets": len(episode.resets),
+            "carried": [r["carried_tokens"] for r in episode.resets],
+            "lost": lost,
+            "found": found,
+            "tokens": sum(len(s) for s in episode.segments),
+            "conversation": harness.count(episode.messages),
+        }
 
     with ThreadPoolExecutor(workers) as pool:
         results = list(pool.map(one, tasks))
@@ -71,12 +88,18 @@ def measure(tasks: list, tokenizer, strategy: str, window: int, workers: int) ->
     stops: dict[str, int] = {}
     for r in results:
         stops[r["stop_reason"]] = stops.get(r["stop_reason"], 0) + 1
-    return {"solve_rate": solved / n, "solve_rate_ci95": [round(lo, 4), round(hi, 4)], "eval_episodes": n,
-            "carried_tokens_mean": sum(carried) / len(carried) if carried else 0.0,
-            "resets_mean": sum(r["resets"] for r in results) / n, "resets_min": min(r["resets"] for r in results),
-            "compaction_error": sum(r["lost"] for r in results) / found if found else 0.0,
-            "tokens_per_episode": sum(r["tokens"] for r in results) / n,
-            "window_multiple": sum(r["conversation"] for r in results) / n / window, "stop_reasons": stops}
+    return {
+        "solve_rate": solved / n,
+        "solve_rate_ci95": [round(lo, 4), round(hi, 4)],
+        "eval_episodes": n,
+        "carried_tokens_mean": sum(carried) / len(carried) if carried else 0.0,
+        "resets_mean": sum(r["resets"] for r in results) / n,
+        "resets_min": min(r["resets"] for r in results),
+        "compaction_error": sum(r["lost"] for r in results) / found if found else 0.0,
+        "tokens_per_episode": sum(r["tokens"] for r in results) / n,
+        "window_multiple": sum(r["conversation"] for r in results) / n / window,
+        "stop_reasons": stops,
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,14 +121,44 @@ def run(args: argparse.Namespace) -> int:
     for name, strategy in STRATEGIES.items():
         start = time.perf_counter()
         out[name] = measure(tasks, tokenizer, strategy, args.window, args.workers)
-        rows.append({"strategy": name, **{k: v for k, v in out[name].items() if k != "stop_reasons"},
-                     "seconds": time.perf_counter() - start})
+        rows.append(
+            {
+                "strategy": name,
+                **{k: v for k, v in out[name].items() if k != "stop_reasons"},
+                "seconds": time.perf_counter() - start,
+            }
+        )
         print(f"{name}: solved {out[name]['solve_rate']:.1%} of {len(tasks)} ({rows[-1]['seconds']:.0f} s)", flush=True)
-    print(f"context strategies on chain/eval difficulty {args.difficulty} ({len(tasks)} episodes each), window "
-          f"{args.window} tokens; policy: the chain demonstrator (scripted, no RL; 'learned' = its own summaries)")
-    print(format_table(rows, ["strategy", "solve_rate", "solve_rate_ci95", "eval_episodes", "resets_mean", "resets_min",
-                              "carried_tokens_mean", "compaction_error", "tokens_per_episode", "window_multiple"]))
-    write_json(args.json, {"suite": "chain", "split": "eval", "difficulty": args.difficulty, "window": args.window,
-                           "policy": "chain demonstrator (scripted); learned = summarize with its own summaries, before RL",
-                           "strategies": out})
+    print(
+        f"context strategies on chain/eval difficulty {args.difficulty} ({len(tasks)} episodes each), window "
+        f"{args.window} tokens; policy: the chain demonstrator (scripted, no RL; 'learned' = its own summaries)"
+    )
+    print(
+        format_table(
+            rows,
+            [
+                "strategy",
+                "solve_rate",
+                "solve_rate_ci95",
+                "eval_episodes",
+                "resets_mean",
+                "resets_min",
+                "carried_tokens_mean",
+                "compaction_error",
+                "tokens_per_episode",
+                "window_multiple",
+            ],
+        )
+    )
+    write_json(
+        args.json,
+        {
+            "suite": "chain",
+            "split": "eval",
+            "difficulty": args.difficulty,
+            "window": args.window,
+            "policy": "chain demonstrator (scripted); learned = summarize with its own summaries, before RL",
+            "strategies": out,
+        },
+    )
     return 0

@@ -51,14 +51,19 @@ def run(args: argparse.Namespace) -> int:
         timed = sorted(times[2:])
         per_step = timed[len(timed) // 2]
         tokens_per_step = cfg.midtrain.batch_size * cfg.data.seq_len
-        rows.append({
-            "arch": arch,
-            "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
-            "tokens_per_step": tokens_per_step,
-            "step_s": per_step,
-            "tok_s": tokens_per_step / per_step,
-        })
-    print(f"mid-training throughput, {threads} threads, {platform.processor() or platform.machine()}, " f"median of {steps} steps")
+        rows.append(
+            {
+                "arch": arch,
+                "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+                "tokens_per_step": tokens_per_step,
+                "step_s": per_step,
+                "tok_s": tokens_per_step / per_step,
+            }
+        )
+    print(
+        f"mid-training throughput, {threads} threads, {platform.processor() or platform.machine()}, "
+        f"median of {steps} steps"
+    )
     print(format_table(rows, ["arch", "params_m", "tokens_per_step", "step_s", "tok_s"]))
     write_json(args.json, {"threads": threads, "steps": steps, "rows": rows})
     return 0

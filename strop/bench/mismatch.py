@@ -40,18 +40,30 @@ TURNS = 4
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", help="mid-trained model directory; default: mid-train a random demo model here")
-    parser.add_argument("--arch", choices=["qwen3_moe", "deepseek_v3"], default="qwen3_moe",
-                        help="architecture of the demo-size model built here (without --checkpoint)")
+    parser.add_argument(
+        "--arch",
+        choices=["qwen3_moe", "deepseek_v3"],
+        default="qwen3_moe",
+        help="architecture of the demo-size model built here (without --checkpoint)",
+    )
     parser.add_argument("--quick", action="store_true", help="~1000 generated tokens, 8 mid-training steps, 2 repeats")
     parser.add_argument("--tokens", type=int, default=10_000, help="generated tokens to compare (at least)")
     parser.add_argument("--midtrain-steps", type=int, default=60, help="mid-training steps when no checkpoint is given")
     parser.add_argument("--max-batch", type=int, default=16, help="engine slots")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved timing repeats per mode")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                        help="weights of engine and trainer: float32 holding bf16 values (as strop's engines hold "
-                             "them), or bfloat16 tensors")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads (default 1, as strop runs engines and trainers; 0 = STROP_THREADS or all cores)")
+    parser.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="weights of engine and trainer: float32 holding bf16 values (as strop's engines hold "
+        "them), or bfloat16 tensors",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1, as strop runs engines and trainers; 0 = STROP_THREADS or all cores)",
+    )
     parser.add_argument("--json", help="write results to this JSON file")
 
 
@@ -93,8 +105,14 @@ def plan_episodes(stream, target: int, quick: bool, seed: int = 0) -> list[dict]
     episodes, total = [], 0
     while total < target:
         turns = [rng.randint(lo, hi) for _ in range(TURNS)]
-        episodes.append({"first": system + window(rng.randint(20, 60)), "turns": turns, "seed": rng.randrange(10**9),
-                         "observations": [window(rng.randint(30, 100)) for _ in range(TURNS - 1)]})
+        episodes.append(
+            {
+                "first": system + window(rng.randint(20, 60)),
+                "turns": turns,
+                "seed": rng.randrange(10**9),
+                "observations": [window(rng.randint(30, 100)) for _ in range(TURNS - 1)],
+            }
+        )
         total += sum(turns)
     return episodes
 
@@ -116,8 +134,12 @@ def run_episodes(engine, episodes: list[dict]) -> tuple[list, list, float]:
     last = [None] * len(episodes)
     t0 = time.process_time()
     for turn in range(TURNS):
-        params = [SamplingParams(max_tokens=e["turns"][turn], temperature=1.0, top_p=1.0, stop_token_ids=[],
-                                 seed=e["seed"] + turn) for e in episodes]
+        params = [
+            SamplingParams(
+                max_tokens=e["turns"][turn], temperature=1.0, top_p=1.0, stop_token_ids=[], seed=e["seed"] + turn
+            )
+            for e in episodes
+        ]
         outs = engine.generate([list(s.input_ids) for s in segments], params)
         for i, (s, o, e) in enumerate(zip(segments, outs, episodes)):
             routing = generated_routing(o.routing, len(o.prompt_ids), len(o.token_ids))
@@ -179,8 +201,9 @@ def compare(model, batches: list, lasts: list, logprobs: list, records: list) ->
             e_route.append(e)
             t_route.append(trainer[b, : len(e)])
     behavior = torch.cat([b.behavior_BT[b.mask_BT] for b in batches])
-    return mismatch_metrics(behavior, torch.cat(logprobs), engine_routing=torch.cat(e_route),
-                            trainer_routing=torch.cat(t_route))
+    return mismatch_metrics(
+        behavior, torch.cat(logprobs), engine_routing=torch.cat(e_route), trainer_routing=torch.cat(t_route)
+    )
 
 
 def _cost(times: list[tuple[float, float]]) -> tuple[float, float, float]:
@@ -222,8 +245,12 @@ def run(args: argparse.Namespace) -> int:
         engine = Engine(model, tok, max_batch=slots, max_len=length, deterministic=deterministic, seed=1)
         return run_episodes(engine, episodes) + (engine.prefix_reused_tokens, engine.prefilled_tokens)
 
-    names = {(False, False): "default", (True, False): "replay", (False, True): "deterministic",
-             (True, True): "replay+deterministic"}
+    names = {
+        (False, False): "default",
+        (True, False): "replay",
+        (False, True): "deterministic",
+        (True, True): "replay+deterministic",
+    }
     samples, engine_times = {}, []
     for rep in range(repeats):  # interleaved, in alternating order: other jobs' bursts hit both modes alike
         for det in (False, True)[:: 1 if rep % 2 == 0 else -1]:
@@ -232,8 +259,10 @@ def run(args: argparse.Namespace) -> int:
     batches, lasts = {}, {}
     for det, (segments, last, *_rest) in samples.items():
         order = sorted(range(len(segments)), key=lambda i: len(segments[i]))  # as the trainer batches
-        batches[det] = [build_batch([(segments[i], 1.0, 1.0) for i in order[at : at + 8]], tok.pad_token_id)
-                        for at in range(0, len(order), 8)]
+        batches[det] = [
+            build_batch([(segments[i], 1.0, 1.0) for i in order[at : at + 8]], tok.pad_token_id)
+            for at in range(0, len(order), 8)
+        ]
         lasts[det] = [[last[i] for i in order[at : at + 8]] for at in range(0, len(order), 8)]
     rows, step_times, forward_times = {}, {key: [] for key in names}, {key: [] for key in names}
     for rep in range(repeats):
@@ -249,23 +278,57 @@ def run(args: argparse.Namespace) -> int:
         engine = _cost(engine_times) if det else (1.0, 1.0, 1.0)
         trainer = _cost(list(zip(step_times[base], step_times[(replay, det)])))
         forward = _cost(list(zip(forward_times[base], forward_times[(replay, det)])))
-        row = rows[name] | {"engine_cost": engine[0], "engine_range": f"{engine[1]:.3f}-{engine[2]:.3f}",
-                            "trainer_cost": trainer[0], "trainer_range": f"{trainer[1]:.3f}-{trainer[2]:.3f}",
-                            "forward_cost": forward[0], "forward_range": f"{forward[1]:.3f}-{forward[2]:.3f}"}
+        row = rows[name] | {
+            "engine_cost": engine[0],
+            "engine_range": f"{engine[1]:.3f}-{engine[2]:.3f}",
+            "trainer_cost": trainer[0],
+            "trainer_range": f"{trainer[1]:.3f}-{trainer[2]:.3f}",
+            "forward_cost": forward[0],
+            "forward_range": f"{forward[1]:.3f}-{forward[2]:.3f}",
+        }
         table.append(row)
     reused, prefilled = samples[True][3], samples[True][4]
-    cols = ["name", "tokens", "routing_flip_rate", "mean_abs_dlogp", "max_abs_dlogp", "k3", "bitwise_equal_frac",
-            "engine_cost", "engine_range", "trainer_cost", "trainer_range", "forward_cost", "forward_range"]
+    cols = [
+        "name",
+        "tokens",
+        "routing_flip_rate",
+        "mean_abs_dlogp",
+        "max_abs_dlogp",
+        "k3",
+        "bitwise_equal_frac",
+        "engine_cost",
+        "engine_range",
+        "trainer_cost",
+        "trainer_range",
+        "forward_cost",
+        "forward_range",
+    ]
     model_desc = args.checkpoint or f"random demo-size {args.arch} mid-trained here (final loss {loss:.3f})"
-    print(f"engine vs trainer mismatch: {model_desc}; {len(episodes)} episodes x {TURNS} turns, {slots} slots, "
-          f"T=1, {args.dtype} weights holding bf16 values, {threads} threads; prefix reuse {reused} of "
-          f"{reused + prefilled} prompt tokens; costs: CPU-time ratios vs the row without deterministic mode "
-          f"(replay: vs default), median [range] of {repeats} interleaved repeats")
+    print(
+        f"engine vs trainer mismatch: {model_desc}; {len(episodes)} episodes x {TURNS} turns, {slots} slots, "
+        f"T=1, {args.dtype} weights holding bf16 values, {threads} threads; prefix reuse {reused} of "
+        f"{reused + prefilled} prompt tokens; costs: CPU-time ratios vs the row without deterministic mode "
+        f"(replay: vs default), median [range] of {repeats} interleaved repeats"
+    )
     print(format_table(table, cols))
-    write_json(args.json, {"model": model_desc, "arch": args.arch, "dtype": args.dtype, "threads": threads,
-                           "episodes": len(episodes), "turns": TURNS, "max_batch": slots, "repeats": repeats,
-                           "midtrain_loss": loss, "prefix_reused_tokens": reused, "prefilled_tokens": prefilled,
-                           "engine_cpu_s": engine_times,
-                           "trainer_step_cpu_s": {names[k]: v for k, v in step_times.items()},
-                           "trainer_forward_cpu_s": {names[k]: v for k, v in forward_times.items()}, "rows": table})
+    write_json(
+        args.json,
+        {
+            "model": model_desc,
+            "arch": args.arch,
+            "dtype": args.dtype,
+            "threads": threads,
+            "episodes": len(episodes),
+            "turns": TURNS,
+            "max_batch": slots,
+            "repeats": repeats,
+            "midtrain_loss": loss,
+            "prefix_reused_tokens": reused,
+            "prefilled_tokens": prefilled,
+            "engine_cpu_s": engine_times,
+            "trainer_step_cpu_s": {names[k]: v for k, v in step_times.items()},
+            "trainer_forward_cpu_s": {names[k]: v for k, v in forward_times.items()},
+            "rows": table,
+        },
+    )
     return 0

@@ -27,7 +27,11 @@ from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quick", action="store_true", help="under a minute: 200 start+exit runs, 50 pooled, 100 execs, a 5 s idle-footprint budget, 1 oracle episode")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="under a minute: 200 start+exit runs, 50 pooled, 100 execs, a 5 s idle-footprint budget, 1 oracle episode",
+    )
     p.add_argument("--runs", type=int, default=None, help="start+exit runs (default 1000, --quick 200)")
     p.add_argument("--max", type=int, default=1000, help="most idle sandboxes to hold at once (default 1000)")
     p.add_argument("--oracle-episodes", type=int, default=None, help="oracle episodes to time (default 30, --quick 1)")
@@ -145,9 +149,13 @@ def _idle(world: Path, most: int, budget_s: float) -> dict:
             sb.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     n = max(len(boxes), 1)
-    return {"max_concurrent": alive, "mib_per_sandbox": pss / n / 1024,
-            # None when other processes freed more memory meanwhile than the sandboxes took
-            "kernel_mib_per_sandbox": (mem0 - mem1) / n / 1024 if mem0 > mem1 else None, "idle_fill_s": start_s}
+    return {
+        "max_concurrent": alive,
+        "mib_per_sandbox": pss / n / 1024,
+        # None when other processes freed more memory meanwhile than the sandboxes took
+        "kernel_mib_per_sandbox": (mem0 - mem1) / n / 1024 if mem0 > mem1 else None,
+        "idle_fill_s": start_s,
+    }
 
 
 def _oracle(n: int) -> tuple[float | None, str]:
@@ -177,19 +185,46 @@ def run(args: argparse.Namespace) -> int:
         idle = _idle(world, args.max, 5.0 if args.quick else 300.0)
     oracle, oracle_note = _oracle(args.oracle_episodes or (1 if args.quick else 30))
     res = {
-        "start_p50_ms": _pct(start, 0.5), "start_p99_ms": _pct(start, 0.99), "start_min_ms": min(start) * 1e3,
+        "start_p50_ms": _pct(start, 0.5),
+        "start_p99_ms": _pct(start, 0.99),
+        "start_min_ms": min(start) * 1e3,
         "start_cpu_ms": start_cpu * 1e3,
-        "pool_start_p50_ms": _pct(pool, 0.5), "pool_start_p99_ms": _pct(pool, 0.99),
-        "exec_p50_ms": _pct(ex, 0.5), "exec_p99_ms": _pct(ex, 0.99), "exec_shell_p50_ms": _pct(sh, 0.5),
-        **idle, "oracle_episodes_per_s": oracle,
-        "start_runs": runs, "loadavg_1m": load, "cpus": os.cpu_count(), "wall_s": time.perf_counter() - t_all,
+        "pool_start_p50_ms": _pct(pool, 0.5),
+        "pool_start_p99_ms": _pct(pool, 0.99),
+        "exec_p50_ms": _pct(ex, 0.5),
+        "exec_p99_ms": _pct(ex, 0.99),
+        "exec_shell_p50_ms": _pct(sh, 0.5),
+        **idle,
+        "oracle_episodes_per_s": oracle,
+        "start_runs": runs,
+        "loadavg_1m": load,
+        "cpus": os.cpu_count(),
+        "wall_s": time.perf_counter() - t_all,
     }
     rows = [
-        {"measure": "start+exit, cold (open + true + close)", "p50": res["start_p50_ms"], "p99": res["start_p99_ms"], "unit": "ms", "n": runs},
+        {
+            "measure": "start+exit, cold (open + true + close)",
+            "p50": res["start_p50_ms"],
+            "p99": res["start_p99_ms"],
+            "unit": "ms",
+            "n": runs,
+        },
         {"measure": "start+exit, cold: fastest run", "p50": res["start_min_ms"], "unit": "ms", "n": runs},
         {"measure": "start+exit, cold: CPU time per run", "p50": res["start_cpu_ms"], "unit": "CPU ms", "n": runs},
-        {"measure": "start+exit from a warm pool", "p50": res["pool_start_p50_ms"], "p99": res["pool_start_p99_ms"], "unit": "ms", "n": len(pool)},
-        {"measure": "exec argv in a live sandbox", "p50": res["exec_p50_ms"], "p99": res["exec_p99_ms"], "unit": "ms", "n": len(ex)},
+        {
+            "measure": "start+exit from a warm pool",
+            "p50": res["pool_start_p50_ms"],
+            "p99": res["pool_start_p99_ms"],
+            "unit": "ms",
+            "n": len(pool),
+        },
+        {
+            "measure": "exec argv in a live sandbox",
+            "p50": res["exec_p50_ms"],
+            "p99": res["exec_p99_ms"],
+            "unit": "ms",
+            "n": len(ex),
+        },
         {"measure": "exec shell string (bash -lc)", "p50": res["exec_shell_p50_ms"], "unit": "ms", "n": len(sh)},
         {"measure": "idle sandboxes held at once", "p50": res["max_concurrent"], "unit": "sandboxes"},
         {"measure": "memory per idle sandbox (PSS)", "p50": res["mib_per_sandbox"], "unit": "MiB"},

@@ -31,10 +31,24 @@ import time
 from pathlib import Path
 
 CLUSTERS = ["a", "b"]
-BENCH = ["rl.group_size=2", "rl.batch_groups=2", "rl.max_staleness=1", "rl.lr=1e-3", "rl.weight_decay=1.0",
-         "rl.skip_zero_advantage=false", "rollout.engines=3", "rollout.workers=4", "rollout.engine_batch=8",
-         "rollout.max_turns=2", "rollout.max_turn_tokens=32", "rollout.max_context=1536", "rollout.train_tasks=16",
-         "rollout.ckpt_every=1000", "rollout.retries=3", "sync.keep_deltas=4"]
+BENCH = [
+    "rl.group_size=2",
+    "rl.batch_groups=2",
+    "rl.max_staleness=1",
+    "rl.lr=1e-3",
+    "rl.weight_decay=1.0",
+    "rl.skip_zero_advantage=false",
+    "rollout.engines=3",
+    "rollout.workers=4",
+    "rollout.engine_batch=8",
+    "rollout.max_turns=2",
+    "rollout.max_turn_tokens=32",
+    "rollout.max_context=1536",
+    "rollout.train_tasks=16",
+    "rollout.ckpt_every=1000",
+    "rollout.retries=3",
+    "sync.keep_deltas=4",
+]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -100,16 +114,34 @@ def run_once(cfg, policy: Path, mode: str, out: Path, address: str) -> dict:
         serving = [i for name, i in infos.items() if joined_at[name] < stats["published_at"][v]]
         held = [at for i in serving for w, _, at in i["swaps"] if w == v]
         n, nbytes = stats["sent_by_version"].get(v, [0, 0])
-        versions.append({"version": v, "file_bytes": stats["file_bytes"][v], "egress_deltas": n, "egress_bytes": nbytes,
-                         "time_to_all_engines_s": round(max(held) - stats["published_at"][v], 3) if len(held) == len(serving) else None})
+        versions.append(
+            {
+                "version": v,
+                "file_bytes": stats["file_bytes"][v],
+                "egress_deltas": n,
+                "egress_bytes": nbytes,
+                "time_to_all_engines_s": round(max(held) - stats["published_at"][v], 3)
+                if len(held) == len(serving)
+                else None,
+            }
+        )
     pauses = [p for i in infos.values() for _, p, _ in i["swaps"][1:]]  # [0] is each engine's bootstrap
-    return {"type": cfg.sync.type, "steps": result["steps"], "wall_s": round(result["wall_s"], 1),
-            "steps_per_hour": round(result["steps"] * 3600 / result["wall_s"], 1), "versions": versions,
-            "swap_pauses_ms": [round(1e3 * p, 2) for p in pauses], "engines_joined": len(joined_at) - cfg.rollout.engines,
-            "engines_lost": len(lost), "trajectories_lost": result.get("lost", 0), "relaunched": result.get("relaunched", 0),
-            "trained_twice": len(trained) - len(set(trained)), "bytes_sent": stats["bytes_sent"],
-            "repaired_bytes": sum(i["repaired_bytes"] for i in infos.values()),
-            "engines": {name: {"cluster": i["label"], "swaps": len(i["swaps"])} for name, i in infos.items()}}
+    return {
+        "type": cfg.sync.type,
+        "steps": result["steps"],
+        "wall_s": round(result["wall_s"], 1),
+        "steps_per_hour": round(result["steps"] * 3600 / result["wall_s"], 1),
+        "versions": versions,
+        "swap_pauses_ms": [round(1e3 * p, 2) for p in pauses],
+        "engines_joined": len(joined_at) - cfg.rollout.engines,
+        "engines_lost": len(lost),
+        "trajectories_lost": result.get("lost", 0),
+        "relaunched": result.get("relaunched", 0),
+        "trained_twice": len(trained) - len(set(trained)),
+        "bytes_sent": stats["bytes_sent"],
+        "repaired_bytes": sum(i["repaired_bytes"] for i in infos.values()),
+        "engines": {name: {"cluster": i["label"], "swaps": len(i["swaps"])} for name, i in infos.items()},
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -123,7 +155,9 @@ def run(args: argparse.Namespace) -> int:
 
     steps = args.steps if args.steps is not None else (4 if args.quick else 8)
     if steps < 3:
-        raise UserError("bench scaleout: --steps must be at least 3 (an engine joins after step 1, one dies after step 2)")
+        raise UserError(
+            "bench scaleout: --steps must be at least 3 (an engine joins after step 1, one dies after step 2)"
+        )
     if args.wan_mb_s <= 0:
         raise UserError("bench scaleout: --wan-mb-s must be > 0")
     out = Path(args.out)
@@ -133,11 +167,16 @@ def run(args: argparse.Namespace) -> int:
     runs = {}
     with local_cluster(CLUSTERS) as address:
         for kind in ("delta", "full"):
-            cfg = load_config(args.config, BENCH + [f"rl.steps={steps}", f"sync.type={kind}",
-                                                    f"sync.wan_mb_s={args.wan_mb_s}"] + args.overrides)
+            cfg = load_config(
+                args.config,
+                BENCH + [f"rl.steps={steps}", f"sync.type={kind}", f"sync.wan_mb_s={args.wan_mb_s}"] + args.overrides,
+            )
             runs[kind] = run_once(cfg, policy, args.mode, out / kind, address)
-            print(f"[bench scaleout] {kind}: {runs[kind]['steps']} steps in {runs[kind]['wall_s']} s "
-                  f"({runs[kind]['steps_per_hour']} steps/h)", flush=True)
+            print(
+                f"[bench scaleout] {kind}: {runs[kind]['steps']} steps in {runs[kind]['wall_s']} s "
+                f"({runs[kind]['steps_per_hour']} steps/h)",
+                flush=True,
+            )
     delta, full = runs["delta"], runs["full"]
     later = [v for v in delta["versions"] if v["version"] > 1]
     per_cluster = statistics.mean(v["egress_deltas"] / len(CLUSTERS) for v in later)
@@ -146,8 +185,10 @@ def run(args: argparse.Namespace) -> int:
     delta_bytes = statistics.mean(v["egress_bytes"] for v in later) / len(CLUSTERS)
     summary = {
         "egress_deltas_per_cluster_version": round(per_cluster, 3),
-        "swap_pause_ms_p50": round(statistics.median(pauses), 2), "swap_pause_ms_max": round(max(pauses), 2),
-        "steps_per_hour_delta": delta["steps_per_hour"], "steps_per_hour_full": full["steps_per_hour"],
+        "swap_pause_ms_p50": round(statistics.median(pauses), 2),
+        "swap_pause_ms_max": round(max(pauses), 2),
+        "steps_per_hour_delta": delta["steps_per_hour"],
+        "steps_per_hour_full": full["steps_per_hour"],
         "delta_vs_full_steps_per_hour": round(delta["steps_per_hour"] / full["steps_per_hour"], 3),
         "delta_vs_full_bytes_per_version": round(delta_bytes / full_bytes, 4),
         "engines_joined": delta["engines_joined"] + full["engines_joined"],
@@ -155,19 +196,69 @@ def run(args: argparse.Namespace) -> int:
         "trajectories_lost": delta["trajectories_lost"] + full["trajectories_lost"],
         "trained_twice": delta["trained_twice"] + full["trained_twice"],
     }
-    print(f"delta run, per version ({len(CLUSTERS)} inference clusters, {args.wan_mb_s:g} MB/s trainer-to-cluster links, "
-          f"{args.mode} mode, policy {policy}):")
-    print(format_table(delta["versions"], ["version", "file_bytes", "egress_deltas", "egress_bytes", "time_to_all_engines_s"]))
-    print(format_table([{"type": k, **{f: r[f] for f in ("steps", "wall_s", "steps_per_hour", "bytes_sent", "engines_joined",
-                                                          "engines_lost", "trajectories_lost", "relaunched")}}
-                        for k, r in runs.items()],
-                       ["type", "steps", "wall_s", "steps_per_hour", "bytes_sent", "engines_joined", "engines_lost",
-                        "trajectories_lost", "relaunched"]))
-    print(f"trainer egress {summary['egress_deltas_per_cluster_version']:.2f} deltas per cluster per version; " "swap pause p50 "
-          f"{summary['swap_pause_ms_p50']:.1f} ms (max {summary['swap_pause_ms_max']:.1f}); steps/hour delta / full "
-          f"{summary['delta_vs_full_steps_per_hour']:.2f}x; a delta is {summary['delta_vs_full_bytes_per_version']:.3f} "
-          f"of a full version on the wire ({time.perf_counter() - t0:.0f} s, load average {os.getloadavg()[0]:.1f})")
-    write_json(args.json, {**summary, "versions": delta["versions"], "runs": runs, "mode": args.mode, "steps": steps,
-                           "wan_mb_s": args.wan_mb_s, "clusters": CLUSTERS, "policy": str(policy),
-                           "load_avg_1m": round(os.getloadavg()[0], 2), "seconds": round(time.perf_counter() - t0, 1)})
+    print(
+        f"delta run, per version ({len(CLUSTERS)} inference clusters, {args.wan_mb_s:g} MB/s trainer-to-cluster links, "
+        f"{args.mode} mode, policy {policy}):"
+    )
+    print(
+        format_table(
+            delta["versions"], ["version", "file_bytes", "egress_deltas", "egress_bytes", "time_to_all_engines_s"]
+        )
+    )
+    print(
+        format_table(
+            [
+                {
+                    "type": k,
+                    **{
+                        f: r[f]
+                        for f in (
+                            "steps",
+                            "wall_s",
+                            "steps_per_hour",
+                            "bytes_sent",
+                            "engines_joined",
+                            "engines_lost",
+                            "trajectories_lost",
+                            "relaunched",
+                        )
+                    },
+                }
+                for k, r in runs.items()
+            ],
+            [
+                "type",
+                "steps",
+                "wall_s",
+                "steps_per_hour",
+                "bytes_sent",
+                "engines_joined",
+                "engines_lost",
+                "trajectories_lost",
+                "relaunched",
+            ],
+        )
+    )
+    print(
+        f"trainer egress {summary['egress_deltas_per_cluster_version']:.2f} deltas per cluster per version; "
+        "swap pause p50 "
+        f"{summary['swap_pause_ms_p50']:.1f} ms (max {summary['swap_pause_ms_max']:.1f}); steps/hour delta / full "
+        f"{summary['delta_vs_full_steps_per_hour']:.2f}x; a delta is {summary['delta_vs_full_bytes_per_version']:.3f} "
+        f"of a full version on the wire ({time.perf_counter() - t0:.0f} s, load average {os.getloadavg()[0]:.1f})"
+    )
+    write_json(
+        args.json,
+        {
+            **summary,
+            "versions": delta["versions"],
+            "runs": runs,
+            "mode": args.mode,
+            "steps": steps,
+            "wan_mb_s": args.wan_mb_s,
+            "clusters": CLUSTERS,
+            "policy": str(policy),
+            "load_avg_1m": round(os.getloadavg()[0], 2),
+            "seconds": round(time.perf_counter() - t0, 1),
+        },
+    )
     return 0

@@ -38,10 +38,15 @@ CPU_TICK, WALL_TICK = time.get_clock_info("thread_time").resolution, time.get_cl
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quick", action="store_true", help="5M-element synthetic cases, a smaller demo model: under a minute")
+    p.add_argument(
+        "--quick", action="store_true", help="5M-element synthetic cases, a smaller demo model: under a minute"
+    )
     p.add_argument("--json", help="write results to this JSON file")
-    p.add_argument("--demo-run", help=f"directory of bf16 safetensors snapshots captured from an RL run (default "
-                                      f"{DEMO_SNAPSHOTS} when the demo has run)")
+    p.add_argument(
+        "--demo-run",
+        help=f"directory of bf16 safetensors snapshots captured from an RL run (default "
+        f"{DEMO_SNAPSHOTS} when the demo has run)",
+    )
     p.add_argument("--elements", type=int, default=None, help="synthetic tensor size (default 50M, --quick 5M)")
     p.add_argument("--no-fanout", action="store_true", help="skip the 4-cluster fan-out measurement")
 
@@ -82,7 +87,10 @@ def _baselines(old: np.ndarray, new: np.ndarray, repeat: int) -> dict[str, tuple
     codecs = {
         "raw-bf16": (lambda: new.tobytes(), lambda b: np.frombuffer(b, np.uint16).copy()),
         "zstd-full": (lambda: zc.compress(new.tobytes()), lambda b: np.frombuffer(zd.decompress(b), np.uint16).copy()),
-        "zstd-xor": (lambda: zc.compress((old ^ new).tobytes()), lambda b: old ^ np.frombuffer(zd.decompress(b), np.uint16)),
+        "zstd-xor": (
+            lambda: zc.compress((old ^ new).tobytes()),
+            lambda b: old ^ np.frombuffer(zd.decompress(b), np.uint16),
+        ),
         "index-value": (index_value, index_value_dec),
     }
     for name, (enc, dec) in codecs.items():
@@ -111,9 +119,20 @@ def _rows(case: str, old: dict, new: dict, repeat: int) -> list[dict]:
     raw = flat_new.nbytes
     results = _baselines(flat_old, flat_new, repeat)
     results["strop"] = _strop(old, new, repeat)
-    return [{"case": case, "method": m, "bytes": b, "ratio": raw / b, "encode_mb_s": raw / te[0] / 1e6,
-             "decode_mb_s": raw / td[0] / 1e6, "bit_exact": ok, "encode_mb_s_wall": raw / te[1] / 1e6,
-             "decode_mb_s_wall": raw / td[1] / 1e6} for m, (b, te, td, ok) in results.items()]
+    return [
+        {
+            "case": case,
+            "method": m,
+            "bytes": b,
+            "ratio": raw / b,
+            "encode_mb_s": raw / te[0] / 1e6,
+            "decode_mb_s": raw / td[0] / 1e6,
+            "bit_exact": ok,
+            "encode_mb_s_wall": raw / te[1] / 1e6,
+            "decode_mb_s_wall": raw / td[1] / 1e6,
+        }
+        for m, (b, te, td, ok) in results.items()
+    ]
 
 
 def _synthetic(n: int, repeat: int) -> list[dict]:
@@ -131,8 +150,15 @@ def _synthetic(n: int, repeat: int) -> list[dict]:
     return rows
 
 
-def _adamw_step(params: list, moments: list, t: int, lr: float = DEMO_LR, wd: float = 0.1,
-                betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
+def _adamw_step(
+    params: list,
+    moments: list,
+    t: int,
+    lr: float = DEMO_LR,
+    wd: float = 0.1,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+) -> None:
     """torch.optim.AdamW's update, written out: constructing the torch optimizer imports
     torch._dynamo, seconds that `--quick` cannot spare on a busy machine."""
     import torch
@@ -156,11 +182,22 @@ def _capture_demo(quick: bool) -> tuple[list[dict], dict]:
     from strop.sync.apply import bits_view
 
     torch.manual_seed(0)
-    size = dict(hidden_size=128, num_hidden_layers=2, num_experts=4) if quick else \
-        dict(hidden_size=384, num_hidden_layers=4, num_experts=8)
-    cfg = Qwen3MoeConfig(vocab_size=4096, intermediate_size=2 * size["hidden_size"], moe_intermediate_size=size["hidden_size"],
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=size["hidden_size"] // 4,
-                         num_experts_per_tok=2, max_position_embeddings=256, **size)
+    size = (
+        dict(hidden_size=128, num_hidden_layers=2, num_experts=4)
+        if quick
+        else dict(hidden_size=384, num_hidden_layers=4, num_experts=8)
+    )
+    cfg = Qwen3MoeConfig(
+        vocab_size=4096,
+        intermediate_size=2 * size["hidden_size"],
+        moe_intermediate_size=size["hidden_size"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=size["hidden_size"] // 4,
+        num_experts_per_tok=2,
+        max_position_embeddings=256,
+        **size,
+    )
     model = Qwen3MoeForCausalLM(cfg)
     params = [p for p in model.parameters() if p.requires_grad]
     moments = [(torch.zeros_like(p), torch.zeros_like(p)) for p in params]
@@ -174,8 +211,11 @@ def _capture_demo(quick: bool) -> tuple[list[dict], dict]:
         model(input_ids=x, labels=x).loss.backward()
         _adamw_step(params, moments, t)
     params = sum(p.numel() for p in model.parameters())
-    info = {"source": f"captured here: {steps} AdamW steps (lr {DEMO_LR:g}, wd 0.1) of a tiny Qwen3-MoE, random init, "
-                      f"random tokens; delta of the last step", "params": params}
+    info = {
+        "source": f"captured here: {steps} AdamW steps (lr {DEMO_LR:g}, wd 0.1) of a tiny Qwen3-MoE, random init, "
+        f"random tokens; delta of the last step",
+        "params": params,
+    }
     return snaps[-2:], info
 
 
@@ -195,15 +235,21 @@ def _load_demo_run(path: str) -> tuple[list[dict], dict] | None:
             st = tensors.load(f)
         except ValueError as e:
             raise UserError(f"--demo-run {f}: {e}") from None
-        return {k: (tensors.Tensor("BF16", t.shape, to_bf16_bits(t.data.view(np.float32))) if t.dtype == "F32" else t)
-                for k, t in st.items() if t.dtype in ("BF16", "F32")}
+        return {
+            k: (tensors.Tensor("BF16", t.shape, to_bf16_bits(t.data.view(np.float32))) if t.dtype == "F32" else t)
+            for k, t in st.items()
+            if t.dtype in ("BF16", "F32")
+        }
 
     new = bf16(files[-1])
     for older in reversed(files[:-1]):
         old = bf16(older)
         if sorted(old) == sorted(new) and any(not np.array_equal(old[k].data, new[k].data) for k in new):
             params = sum(len(t.data) for t in new.values())
-            return [old, new], {"source": f"{path}: {os.path.basename(older)} -> {os.path.basename(files[-1])}", "params": params}
+            return [old, new], {
+                "source": f"{path}: {os.path.basename(older)} -> {os.path.basename(files[-1])}",
+                "params": params,
+            }
     return None
 
 
@@ -218,7 +264,9 @@ def _engine_pause_ms(old: dict, new: dict) -> float:
     blob = codec.encode(old, new, version=1, base_version=0)
     best = float("inf")
     for _ in range(3):
-        live = {k: torch.from_numpy(t.data.view(np.int16).copy()).view(torch.bfloat16).view(t.shape) for k, t in old.items()}
+        live = {
+            k: torch.from_numpy(t.data.view(np.int16).copy()).view(torch.bfloat16).view(t.shape) for k, t in old.items()
+        }
         state = {k: bits_view(v) for k, v in live.items()}
         patch, failed = prepare_patch(state, {k: t.crc32() for k, t in state.items()}, blob)
         assert not failed
@@ -240,13 +288,19 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     # the demo's snapshots first: a bad --demo-run is a user mistake, found before minutes of work
     given = args.demo_run is not None
-    demo_run = args.demo_run if given else (DEMO_SNAPSHOTS if len(glob.glob(f"{DEMO_SNAPSHOTS}/*.safetensors")) >= 2 else None)
+    demo_run = (
+        args.demo_run if given else (DEMO_SNAPSHOTS if len(glob.glob(f"{DEMO_SNAPSHOTS}/*.safetensors")) >= 2 else None)
+    )
     loaded = _load_demo_run(demo_run) if demo_run is not None else None
     if demo_run is not None and loaded is None:
         if given:
-            raise UserError(f"--demo-run {demo_run}: its snapshots are all equal (the weights did not change); "
-                            "there is no delta to measure")
-        print(f"  {demo_run}: the snapshots are equal (the RL run changed no weight); capturing a delta here", flush=True)
+            raise UserError(
+                f"--demo-run {demo_run}: its snapshots are all equal (the weights did not change); "
+                "there is no delta to measure"
+            )
+        print(
+            f"  {demo_run}: the snapshots are equal (the RL run changed no weight); capturing a delta here", flush=True
+        )
     n = args.elements or (5_000_000 if args.quick else 50_000_000)
     repeat = 5 if args.quick else 2  # best of several: on a shared machine single runs vary ±30%
     print(f"strop bench sync: {n:,}-element synthetic cases{' (quick)' if args.quick else ''}", flush=True)
@@ -261,8 +315,9 @@ def run(args: argparse.Namespace) -> int:
 
         from strop.bench.fanout import run_fanout
 
-        fanout = asdict(run_fanout(clusters=4, engines_per_cluster=3, versions=3,
-                                   params=1_000_000 if args.quick else 4_000_000))
+        fanout = asdict(
+            run_fanout(clusters=4, engines_per_cluster=3, versions=3, params=1_000_000 if args.quick else 4_000_000)
+        )
     print(format_table(rows, ["case", "method", "ratio", "encode_mb_s", "decode_mb_s", "bit_exact"]))
     by = {(r["case"], r["method"]): r for r in rows}
     checks = {
@@ -272,21 +327,44 @@ def run(args: argparse.Namespace) -> int:
         "stale5_ratio>=40": by["stale5-lr1e-6", "strop"]["ratio"] >= 40,
         "lr1e-5_ratio>=25": by["lr1e-5", "strop"]["ratio"] >= 25,
         "demo_vs_zstd_xor>=1.5": by["demo", "strop"]["ratio"] >= 1.5 * by["demo", "zstd-xor"]["ratio"],
-        "encode_decode>=500MB/s_all_cases": all(min(r["encode_mb_s"], r["decode_mb_s"]) >= 500 for r in rows if r["method"] == "strop"),
+        "encode_decode>=500MB/s_all_cases": all(
+            min(r["encode_mb_s"], r["decode_mb_s"]) >= 500 for r in rows if r["method"] == "strop"
+        ),
         "engine_pause<50ms": pause < 50,
     }
     for case in ("lr1e-6", "lr3e-6", "lr1e-5", "stale5-lr1e-6", "demo"):
-        print(f"{case}: strop {by[case, 'strop']['ratio']:.1f}x = " f"{by[case, 'strop']['ratio'] / by[case, 'zstd-xor']['ratio']:.2f}x zstd-xor")
+        print(
+            f"{case}: strop {by[case, 'strop']['ratio']:.1f}x = "
+            f"{by[case, 'strop']['ratio'] / by[case, 'zstd-xor']['ratio']:.2f}x zstd-xor"
+        )
     print(f"demo: {info['source']} ({info['params']:,} params); engine pause to swap it in place: {pause:.1f} ms")
     if fanout:
-        print(f"fan-out 4 clusters x 3 engines, {fanout['params']:,} params, 50 MB/s WAN, 200 MB/s LAN: trainer egress "
-              f"{fanout['egress_deltas']} deltas per version (one per cluster), time to all engines "
-              f"{', '.join(f'{t:.2f}' for t in fanout['time_to_all_engines_s'])} s, engine pause median "
-              f"{fanout['pause_ms_median']:.1f} ms, max {fanout['pause_ms_max']:.1f} ms " "(engines share one process and 2 cores here)")
+        print(
+            f"fan-out 4 clusters x 3 engines, {fanout['params']:,} params, 50 MB/s WAN, 200 MB/s LAN: trainer egress "
+            f"{fanout['egress_deltas']} deltas per version (one per cluster), time to all engines "
+            f"{', '.join(f'{t:.2f}' for t in fanout['time_to_all_engines_s'])} s, engine pause median "
+            f"{fanout['pause_ms_median']:.1f} ms, max {fanout['pause_ms_max']:.1f} ms "
+            "(engines share one process and 2 cores here)"
+        )
     print("acceptance: " + ", ".join(f"{k} {'ok' if v else 'FAIL'}" for k, v in checks.items()))
     elapsed = time.perf_counter() - t0
-    print(f"({elapsed:.0f} s; MB/s of raw bf16 per core = bytes / CPU time of the one thread doing it; "
-          f"wall-clock MB/s are in the JSON; load average {os.getloadavg()[0]:.1f})")
-    write_json(args.json, {"rows": rows, "elements": n, "quick": args.quick, "demo": info, "engine_pause_ms": pause,
-                           "fanout": fanout, "acceptance": checks, "malloc_retains_freed": retained, "seconds": elapsed, "load_average": os.getloadavg()[0]})
+    print(
+        f"({elapsed:.0f} s; MB/s of raw bf16 per core = bytes / CPU time of the one thread doing it; "
+        f"wall-clock MB/s are in the JSON; load average {os.getloadavg()[0]:.1f})"
+    )
+    write_json(
+        args.json,
+        {
+            "rows": rows,
+            "elements": n,
+            "quick": args.quick,
+            "demo": info,
+            "engine_pause_ms": pause,
+            "fanout": fanout,
+            "acceptance": checks,
+            "malloc_retains_freed": retained,
+            "seconds": elapsed,
+            "load_average": os.getloadavg()[0],
+        },
+    )
     return 0

@@ -54,9 +54,13 @@ def run(args: argparse.Namespace) -> int:
         tokenizer = load_tokenizer(policy)
         batches = synthetic_batches(len(tokenizer), rows, 1 + steps, cfg.run.seed)
         for n in RANK_COUNTS:
-            run_cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, parallel=dataclasses.replace(
-                cfg.trainer.parallel, fsdp=n)))
-            trainer = start_trainer(run_cfg, str(policy), no_replay, tokenizer.pad_token_id, str(Path(tmp) / f"store{n}"))
+            run_cfg = dataclasses.replace(
+                cfg,
+                trainer=dataclasses.replace(cfg.trainer, parallel=dataclasses.replace(cfg.trainer.parallel, fsdp=n)),
+            )
+            trainer = start_trainer(
+                run_cfg, str(policy), no_replay, tokenizer.pad_token_id, str(Path(tmp) / f"store{n}")
+            )
             try:
                 trainer.publish()
                 step_rows = [trainer.step(b) for b in batches][1:]  # the first step pays one-off costs
@@ -73,13 +77,34 @@ def run(args: argparse.Namespace) -> int:
                 "publish_s": statistics.median(r["publish_s"] for r in step_rows),
                 "max_abs_weight_diff_vs_single": max(float((weights[k] - single[k]).abs().max()) for k in single),
             }
-    print(f"RL trainer sharded over N local ranks (FSDP2, gloo, 1 thread each), {platform.processor() or platform.machine()}, "
-          f"{rows} segments a step, median of {steps} steps after 1 warmup")
-    print(format_table(list(results.values()), ["ranks", "tokens_per_s", "state_mib_per_rank", "peak_mib_per_rank",
-                                                "publish_s", "max_abs_weight_diff_vs_single"]))
-    write_json(args.json, {"steps": steps, "rows": rows, "model": dataclasses.asdict(cfg.model),
-                           "ranks": {str(n): r for n, r in results.items()},
-                           "max_abs_weight_diff_vs_single": max(r["max_abs_weight_diff_vs_single"] for r in results.values())})
+    print(
+        "RL trainer sharded over N local ranks (FSDP2, gloo, 1 thread each), "
+        f"{platform.processor() or platform.machine()}, "
+        f"{rows} segments a step, median of {steps} steps after 1 warmup"
+    )
+    print(
+        format_table(
+            list(results.values()),
+            [
+                "ranks",
+                "tokens_per_s",
+                "state_mib_per_rank",
+                "peak_mib_per_rank",
+                "publish_s",
+                "max_abs_weight_diff_vs_single",
+            ],
+        )
+    )
+    write_json(
+        args.json,
+        {
+            "steps": steps,
+            "rows": rows,
+            "model": dataclasses.asdict(cfg.model),
+            "ranks": {str(n): r for n, r in results.items()},
+            "max_abs_weight_diff_vs_single": max(r["max_abs_weight_diff_vs_single"] for r in results.values()),
+        },
+    )
     return 0
 
 

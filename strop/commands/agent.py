@@ -28,9 +28,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="model name sent to the endpoint (default: the first one it lists)")
     parser.add_argument("--max-turns", type=int, default=30, help="assistant turns before the episode stops")
     parser.add_argument("--max-context", type=int, default=2048, help="context window in tokens")
-    parser.add_argument("--context-strategy", choices=STRATEGIES, default="summarize",
-                        help="what a full context window carries into the next (strop.env.context)")
-    parser.add_argument("--max-resets", type=int, default=8, help="context resets before a full window ends the episode")
+    parser.add_argument(
+        "--context-strategy",
+        choices=STRATEGIES,
+        default="summarize",
+        help="what a full context window carries into the next (strop.env.context)",
+    )
+    parser.add_argument(
+        "--max-resets", type=int, default=8, help="context resets before a full window ends the episode"
+    )
     parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
     parser.add_argument("--timeout", type=float, default=60.0, help="default wall-clock limit per command, seconds")
     parser.add_argument("--apply", action="store_true", help="write the agent's changes to --world without asking")
@@ -72,7 +78,11 @@ def _show(message: dict) -> None:
             print(f"  -> {describe_call(call['function']['name'], json.loads(args))}")
     else:
         lines = (message.get("content") or "").splitlines() or [""]
-        print("     " + "\n     ".join(lines[:6]) + (f"\n     ... ({len(lines) - 6} more lines)" if len(lines) > 6 else ""))
+        print(
+            "     "
+            + "\n     ".join(lines[:6])
+            + (f"\n     ... ({len(lines) - 6} more lines)" if len(lines) > 6 else "")
+        )
     sys.stdout.flush()
 
 
@@ -114,9 +124,13 @@ def run(args: argparse.Namespace) -> int:
     if args.max_resets < 0:
         raise UserError(f"--max-resets must be >= 0, got {args.max_resets}")
     policy, tokenizer, max_len = _policy(args)
-    config = HarnessConfig(max_turns=args.max_turns, max_context=min(args.max_context, max_len or args.max_context),
-                           temperature=args.temperature, context_strategy=args.context_strategy,
-                           max_resets=args.max_resets)
+    config = HarnessConfig(
+        max_turns=args.max_turns,
+        max_context=min(args.max_context, max_len or args.max_context),
+        temperature=args.temperature,
+        context_strategy=args.context_strategy,
+        max_resets=args.max_resets,
+    )
     sandbox = open_sandbox(world, Limits(timeout_s=args.timeout))
     try:
         episode = Harness(tokenizer, config, on_message=_show).run(policy, sandbox, args.instruction)
@@ -124,8 +138,10 @@ def run(args: argparse.Namespace) -> int:
     finally:
         sandbox.close()
     detail = f" ({episode.detail})" if episode.detail else ""
-    print(f"\nstopped: {episode.stop_reason}{detail} after {episode.turns} turns, {episode.generated_tokens} "
-          f"generated tokens, {episode.timings['total_s']:.1f} s")
+    print(
+        f"\nstopped: {episode.stop_reason}{detail} after {episode.turns} turns, {episode.generated_tokens} "
+        f"generated tokens, {episode.timings['total_s']:.1f} s"
+    )
     if args.json:
         write_atomic(args.json, json.dumps(episode.to_dict()))
     changes = source_changes(changes)  # caches of running code are neither shown nor applied

@@ -43,8 +43,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'probe':<{name_w}}  {'sandbox':<{w}}  {'host':<{w}}  same")
     print(f"{'-' * name_w}  {'-' * w}  {'-' * w}  ----")
     for r in rows:
-        print(f"{r['probe']:<{name_w}}  {_short(r['sandbox'], w):<{w}}  {_short(r['host'], w):<{w}}  "
-              f"{'yes' if r['same'] else 'NO'}")
+        print(
+            f"{r['probe']:<{name_w}}  {_short(r['sandbox'], w):<{w}}  {_short(r['host'], w):<{w}}  "
+            f"{'yes' if r['same'] else 'NO'}"
+        )
     diffs = [r["probe"] for r in rows if not r["same"]]
     print(f"\n{len(diffs)} of {len(rows)} probes differ: {', '.join(diffs) or 'none'}")
     if args.json:

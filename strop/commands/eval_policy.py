@@ -18,8 +18,13 @@ from strop.errors import UserError
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
     parser.add_argument("--policy", required=True, help="model directory (e.g. runs/demo/sft/model)")
-    parser.add_argument("--samples", type=int, default=0, metavar="K",
-                        help="also sample each task K times at rollout.temperature: pass@1 and pass@K")
+    parser.add_argument(
+        "--samples",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also sample each task K times at rollout.temperature: pass@1 and pass@K",
+    )
     parser.add_argument("--json", help="also write the figures to this JSON file")
 
 
@@ -36,23 +41,44 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--samples must be >= 0, got {args.samples}")
     set_threads(cfg.run.threads or None)
     result = evaluate(cfg, args.policy, progress=True, samples=args.samples)
-    rows = [{"difficulty": d, "solved": round(v["solve_rate"] * v["eval_episodes"]), "episodes": v["eval_episodes"],
-             "solve_rate": v["solve_rate"], "ci95": str(v["solve_rate_ci95"])}
-            for d, v in [("all", result), *result["by_difficulty"].items()]]
+    rows = [
+        {
+            "difficulty": d,
+            "solved": round(v["solve_rate"] * v["eval_episodes"]),
+            "episodes": v["eval_episodes"],
+            "solve_rate": v["solve_rate"],
+            "ci95": str(v["solve_rate_ci95"]),
+        }
+        for d, v in [("all", result), *result["by_difficulty"].items()]
+    ]
     columns = ["difficulty", "solved", "episodes", "solve_rate", "ci95"]
     if args.samples:
         k = args.samples
         sampled = [result["sampled"], *result["sampled"]["by_difficulty"].values()]
         for row, v in zip(rows, sampled):
-            row.update({"pass@1": v["pass@1"], "pass@1 ci95": str(v["pass@1_ci95"]),
-                        f"pass@{k}": v["pass@k"], f"pass@{k} ci95": str(v["pass@k_ci95"])})
+            row.update(
+                {
+                    "pass@1": v["pass@1"],
+                    "pass@1 ci95": str(v["pass@1_ci95"]),
+                    f"pass@{k}": v["pass@k"],
+                    f"pass@{k} ci95": str(v["pass@k_ci95"]),
+                }
+            )
         columns += ["pass@1", "pass@1 ci95", f"pass@{k}", f"pass@{k} ci95"]
     print(format_table(rows, columns))
-    print(f"temperature {cfg.rollout.eval_temperature:g}; hack-flagged {result['hacked']}; "
-          f"stops {json.dumps(result['stop_reasons'])}; {result['wall_s']} s")
+    print(
+        f"temperature {cfg.rollout.eval_temperature:g}; hack-flagged {result['hacked']}; "
+        f"stops {json.dumps(result['stop_reasons'])}; {result['wall_s']} s"
+    )
     print(f"outcomes {json.dumps(result['outcomes'])}")
-    print(behaviour_table({"greedy": result["behaviour"],
-                           **({f"T={cfg.rollout.temperature:g}": result["sampled"]["behaviour"]} if args.samples else {})}))
+    print(
+        behaviour_table(
+            {
+                "greedy": result["behaviour"],
+                **({f"T={cfg.rollout.temperature:g}": result["sampled"]["behaviour"]} if args.samples else {}),
+            }
+        )
+    )
     write_json(args.json, {"policy": args.policy, "temperature": cfg.rollout.eval_temperature, **result})
     return 0
 

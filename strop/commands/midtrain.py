@@ -18,5 +18,3 @@ def run(args: argparse.Namespace) -> int:
     result = midtrain(cfg)
     print(json.dumps(result, indent=2))
     return 0
-
-

@@ -30,13 +30,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", help="feedback store the engines log to (SQLite path or postgresql:// URL)")
     parser.add_argument("--weights-store", help="the run's weight store the engines load from")
     parser.add_argument("--engine", action="append", help="a serving engine's URL (repeatable)")
-    parser.add_argument("--run-dir", default="runs/online", help="trainer states, version directories, simulation files")
-    parser.add_argument("--rewards", default="", help="override Tab-style rewards: kind.value=reward,... "
-                                                     "(e.g. accept.reject=-0.5)")
+    parser.add_argument(
+        "--run-dir", default="runs/online", help="trainer states, version directories, simulation files"
+    )
+    parser.add_argument(
+        "--rewards", default="", help="override Tab-style rewards: kind.value=reward,... (e.g. accept.reject=-0.5)"
+    )
     parser.add_argument("--lr", type=float, default=3e-3, help="learning rate of the cycle's update")
-    parser.add_argument("--max-staleness", type=int, default=1, help="ratings of versions this far behind the served one count")
+    parser.add_argument(
+        "--max-staleness", type=int, default=1, help="ratings of versions this far behind the served one count"
+    )
     parser.add_argument("--min-rated", type=int, default=16, help="a cycle waits until this many new ratings")
-    parser.add_argument("--gate-suites", default="synthetic,humaneval,mutated", help="held-out task suites the gates run")
+    parser.add_argument(
+        "--gate-suites", default="synthetic,humaneval,mutated", help="held-out task suites the gates run"
+    )
     parser.add_argument("--gate-episodes", type=int, default=6, help="episodes per gate suite")
     parser.add_argument("--requests", type=int, default=96, help="--simulate: requests per cycle")
     parser.add_argument("--users", type=int, default=8, help="--simulate: simulated users")
@@ -88,15 +95,29 @@ def settings_from(args: argparse.Namespace):
     if hasattr(args, "lr"):
         if args.lr <= 0 or args.max_staleness < 0 or args.min_rated < 2:
             raise UserError("need --lr > 0, --max-staleness >= 0 and --min-rated >= 2")
-        extra = {"rl": RLSection(lr=args.lr, micro_batch=16, measure_update=False), "max_staleness": args.max_staleness,
-                 "min_rated": args.min_rated, "gates": gate_settings(args)}
-    return CycleSettings(checkpoint=args.checkpoint, weights=args.weights_store, engines=args.engine, admin_key=key,
-                         run_dir=Path(args.run_dir), rewards=rewards, **extra)
+        extra = {
+            "rl": RLSection(lr=args.lr, micro_batch=16, measure_update=False),
+            "max_staleness": args.max_staleness,
+            "min_rated": args.min_rated,
+            "gates": gate_settings(args),
+        }
+    return CycleSettings(
+        checkpoint=args.checkpoint,
+        weights=args.weights_store,
+        engines=args.engine,
+        admin_key=key,
+        run_dir=Path(args.run_dir),
+        rewards=rewards,
+        **extra,
+    )
 
 
 def _summary(report: dict) -> dict:
-    return {k: v for k, v in report.items() if k not in ("candidate_figures", "current_figures", "served_figures",
-                                                         "traffic_monitors", "engines")}
+    return {
+        k: v
+        for k, v in report.items()
+        if k not in ("candidate_figures", "current_figures", "served_figures", "traffic_monitors", "engines")
+    }
 
 
 def run_simulation(args: argparse.Namespace) -> dict:
@@ -115,10 +136,25 @@ def run_simulation(args: argparse.Namespace) -> dict:
     corpus = load_corpus(DataSection(val_files=5))
     tokenizer = train_tokenizer(corpus.train[:200], vocab_size=512, sample_bytes=400_000)
     gates = gate_settings(args)
-    report = simulate(args.simulate, run_dir, tokenizer, requests=args.requests, users=args.users, lr=args.lr,
-                      gates=gates)
-    print(json.dumps({k: report[k] for k in ("approval", "approval_ci95", "rises_outside_ci95", "all_gates_passed",
-                                             "blocked_harmful", "rollback_bitwise", "wall_s")}))
+    report = simulate(
+        args.simulate, run_dir, tokenizer, requests=args.requests, users=args.users, lr=args.lr, gates=gates
+    )
+    print(
+        json.dumps(
+            {
+                k: report[k]
+                for k in (
+                    "approval",
+                    "approval_ci95",
+                    "rises_outside_ci95",
+                    "all_gates_passed",
+                    "blocked_harmful",
+                    "rollback_bitwise",
+                    "wall_s",
+                )
+            }
+        )
+    )
     return report
 
 
@@ -126,8 +162,11 @@ def run(args: argparse.Namespace) -> int:
     if args.simulate is not None:
         report = run_simulation(args)
     else:
-        missing = [f"--{n.replace('_', '-')}" for n in ("checkpoint", "store", "weights_store", "engine")
-                   if not getattr(args, n)]
+        missing = [
+            f"--{n.replace('_', '-')}"
+            for n in ("checkpoint", "store", "weights_store", "engine")
+            if not getattr(args, n)
+        ]
         if missing:
             raise UserError(f"a cycle needs {', '.join(missing)}")
         from strop.online.cycle import initialize, run_cycle

@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from strop.commands.online import settings_from, open_store
+    from strop.commands.online import open_store, settings_from
     from strop.online.cycle import rollback
 
     store = open_store(args.store)

@@ -29,12 +29,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--name", help="served model name (default: the directory name)")
     parser.add_argument("--max-batch", type=int, default=64, help="concurrent sequences (KV-cache slots)")
-    parser.add_argument("--max-len", type=int, default=None, help="longest sequence (default: model limit, at most 2048)")
-    parser.add_argument("--deterministic", action="store_true", help="batch-invariant ops: logprobs equal the trainer's bit for bit")
+    parser.add_argument(
+        "--max-len", type=int, default=None, help="longest sequence (default: model limit, at most 2048)"
+    )
+    parser.add_argument(
+        "--deterministic", action="store_true", help="batch-invariant ops: logprobs equal the trainer's bit for bit"
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: STROP_THREADS or all cores)")
     parser.add_argument("--keys", help="API key file (`strop serve key`); required off loopback")
     parser.add_argument("--store", help="completion log and feedback store: a SQLite path or a postgresql:// URL")
-    parser.add_argument("--weights-store", help="the run's weight store (directory or fsspec URL) admin updates load from")
+    parser.add_argument(
+        "--weights-store", help="the run's weight store (directory or fsspec URL) admin updates load from"
+    )
 
 
 def is_loopback(host: str) -> bool:
@@ -75,17 +81,21 @@ def serve(args: argparse.Namespace, sock: socket.socket) -> None:
         keys = KeyFile.load(args.keys) if args.keys else None
         store = Store(args.store) if args.store else None
         versions = Versions(args.weights_store) if args.weights_store else None
-        engine = Engine.from_checkpoint(args.checkpoint, max_batch=args.max_batch, max_len=args.max_len,
-                                        deterministic=args.deterministic)
+        engine = Engine.from_checkpoint(
+            args.checkpoint, max_batch=args.max_batch, max_len=args.max_len, deterministic=args.deterministic
+        )
     except ValueError as e:  # e.g. --max-len past the model's limit, a bad key file, an unreachable database
         raise UserError(str(e)) from None
     name = args.name or Path(args.checkpoint).resolve().name
     engine.start()
     port = sock.getsockname()[1]
-    print(f"strop serve: {name} on http://{args.host}:{port} (max batch {args.max_batch}, "
-          f"{'deterministic' if args.deterministic else 'default'} ops, "
-          f"{f'{len(keys.keys)} API keys' if keys else 'no API keys'}, "
-          f"{'completion log ' + args.store if store else 'no completion log'})", flush=True)
+    print(
+        f"strop serve: {name} on http://{args.host}:{port} (max batch {args.max_batch}, "
+        f"{'deterministic' if args.deterministic else 'default'} ops, "
+        f"{f'{len(keys.keys)} API keys' if keys else 'no API keys'}, "
+        f"{'completion log ' + args.store if store else 'no completion log'})",
+        flush=True,
+    )
     app = create_serving_app(engine, name, keys, store, versions)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=GRACEFUL_S))
     try:
@@ -106,8 +116,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.keys and not is_loopback(args.host):
         raise UserError(f"--host {args.host} is not loopback: serving beyond this machine needs --keys")
     if args.weights_store and not args.keys:
-        print("strop serve: --weights-store has no effect without --keys (weight routes need an admin key)",
-              file=sys.stderr)
+        print(
+            "strop serve: --weights-store has no effect without --keys (weight routes need an admin key)",
+            file=sys.stderr,
+        )
     with listen(args.host, args.port) as sock:  # closed however serving ends, or fails to start
         serve(args, sock)
     return 0

@@ -18,5 +18,3 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     print(json.dumps(sft(cfg, args.base), indent=2))
     return 0
-
-

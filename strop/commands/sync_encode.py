@@ -39,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
     raw = sum(x.nbytes for x in states[1].values())
     h = codec.read_header(blob)
     methods = {m: sum(e.method == m for e in h.entries) for m in ("same", "delta", "full")}
-    print(f"{args.output}: {len(blob):,} bytes for {raw:,} bytes of weights ({raw / max(len(blob), 1):.1f}x), "
-          f"tensors {methods}, {raw / dt / 1e6:.0f} MB/s")
+    print(
+        f"{args.output}: {len(blob):,} bytes for {raw:,} bytes of weights ({raw / max(len(blob), 1):.1f}x), "
+        f"tensors {methods}, {raw / dt / 1e6:.0f} MB/s"
+    )
     return 0

@@ -65,7 +65,9 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "export":
         note = root.parent / f"{root.name}.instruction.txt"
         if root.exists() and (not root.is_dir() or any(root.iterdir())):
-            raise UserError(f"{root} is {'not empty' if root.is_dir() else 'not a directory'}; export writes a new or empty one")
+            raise UserError(
+                f"{root} is {'not empty' if root.is_dir() else 'not a directory'}; export writes a new or empty one"
+            )
         if note.exists():
             raise UserError(f"{note} exists; export does not overwrite it")
         from strop.env.checker import materialize
@@ -88,8 +90,10 @@ def run(args: argparse.Namespace) -> int:
     score = check(task, changes, mode=args.mode)
     flags = detect(task, changes, [], score)
     result = {"task": task.id, "changed": sorted(changes), **score.to_dict(), "flags": [f.to_dict() for f in flags]}
-    print(f"{task.id}: reward {score.reward:g} ({score.reason}); passed {score.passed}, failed {score.failed}, "
-          f"errors {score.errors}, skipped {score.skipped}; {score.duration:.1f} s")
+    print(
+        f"{task.id}: reward {score.reward:g} ({score.reason}); passed {score.passed}, failed {score.failed}, "
+        f"errors {score.errors}, skipped {score.skipped}; {score.duration:.1f} s"
+    )
     if score.detail:
         print(f"first check that did not pass: {score.detail}")
     if score.dropped_paths:

@@ -12,11 +12,19 @@ from strop.config import add_config_arguments, config_from_args
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
-    parser.add_argument("--mode", choices=["sync", "async"], default="async",
-                        help="async: rollouts on the newest weights while the trainer steps; sync: generate, train, sync")
-    parser.add_argument("--runtime", choices=["inline", "ray"], default="inline",
-                        help="inline: one machine (on 2+ cores the trainer runs in a child process on the first core, "
-                             "engines and rollouts on the rest); ray: trainer, engines and rollout workers as Ray actors")
+    parser.add_argument(
+        "--mode",
+        choices=["sync", "async"],
+        default="async",
+        help="async: rollouts on the newest weights while the trainer steps; sync: generate, train, sync",
+    )
+    parser.add_argument(
+        "--runtime",
+        choices=["inline", "ray"],
+        default="inline",
+        help="inline: one machine (on 2+ cores the trainer runs in a child process on the first core, "
+        "engines and rollouts on the rest); ray: trainer, engines and rollout workers as Ray actors",
+    )
     parser.add_argument("--ray-address", help="join this Ray cluster (default: start a local Ray instance)")
     parser.add_argument("--policy", help="model directory to start from (default: <run_dir>/sft/model)")
     parser.add_argument("--out", help="output directory (default: <run_dir>/rl)")
@@ -30,7 +38,15 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     set_threads(cfg.run.threads or None)
     cpus = split_cores() if args.runtime == "inline" else None  # the trainer gets a core of its own
-    result = train_rl(cfg, mode=args.mode, runtime=args.runtime, policy_dir=args.policy, out_dir=args.out,
-                      ray_address=args.ray_address, cpus=cpus, trainer_process=cpus is not None)
+    result = train_rl(
+        cfg,
+        mode=args.mode,
+        runtime=args.runtime,
+        policy_dir=args.policy,
+        out_dir=args.out,
+        ray_address=args.ray_address,
+        cpus=cpus,
+        trainer_process=cpus is not None,
+    )
     print(json.dumps(result, indent=2))
     return 0

@@ -88,7 +88,9 @@ def tool_signature(tool: dict) -> str:
     fn = tool.get("function", tool)
     params = fn.get("parameters", {})
     required = params.get("required", [])
-    args = ", ".join(f"{k}{'' if k in required else '?'}: {v.get('type')}" for k, v in params.get("properties", {}).items())
+    args = ", ".join(
+        f"{k}{'' if k in required else '?'}: {v.get('type')}" for k, v in params.get("properties", {}).items()
+    )
     return f"{fn['name']}({args}) - {fn.get('description', '')}"
 
 

@@ -41,8 +41,11 @@ class EndpointClient:
 
     def _request(self, path: str, body: dict | None = None) -> dict:
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.url.rstrip("/").removesuffix("/v1") + path, data=data,
-                                         headers={"Content-Type": "application/json", **self.headers})
+        request = urllib.request.Request(
+            self.url.rstrip("/").removesuffix("/v1") + path,
+            data=data,
+            headers={"Content-Type": "application/json", **self.headers},
+        )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 return json.load(response)
@@ -55,8 +58,9 @@ class EndpointClient:
         try:
             models = [m["id"] for m in self._request("/v1/models")["data"]]
         except (OSError, ValueError, RuntimeError, KeyError, TypeError) as e:  # URLError is an OSError
-            raise ConnectionError(f"{self.url} is not an OpenAI-compatible server that answers: "
-                                  f"{getattr(e, 'reason', None) or e}") from None
+            raise ConnectionError(
+                f"{self.url} is not an OpenAI-compatible server that answers: {getattr(e, 'reason', None) or e}"
+            ) from None
         if not models or (self.model is not None and self.model not in models):
             raise ConnectionError(f"{self.url} serves {models}, not {self.model!r}")
         self.model = self.model or models[0]
@@ -65,10 +69,19 @@ class EndpointClient:
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         if self.model is None:
             self.connect()
-        body = {"model": self.model, "prompt": list(prompt_ids), "max_tokens": params.max_tokens,
-                "temperature": params.temperature, "top_p": params.top_p, "logprobs": 0,
-                "skip_special_tokens": False, "include_stop_str_in_output": True, "return_token_ids": True,
-                "return_tokens_as_token_ids": True, "return_routed_experts": True}
+        body = {
+            "model": self.model,
+            "prompt": list(prompt_ids),
+            "max_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "logprobs": 0,
+            "skip_special_tokens": False,
+            "include_stop_str_in_output": True,
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+            "return_routed_experts": True,
+        }
         if params.stop_token_ids is not None:  # only these end it (vLLM would also stop at its end token)
             body["stop_token_ids"], body["ignore_eos"] = list(params.stop_token_ids), True
         if params.stop:

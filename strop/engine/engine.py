@@ -74,7 +74,9 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 class Request:
     """One generation in flight. `done` is set when `result` is ready."""
 
-    def __init__(self, prompt_ids: list[int], params: SamplingParams, on_token: Callable | None, on_done: Callable | None):
+    def __init__(
+        self, prompt_ids: list[int], params: SamplingParams, on_token: Callable | None, on_done: Callable | None
+    ):
         self.prompt_ids, self.params = list(prompt_ids), params
         self.on_token, self.on_done = on_token, on_done
         self.token_ids: list[int] = []
@@ -148,8 +150,17 @@ def _notify(callback: Callable | None, req: Request) -> None:
 
 
 class Engine:
-    def __init__(self, model, tokenizer, max_batch: int = 64, max_len: int | None = None,
-                 deterministic: bool = False, seed: int = 0, version: int = 0, reuse_min: int = 32):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        max_batch: int = 64,
+        max_len: int | None = None,
+        deterministic: bool = False,
+        seed: int = 0,
+        version: int = 0,
+        reuse_min: int = 32,
+    ):
         limit = int(model.config.max_position_embeddings)
         if max_batch < 1:  # no slot would ever admit a request: every one would wait forever
             raise ValueError(f"max_batch must be at least 1 (got {max_batch})")
@@ -161,7 +172,13 @@ class Engine:
         self.forward = Forward(model, max_batch, self.max_len, deterministic=deterministic)
         self.version = version
         self.generator = torch.Generator().manual_seed(seed)
-        self.end_ids = sorted({i for i in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|endoftext|>")) if i is not None and i >= 0})
+        self.end_ids = sorted(
+            {
+                i
+                for i in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|endoftext|>"))
+                if i is not None and i >= 0
+            }
+        )
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
         self._updates: deque[WeightUpdate] = deque()
@@ -186,8 +203,13 @@ class Engine:
 
     # -- requests ----------------------------------------------------------------------------
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams | None = None,
-               on_token: Callable | None = None, on_done: Callable | None = None) -> Request:
+    def submit(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams | None = None,
+        on_token: Callable | None = None,
+        on_done: Callable | None = None,
+    ) -> Request:
         """Queue a request. Raises ValueError for a prompt that cannot fit or bad parameters."""
         params = params or SamplingParams()
         if not prompt_ids:
@@ -212,7 +234,9 @@ class Engine:
             req.cancelled = True
             self._lock.notify()
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None) -> list[Completion]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None
+    ) -> list[Completion]:
         """Generate for every prompt (token ids); batches them together. Works with or without the loop thread."""
         plist = params if isinstance(params, list) else [params] * len(prompts)
         reqs = [self.submit(p, sp) for p, sp in zip(prompts, plist)]
@@ -224,15 +248,26 @@ class Engine:
         return [r.result for r in reqs]
 
     def stats(self) -> dict:
-        return {"version": self.version, "tokens_generated": self.tokens_generated, "peak_batch": self.peak_batch,
-                "prefilled_tokens": self.prefilled_tokens, "prefix_reused_tokens": self.prefix_reused_tokens,
-                "parked": len(self._parked)}
+        return {
+            "version": self.version,
+            "tokens_generated": self.tokens_generated,
+            "peak_batch": self.peak_batch,
+            "prefilled_tokens": self.prefilled_tokens,
+            "prefix_reused_tokens": self.prefix_reused_tokens,
+            "parked": len(self._parked),
+        }
 
     # -- weights -------------------------------------------------------------------------------
 
-    def update_weights(self, tensors: dict | None = None, apply_fn: Callable | None = None, version: int | None = None,
-                       changed: Collection[str] | None = None, derived: Derived | None = None,
-                       rollback: bool = False) -> WeightUpdate:
+    def update_weights(
+        self,
+        tensors: dict | None = None,
+        apply_fn: Callable | None = None,
+        version: int | None = None,
+        changed: Collection[str] | None = None,
+        derived: Derived | None = None,
+        rollback: bool = False,
+    ) -> WeightUpdate:
         """Queue new weights: full `tensors` by parameter name, and/or `apply_fn(named_tensors)` that
         mutates them in place (a delta applier), which names the parameters it touches in `changed`
         (only those are repacked; None: every one) and may bring their repacking already prepared
@@ -271,8 +306,10 @@ class Engine:
             if live is None:
                 raise ValueError(f"weight {name!r}: no such tensor in the model")
             if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(live.shape):
-                raise ValueError(f"weight {name!r}: shape {tuple(getattr(t, 'shape', ()))} does not match the "
-                                 f"model's {tuple(live.shape)}")
+                raise ValueError(
+                    f"weight {name!r}: shape {tuple(getattr(t, 'shape', ()))} does not match the "
+                    f"model's {tuple(live.shape)}"
+                )
             if t.dtype != live.dtype and not (t.dtype.is_floating_point and live.dtype.is_floating_point):
                 raise ValueError(f"weight {name!r}: dtype {t.dtype} cannot replace the model's {live.dtype}")
             t = t.detach().to(live.dtype)
@@ -401,8 +438,13 @@ class Engine:
     def _sample(self, logits: torch.Tensor, batch: list[Request]) -> tuple[list[int], list[float]]:
         """One token per row and its logprob under the distribution sampled from (temperature, then
         top-p renormalised); temperature 0 takes the argmax."""
-        return sample(logits, [r.params.temperature for r in batch], [r.params.top_p for r in batch],
-                      [r.generator for r in batch], self.generator)
+        return sample(
+            logits,
+            [r.params.temperature for r in batch],
+            [r.params.top_p for r in batch],
+            [r.generator for r in batch],
+            self.generator,
+        )
 
     def _stopped(self, r: Request) -> str | None:
         p = r.params

@@ -74,8 +74,12 @@ def _rows(segments: list[Segment]) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     """(tokens, slots, positions) per row and each segment's last row, as int64 tensors."""
     tokens = [t for s in segments for t in s.tokens]
     if len(tokens) == len(segments):  # a pure decode step
-        return (torch.tensor(tokens), torch.tensor([s.slot for s in segments]),
-                torch.tensor([s.start for s in segments]), torch.arange(len(segments)))
+        return (
+            torch.tensor(tokens),
+            torch.tensor([s.slot for s in segments]),
+            torch.tensor([s.start for s in segments]),
+            torch.arange(len(segments)),
+        )
     lens = torch.tensor([len(s.tokens) for s in segments])
     slots = torch.repeat_interleave(torch.tensor([s.slot for s in segments]), lens)
     ends = lens.cumsum(0) - 1
@@ -116,8 +120,10 @@ class Forward:
             self._cos, self._sin = cos[0][:, None, :].contiguous(), (sin[0] * sign)[:, None, :].contiguous()
         # every tensor by name, tied ones under each of their names (lm_head.weight too); the model's
         # tensors are updated in place, never replaced, so this stays true
-        self.named = {**dict(model.named_parameters(remove_duplicate=False)),
-                      **dict(model.named_buffers(remove_duplicate=False))}
+        self.named = {
+            **dict(model.named_parameters(remove_duplicate=False)),
+            **dict(model.named_buffers(remove_duplicate=False)),
+        }
         self._fits_step = self.kernel_path and rows_step.fits(model)
         self._packs: rows_step.StepPacks | None = None
         self._fused, self._qkv_sizes, self._qk_norm, self._step = {}, {}, {}, None
@@ -134,7 +140,9 @@ class Forward:
         are rebuilt. None: all of them."""
         self.install(self.prepare(names))
 
-    def prepare(self, names: Collection[str] | None = None, weights: Mapping[str, torch.Tensor] | None = None) -> Derived:
+    def prepare(
+        self, names: Collection[str] | None = None, weights: Mapping[str, torch.Tensor] | None = None
+    ) -> Derived:
         """The derived weights of the tensors `names` (None: all), computed from `weights` (new values
         by name, the model's dtype; the model's own tensors for the rest) without changing what this
         forward runs: an engine prepares an update's repacking while it keeps decoding, writes the new
@@ -151,7 +159,9 @@ class Forward:
         out = Derived(changed)
         if self.kernel_path:
             if self._fits_step:
-                out.step = rows_step.pack(self.model, self.max_len, changed, new, None if changed is None else self._packs)
+                out.step = rows_step.pack(
+                    self.model, self.max_len, changed, new, None if changed is None else self._packs
+                )
             if changed is not None:
                 out.packs = kernel_ops.repack(changed, new)
             return out
@@ -168,8 +178,9 @@ class Forward:
                 out.fused[id(a)] = (w, b)
                 out.qkv_sizes[id(a)] = [p.weight.shape[0] for p in projs]
                 heads, kv_heads = a.q_proj.weight.shape[0] // a.head_dim, a.k_proj.weight.shape[0] // a.head_dim
-                out.qk_norm[id(a)] = torch.cat([get(a.q_norm.weight).expand(heads, -1),
-                                                get(a.k_norm.weight).expand(kv_heads, -1)])
+                out.qk_norm[id(a)] = torch.cat(
+                    [get(a.q_norm.weight).expand(heads, -1), get(a.k_norm.weight).expand(kv_heads, -1)]
+                )
         return out
 
     def install(self, derived: Derived) -> None:
@@ -181,8 +192,11 @@ class Forward:
             self._fused, self._qkv_sizes, self._qk_norm = {}, {}, {}
         else:
             kernel_ops.install_packs(derived.packs, derived.changed)
-        for mine, new in ((self._fused, derived.fused), (self._qkv_sizes, derived.qkv_sizes),
-                          (self._qk_norm, derived.qk_norm)):
+        for mine, new in (
+            (self._fused, derived.fused),
+            (self._qkv_sizes, derived.qkv_sizes),
+            (self._qk_norm, derived.qk_norm),
+        ):
             mine.update(new)
         if derived.step is not None:
             self._packs = derived.step
@@ -290,8 +304,10 @@ class Forward:
             if attn.q_lora_rank is None:
                 q = F.linear(x, attn.q_proj.weight)
             else:
-                q = F.linear(self._norm(attn.q_a_layernorm, F.linear(x, attn.q_a_proj.weight, attn.q_a_proj.bias)),
-                             attn.q_b_proj.weight)
+                q = F.linear(
+                    self._norm(attn.q_a_layernorm, F.linear(x, attn.q_a_proj.weight, attn.q_a_proj.bias)),
+                    attn.q_b_proj.weight,
+                )
             q = q.view(1, N, -1, attn.qk_head_dim).transpose(1, 2)
             q_pass, q_rot = torch.split(q, [attn.qk_nope_head_dim, attn.qk_rope_head_dim], dim=-1)
             ckv = F.linear(x, attn.kv_a_proj_with_mqa.weight, attn.kv_a_proj_with_mqa.bias)
@@ -324,14 +340,20 @@ class Forward:
             out[rows] = self._attend(attn, q[rows][:, :, None], K, V, plan.decode_pos)[:, :, 0]
         for rows in plan.groups:  # [G, n] rows of prompts starting at position 0: causal among themselves
             qs, ks, vs = (t[rows].transpose(1, 2) for t in (q, k, v))
-            out[rows] = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=attn.scaling,
-                                                       enable_gqa=ks.shape[1] != qs.shape[1]).transpose(1, 2)
+            out[rows] = F.scaled_dot_product_attention(
+                qs, ks, vs, is_causal=True, scale=attn.scaling, enable_gqa=ks.shape[1] != qs.shape[1]
+            ).transpose(1, 2)
         for r0, n, slot, start in plan.prefills:
             if plan.groups and start == 0:
                 continue
             qs = q[r0 : r0 + n].transpose(0, 1)[None]
-            o = self._attend(attn, qs, kc[slot : slot + 1, :, : start + n], vc[slot : slot + 1, :, : start + n],
-                             plan.positions[None, r0 : r0 + n])
+            o = self._attend(
+                attn,
+                qs,
+                kc[slot : slot + 1, :, : start + n],
+                vc[slot : slot + 1, :, : start + n],
+                plan.positions[None, r0 : r0 + n],
+            )
             out[r0 : r0 + n] = o[0].transpose(0, 1)
         return F.linear(out.reshape(out.shape[0], -1), attn.o_proj.weight, attn.o_proj.bias)
 
@@ -339,11 +361,15 @@ class Forward:
     def _attend(attn, q, K, V, q_pos):
         """q [B, H, Tq, dk] against keys K/V [B, Hk, L, *]; returns [B, H, Tq, dv]."""
         mask = torch.arange(K.shape[2])[None, None, None, :] <= q_pos[:, None, :, None]
-        return F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=attn.scaling, enable_gqa=K.shape[1] != q.shape[1])
+        return F.scaled_dot_product_attention(
+            q, K, V, attn_mask=mask, scale=attn.scaling, enable_gqa=K.shape[1] != q.shape[1]
+        )
 
     @staticmethod
     def _dense(mlp, x):
-        return F.linear(mlp.act_fn(F.linear(x, mlp.gate_proj.weight)) * F.linear(x, mlp.up_proj.weight), mlp.down_proj.weight)
+        return F.linear(
+            mlp.act_fn(F.linear(x, mlp.gate_proj.weight)) * F.linear(x, mlp.up_proj.weight), mlp.down_proj.weight
+        )
 
     def _mlp(self, mlp, x, routing: list, rows: torch.Tensor | None = None):
         """The MLP's output for x[rows] (all rows when None); the router runs on every row."""

@@ -9,7 +9,9 @@ structure (`BodyLimit`, an ASGI middleware: a bigger body gets 413 before anythi
 
 import json
 
-BODY_BYTES_PER_CHAR = 8  # JSON escapes (a \u escape of four hex digits is 6 bytes a character) and the messages' structure
+BODY_BYTES_PER_CHAR = (
+    8  # JSON escapes (a \u escape of four hex digits is 6 bytes a character) and the messages' structure
+)
 BODY_MIN_BYTES = 1 << 20  # small contexts still take tool definitions and a few messages
 
 
@@ -58,9 +60,21 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
     async def _too_large(self, send) -> None:
-        payload = json.dumps({"error": {"message": f"request body larger than {self.max_bytes} bytes; no prompt that "
-                                                   "long fits this engine's context", "type": "invalid_request_error",
-                                        "code": 413}}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+        payload = json.dumps(
+            {
+                "error": {
+                    "message": f"request body larger than {self.max_bytes} bytes; no prompt that "
+                    "long fits this engine's context",
+                    "type": "invalid_request_error",
+                    "code": 413,
+                }
+            }
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": payload})

@@ -61,8 +61,15 @@ def fits(model) -> bool:
 
 def _matrices(lay) -> list[torch.Tensor]:
     a, mlp = lay.self_attn, lay.mlp
-    return [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight, mlp.gate.weight,
-            mlp.experts.gate_up_proj, mlp.experts.down_proj]
+    return [
+        a.q_proj.weight,
+        a.k_proj.weight,
+        a.v_proj.weight,
+        a.o_proj.weight,
+        mlp.gate.weight,
+        mlp.experts.gate_up_proj,
+        mlp.experts.down_proj,
+    ]
 
 
 def _fp32(live: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
@@ -86,8 +93,18 @@ def _pack_layer(lay, bf16: bool, get) -> LayerPacks:
     experts = kernels.pack_experts(get(mlp.experts.gate_up_proj), get(mlp.experts.down_proj))
     gate_up, down = (t.to(qkv.dtype) for t in experts)  # one dtype for all: widening bf16 is exact
     norm, post = lay.input_layernorm, lay.post_attention_layernorm
-    tensors = (_fp32(norm.weight, get(norm.weight)), qkv, qkv_bias, qk, o, o_bias, _fp32(post.weight, get(post.weight)),
-               router, gate_up, down)
+    tensors = (
+        _fp32(norm.weight, get(norm.weight)),
+        qkv,
+        qkv_bias,
+        qk,
+        o,
+        o_bias,
+        _fp32(post.weight, get(post.weight)),
+        router,
+        gate_up,
+        down,
+    )
     return LayerPacks(tensors, (norm.variance_epsilon, a.q_norm.variance_epsilon, post.variance_epsilon, a.scaling))
 
 
@@ -97,8 +114,13 @@ def reads(module, changed: Collection[int] | None) -> bool:
 
 
 @torch.no_grad()
-def pack(model, max_len: int, changed: Collection[int] | None = None, new: Mapping[int, torch.Tensor] | None = None,
-         old: StepPacks | None = None) -> StepPacks:
+def pack(
+    model,
+    max_len: int,
+    changed: Collection[int] | None = None,
+    new: Mapping[int, torch.Tensor] | None = None,
+    old: StepPacks | None = None,
+) -> StepPacks:
     """The step's packs for `model` (`fits(model)`). With `old` and `changed` (ids of the tensors that
     change, taking the values `new` by id, or their own when absent): only the layers and the head
     reading a changed tensor are packed again (every one when the packed dtype changes), the rest
@@ -122,10 +144,16 @@ def pack(model, max_len: int, changed: Collection[int] | None = None, new: Mappi
     if old is not None:
         cos, sin = old.model_tensors[1:3]
     model_tensors = (_fp32(embed, get(embed)), cos.contiguous(), sin.contiguous(), _fp32(norm, get(norm)))
-    return StepPacks([old.layers[li] if old is not None and not reads(lay, changed) else _pack_layer(lay, bf16, get)
-                      for li, lay in enumerate(layers)],
-                     old.head if old is not None and id(head) not in changed else kernels.pack_linear(get(head), bf16),
-                     model_tensors, exact, bf16)
+    return StepPacks(
+        [
+            old.layers[li] if old is not None and not reads(lay, changed) else _pack_layer(lay, bf16, get)
+            for li, lay in enumerate(layers)
+        ],
+        old.head if old is not None and id(head) not in changed else kernels.pack_linear(get(head), bf16),
+        model_tensors,
+        exact,
+        bf16,
+    )
 
 
 class RowsStep:
@@ -148,9 +176,21 @@ class RowsStep:
         vals = [v for lay in packs.layers for v in lay.vals]
         self._vals = torch.tensor(vals + [model.model.norm.variance_epsilon], dtype=torch.float32)
         e_packed = -(-E // 32) * 32
-        cfg = [len(packs.layers), D, first.self_attn.o_proj.weight.shape[1] // d, nk, d, L, E, e_packed, K,
-               int(first.mlp.gate.norm_topk_prob), first.mlp.experts.down_proj.shape[2], int(packs.bf16),
-               packs.head.data.shape[0] * 32]
+        cfg = [
+            len(packs.layers),
+            D,
+            first.self_attn.o_proj.weight.shape[1] // d,
+            nk,
+            d,
+            L,
+            E,
+            e_packed,
+            K,
+            int(first.mlp.gate.norm_topk_prob),
+            first.mlp.experts.down_proj.shape[2],
+            int(packs.bf16),
+            packs.head.data.shape[0] * 32,
+        ]
         self._cfg = torch.tensor(cfg, dtype=torch.int64)
         self.vocab, self._width = packs.head.n, cfg[-1]
         self.routing_shape = (len(packs.layers), K)
@@ -158,8 +198,9 @@ class RowsStep:
         self._fixed = (self._cfg.data_ptr(), self._ptrs.data_ptr(), self._vals.data_ptr())
         self._fs, self._is = torch.empty(0), torch.empty(0, dtype=torch.int64)
 
-    def __call__(self, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
-                 out_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, out_rows: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         N, S = tokens.shape[0], out_rows.shape[0]
         assert tokens.dtype == slots.dtype == positions.dtype == out_rows.dtype == torch.int64
         sizes = torch.empty(2, dtype=torch.int64)
@@ -169,6 +210,17 @@ class RowsStep:
         if self._is.numel() < sizes[1]:
             self._is = torch.empty(int(sizes[1]), dtype=torch.int64)
         out, ids = torch.empty(S, self._width), torch.empty(N, *self.routing_shape, dtype=torch.int64)
-        self._fn(tokens.data_ptr(), slots.data_ptr(), positions.data_ptr(), N, out_rows.data_ptr(), S, *self._fixed,
-                 out.data_ptr(), ids.data_ptr(), self._fs.data_ptr(), self._is.data_ptr())
+        self._fn(
+            tokens.data_ptr(),
+            slots.data_ptr(),
+            positions.data_ptr(),
+            N,
+            out_rows.data_ptr(),
+            S,
+            *self._fixed,
+            out.data_ptr(),
+            ids.data_ptr(),
+            self._fs.data_ptr(),
+            self._is.data_ptr(),
+        )
         return (out if self._width == self.vocab else out[:, : self.vocab]), ids

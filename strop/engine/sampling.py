@@ -20,8 +20,13 @@ import torch
 from strop import kernels
 
 
-def sample(logits: torch.Tensor, temperature: list[float], top_p: list[float],
-           generators: list[torch.Generator | None], shared: torch.Generator) -> tuple[list[int], list[float]]:
+def sample(
+    logits: torch.Tensor,
+    temperature: list[float],
+    top_p: list[float],
+    generators: list[torch.Generator | None],
+    shared: torch.Generator,
+) -> tuple[list[int], list[float]]:
     """One token per row of `logits` [B, V] and its logprob.
 
     temperature 0 = greedy (argmax; its logprob is still reported under top-p at T = 1). Rows with

@@ -105,7 +105,9 @@ class ClientError(Exception):
         self.status, self.message = status, message
 
 
-def create_app(engine: Engine, model_name: str, path_updates: bool = False, on_served: OnServed | None = None) -> FastAPI:
+def create_app(
+    engine: Engine, model_name: str, path_updates: bool = False, on_served: OnServed | None = None
+) -> FastAPI:
     """The app around an engine whose loop thread is running."""
     app = FastAPI(title="strop engine")
     tok = engine.tokenizer
@@ -115,8 +117,11 @@ def create_app(engine: Engine, model_name: str, path_updates: bool = False, on_s
 
     async def encode(text: str) -> list[int]:
         if len(text) > max_chars:
-            raise ClientError(400, f"prompt of {len(text)} characters is longer than this engine's context of "
-                                   f"{engine.max_len} tokens can hold")
+            raise ClientError(
+                400,
+                f"prompt of {len(text)} characters is longer than this engine's context of "
+                f"{engine.max_len} tokens can hold",
+            )
         return await asyncio.to_thread(tok.encode, text)
 
     @app.exception_handler(RequestValidationError)
@@ -141,6 +146,7 @@ def create_app(engine: Engine, model_name: str, path_updates: bool = False, on_s
         return {"version": engine.version}
 
     if path_updates:
+
         @app.post("/weights/update")
         async def weights_update(req: WeightsRequest):
             def load_and_apply() -> float:  # reading, checking and casting the tensors is CPU work: off the event loop
@@ -154,16 +160,23 @@ def create_app(engine: Engine, model_name: str, path_updates: bool = False, on_s
 
     async def served(request: Request, endpoint, rid: str, req: _Sampling, ids: list[int], outs, t0: float) -> None:
         if on_served is not None:
-            await on_served(request, Served(rid, endpoint, model_name, req.model_dump(), ids, outs,
-                                            time.perf_counter() - t0))
+            await on_served(
+                request, Served(rid, endpoint, model_name, req.model_dump(), ids, outs, time.perf_counter() - t0)
+            )
 
     def params(req: _Sampling, default_max: int, stop_ids: list[int] | None) -> SamplingParams:
         if req.model != model_name:
             raise ClientError(404, f"model {req.model!r} does not exist; this server serves {model_name!r}")
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         max_tokens = req.max_completion_tokens or req.max_tokens or default_max
-        return SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, stop=stop,
-                              stop_token_ids=stop_ids, seed=req.seed)
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            stop=stop,
+            stop_token_ids=stop_ids,
+            seed=req.seed,
+        )
 
     async def run(prompt_ids: list[int], sp: SamplingParams, n: int, request: Request, stream_cb=None):
         """Submit n samples and await them; raises ClientError for requests the engine refuses.
@@ -177,8 +190,14 @@ def create_app(engine: Engine, model_name: str, path_updates: bool = False, on_s
                 spi = sp if sp.seed is None or i == 0 else dataclasses.replace(sp, seed=sp.seed + i)
                 on_token = (lambda r, i=i: loop.call_soon_threadsafe(stream_cb, i, r)) if stream_cb else None
                 try:
-                    submitted.append(engine.submit(prompt_ids, spi, on_token=on_token,
-                                                   on_done=lambda r, f=fut: loop.call_soon_threadsafe(_resolve, f, r.result)))
+                    submitted.append(
+                        engine.submit(
+                            prompt_ids,
+                            spi,
+                            on_token=on_token,
+                            on_done=lambda r, f=fut: loop.call_soon_threadsafe(_resolve, f, r.result),
+                        )
+                    )
                 except ValueError as e:
                     raise ClientError(400, str(e)) from None
                 futures.append(fut)
@@ -201,18 +220,36 @@ def create_app(engine: Engine, model_name: str, path_updates: bool = False, on_s
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
         t0 = time.perf_counter()
-        prompts = req.prompt if isinstance(req.prompt, list) and req.prompt and isinstance(req.prompt[0], (str, list)) else [req.prompt]
+        prompts = (
+            req.prompt
+            if isinstance(req.prompt, list) and req.prompt and isinstance(req.prompt[0], (str, list))
+            else [req.prompt]
+        )
         if len(prompts) != 1:
-            raise ClientError(400, "one prompt per request (send concurrent requests instead; they are batched together)")
+            raise ClientError(
+                400, "one prompt per request (send concurrent requests instead; they are batched together)"
+            )
         prompt = prompts[0]
         ids = await encode(prompt) if isinstance(prompt, str) else list(prompt)
         sp = params(req, 16, req.stop_token_ids or [])  # plain completion: no implicit stop token
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         if req.stream:
-            return _stream(run, ids, sp, req.n, request,
-                           lambda outs: served(request, "completions", rid, req, ids, outs, t0), lambda i, delta, fin: {
-                "id": rid, "object": "text_completion", "created": created, "model": model_name,
-                "choices": [{"index": i, "text": delta or "", "logprobs": None, "finish_reason": fin}]}, tok.decode)
+            return _stream(
+                run,
+                ids,
+                sp,
+                req.n,
+                request,
+                lambda outs: served(request, "completions", rid, req, ids, outs, t0),
+                lambda i, delta, fin: {
+                    "id": rid,
+                    "object": "text_completion",
+                    "created": created,
+                    "model": model_name,
+                    "choices": [{"index": i, "text": delta or "", "logprobs": None, "finish_reason": fin}],
+                },
+                tok.decode,
+            )
         outs = await run(ids, sp, req.n, request)
         for c in outs:
             _raise_if_failed(c)
@@ -222,18 +259,32 @@ def create_app(engine: Engine, model_name: str, path_updates: bool = False, on_s
             lp = None
             if req.logprobs is not None:
                 toks = [tok.decode([t]) for t in c.token_ids]
-                lp = {"tokens": toks, "token_logprobs": c.logprobs, "top_logprobs": None,
-                      "text_offset": _offsets(toks)}
-            choices.append({"index": i, "text": c.text, "logprobs": lp, "finish_reason": c.finish_reason,
-                            **extras(c, req.return_routed_experts)})
-        return {"id": rid, "object": "text_completion", "created": created, "model": model_name,
-                "choices": choices, "usage": _usage(ids, outs)}
+                lp = {"tokens": toks, "token_logprobs": c.logprobs, "top_logprobs": None, "text_offset": _offsets(toks)}
+            choices.append(
+                {
+                    "index": i,
+                    "text": c.text,
+                    "logprobs": lp,
+                    "finish_reason": c.finish_reason,
+                    **extras(c, req.return_routed_experts),
+                }
+            )
+        return {
+            "id": rid,
+            "object": "text_completion",
+            "created": created,
+            "model": model_name,
+            "choices": choices,
+            "usage": _usage(ids, outs),
+        }
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request):
         t0 = time.perf_counter()
         for i, m in enumerate(req.messages):
-            if m.get("role") not in ("system", "user", "assistant", "tool") or not isinstance(m.get("content", ""), (str, type(None))):
+            if m.get("role") not in ("system", "user", "assistant", "tool") or not isinstance(
+                m.get("content", ""), (str, type(None))
+            ):
                 raise ClientError(400, f"messages[{i}]: needs a role in system/user/assistant/tool and string content")
         tools = None if req.tool_choice == "none" else req.tools
         try:
@@ -244,12 +295,29 @@ def create_app(engine: Engine, model_name: str, path_updates: bool = False, on_s
         sp = params(req, 512, [tok.convert_tokens_to_ids(IM_END), *(req.stop_token_ids or [])])
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if req.stream:
-            return _stream(run, ids, sp, req.n, request, lambda outs: served(request, "chat", rid, req, ids, outs, t0),
-                           lambda i, delta, fin: {
-                "id": rid, "object": "chat.completion.chunk", "created": created, "model": model_name,
-                "choices": [{"index": i, "delta": ({"role": "assistant", "content": delta} if delta is not None else {}),
-                             "logprobs": None, "finish_reason": fin}]},
-                lambda ids: tok.decode([t for t in ids if t not in sp.stop_token_ids]))
+            return _stream(
+                run,
+                ids,
+                sp,
+                req.n,
+                request,
+                lambda outs: served(request, "chat", rid, req, ids, outs, t0),
+                lambda i, delta, fin: {
+                    "id": rid,
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": model_name,
+                    "choices": [
+                        {
+                            "index": i,
+                            "delta": ({"role": "assistant", "content": delta} if delta is not None else {}),
+                            "logprobs": None,
+                            "finish_reason": fin,
+                        }
+                    ],
+                },
+                lambda ids: tok.decode([t for t in ids if t not in sp.stop_token_ids]),
+            )
         outs = await run(ids, sp, req.n, request)
         for c in outs:
             _raise_if_failed(c)
@@ -259,16 +327,40 @@ def create_app(engine: Engine, model_name: str, path_updates: bool = False, on_s
             turn = parse_assistant(c.text)
             message = {"role": "assistant", "content": turn.content or None}
             if turn.tool_calls:
-                message["tool_calls"] = [dict(tc.to_openai(), id=f"call_{uuid.uuid4().hex[:12]}") for tc in turn.tool_calls]
+                message["tool_calls"] = [
+                    dict(tc.to_openai(), id=f"call_{uuid.uuid4().hex[:12]}") for tc in turn.tool_calls
+                ]
             finish = "tool_calls" if turn.tool_calls and c.finish_reason == "stop" else c.finish_reason
             lp = None
             if req.logprobs:
-                lp = {"content": [{"token": tok.decode([t]), "logprob": l, "bytes": list(tok.decode([t]).encode()),
-                                   "top_logprobs": []} for t, l in zip(c.token_ids, c.logprobs)]}
-            choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": finish,
-                            **extras(c, req.return_routed_experts)})
-        return {"id": rid, "object": "chat.completion", "created": created, "model": model_name,
-                "choices": choices, "usage": _usage(ids, outs)}
+                lp = {
+                    "content": [
+                        {
+                            "token": tok.decode([t]),
+                            "logprob": l,
+                            "bytes": list(tok.decode([t]).encode()),
+                            "top_logprobs": [],
+                        }
+                        for t, l in zip(c.token_ids, c.logprobs)
+                    ]
+                }
+            choices.append(
+                {
+                    "index": i,
+                    "message": message,
+                    "logprobs": lp,
+                    "finish_reason": finish,
+                    **extras(c, req.return_routed_experts),
+                }
+            )
+        return {
+            "id": rid,
+            "object": "chat.completion",
+            "created": created,
+            "model": model_name,
+            "choices": choices,
+            "usage": _usage(ids, outs),
+        }
 
     return app
 
@@ -305,7 +397,9 @@ def _stream(run, ids, sp, n, request, record, chunk, decode) -> StreamingRespons
     sent = [""] * n
 
     async def events():
-        task = asyncio.ensure_future(run(ids, sp, n, request, stream_cb=lambda i, r: queue.put_nowait((i, list(r.token_ids)))))
+        task = asyncio.ensure_future(
+            run(ids, sp, n, request, stream_cb=lambda i, r: queue.put_nowait((i, list(r.token_ids))))
+        )
         get = None
         try:
             while True:
@@ -315,7 +409,7 @@ def _stream(run, ids, sp, n, request, record, chunk, decode) -> StreamingRespons
                     i, token_ids = get.result()
                     text = decode(token_ids)
                     if len(text) > len(sent[i]) and text.startswith(sent[i]) and not text.endswith("\ufffd"):
-                        yield f"data: {json.dumps(chunk(i, text[len(sent[i]):], None))}\n\n"  # (split UTF-8 waits)
+                        yield f"data: {json.dumps(chunk(i, text[len(sent[i]) :], None))}\n\n"  # (split UTF-8 waits)
                         sent[i] = text
                     continue
                 try:
@@ -328,7 +422,7 @@ def _stream(run, ids, sp, n, request, record, chunk, decode) -> StreamingRespons
                     break
                 for i, c in enumerate(outs):
                     if len(c.text) > len(sent[i]) and c.text.startswith(sent[i]):
-                        yield f"data: {json.dumps(chunk(i, c.text[len(sent[i]):], None))}\n\n"
+                        yield f"data: {json.dumps(chunk(i, c.text[len(sent[i]) :], None))}\n\n"
                     yield f"data: {json.dumps(chunk(i, None, c.finish_reason))}\n\n"
                 break
             yield "data: [DONE]\n\n"
@@ -340,7 +434,9 @@ def _stream(run, ids, sp, n, request, record, chunk, decode) -> StreamingRespons
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
-def serve_in_thread(engine: Engine, model_name: str, host: str = "127.0.0.1", port: int = 0, app: FastAPI | None = None):
+def serve_in_thread(
+    engine: Engine, model_name: str, host: str = "127.0.0.1", port: int = 0, app: FastAPI | None = None
+):
     """Start the engine loop and a uvicorn server on a thread; returns (base_url, stop_fn). The app
     defaults to the trusted local one (weight updates from paths: tests and in-process tools)."""
     import uvicorn

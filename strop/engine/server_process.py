@@ -31,8 +31,16 @@ class ServerProcess:
     that answers 200 once it serves. `log_path`: where its output goes (default: a temporary
     file, removed at close)."""
 
-    def __init__(self, argv: list[str], log_path: str | Path | None = None, *, health: str = "/health",
-                 env: dict[str, str] | None = None, host: str = "127.0.0.1", start_timeout_s: float = 600.0):
+    def __init__(
+        self,
+        argv: list[str],
+        log_path: str | Path | None = None,
+        *,
+        health: str = "/health",
+        env: dict[str, str] | None = None,
+        host: str = "127.0.0.1",
+        start_timeout_s: float = 600.0,
+    ):
         self.port = free_port(host)
         self.url = f"http://{host}:{self.port}"
         self._own_log = log_path is None  # a temporary log, removed at close
@@ -42,9 +50,14 @@ class ServerProcess:
         self.log_path = Path(log_path)
         self._health = health
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([a.replace("{port}", str(self.port)) for a in argv], stdout=self._log,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env={**os.environ, **(env or {})}, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [a.replace("{port}", str(self.port)) for a in argv],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
         try:
             self._wait_healthy(start_timeout_s)
         except BaseException:
@@ -62,13 +75,17 @@ class ServerProcess:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"engine server exited with status {self.proc.returncode} before serving; "
-                                   f"its log ({self.log_path}) ends:\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"engine server exited with status {self.proc.returncode} before serving; "
+                    f"its log ({self.log_path}) ends:\n{self.log_tail()}"
+                )
             if self.healthy():
                 return
             time.sleep(0.5)
-        raise TimeoutError(f"engine server did not answer {self._health} within {timeout_s:.0f} s; "
-                           f"its log ({self.log_path}) ends:\n{self.log_tail()}")
+        raise TimeoutError(
+            f"engine server did not answer {self._health} within {timeout_s:.0f} s; "
+            f"its log ({self.log_path}) ends:\n{self.log_tail()}"
+        )
 
     def log_tail(self, lines: int = 20) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

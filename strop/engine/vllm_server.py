@@ -31,10 +31,16 @@ from pathlib import Path
 def vllm_env(threads: int) -> dict[str, str]:
     """The server's environment: dev endpoints on, `threads` OpenMP threads on the machine's shared
     cores (on CPU; vLLM would pin one per core), a bounded KV cache, nothing fetched or reported."""
-    return {"VLLM_SERVER_DEV_MODE": "1",  # /collective_rpc, /reset_prefix_cache, /update_weight_version
-            "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache on CPU (its default takes a share of all memory)
-            "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(threads), "STROP_THREADS": str(threads),
-            "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
+    return {
+        "VLLM_SERVER_DEV_MODE": "1",  # /collective_rpc, /reset_prefix_cache, /update_weight_version
+        "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache on CPU (its default takes a share of all memory)
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "OMP_NUM_THREADS": str(threads),
+        "STROP_THREADS": str(threads),
+        "VLLM_NO_USAGE_STATS": "1",
+        "VLLM_DO_NOT_TRACK": "1",
+        "HF_HUB_OFFLINE": "1",
+    }
 
 
 def installed() -> bool:
@@ -46,11 +52,36 @@ def installed() -> bool:
 
 def vllm_argv(model_dir: str, *, name: str, max_len: int, max_batch: int, seed: int) -> list[str]:
     """The server command; `{port}` is filled in by `ServerProcess`."""
-    return [sys.executable, "-m", "strop.engine.vllm_server", "serve", str(model_dir), "--host", "127.0.0.1",
-            "--port", "{port}", "--served-model-name", name, "--max-model-len", str(max_len),
-            "--max-num-seqs", str(max_batch), "--seed", str(seed), "--dtype", "float32", "--enforce-eager",
-            "--enable-return-routed-experts", "--logprobs-mode", "processed_logprobs",
-            "--generation-config", "vllm", "--disable-log-stats", "--uvicorn-log-level", "warning"]
+    return [
+        sys.executable,
+        "-m",
+        "strop.engine.vllm_server",
+        "serve",
+        str(model_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "{port}",
+        "--served-model-name",
+        name,
+        "--max-model-len",
+        str(max_len),
+        "--max-num-seqs",
+        str(max_batch),
+        "--seed",
+        str(seed),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--enable-return-routed-experts",
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--generation-config",
+        "vllm",
+        "--disable-log-stats",
+        "--uvicorn-log-level",
+        "warning",
+    ]
 
 
 class VllmWeights:
@@ -62,8 +93,9 @@ class VllmWeights:
         self.url, self.timeout_s = url.rstrip("/"), timeout_s
 
     def _post(self, path: str, body: dict | None = None) -> bytes:
-        request = urllib.request.Request(self.url + path, data=json.dumps(body or {}).encode(),
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            self.url + path, data=json.dumps(body or {}).encode(), headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
             return response.read()
 

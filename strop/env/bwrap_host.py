@@ -112,6 +112,7 @@ def temp_base() -> str | None:
 
 def rmtree(path: Path) -> None:
     """rmtree that also removes directories left unwritable (overlay's work dir is mode 000)."""
+
     def fix(func, p, exc_info):
         if isinstance(exc_info[1], FileNotFoundError):
             return  # removed meanwhile: threads starting their first sandbox sweep the same dead roots
@@ -122,5 +123,5 @@ def rmtree(path: Path) -> None:
             func(p)
         else:  # the directory could not be opened or listed (os.open, os.scandir) before the chmod;
             rmtree(p)  # what it holds may be unwritable too (overlay's work/work, its index dirs)
-    shutil.rmtree(path, onerror=fix)
 
+    shutil.rmtree(path, onerror=fix)

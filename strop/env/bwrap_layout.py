@@ -35,6 +35,7 @@ _ETC_SECRETS = ("shadow", "shadow-", "gshadow", "gshadow-", "sudoers", "sudoers.
 class ImageRoot:
     """What the sandboxes of one image share in this process: the temp root their copy-on-write
     layers live under, the /etc copy bound at /etc, the ~/.profile file, the sandbox's PATH."""
+
     image: str
     root: Path
     etc: Path
@@ -46,16 +47,25 @@ def prepare_root(image: str, root: Path) -> ImageRoot:
     """Fill `root` with a copy of the image's /etc with the `dev` user, the hostname and without
     host secrets (one bind mount instead of one per file), and ~/.profile."""
     etc = root / "etc"
-    shutil.copytree(Path(image) / "etc", etc, symlinks=True, ignore=shutil.ignore_patterns(*_ETC_SECRETS),
-                    copy_function=_copy_readable)
+    shutil.copytree(
+        Path(image) / "etc",
+        etc,
+        symlinks=True,
+        ignore=shutil.ignore_patterns(*_ETC_SECRETS),
+        copy_function=_copy_readable,
+    )
     passwd = [l for l in (etc / "passwd").read_text().splitlines() if l.split(":")[2:3] != [str(UID)]]
     (etc / "passwd").write_text("\n".join(passwd + [f"{USER}:x:{UID}:{GID}:{USER}:{HOME}:/bin/bash"]) + "\n")
     group = [l for l in (etc / "group").read_text().splitlines() if l.split(":")[2:3] != [str(GID)]]
     (etc / "group").write_text("\n".join(group + [f"{USER}:x:{GID}:"]) + "\n")
     (etc / "hostname").write_text(HOSTNAME + "\n")
-    (etc / "hosts").write_text(f"127.0.0.1\tlocalhost\n127.0.1.1\t{HOSTNAME}\n::1\tlocalhost ip6-localhost ip6-loopback\n")
+    (etc / "hosts").write_text(
+        f"127.0.0.1\tlocalhost\n127.0.1.1\t{HOSTNAME}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+    )
     venv_bin = f"{sys.prefix}/bin"
-    (root / "profile").write_text(f'# ~/.profile\nPATH="{venv_bin}:$PATH"\n[ -f "$HOME/.bashrc" ] && . "$HOME/.bashrc"\n')
+    (root / "profile").write_text(
+        f'# ~/.profile\nPATH="{venv_bin}:$PATH"\n[ -f "$HOME/.bashrc" ] && . "$HOME/.bashrc"\n'
+    )
     return ImageRoot(image, root, etc, root / "profile", f"{venv_bin}:{SYSTEM_PATH}")
 
 
@@ -84,24 +94,68 @@ def static_argv(shared: ImageRoot, limits: Limits) -> tuple[str, ...]:
         a += ["--perms", "0700" if name == "root" else "0755", "--dir", f"/{name}"]
     if os.path.isdir(os.path.join(image, "var", "tmp")):
         a += ["--perms", "1777", "--size", size, "--tmpfs", "/var/tmp"]
-    a += ["--perms", "1777", "--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", "/home",
-          "--perms", "0755", "--dir", HOME]
+    a += [
+        "--perms",
+        "1777",
+        "--size",
+        size,
+        "--tmpfs",
+        "/tmp",
+        "--size",
+        size,
+        "--tmpfs",
+        "/home",
+        "--perms",
+        "0755",
+        "--dir",
+        HOME,
+    ]
     # /dev is a fresh tmpfs the sandbox user owns: make it read-only, give /dev/shm a bounded tmpfs
-    a += ["--dev", "/dev", "--remount-ro", "/dev", "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm",
-          "--proc", "/proc"]
+    a += [
+        "--dev",
+        "/dev",
+        "--remount-ro",
+        "/dev",
+        "--perms",
+        "1777",
+        "--size",
+        size,
+        "--tmpfs",
+        "/dev/shm",
+        "--proc",
+        "/proc",
+    ]
     a += sandbox_python.binds()
     a += ["--remount-ro", "/"]  # after every directory on the root tmpfs exists
     # --disable-userns: no nested user namespaces, which would hand the agent capabilities (over
     # its own namespaces only, but that is kernel attack surface a coding task never needs)
-    a += ["--unshare-all", "--unshare-user", "--disable-userns", "--hostname", HOSTNAME, "--uid", str(UID), "--gid", str(GID), "--cap-drop", "ALL",
-          "--die-with-parent", "--clearenv"]  # no --new-session: see strop.env.ctty
+    a += [
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--hostname",
+        HOSTNAME,
+        "--uid",
+        str(UID),
+        "--gid",
+        str(GID),
+        "--cap-drop",
+        "ALL",
+        "--die-with-parent",
+        "--clearenv",
+    ]  # no --new-session: see strop.env.ctty
     # no --as-pid-1: bwrap's own init is pid 1 and reaps every orphan at once. With the server as pid
     # 1 the leftovers `kill -9 -1` kills stay zombies until the server next waits, and after a fork
     # bomb they fill the pids limit so that the next command cannot fork. The cost is one more small
     # process per sandbox; its start time could not be told apart from this VM's drift
-    env = {"PATH": shared.path, "HOME": HOME, "USER": USER, "LOGNAME": USER, "SHELL": "/bin/bash",
-           "LANG": os.environ.get("LANG", "C.UTF-8")}
+    env = {
+        "PATH": shared.path,
+        "HOME": HOME,
+        "USER": USER,
+        "LOGNAME": USER,
+        "SHELL": "/bin/bash",
+        "LANG": os.environ.get("LANG", "C.UTF-8"),
+    }
     for k, v in env.items():
         a += ["--setenv", k, v]
     return tuple(a)
-

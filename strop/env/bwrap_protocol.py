@@ -20,12 +20,16 @@ from strop.env.sandbox import WORKDIR, Limits
 CHECK_EVERY_S = 0.2  # workspace-size poll period while a command runs
 
 
-def command_script(cmd: str | list[str], stdin: str | None, env: dict[str, str] | None, nonce: str, lim: Limits) -> bytes:
+def command_script(
+    cmd: str | list[str], stdin: str | None, env: dict[str, str] | None, nonce: str, lim: Limits
+) -> bytes:
     """The line the server runs for one exec of `cmd` (a string runs under `bash -lc`), ending in
     the two markers that carry `nonce`."""
     # dash's ulimit takes one limit per call; -f counts 512-byte blocks, -v KiB
-    ulimit = (f"ulimit -t {lim.cpu_s} && ulimit -v {lim.memory_mb * 1024} && "
-              f"ulimit -f {lim.file_size_mb * 2048} && ulimit -p {lim.max_procs}")
+    ulimit = (
+        f"ulimit -t {lim.cpu_s} && ulimit -v {lim.memory_mb * 1024} && "
+        f"ulimit -f {lim.file_size_mb * 2048} && ulimit -p {lim.max_procs}"
+    )
     exports = ""
     for k, v in (env or {}).items():
         if not k.isidentifier():
@@ -45,19 +49,26 @@ def command_script(cmd: str | list[str], stdin: str | None, env: dict[str, str] 
     # markers start with \036 (record separator), a byte output rarely ends with, so that
     # streaming need not hold output back in case it is the start of a marker
     # stderr's marker first: when the host sees stdout's, both are there (one wake-up, not two)
-    return (f"{line}\n_rc=$?; kill -9 -1 2>/dev/null; printf '\\036{nonce}\\n' >&2; "
-            f"printf '\\036{nonce}:%d\\n' $_rc\n").encode()
+    return (
+        f"{line}\n_rc=$?; kill -9 -1 2>/dev/null; printf '\\036{nonce}\\n' >&2; printf '\\036{nonce}:%d\\n' $_rc\n"
+    ).encode()
 
 
-def collect(proc: subprocess.Popen, nonce: str, deadline: float, cap: int, over_workspace: Callable[[], bool],
-            kill: Callable[[], None], on_output: Callable[[int, bytes], None] | None = None):
+def collect(
+    proc: subprocess.Popen,
+    nonce: str,
+    deadline: float,
+    cap: int,
+    over_workspace: Callable[[], bool],
+    kill: Callable[[], None],
+    on_output: Callable[[int, bytes], None] | None = None,
+):
     """Read the server's stdout and stderr until both markers of `nonce`; keep at most `cap` bytes
     of each. Stops early (then calls `kill`) at `deadline` ("timeout"), when `over_workspace()`
     ("workspace", polled every CHECK_EVERY_S) or when a pipe closes ("died"). Returns
     ((stdout, its length), (stderr, its length), exit code or None, why it stopped early or None)."""
     out_fd = proc.stdout.fileno()
-    fds = {out_fd: b"\036" + nonce.encode() + b":",
-           proc.stderr.fileno(): b"\036" + nonce.encode() + b"\n"}
+    fds = {out_fd: b"\036" + nonce.encode() + b":", proc.stderr.fileno(): b"\036" + nonce.encode() + b"\n"}
     kept = {fd: bytearray() for fd in fds}  # first `cap` bytes
     tail = {fd: bytearray() for fd in fds}  # last bytes, to find the marker in discarded output
     total = {fd: 0 for fd in fds}
@@ -87,19 +98,20 @@ def collect(proc: subprocess.Popen, nonce: str, deadline: float, cap: int, over_
             total[fd] += len(chunk)
             if len(kept[fd]) < cap + 256:
                 kept[fd] += chunk[: cap + 256 - len(kept[fd])]
-            tail[fd] = (tail[fd] + chunk)[-(len(fds[fd]) + 32):]
+            tail[fd] = (tail[fd] + chunk)[-(len(fds[fd]) + 32) :]
             if fds[fd] in tail[fd] and (fd != out_fd or tail[fd].endswith(b"\n")):
                 i = tail[fd].rfind(fds[fd])
                 done[fd] = total[fd] - (len(tail[fd]) - i)
                 if fd == out_fd:
-                    rc = int(tail[fd][i + len(fds[fd]):].strip())
+                    rc = int(tail[fd][i + len(fds[fd]) :].strip())
             if on_output is not None:
                 # hold back only a tail that could still turn out to be the start of the marker
-                hold = next((k for k in range(min(len(fds[fd]), len(tail[fd])), 0, -1)
-                             if tail[fd].endswith(fds[fd][:k])), 0)
+                hold = next(
+                    (k for k in range(min(len(fds[fd]), len(tail[fd])), 0, -1) if tail[fd].endswith(fds[fd][:k])), 0
+                )
                 upto = min(done.get(fd, total[fd] - hold), len(kept[fd]), cap)
                 if upto > sent[fd]:
-                    on_output(1 if fd == out_fd else 2, bytes(kept[fd][sent[fd]:upto]))
+                    on_output(1 if fd == out_fd else 2, bytes(kept[fd][sent[fd] : upto]))
                     sent[fd] = upto
         if why:
             break
@@ -114,7 +126,7 @@ def collect(proc: subprocess.Popen, nonce: str, deadline: float, cap: int, over_
         for fd in fds:
             upto = min(done.get(fd, total[fd]), len(kept[fd]), cap)
             if upto > sent[fd]:
-                on_output(1 if fd == out_fd else 2, bytes(kept[fd][sent[fd]:upto]))
+                on_output(1 if fd == out_fd else 2, bytes(kept[fd][sent[fd] : upto]))
     res = []
     for fd in fds:
         n = done.get(fd, total[fd])

@@ -46,8 +46,9 @@ def pids_cgroup_root() -> Path | None:
     if os.geteuid() != 0:
         return None  # RLIMIT_NPROC binds for non-root users; no cgroup needed
     for base in (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup")):
-        if (base / "cgroup.procs").exists() and ((base / "pids.max").exists() or base.name == "pids"
-                                                  or "pids" in _read(base / "cgroup.subtree_control")):
+        if (base / "cgroup.procs").exists() and (
+            (base / "pids.max").exists() or base.name == "pids" or "pids" in _read(base / "cgroup.subtree_control")
+        ):
             parent = base / f"strop-{os.getpid()}"
             try:
                 parent.mkdir(exist_ok=True)
@@ -56,9 +57,12 @@ def pids_cgroup_root() -> Path | None:
                 return parent
             except OSError:
                 continue
-    warnings.warn("strop runs as root and no pids cgroup is writable: the sandbox user maps to root, "
-                  "for whom RLIMIT_NPROC does not apply, so Limits.max_procs is not enforced (run as "
-                  "a regular user, or make a pids cgroup writable)", stacklevel=2)
+    warnings.warn(
+        "strop runs as root and no pids cgroup is writable: the sandbox user maps to root, "
+        "for whom RLIMIT_NPROC does not apply, so Limits.max_procs is not enforced (run as "
+        "a regular user, or make a pids cgroup writable)",
+        stacklevel=2,
+    )
     return None
 
 
@@ -138,7 +142,9 @@ class Spawner:
                 out.append(e)
             done.set()
 
-    def _start(self, argv: list[str], pass_fds: tuple[int, ...], max_procs: int) -> tuple[subprocess.Popen, Path | None]:
+    def _start(
+        self, argv: list[str], pass_fds: tuple[int, ...], max_procs: int
+    ) -> tuple[subprocess.Popen, Path | None]:
         cgroup = self._cgroup() if self.root is not None else None
         try:
             if cgroup is not None:
@@ -148,8 +154,15 @@ class Spawner:
                 if self._here != cgroup:
                     # cgroup v2 moves whole processes only: a shell joins, then becomes bwrap
                     argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup / "cgroup.procs"), *argv]
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    pass_fds=pass_fds, start_new_session=has_ctty(), bufsize=0)
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=pass_fds,
+                start_new_session=has_ctty(),
+                bufsize=0,
+            )
         except BaseException:
             if cgroup is not None:
                 self.release(cgroup)

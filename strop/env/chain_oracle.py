@@ -62,7 +62,9 @@ def next_message(task: Task, window: str, keys: dict[int, str], nexts: dict[int,
     missing = [i for i in range(n) if i not in keys]
     if not missing:
         body = "-".join(keys[i] for i in range(n))
-        return _call(WRITE_SAY, "write_file", path="solution.py", content=f"def answer() -> str:\n    return {body!r}\n")
+        return _call(
+            WRITE_SAY, "write_file", path="solution.py", content=f"def answer() -> str:\n    return {body!r}\n"
+        )
     i = missing[0]
     path = first if i == 0 else nexts.get(i - 1, first)
     return _call(f"Reading stage {i if path != first else 0}: {path}.", "read_file", path=path)

@@ -47,8 +47,18 @@ Mode = Literal["binary", "fraction"]
 # missing, malformed or forged report, a grading failure, the checker's own error: see `reason`)
 Outcome = Literal["passed", "tests failed", "no tests ran", "no changes", "not scored"]
 TEST_TIMEOUT_S = 120.0
-RUNNER_MODULES = frozenset(sys.stdlib_module_names) | {"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging",
-                                                       "sitecustomize", "usercustomize", "xdist", "pytest_timeout"}
+RUNNER_MODULES = frozenset(sys.stdlib_module_names) | {
+    "pytest",
+    "_pytest",
+    "pluggy",
+    "py",
+    "iniconfig",
+    "packaging",
+    "sitecustomize",
+    "usercustomize",
+    "xdist",
+    "pytest_timeout",
+}
 
 
 @dataclass
@@ -106,7 +116,9 @@ def is_protected(task: Task, path: str) -> bool:
     return any(fnmatch.fnmatchcase(path, g) for g in task.protected)
 
 
-def split_changes(task: Task, changes: dict[str, bytes | str | None]) -> tuple[dict[str, bytes | str | None], list[str]]:
+def split_changes(
+    task: Task, changes: dict[str, bytes | str | None]
+) -> tuple[dict[str, bytes | str | None], list[str]]:
     kept = {p: d for p, d in changes.items() if not is_protected(task, p)}
     return kept, sorted(p for p in changes if p not in kept)
 
@@ -176,8 +188,12 @@ def _run(task: Task, kept: dict, tests: dict[str, str], n_tests: int, mode: Mode
         try:
             xml = sandbox.read_file(junit)
         except OSError:
-            return Score(0.0, reason=f"no junit report (exit code {result.exit_code})", exit_code=result.exit_code,
-                         outcome="not scored")
+            return Score(
+                0.0,
+                reason=f"no junit report (exit code {result.exit_code})",
+                exit_code=result.exit_code,
+                outcome="not scored",
+            )
     finally:
         for sandbox in sandboxes:
             sandbox.close()
@@ -188,7 +204,9 @@ def _run(task: Task, kept: dict, tests: dict[str, str], n_tests: int, mode: Mode
     except ET.ParseError as e:
         return Score(0.0, reason=f"malformed junit report: {e}", exit_code=result.exit_code, outcome="not scored")
     score = _tally(Score(0.0, passed, failed, errors, skipped, exit_code=result.exit_code), n_tests, mode)
-    if score.reward == 1.0 and result.exit_code != 0:  # a report of all passes from a failed run was written by someone else
+    if (
+        score.reward == 1.0 and result.exit_code != 0
+    ):  # a report of all passes from a failed run was written by someone else
         score.reward, score.outcome = 0.0, "not scored"
         score.reason = f"all {score.passed} tests passed in the report but the runner exited {result.exit_code}"
     return score
@@ -221,8 +239,13 @@ def _tally(score: Score, n_tests: int, mode: Mode) -> Score:
     return score
 
 
-def check(task: Task, changes: dict[str, bytes | str | None], mode: Mode = "binary", perturbed: bool = True,
-          limits: Limits | None = None) -> Score:
+def check(
+    task: Task,
+    changes: dict[str, bytes | str | None],
+    mode: Mode = "binary",
+    perturbed: bool = True,
+    limits: Limits | None = None,
+) -> Score:
     """Score `changes` (relative path -> new content, None = deleted) against `task`'s hidden tests."""
     start = time.perf_counter()
     kept, dropped = split_changes(task, source_changes(changes))
@@ -231,7 +254,11 @@ def check(task: Task, changes: dict[str, bytes | str | None], mode: Mode = "bina
         score = _run(task, kept, task.hidden_tests, task.metadata.get("n_tests", 0), mode, limits)
         if perturbed and task.perturbed_tests and score.reward > 0:  # special-casing only matters if it paid
             other = _run(task, kept, task.perturbed_tests, task.metadata.get("n_perturbed_tests", 0), mode, limits)
-            score.perturbed_reward, score.perturbed_reason, score.perturbed_outcome = other.reward, other.reason, other.outcome
+            score.perturbed_reward, score.perturbed_reason, score.perturbed_outcome = (
+                other.reward,
+                other.reason,
+                other.outcome,
+            )
     except Exception as e:  # the process boundary of scoring: a broken run is reward 0, never a crash
         score = Score(0.0, reason=f"checker error: {type(e).__name__}: {e}", outcome="not scored")
     score.dropped_paths = dropped

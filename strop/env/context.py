@@ -27,9 +27,11 @@ from strop.env.tools import describe_call
 
 Strategy = Literal["none", "summarize", "truncation", "masking", "compaction"]
 STRATEGIES: tuple[str, ...] = ("none", "summarize", "truncation", "masking", "compaction")
-SUMMARY_REQUEST = ("Your context window is full and will be reset now. Write a summary for yourself to continue "
-                   "from: the facts you found that later steps need (exact values and file names), what is done and "
-                   "what is left. Do not call tools; your summary replaces this conversation.")
+SUMMARY_REQUEST = (
+    "Your context window is full and will be reset now. Write a summary for yourself to continue "
+    "from: the facts you found that later steps need (exact values and file names), what is done and "
+    "what is left. Do not call tools; your summary replaces this conversation."
+)
 SUMMARY_HEADER = "Summary of your work before the context reset:"
 MASKED = "[old tool output omitted]"
 COMPACTION_HEADER = "Context reset. Tool calls so far, oldest first:"
@@ -69,10 +71,14 @@ def mask(history: list[dict], keep_recent: int, room: int, count: Count) -> list
 def compact(tool_calls: list[dict], keep_recent: int, room: int, count: Count) -> list[dict]:
     """One user note: every call of the episode (`Episode.tool_calls`), one line each, and the last
     `keep_recent` outputs in full; the oldest lines go first when the note would not fit."""
-    lines = [f"{i + 1}. {describe_call(c['name'], c['arguments'])}" + (" (rejected)" if c.get("error") else "")
-             for i, c in enumerate(tool_calls)]
-    recent = [f"Output of {describe_call(c['name'], c['arguments'])}:\n{c['output']}"
-              for c in (tool_calls[-keep_recent:] if keep_recent else [])]
+    lines = [
+        f"{i + 1}. {describe_call(c['name'], c['arguments'])}" + (" (rejected)" if c.get("error") else "")
+        for i, c in enumerate(tool_calls)
+    ]
+    recent = [
+        f"Output of {describe_call(c['name'], c['arguments'])}:\n{c['output']}"
+        for c in (tool_calls[-keep_recent:] if keep_recent else [])
+    ]
     while True:
         note = [{"role": "user", "content": "\n".join([COMPACTION_HEADER, *lines, "", *recent]).strip()}]
         if count(note) <= room or not (lines or recent):
@@ -91,8 +97,9 @@ def summary_state(summary: str, history: list[dict], tail_turns: int, room: int,
     return note + truncate([m for t in tail for m in t], room - count(note), count)
 
 
-def carry(strategy: Strategy, history: list[dict], tool_calls: list[dict], keep_recent: int, room: int,
-          count: Count) -> list[dict]:
+def carry(
+    strategy: Strategy, history: list[dict], tool_calls: list[dict], keep_recent: int, room: int, count: Count
+) -> list[dict]:
     """The carried state of a message-only strategy (truncation, masking, compaction)."""
     if strategy == "truncation":
         return truncate(history, room, count)

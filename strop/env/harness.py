@@ -48,9 +48,19 @@ from strop.env.task import Task
 from strop.env.tools import TOOLS, execute
 from strop.policy_api import PolicyClient, SamplingParams
 
-SYSTEM_PROMPT = f"You are a coding agent in the repository {WORKDIR}. Use the tools to inspect and fix code, then call submit."
-STOP_REASONS = ("submitted", "no_tool_call", "max_turns", "context_full", "turn_too_long", "invalid_calls",
-                "policy_error", "error")
+SYSTEM_PROMPT = (
+    f"You are a coding agent in the repository {WORKDIR}. Use the tools to inspect and fix code, then call submit."
+)
+STOP_REASONS = (
+    "submitted",
+    "no_tool_call",
+    "max_turns",
+    "context_full",
+    "turn_too_long",
+    "invalid_calls",
+    "policy_error",
+    "error",
+)
 MIN_TURN_TOKENS = 16  # a window with less room than this cannot hold a useful turn
 SUMMARY_MESSAGE = {"role": "user", "content": SUMMARY_REQUEST}
 
@@ -73,8 +83,13 @@ class HarnessConfig:
 
 
 class Harness:
-    def __init__(self, tokenizer, config: HarnessConfig = HarnessConfig(), tools: list[dict] = TOOLS,
-                 on_message: Callable[[dict], None] | None = None):
+    def __init__(
+        self,
+        tokenizer,
+        config: HarnessConfig = HarnessConfig(),
+        tools: list[dict] = TOOLS,
+        on_message: Callable[[dict], None] | None = None,
+    ):
         self.tokenizer, self.config, self.tools = tokenizer, config, tools
         self.on_message = on_message  # sees every assistant and tool message as it is appended (progress output)
         self.stop_ids = tuple(tokenizer.convert_tokens_to_ids(t) for t in (IM_END, EOS))
@@ -110,9 +125,14 @@ class Harness:
     def run(self, policy: PolicyClient, sandbox: Sandbox, instruction: str, seed: int | None = None) -> Episode:
         cfg = self.config
         start = time.perf_counter()
-        episode = Episode(segments=[], messages=[{"role": "system", "content": cfg.system},
-                                                 {"role": "user", "content": instruction}],
-                          tool_calls=[], stop_reason="", turns=0, timings={"policy_s": 0.0, "tools_s": 0.0})
+        episode = Episode(
+            segments=[],
+            messages=[{"role": "system", "content": cfg.system}, {"role": "user", "content": instruction}],
+            tool_calls=[],
+            stop_reason="",
+            turns=0,
+            timings={"policy_s": 0.0, "tools_s": 0.0},
+        )
         try:
             episode.stop_reason = self._loop(policy, sandbox, episode, seed)
         except _PolicyError as e:
@@ -197,8 +217,9 @@ class Harness:
 
     def _params(self, max_tokens: int, seed: int | None) -> SamplingParams:
         cfg = self.config
-        return SamplingParams(max_tokens=max_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
-                              stop_token_ids=self.stop_ids, seed=seed)
+        return SamplingParams(
+            max_tokens=max_tokens, temperature=cfg.temperature, top_p=cfg.top_p, stop_token_ids=self.stop_ids, seed=seed
+        )
 
     def _generate(self, policy: PolicyClient, segment: Segment, params: SamplingParams, ep: Episode):
         """One policy call on the window, its tokens appended to `segment` as generated."""
@@ -228,21 +249,28 @@ class Harness:
         reserve = self._summary_room() if cfg.context_strategy == "summarize" else 0
         return n_tokens + cfg.max_turn_tokens + reserve > cfg.max_context
 
-    def _reset(self, policy: PolicyClient, ep: Episode, segment: Segment, pending_ids: list[int],
-               pending: list[dict], seed: int | None) -> Segment | None:
+    def _reset(
+        self,
+        policy: PolicyClient,
+        ep: Episode,
+        segment: Segment,
+        pending_ids: list[int],
+        pending: list[dict],
+        seed: int | None,
+    ) -> Segment | None:
         """Close the full window and open the next from system + task + the carried state; None when
         not even a short summary fits in what is left of the window."""
         cfg = self.config
         head = ep.messages[:2]  # the system message and the task
         room = cfg.max_context - cfg.max_turn_tokens - len(self.open_segment(head))
-        history = segment.messages[len(head):] + pending
+        history = segment.messages[len(head) :] + pending
         if cfg.context_strategy == "summarize":
             ask = self.encode_message(SUMMARY_MESSAGE) + self._encode(GENERATION_PROMPT)
-            observed = pending_ids[:-len(self._encode(GENERATION_PROMPT))]  # "\n" + the last turn's observations
+            observed = pending_ids[: -len(self._encode(GENERATION_PROMPT))]  # "\n" + the last turn's observations
             unseen: list[dict] = []
             if len(segment) + len(observed) + len(ask) + cfg.summary_tokens > cfg.max_context:
                 # the last observations ran long: summarize without them and carry that turn verbatim
-                unseen = turns(segment.messages[len(head):])[-1] + pending
+                unseen = turns(segment.messages[len(head) :])[-1] + pending
                 observed, pending = self._encode("\n"), []
             # bounded by summary_tokens, and by what is left of the window
             max_tokens = min(cfg.summary_tokens, cfg.max_context - len(segment) - len(observed) - len(ask))
@@ -260,8 +288,9 @@ class Harness:
             carried += truncate(unseen, room - self.count(carried), self.count)
         else:
             carried = carry(cfg.context_strategy, history, ep.tool_calls, cfg.keep_recent, room, self.count)
-        ep.resets.append({"turn": ep.turns, "calls": len(ep.tool_calls), "carried": carried,
-                          "carried_tokens": self.count(carried)})
+        ep.resets.append(
+            {"turn": ep.turns, "calls": len(ep.tool_calls), "carried": carried, "carried_tokens": self.count(carried)}
+        )
         return self.open_segment(head + carried)
 
     def _append(self, ep: Episode, window: list[dict] | None, messages: list[dict]) -> None:
@@ -277,8 +306,9 @@ class _PolicyError(Exception):
     pass
 
 
-def run_task(harness: Harness, policy: PolicyClient, task: Task, limits: Limits = Limits(),
-             seed: int | None = None) -> tuple[Episode, dict[str, bytes | None]]:
+def run_task(
+    harness: Harness, policy: PolicyClient, task: Task, limits: Limits = Limits(), seed: int | None = None
+) -> tuple[Episode, dict[str, bytes | None]]:
     """One episode on `task` in a fresh sandbox over its starting repository; returns the episode
     and the workspace changes (relative path -> bytes, None = deleted) for the checker."""
     from strop.env.checker import materialize

@@ -95,8 +95,11 @@ class DemonstratorMix:
             wrong += [{**s, "kind": "suspect"} for s in task.metadata.get("suspect_edits", []) if s["before"]]
         if rng.random() < self.misremember and (slip := misremembered(task, rng)) is not None:
             wrong.append(slip)
-        return DemoStyle(careful=careful, run_tests=self.run_tests and careful,
-                         wrong=tuple(wrong[: self.max_wrong if careful else 1]))
+        return DemoStyle(
+            careful=careful,
+            run_tests=self.run_tests and careful,
+            wrong=tuple(wrong[: self.max_wrong if careful else 1]),
+        )
 
 
 def _slips(old: str, rng: Random) -> list[str]:
@@ -108,8 +111,11 @@ def _slips(old: str, rng: Random) -> list[str]:
     spots = [m for m in re.finditer(r" ?([=<>+\-*/%,]) ?", old)]
     if spots:
         m = rng.choice(spots)
-        out.append(old[: m.start()] + m.group(1) + old[m.end():] if m.group(0) != m.group(1) else
-                   old[: m.start()] + f" {m.group(1)} " + old[m.end():])
+        out.append(
+            old[: m.start()] + m.group(1) + old[m.end() :]
+            if m.group(0) != m.group(1)
+            else old[: m.start()] + f" {m.group(1)} " + old[m.end() :]
+        )
     return out
 
 
@@ -138,8 +144,13 @@ def plan(task: Task, style: DemoStyle = DemoStyle()) -> list[dict]:
     named_tests = [p for p in task.files if _TEST_FILE.search(p) and p in task.instruction]
     if first not in task.instruction:
         if function and function not in task.instruction and named_tests:  # the failing test names it
-            turns.append(_call("Let me run the failing tests.", "run",
-                               command=f"python -m pytest -q --tb=no {named_tests[0]} | grep FAILED"))
+            turns.append(
+                _call(
+                    "Let me run the failing tests.",
+                    "run",
+                    command=f"python -m pytest -q --tb=no {named_tests[0]} | grep FAILED",
+                )
+            )
         if function:
             turns.append(_call(f"Let me find `{function}`.", "grep", pattern=f"def {function}\\("))
         else:
@@ -154,8 +165,9 @@ def plan(task: Task, style: DemoStyle = DemoStyle()) -> list[dict]:
                 at = text.find(edit["old"])
                 line = text.count("\n", 0, max(at, 0)) + 1
                 end = line + edit["old"].count("\n") + CONTEXT_LINES
-                turns.append(_call(f"I'll read `{path}`.", "read_file", path=path, start=max(1, line - CONTEXT_LINES),
-                                   end=end))
+                turns.append(
+                    _call(f"I'll read `{path}`.", "read_file", path=path, start=max(1, line - CONTEXT_LINES), end=end)
+                )
         say = FIRST_EDIT if i == 0 else "And this part."
         if i == 0:
             for wrong in style.attempts:
@@ -195,13 +207,18 @@ class ScriptedClient:
         ids = self.tokenizer.encode(text if text.endswith(IM_END) else text + IM_END, add_special_tokens=False)
         finish = "stop" if len(ids) <= params.max_tokens else "length"
         ids = ids[: params.max_tokens]
-        return Generation(ids, [0.0] * len(ids), [self.version] * len(ids),
-                          self.tokenizer.decode(ids, skip_special_tokens=False), finish_reason=finish)
+        return Generation(
+            ids,
+            [0.0] * len(ids),
+            [self.version] * len(ids),
+            self.tokenizer.decode(ids, skip_special_tokens=False),
+            finish_reason=finish,
+        )
 
 
 def assistant_text(message: dict) -> str:
     """What a policy generates for `message`: its rendering after the generation prompt, through <|im_end|>."""
-    return render_message(message)[len(GENERATION_PROMPT):-1]
+    return render_message(message)[len(GENERATION_PROMPT) : -1]
 
 
 def oracle_client(task: Task, tokenizer, style: DemoStyle = DemoStyle()):
@@ -214,15 +231,27 @@ def oracle_client(task: Task, tokenizer, style: DemoStyle = DemoStyle()):
     return ScriptedClient([assistant_text(m) for m in plan(task, style)], tokenizer)
 
 
-def oracle_episode(task: Task, tokenizer, config: HarnessConfig = HarnessConfig(), limits: Limits = Limits(),
-                   style: DemoStyle = DemoStyle()) -> tuple[Episode, dict[str, bytes | None]]:
+def oracle_episode(
+    task: Task,
+    tokenizer,
+    config: HarnessConfig = HarnessConfig(),
+    limits: Limits = Limits(),
+    style: DemoStyle = DemoStyle(),
+) -> tuple[Episode, dict[str, bytes | None]]:
     """The demonstrator's episode on `task` through the real harness, tools and sandbox, and its changes."""
     return run_task(Harness(tokenizer, config), oracle_client(task, tokenizer, style), task, limits)
 
 
-def solve(tasks: list[Task], tokenizer, config: HarnessConfig = HarnessConfig(), check: bool = True,
-          progress: Callable[[int, dict], None] | None = None, mix: DemonstratorMix = DemonstratorMix(),
-          workers: int = 1, seed: int = 0) -> dict:
+def solve(
+    tasks: list[Task],
+    tokenizer,
+    config: HarnessConfig = HarnessConfig(),
+    check: bool = True,
+    progress: Callable[[int, dict], None] | None = None,
+    mix: DemonstratorMix = DemonstratorMix(),
+    workers: int = 1,
+    seed: int = 0,
+) -> dict:
     """Run the demonstrator on `tasks`, each in a style drawn from `mix` (seeded by `seed` and the
     task id), and score each episode with the real checker (unless `check` is False; then "solved"
     means submitted). `workers` episodes run at once (threads: their sandboxes and checker runs are
@@ -244,14 +273,31 @@ def solve(tasks: list[Task], tokenizer, config: HarnessConfig = HarnessConfig(),
             score = check_changes(task, changes, perturbed=False)
             reward, reason = score.reward, score.reason
         wrong = len(style.attempts)
-        return task, episode, {"id": task.id, "difficulty": task.metadata.get("difficulty"), "reward": reward,
-                               "stop_reason": episode.stop_reason, "reason": reason, "episode_s": episode_s,
-                               "tokens": max((len(s) for s in episode.segments), default=0),
-                               "careful": style.careful, "wrong": wrong,
-                               "as_planned": rejected_as_planned(episode, style)}
+        return (
+            task,
+            episode,
+            {
+                "id": task.id,
+                "difficulty": task.metadata.get("difficulty"),
+                "reward": reward,
+                "stop_reason": episode.stop_reason,
+                "reason": reason,
+                "episode_s": episode_s,
+                "tokens": max((len(s) for s in episode.segments), default=0),
+                "careful": style.careful,
+                "wrong": wrong,
+                "as_planned": rejected_as_planned(episode, style),
+            },
+        )
 
-    report: dict = {"tasks": len(tasks), "solved": 0, "stop_reasons": {}, "results": [], "episodes": {},
-                    "styles": {"careful": 0, "wrong_first": 0, "recovered": 0, "gave_up": 0, "off_plan": 0}}
+    report: dict = {
+        "tasks": len(tasks),
+        "solved": 0,
+        "stop_reasons": {},
+        "results": [],
+        "episodes": {},
+        "styles": {"careful": 0, "wrong_first": 0, "recovered": 0, "gave_up": 0, "off_plan": 0},
+    }
     styles = report["styles"]
     with ThreadPoolExecutor(workers) as pool:
         for i, (task, episode, result) in enumerate(pool.map(one, tasks)):
@@ -274,9 +320,18 @@ def solve(tasks: list[Task], tokenizer, config: HarnessConfig = HarnessConfig(),
     return report
 
 
-def oracle_traces(suite: str, split: str, tokenizer, limit: int | None = None, config: HarnessConfig = HarnessConfig(),
-                  check: bool = True, mix: DemonstratorMix = DemonstratorMix(), workers: int = 1,
-                  difficulties: list[int] | None = None, seed: int = 0) -> tuple[list[Episode], dict]:
+def oracle_traces(
+    suite: str,
+    split: str,
+    tokenizer,
+    limit: int | None = None,
+    config: HarnessConfig = HarnessConfig(),
+    check: bool = True,
+    mix: DemonstratorMix = DemonstratorMix(),
+    workers: int = 1,
+    difficulties: list[int] | None = None,
+    seed: int = 0,
+) -> tuple[list[Episode], dict]:
     """SFT warm-start demonstrations: the demonstrator's episodes (styles drawn from `mix`) on up to
     `limit` tasks of a suite split (of the given `difficulties`, all when None; interleaved) that the
     checker scores 1.0 — or, with `check=False`, that submitted, as unfiltered logs would hold them:
@@ -284,20 +339,32 @@ def oracle_traces(suite: str, split: str, tokenizer, limit: int | None = None, c
     with loss on the demonstrator's turns only. Also returns the run's `styles` counts."""
     from strop.env.suites import load_suite, split_name
 
-    if split_name(suite)[0] == "synthetic":  # it generates tasks per difficulty, `limit` of each: only as many as needed
+    if (
+        split_name(suite)[0] == "synthetic"
+    ):  # it generates tasks per difficulty, `limit` of each: only as many as needed
         chosen = difficulties or [1, 2, 3]
         per = None if limit is None else -(-limit // len(chosen))
         tasks = [t for d in chosen for t in load_suite(suite, split, difficulty=d, limit=per)]
     else:
-        tasks = [t for t in load_suite(suite, split) if not difficulties or t.metadata.get("difficulty") in difficulties]
+        tasks = [
+            t for t in load_suite(suite, split) if not difficulties or t.metadata.get("difficulty") in difficulties
+        ]
     by_difficulty: dict = {}
     for task in tasks:
         by_difficulty.setdefault(task.metadata.get("difficulty"), []).append(task)
     mixed = [t for group in itertools.zip_longest(*by_difficulty.values()) for t in group if t is not None]
     tasks = mixed[:limit]
     with tqdm(total=len(tasks), desc="demonstrations", unit="ep", dynamic_ncols=True) as bar:
-        report = solve(tasks, tokenizer, config, check=check, mix=mix, workers=workers, seed=seed,
-                       progress=lambda done, _: bar.update(done - bar.n))
+        report = solve(
+            tasks,
+            tokenizer,
+            config,
+            check=check,
+            mix=mix,
+            workers=workers,
+            seed=seed,
+            progress=lambda done, _: bar.update(done - bar.n),
+        )
     return list(report["episodes"].values()), report["styles"]
 
 
@@ -319,7 +386,9 @@ def run_oracle_episodes(n: int, tokenizer=None, suite: str = "synthetic", split:
     from strop.env.suites import load_suite, split_name
 
     tokenizer = tokenizer or default_tokenizer()
-    tasks = load_suite(suite, split, limit=-(-n // 3)) if split_name(suite)[0] == "synthetic" else load_suite(suite, split)
+    tasks = (
+        load_suite(suite, split, limit=-(-n // 3)) if split_name(suite)[0] == "synthetic" else load_suite(suite, split)
+    )
     tasks = (tasks * -(-n // max(len(tasks), 1)))[:n]
     harness = Harness(tokenizer)
     start = time.perf_counter()

@@ -70,7 +70,7 @@ def _parse(out: str) -> dict[str, str]:
     name = None
     for line in out.splitlines():
         if line.startswith(_SEP + " "):
-            name = line[len(_SEP) + 1:]
+            name = line[len(_SEP) + 1 :]
             res[name] = ""
         elif name is not None:
             res[name] += line + "\n"  # the blank line before the next separator is stripped below
@@ -85,8 +85,9 @@ def probe_sandbox(world: Path) -> dict[str, str]:
 
 
 def probe_host(world: Path, env: dict[str, str] | None = None) -> dict[str, str]:
-    out = subprocess.run(["bash", "-lc", _script()], cwd=world, env=env, capture_output=True, text=True,
-                         timeout=60).stdout
+    out = subprocess.run(
+        ["bash", "-lc", _script()], cwd=world, env=env, capture_output=True, text=True, timeout=60
+    ).stdout
     return _parse(out)
 
 

@@ -19,8 +19,7 @@ from strop.env.sandbox import Limits, Sandbox, open_sandbox
 
 
 class SandboxPool:
-    def __init__(self, world: Path, limits: Limits = Limits(), image: str = "/", warm: int = 2,
-                 max_active: int = 64):
+    def __init__(self, world: Path, limits: Limits = Limits(), image: str = "/", warm: int = 2, max_active: int = 64):
         assert warm >= 0 and max_active >= 1
         self.world, self.limits, self.image = Path(world), limits, image
         self._slots = threading.BoundedSemaphore(max_active)

@@ -55,9 +55,14 @@ class ExecResult:
 
 
 class Sandbox(Protocol):
-    def exec(self, cmd: str | list[str], timeout: float | None = None, stdin: str | None = None,
-             env: dict[str, str] | None = None,
-             on_output: Callable[[int, bytes], None] | None = None) -> ExecResult:
+    def exec(
+        self,
+        cmd: str | list[str],
+        timeout: float | None = None,
+        stdin: str | None = None,
+        env: dict[str, str] | None = None,
+        on_output: Callable[[int, bytes], None] | None = None,
+    ) -> ExecResult:
         """Run `cmd` (a shell string runs under `bash -lc`) in WORKDIR. `on_output(stream, data)`
         (stream 1 or 2), if given, also receives the output as it arrives, within the same cap."""
         ...

@@ -70,8 +70,7 @@ def _build(dest: Path, dists: list[metadata.Distribution]) -> None:
         elif (sp_src / top).exists():
             shutil.copy2(sp_src / top, sp / top)
     for script in ("pytest", "py.test"):
-        (dest / "bin" / script).write_text(
-            f"#!{src}/bin/python\nimport sys\nimport pytest\nsys.exit(pytest.main())\n")
+        (dest / "bin" / script).write_text(f"#!{src}/bin/python\nimport sys\nimport pytest\nsys.exit(pytest.main())\n")
         os.chmod(dest / "bin" / script, 0o755)
     os.chmod(dest, 0o755)
 

@@ -20,9 +20,16 @@ _SCHED_SETATTR_GETATTR = {"x86_64": (314, 315), "aarch64": (274, 275)}  # syscal
 
 
 class _SchedAttr(ctypes.Structure):  # struct sched_attr, first version (48 bytes)
-    _fields_ = [("size", ctypes.c_uint32), ("policy", ctypes.c_uint32), ("flags", ctypes.c_uint64),
-                ("nice", ctypes.c_int32), ("priority", ctypes.c_uint32), ("runtime", ctypes.c_uint64),
-                ("deadline", ctypes.c_uint64), ("period", ctypes.c_uint64)]
+    _fields_ = [
+        ("size", ctypes.c_uint32),
+        ("policy", ctypes.c_uint32),
+        ("flags", ctypes.c_uint64),
+        ("nice", ctypes.c_int32),
+        ("priority", ctypes.c_uint32),
+        ("runtime", ctypes.c_uint64),
+        ("deadline", ctypes.c_uint64),
+        ("period", ctypes.c_uint64),
+    ]
 
 
 def request_short_slice() -> None:
@@ -37,5 +44,7 @@ def request_short_slice() -> None:
         return  # real-time or deadline: slices do not apply
     attr.size, attr.flags, attr.runtime = ctypes.sizeof(attr), attr.flags & 1, SLICE_NS  # 1: RESET_ON_FORK
     if libc.syscall(nrs[0], 0, ctypes.byref(attr), 0) != 0:
-        warnings.warn(f"sched_setattr failed ({os.strerror(ctypes.get_errno())}): sandboxes start "
-                      "slower on a busy machine", stacklevel=2)
+        warnings.warn(
+            f"sched_setattr failed ({os.strerror(ctypes.get_errno())}): sandboxes start slower on a busy machine",
+            stacklevel=2,
+        )

@@ -35,8 +35,7 @@ class Segment:
         self.versions += [-1] * n
         self.routing += [None] * n
 
-    def add_generated(self, ids: list[int], logprobs: list[float], versions: list[int],
-                      routing: list | None) -> None:
+    def add_generated(self, ids: list[int], logprobs: list[float], versions: list[int], routing: list | None) -> None:
         n = len(ids)
         assert len(logprobs) == n and len(versions) == n, "policy returned misaligned token data"
         assert routing is None or len(routing) == n, "policy returned misaligned routing"

@@ -27,8 +27,22 @@ class Task:
     instruction: str
     files: dict[str, str]
     hidden_tests: dict[str, str]
-    test_command: list[str] = field(default_factory=lambda: ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml=$STROP_JUNIT"])
-    protected: list[str] = field(default_factory=lambda: ["test_*.py", "tests/**", "**/test_*.py", "conftest.py", "**/conftest.py", "pytest.ini", "setup.cfg", "tox.ini", "pyproject.toml"])
+    test_command: list[str] = field(
+        default_factory=lambda: ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml=$STROP_JUNIT"]
+    )
+    protected: list[str] = field(
+        default_factory=lambda: [
+            "test_*.py",
+            "tests/**",
+            "**/test_*.py",
+            "conftest.py",
+            "**/conftest.py",
+            "pytest.ini",
+            "setup.cfg",
+            "tox.ini",
+            "pyproject.toml",
+        ]
+    )
     metadata: dict = field(default_factory=dict)  # family, difficulty (int), source, reference_edits
     perturbed_tests: dict[str, str] = field(default_factory=dict)
     grader: Literal["pytest", "values"] = "pytest"

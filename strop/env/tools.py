@@ -34,10 +34,13 @@ def _schema(name: str, description: str, properties: dict, required: list[str]) 
 
 _S, _I = {"type": "string"}, {"type": "integer"}
 TOOLS: list[dict] = [
-    _schema("read_file", "Show lines start..end of a file, numbered.",
-            {"path": _S, "start": _I, "end": _I}, ["path"]),
-    _schema("edit_file", "Replace exact text old (must be unique) by new.",
-            {"path": _S, "old": _S, "new": _S}, ["path", "old", "new"]),
+    _schema("read_file", "Show lines start..end of a file, numbered.", {"path": _S, "start": _I, "end": _I}, ["path"]),
+    _schema(
+        "edit_file",
+        "Replace exact text old (must be unique) by new.",
+        {"path": _S, "old": _S, "new": _S},
+        ["path", "old", "new"],
+    ),
     _schema("write_file", "Create or overwrite a file.", {"path": _S, "content": _S}, ["path", "content"]),
     _schema("list_dir", "List files (2 levels).", {"path": _S}, []),
     _schema("grep", "Search files for a regex.", {"pattern": _S, "path": _S}, ["pattern"]),
@@ -67,7 +70,7 @@ def clip(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     keep = max(limit - 40, 0)
-    head, tail = text[: keep // 2], text[len(text) - (keep - keep // 2):] if keep else ""
+    head, tail = text[: keep // 2], text[len(text) - (keep - keep // 2) :] if keep else ""
     return f"{head}\n[... {len(text) - len(head) - len(tail)} chars cut ...]\n{tail}"
 
 
@@ -146,7 +149,7 @@ def _edit_file(sb: Sandbox, path: str, old: str, new: str, *, limit: int) -> Too
     if count > 1:
         return _error(f"old text occurs {count} times in {path}; add context to make it unique")
     at = text.index(old)
-    _write_text(sb, path, text[:at] + new + text[at + len(old):])
+    _write_text(sb, path, text[:at] + new + text[at + len(old) :])
     first = text.count("\n", 0, at) + 1
     return ToolResult(f"edited {path} (line {first})")
 
@@ -194,8 +197,25 @@ def _command(sb: Sandbox, argv: list[str], limit: int, max_lines: int, empty: st
 
 def _list_dir(sb: Sandbox, path: str = ".", *, limit: int) -> ToolResult:
     # directories get a trailing "/"; hidden entries (.git, caches) are left out
-    argv = ["find", path, "-mindepth", "1", "-maxdepth", "2", "-name", ".*", "-prune", "-o",
-            "-type", "d", "-printf", "%P/\\n", "-o", "-printf", "%P\\n"]
+    argv = [
+        "find",
+        path,
+        "-mindepth",
+        "1",
+        "-maxdepth",
+        "2",
+        "-name",
+        ".*",
+        "-prune",
+        "-o",
+        "-type",
+        "d",
+        "-printf",
+        "%P/\\n",
+        "-o",
+        "-printf",
+        "%P\\n",
+    ]
     result = _command(sb, argv, limit, MAX_LIST_ENTRIES, f"({path} is empty)")
     if result.error is None and result.output != f"({path} is empty)":
         result.output = "\n".join(sorted(result.output.split("\n"), key=lambda l: (l.startswith("["), l)))
@@ -215,7 +235,9 @@ def _run(sb: Sandbox, command: str, timeout: int | None = None, *, limit: int) -
     result = sb.exec(command, timeout=wall)
     out = result.stdout + (("\n" if result.stdout and not result.stdout.endswith("\n") else "") + result.stderr)
     if result.timed_out:
-        return _error(f"command timed out after {wall:.0f} s" + (f"; output so far:\n{clip(out, limit)}" if out else ""))
+        return _error(
+            f"command timed out after {wall:.0f} s" + (f"; output so far:\n{clip(out, limit)}" if out else "")
+        )
     flags = " (workspace size limit exceeded)" if result.workspace_exceeded else ""
     cut = " (output capped)" if result.stdout_truncated or result.stderr_truncated else ""
     return ToolResult(f"exit code {result.exit_code}{flags}{cut}\n{clip(out.rstrip(), limit)}".rstrip())
@@ -225,8 +247,15 @@ def _submit(sb: Sandbox, *, limit: int) -> ToolResult:
     return ToolResult("submitted", submitted=True)
 
 
-_IMPL = {"read_file": _read_file, "edit_file": _edit_file, "write_file": _write_file, "list_dir": _list_dir,
-         "grep": _grep, "run": _run, "submit": _submit}
+_IMPL = {
+    "read_file": _read_file,
+    "edit_file": _edit_file,
+    "write_file": _write_file,
+    "list_dir": _list_dir,
+    "grep": _grep,
+    "run": _run,
+    "submit": _submit,
+}
 assert set(_IMPL) == set(_PARAMS)
 
 

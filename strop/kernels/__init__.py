@@ -50,19 +50,21 @@ def _build() -> ctypes.CDLL | None:
     if lib is None:
         return None
     P, I64, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-    for name, args in (("add_rmsnorm", [P] * 4 + [I64] * 2 + [F32]),
-                       ("linear_packed", [P, I64, P, I64, P, P, I64, I64]),
-                       ("silu_mul", [P, I64, P, I64, P, I64, I64]),
-                       ("silu_mul_backward", [P, I64, P, I64, P, P, I64, P, I64, P, I64, I64]),
-                       ("qk_norm_rope", [P, I64] + [P] * 5 + [I64] * 4 + [F32]),
-                       ("attention_rows", [P, I64] + [P] * 7 + [I64] * 6 + [F32]),
-                       ("route_softmax", [P, I64, P, P] + [I64] * 4),
-                       ("route_softmax_at", [P, I64, P, P] + [I64] * 4),
-                       ("moe_experts", [P] * 5 + [I64] + [P] * 6 + [I64] * 5),
-                       ("sample_top_p", [P] * 6 + [I64] * 2),
-                       ("softmax_rows", [P] * 2 + [I64] * 2),
-                       ("forward_rows_scratch", [P, I64, I64, P]),
-                       ("forward_rows", [P] * 3 + [I64, P, I64] + [P] * 7)):
+    for name, args in (
+        ("add_rmsnorm", [P] * 4 + [I64] * 2 + [F32]),
+        ("linear_packed", [P, I64, P, I64, P, P, I64, I64]),
+        ("silu_mul", [P, I64, P, I64, P, I64, I64]),
+        ("silu_mul_backward", [P, I64, P, I64, P, P, I64, P, I64, P, I64, I64]),
+        ("qk_norm_rope", [P, I64] + [P] * 5 + [I64] * 4 + [F32]),
+        ("attention_rows", [P, I64] + [P] * 7 + [I64] * 6 + [F32]),
+        ("route_softmax", [P, I64, P, P] + [I64] * 4),
+        ("route_softmax_at", [P, I64, P, P] + [I64] * 4),
+        ("moe_experts", [P] * 5 + [I64] + [P] * 6 + [I64] * 5),
+        ("sample_top_p", [P] * 6 + [I64] * 2),
+        ("softmax_rows", [P] * 2 + [I64] * 2),
+        ("forward_rows_scratch", [P, I64, I64, P]),
+        ("forward_rows", [P] * 3 + [I64, P, I64] + [P] * 7),
+    ):
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = None, args
     return lib
@@ -95,6 +97,7 @@ def _f32(t: torch.Tensor) -> torch.Tensor:
 
 
 # -- weights ---------------------------------------------------------------------------------------
+
 
 def is_bf16_exact(w: torch.Tensor) -> bool:
     """Whether every value of w is a bf16 value: a bf16 tensor, or fp32 whose low 16 bits are zero
@@ -136,8 +139,16 @@ def linear(x: torch.Tensor, w: Packed, bias: torch.Tensor | None = None) -> torc
     out = torch.empty(N, padded)
     if bias is not None and padded != w.n:
         bias = torch.cat([_f32(bias), bias.new_zeros(padded - w.n)])
-    _lib.linear_packed(x.data_ptr(), N, w.data.data_ptr(), int(w.bf16), _ptr(None if bias is None else _f32(bias)),
-                       out.data_ptr(), m, padded)
+    _lib.linear_packed(
+        x.data_ptr(),
+        N,
+        w.data.data_ptr(),
+        int(w.bf16),
+        _ptr(None if bias is None else _f32(bias)),
+        out.data_ptr(),
+        m,
+        padded,
+    )
     return out if padded == w.n else out[:, : w.n]
 
 
@@ -165,6 +176,7 @@ def experts_fit(gate_up_proj: torch.Tensor) -> bool:
 
 # -- row ops ---------------------------------------------------------------------------------------
 
+
 def rms_norm(h: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None) -> torch.Tensor:
     """RMSNorm(h) * weight [D] as a new [N, D] tensor; with `residual`, h += residual in place first
     (h must then be contiguous)."""
@@ -174,8 +186,15 @@ def rms_norm(h: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
         h = _f32(h)
     N, D = h.shape
     out = torch.empty(N, D)
-    _lib.add_rmsnorm(h.data_ptr(), _ptr(None if residual is None else _f32(residual)), _f32(weight).data_ptr(),
-                     out.data_ptr(), N, D, eps)
+    _lib.add_rmsnorm(
+        h.data_ptr(),
+        _ptr(None if residual is None else _f32(residual)),
+        _f32(weight).data_ptr(),
+        out.data_ptr(),
+        N,
+        D,
+        eps,
+    )
     return out
 
 
@@ -196,13 +215,32 @@ def silu_mul_backward(g: torch.Tensor, u: torch.Tensor, d_act: torch.Tensor, wit
     d_act = _f32(d_act)
     grads = torch.empty(N, 2 * I)
     act = torch.empty(N, I) if with_act else None
-    _lib.silu_mul_backward(g.data_ptr(), g.stride(0), u.data_ptr(), u.stride(0), d_act.data_ptr(), grads.data_ptr(),
-                           2 * I, grads[:, I:].data_ptr(), 2 * I, _ptr(act), N, I)
+    _lib.silu_mul_backward(
+        g.data_ptr(),
+        g.stride(0),
+        u.data_ptr(),
+        u.stride(0),
+        d_act.data_ptr(),
+        grads.data_ptr(),
+        2 * I,
+        grads[:, I:].data_ptr(),
+        2 * I,
+        _ptr(act),
+        N,
+        I,
+    )
     return (grads, act) if with_act else grads
 
 
-def qk_norm_rope(src: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 positions: torch.Tensor, n_q: int, eps: float) -> torch.Tensor:
+def qk_norm_rope(
+    src: torch.Tensor,
+    weight: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    positions: torch.Tensor,
+    n_q: int,
+    eps: float,
+) -> torch.Tensor:
     """Per-head RMSNorm (weight [nq + nk, d]) and rotation by position (tables cos, sin [P, d], sin
     carrying the rotate-half sign) of rows src [N, (nq + nk) d] (row stride free): [N, nq + nk, d]."""
     assert src.dtype == torch.float32 and src.stride(1) == 1 and positions.dtype == torch.int64
@@ -210,13 +248,32 @@ def qk_norm_rope(src: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin
     N = src.shape[0]
     assert src.shape[1] == heads * d
     out = torch.empty(N, heads, d)
-    _lib.qk_norm_rope(src.data_ptr(), src.stride(0), _f32(weight).data_ptr(), cos.data_ptr(), sin.data_ptr(),
-                      positions.contiguous().data_ptr(), out.data_ptr(), N, n_q, heads - n_q, d, eps)
+    _lib.qk_norm_rope(
+        src.data_ptr(),
+        src.stride(0),
+        _f32(weight).data_ptr(),
+        cos.data_ptr(),
+        sin.data_ptr(),
+        positions.contiguous().data_ptr(),
+        out.data_ptr(),
+        N,
+        n_q,
+        heads - n_q,
+        d,
+        eps,
+    )
     return out
 
 
-def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-              positions: torch.Tensor, scale: float, with_lse: bool = False):
+def attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+    scale: float,
+    with_lse: bool = False,
+):
     """Query rows q [N, nq, dk] (row stride free) against keys 0..position of their cache slot
     (k_cache [S, nk, L, dk], v_cache [S, nk, L, dv]): [N, nq, dv], and with_lse the log of each
     query head's softmax denominator [N, nq]."""
@@ -228,9 +285,24 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slo
     out = torch.empty(N, n_q, dv)
     lse = torch.empty(N, n_q) if with_lse else None
     scores = _scratch("scores", L)
-    _lib.attention_rows(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
-                        slots.contiguous().data_ptr(), positions.contiguous().data_ptr(), out.data_ptr(), _ptr(lse),
-                        scores.data_ptr(), N, n_q, n_k, dk, dv, L, scale)
+    _lib.attention_rows(
+        q.data_ptr(),
+        q.stride(0),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        slots.contiguous().data_ptr(),
+        positions.contiguous().data_ptr(),
+        out.data_ptr(),
+        _ptr(lse),
+        scores.data_ptr(),
+        N,
+        n_q,
+        n_k,
+        dk,
+        dv,
+        L,
+        scale,
+    )
     return (out, lse) if with_lse else out
 
 
@@ -254,8 +326,14 @@ def route_softmax_at(logits: torch.Tensor, n_experts: int, ids: torch.Tensor, no
     return w
 
 
-def moe_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor,
-                down: torch.Tensor, save: bool = False):
+def moe_experts(
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    save: bool = False,
+):
     """sum_k weights[n, k] * down(silu(gate) * up)(x[n]) through expert ids[n, k]: [N, H] fp32; with
     `save` also (for a backward pass) the assignments (n * k + j) sorted by expert [N * k], their
     gate/up projections in that order [N * k, 2I] and every assignment's expert output [N * k, H]."""
@@ -271,13 +349,30 @@ def moe_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_
     gu_save = torch.empty(N * K, I2) if save else None
     order = torch.empty(N * K, dtype=torch.int64) if save else _scratch("moe_order", N * K, torch.int64)
     start = _scratch("moe_start", E + 1, torch.int64)
-    _lib.moe_experts(x.data_ptr(), ids.data_ptr(), w.data_ptr(), gate_up.data_ptr(), down.data_ptr(),
-                     int(gate_up.dtype == torch.bfloat16), out.data_ptr(), hbuf.data_ptr(), ybuf.data_ptr(),
-                     _ptr(gu_save), order.data_ptr(), start.data_ptr(), N, K, E, H, I2 // 2)
+    _lib.moe_experts(
+        x.data_ptr(),
+        ids.data_ptr(),
+        w.data_ptr(),
+        gate_up.data_ptr(),
+        down.data_ptr(),
+        int(gate_up.dtype == torch.bfloat16),
+        out.data_ptr(),
+        hbuf.data_ptr(),
+        ybuf.data_ptr(),
+        _ptr(gu_save),
+        order.data_ptr(),
+        start.data_ptr(),
+        N,
+        K,
+        E,
+        H,
+        I2 // 2,
+    )
     return (out, order, gu_save, ybuf) if save else out
 
 
 # -- sampling --------------------------------------------------------------------------------------
+
 
 def softmax(x: torch.Tensor) -> torch.Tensor:
     """Row softmax of fp32 x [N, V]; its exp is within 2 ulp of expf (torch's is within 1)."""
@@ -291,6 +386,7 @@ def sample_top_p(probs: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor) -> t
     """(token [N], p[token] / kept mass [N]) for probability rows [N, V], top_p [N] and u [N] in (0, 1]."""
     N, V = probs.shape
     tok, ratio, scratch = torch.empty(N, dtype=torch.int64), torch.empty(N), _scratch("sample", V)
-    _lib.sample_top_p(probs.data_ptr(), top_p.data_ptr(), u.data_ptr(), tok.data_ptr(), ratio.data_ptr(),
-                      scratch.data_ptr(), N, V)
+    _lib.sample_top_p(
+        probs.data_ptr(), top_p.data_ptr(), u.data_ptr(), tok.data_ptr(), ratio.data_ptr(), scratch.data_ptr(), N, V
+    )
     return tok, ratio

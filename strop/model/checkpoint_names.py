@@ -31,10 +31,14 @@ def fuse_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     for experts, proj in layers.items():
         n = len(proj["down_proj"])
         if any(sorted(proj[p]) != list(range(n)) for p in PROJECTIONS) or n == 0:
-            raise ValueError(f"{experts}: the checkpoint holds an incomplete set of experts "
-                             f"({', '.join(f'{len(proj[p])} {p}' for p in PROJECTIONS)})")
+            raise ValueError(
+                f"{experts}: the checkpoint holds an incomplete set of experts "
+                f"({', '.join(f'{len(proj[p])} {p}' for p in PROJECTIONS)})"
+            )
         try:
-            out[f"{experts}.gate_up_proj"] = torch.stack([torch.cat([proj["gate_proj"][e], proj["up_proj"][e]]) for e in range(n)])
+            out[f"{experts}.gate_up_proj"] = torch.stack(
+                [torch.cat([proj["gate_proj"][e], proj["up_proj"][e]]) for e in range(n)]
+            )
             out[f"{experts}.down_proj"] = torch.stack([proj["down_proj"][e] for e in range(n)])
         except RuntimeError as e:  # unequal shapes across experts or projections
             raise ValueError(f"{experts}: expert tensors of unequal shapes ({e})") from None

@@ -109,6 +109,7 @@ class Rows:
 
 # -- routers --------------------------------------------------------------------------------------
 
+
 def _is_sigmoid(gate) -> bool:
     return hasattr(gate, "e_score_correction_bias")  # DeepSeek-V3 style
 
@@ -139,6 +140,7 @@ def _through_gate_module(block, x: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
 # -- the model, over token rows -----------------------------------------------------------------
 
+
 def _norm(mod, x: torch.Tensor) -> torch.Tensor:
     return ops.rms_norm(x, mod.weight, mod.variance_epsilon)
 
@@ -165,8 +167,9 @@ def _mla_attention(model, li: int, attn, x: torch.Tensor, rows: Rows) -> torch.T
     if attn.q_lora_rank is None:
         q = ops.linear(x, attn.q_proj.weight)
     else:
-        q = ops.linear(_norm(attn.q_a_layernorm, ops.linear(x, attn.q_a_proj.weight, attn.q_a_proj.bias)),
-                       attn.q_b_proj.weight)
+        q = ops.linear(
+            _norm(attn.q_a_layernorm, ops.linear(x, attn.q_a_proj.weight, attn.q_a_proj.bias)), attn.q_b_proj.weight
+        )
     q_pass, q_rot = q.view(N, H, nope + rope).split([nope, rope], dim=-1)
     ckv = ops.linear(x, attn.kv_a_proj_with_mqa.weight, attn.kv_a_proj_with_mqa.bias)
     kv_nope, k_rot = ckv.split([attn.kv_lora_rank, rope], dim=-1)
@@ -222,6 +225,7 @@ def head(model, h: torch.Tensor) -> torch.Tensor:
 
 # -- the trainer's forward -----------------------------------------------------------------------
 
+
 def sequence_forward(model, input_ids: torch.Tensor) -> torch.Tensor:
     """The decoder over whole sequences input_ids [B, T] (right-padded): final hidden states
     [B, T, D] fp32, differentiable; MoE layers route through their gate modules."""
@@ -238,8 +242,17 @@ def sequence_forward(model, input_ids: torch.Tensor) -> torch.Tensor:
     return final_norm(model, h).view(B, T, -1)
 
 
-def _decoder_forward(model, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
-                     use_cache=None, output_router_logits=None, **kwargs):
+def _decoder_forward(
+    model,
+    input_ids=None,
+    attention_mask=None,
+    position_ids=None,
+    cache=None,
+    inputs_embeds=None,
+    use_cache=None,
+    output_router_logits=None,
+    **kwargs,
+):
     """`model.model.forward` under `deterministic_mode`: `sequence_forward` behind the HF decoder's
     signature, refusing what it does not compute."""
     from transformers.modeling_outputs import MoeModelOutputWithPast
@@ -247,8 +260,10 @@ def _decoder_forward(model, input_ids=None, attention_mask=None, position_ids=No
     if input_ids is None or inputs_embeds is not None:
         raise ValueError("deterministic mode takes input_ids")
     if cache is not None or use_cache or output_router_logits or kwargs:
-        raise ValueError("deterministic mode computes no KV cache, router logits or "
-                         f"{', '.join(sorted(k for k, v in kwargs.items() if v is not None)) or 'other outputs'}")
+        raise ValueError(
+            "deterministic mode computes no KV cache, router logits or "
+            f"{', '.join(sorted(k for k, v in kwargs.items() if v is not None)) or 'other outputs'}"
+        )
     if attention_mask is not None and not bool(attention_mask.bool().all()):
         raise ValueError("deterministic mode takes unpadded or right-padded batches without an attention mask")
     T = input_ids.shape[1]

@@ -115,6 +115,7 @@ def _grad(*tensors: torch.Tensor | None) -> bool:
 
 # -- linear ------------------------------------------------------------------------------------------
 
+
 class _Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias):
@@ -143,6 +144,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 # -- row-wise ops: kernel values, gradients of a torch reference -------------------------------------
+
 
 class _ReferenceGrad(torch.autograd.Function):
     """forward(kernel, reference, *inputs) = kernel(*inputs); backward = the gradient of
@@ -198,8 +200,14 @@ def silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return _SiluMul.apply(g, u) if _grad(g, u) else kernels.silu_mul(g, u)
 
 
-def qk_norm_rope(qk: torch.Tensor, weight: torch.Tensor, eps: float, rope: tuple[torch.Tensor, torch.Tensor],
-                 positions: torch.Tensor, n_q: int) -> torch.Tensor:
+def qk_norm_rope(
+    qk: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    positions: torch.Tensor,
+    n_q: int,
+) -> torch.Tensor:
     """Per-head RMSNorm (weight [heads, d]) then rotary rotation of rows qk [N, heads * d] (q heads
     first) by position; rope = (cos, sin) tables [P, d], sin carrying the rotate-half sign."""
     cos, sin = rope
@@ -209,8 +217,7 @@ def qk_norm_rope(qk: torch.Tensor, weight: torch.Tensor, eps: float, rope: tuple
         y = _rms_ref(x.view(-1, heads, d), w, eps)
         return y * cos[positions][:, None] + y.roll(d // 2, -1) * sin[positions][:, None]
 
-    return _row_op(lambda x, w: kernels.qk_norm_rope(x, fp32(w), cos, sin, positions, n_q, eps), reference,
-                   qk, weight)
+    return _row_op(lambda x, w: kernels.qk_norm_rope(x, fp32(w), cos, sin, positions, n_q, eps), reference, qk, weight)
 
 
 def sigmoid(x: torch.Tensor) -> torch.Tensor:
@@ -224,6 +231,7 @@ def sigmoid(x: torch.Tensor) -> torch.Tensor:
 
 
 # -- routing --------------------------------------------------------------------------------------
+
 
 def _softmax_weights_ref(logits, ids, n_experts, norm):
     w = torch.softmax(logits[:, :n_experts], dim=-1).gather(1, ids)
@@ -242,11 +250,15 @@ def route_softmax(logits: torch.Tensor, n_experts: int, k: int, norm: bool) -> t
 def route_softmax_at(logits: torch.Tensor, n_experts: int, ids: torch.Tensor, norm: bool) -> torch.Tensor:
     """`route_softmax`'s weights for given expert ids [N, k] (router replay, R3)."""
     ids = ids.long()
-    return _row_op(lambda lg: kernels.route_softmax_at(lg, n_experts, ids, norm),
-                   lambda lg: _softmax_weights_ref(lg, ids, n_experts, norm), logits)
+    return _row_op(
+        lambda lg: kernels.route_softmax_at(lg, n_experts, ids, norm),
+        lambda lg: _softmax_weights_ref(lg, ids, n_experts, norm),
+        logits,
+    )
 
 
 # -- attention ------------------------------------------------------------------------------------
+
 
 def _sequence_caches(k: torch.Tensor, v: torch.Tensor, B: int, T: int) -> list[torch.Tensor]:
     """Key and value rows [B * T, nk, d] laid out as B cache slots [B, nk, T, d]."""
@@ -279,8 +291,16 @@ class _SequenceAttention(torch.autograd.Function):
 
         k, v = (F.pad(c.repeat_interleave(nq // nk, 1), (0, d - c.shape[-1])) for c in (kc, vc))
         dq, dk_, dv_ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            heads(g.contiguous()), heads(q), k, v, heads(out), lse.view(B, T, nq).transpose(1, 2), 0.0, True,
-            scale=scale)
+            heads(g.contiguous()),
+            heads(q),
+            k,
+            v,
+            heads(out),
+            lse.view(B, T, nq).transpose(1, 2),
+            0.0,
+            True,
+            scale=scale,
+        )
 
         def rows(t, w):  # [B, nq, T, d] -> [B * T, nk, w], grouped heads summed
             return t[..., :w].reshape(B, nk, nq // nk, T, w).sum(2).transpose(1, 2).reshape(B * T, nk, w)
@@ -288,18 +308,22 @@ class _SequenceAttention(torch.autograd.Function):
         return dq[..., :dk].transpose(1, 2).reshape(B * T, nq, dk), rows(dk_, dk), rows(dv_, dv), None, None, None
 
 
-def sequence_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: int, length: int,
-                       scale: float) -> torch.Tensor:
+def sequence_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: int, length: int, scale: float
+) -> torch.Tensor:
     """Causal attention within `batch` sequences of `length` rows each (row b * length + t is
     position t of sequence b): q [N, nq, dk], k [N, nk, dk], v [N, nk, dv] -> [N, nq, dv]. Each query
     is computed as an engine computes it over its KV cache."""
     if _grad(q, k, v):
         return _SequenceAttention.apply(q.contiguous(), k, v, batch, length, scale)
     rows = torch.arange(batch * length)
-    return kernels.attention(q.contiguous(), *_sequence_caches(k, v, batch, length), rows // length, rows % length, scale)
+    return kernels.attention(
+        q.contiguous(), *_sequence_caches(k, v, batch, length), rows // length, rows % length, scale
+    )
 
 
 # -- experts --------------------------------------------------------------------------------------
+
 
 def packed_experts(experts) -> tuple[torch.Tensor, torch.Tensor]:
     """An HF experts module's projections packed for `kernels.moe_experts` (kept between calls)."""

@@ -23,7 +23,9 @@ def routing_flip_rate(engine_routing: torch.Tensor, trainer_routing: torch.Tenso
     return float((a != b).any(dim=-1).float().mean()) if a.numel() else 0.0
 
 
-def mismatch_metrics(engine_logprobs, trainer_logprobs, mask=None, engine_routing=None, trainer_routing=None) -> dict[str, float]:
+def mismatch_metrics(
+    engine_logprobs, trainer_logprobs, mask=None, engine_routing=None, trainer_routing=None
+) -> dict[str, float]:
     """Mismatch statistics over masked tokens; logprobs are same-shaped float tensors (any shape)."""
     e = torch.as_tensor(engine_logprobs, dtype=torch.float32)
     t = torch.as_tensor(trainer_logprobs, dtype=torch.float32).detach()
@@ -34,7 +36,9 @@ def mismatch_metrics(engine_logprobs, trainer_logprobs, mask=None, engine_routin
     e, t = e.reshape(-1), t.reshape(-1)
     out = {"tokens": float(e.numel())}
     if e.numel() == 0:
-        return out | {k: 0.0 for k in ("mean_abs_dlogp", "max_abs_dlogp", "k3", "ratio_outside_frac", "bitwise_equal_frac")}
+        return out | {
+            k: 0.0 for k in ("mean_abs_dlogp", "max_abs_dlogp", "k3", "ratio_outside_frac", "bitwise_equal_frac")
+        }
     d = (t - e).double()
     r = d.exp()
     out.update(
@@ -91,12 +95,12 @@ def engine_vs_trainer(model, completions) -> dict[str, dict[str, float]]:
             continue
         engine = torch.as_tensor(gen.routing).to(own.dtype)
         replay = own.clone()
-        replay[n: n + m] = engine
+        replay[n : n + m] = engine
         lp_replay, replayed = recompute(model, prompt_ids, gen.token_ids, routing=replay)
         for key, trainer_lp, trainer_routing in (("plain", None, own), ("replay", lp_replay, replayed)):
             if trainer_lp is not None:
                 rows[key][0].append(trainer_lp)
-            rows[key][1].append(trainer_routing[n: n + m])
+            rows[key][1].append(trainer_routing[n : n + m])
             rows[key][2].append(engine)
     e = torch.cat(engine_lp)
     out = {}

@@ -160,8 +160,11 @@ def load_balancing_loss(router_logits: tuple, top_k: int, sigmoid: bool = False,
         probs = probs / probs.sum(-1, keepdim=True)
         n_experts = probs.shape[-1]
         chosen = torch.topk(probs, top_k, dim=-1).indices
-        slots = all_sum(torch.zeros(n_experts, device=probs.device).scatter_add_(
-            0, chosen.reshape(-1), torch.ones(chosen.numel(), device=probs.device)))
+        slots = all_sum(
+            torch.zeros(n_experts, device=probs.device).scatter_add_(
+                0, chosen.reshape(-1), torch.ones(chosen.numel(), device=probs.device)
+            )
+        )
         tokens = slots.sum() / top_k
         total = total + n_experts * (slots / slots.sum() * probs.sum(0) / tokens).sum()
     return total / max(1, len(router_logits))

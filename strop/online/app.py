@@ -51,14 +51,32 @@ class RollbackRequest(_VersionBody):
 def completion_rows(request: Request, served: Served) -> list[CompletionRow]:
     key = request.scope.get("state", {}).get("key")
     now = time.time()
-    return [CompletionRow(served.id, i, now, key, served.endpoint, served.model, served.request, served.prompt_ids,
-                          c.token_ids, c.logprobs, c.versions, None if c.routing is None else c.routing.tolist(),
-                          c.versions[0] if c.versions else -1, c.finish_reason, c.text, served.latency_s)
-            for i, c in enumerate(served.outs)]
+    return [
+        CompletionRow(
+            served.id,
+            i,
+            now,
+            key,
+            served.endpoint,
+            served.model,
+            served.request,
+            served.prompt_ids,
+            c.token_ids,
+            c.logprobs,
+            c.versions,
+            None if c.routing is None else c.routing.tolist(),
+            c.versions[0] if c.versions else -1,
+            c.finish_reason,
+            c.text,
+            served.latency_s,
+        )
+        for i, c in enumerate(served.outs)
+    ]
 
 
-def create_serving_app(engine: Engine, model_name: str, keys: KeyFile | None, store: Store | None,
-                       versions: Versions | None) -> FastAPI:
+def create_serving_app(
+    engine: Engine, model_name: str, keys: KeyFile | None, store: Store | None, versions: Versions | None
+) -> FastAPI:
     """The app around an engine whose loop thread is running (see the module docstring)."""
 
     async def log(request: Request, served: Served) -> None:
@@ -70,22 +88,27 @@ def create_serving_app(engine: Engine, model_name: str, keys: KeyFile | None, st
     app = create_app(engine, model_name, path_updates=False, on_served=log if store is not None else None)
 
     if store is not None:
+
         @app.post("/v1/feedback")
         async def feedback(event: FeedbackEvent, request: Request):
             row = event.row(request.scope.get("state", {}).get("key"))
             status = await asyncio.wrap_future(store.add_feedback(row))
             if status == "unknown":
-                raise ClientError(404, f"no completion {event.completion_id!r} with choice {event.choice} was served here")
+                raise ClientError(
+                    404, f"no completion {event.completion_id!r} with choice {event.choice} was served here"
+                )
             if status == "conflict":
                 raise ClientError(409, f"event_id {event.event_id!r} was already used for a different event")
             return {"event_id": event.event_id, "status": status}
 
     if keys is not None and versions is not None:
+
         async def load(version: int, rollback: bool) -> dict:
             def load_and_apply() -> float:  # rebuilding and checking the tensors is CPU work: off the event loop
                 if not rollback and version < engine.version:  # the served one again: reloaded from the store
-                    raise ValueError(f"version {version} is older than the served {engine.version}; "
-                                     "use /weights/rollback to go back")
+                    raise ValueError(
+                        f"version {version} is older than the served {engine.version}; use /weights/rollback to go back"
+                    )
                 if rollback and version >= engine.version:
                     raise ValueError(f"a rollback goes to an older version than the served {engine.version}")
                 tensors = versions.tensors(version)

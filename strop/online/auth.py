@@ -68,7 +68,7 @@ class KeyFile:
         try:
             keys = [KeyEntry(**k) for k in raw["keys"]]
         except (KeyError, TypeError) as e:
-            raise ValueError(f"key file {path}: needs {{\"keys\": [{{name, sha256, scopes, ...}}]}} ({e})") from None
+            raise ValueError(f'key file {path}: needs {{"keys": [{{name, sha256, scopes, ...}}]}} ({e})') from None
         for k in keys:
             check_entry(k)
         names = [k.name for k in keys]
@@ -137,16 +137,21 @@ class Guard:
         kind, _, key = header.partition(" ")
         entry = self.by_hash.get(hash_key(key.strip())) if kind.lower() == "bearer" and key.strip() else None
         if entry is None:
-            return await _refuse(send, 401, "a valid API key is required (Authorization: Bearer KEY)",
-                                 [(b"www-authenticate", b"Bearer")])
+            return await _refuse(
+                send, 401, "a valid API key is required (Authorization: Bearer KEY)", [(b"www-authenticate", b"Bearer")]
+            )
         need = SCOPE_OF_PATH.get(scope["path"], "admin")
         if need not in entry.scopes:
             return await _refuse(send, 403, f"key {entry.name!r} lacks the {need!r} scope this endpoint needs")
         with self.lock:
             wait = self.buckets[entry.name].take()
         if wait > 0:
-            return await _refuse(send, 429, f"key {entry.name!r} is over its rate of {entry.rate_per_s:g} requests/s",
-                                 [(b"retry-after", str(math.ceil(wait)).encode())])
+            return await _refuse(
+                send,
+                429,
+                f"key {entry.name!r} is over its rate of {entry.rate_per_s:g} requests/s",
+                [(b"retry-after", str(math.ceil(wait)).encode())],
+            )
         scope.setdefault("state", {})["key"] = entry.name
         return await self.app(scope, receive, send)
 
@@ -154,7 +159,15 @@ class Guard:
 async def _refuse(send, status: int, message: str, headers: list | None = None) -> None:
     kind = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}[status]
     payload = json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
-                            *(headers or [])]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+                *(headers or []),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": payload})

@@ -28,13 +28,13 @@ import httpx
 import torch
 
 from strop.config import RLSection
-from strop.env.policy import generated_routing
 from strop.env.segment import Segment
 from strop.online.gates import GateSettings, compare, measure
 from strop.online.monitors import classify, monitor_rates
 from strop.online.rewards import RewardMap
 from strop.online.store import DeploymentRow, RatedCompletion, Store
 from strop.online.versions import Versions
+from strop.policy_api import generated_routing
 from strop.rl.advantages import make_samples
 from strop.rl.trajectory import Trajectory, TrajectoryGroup
 from strop.sync.apply import bits_view
@@ -65,8 +65,9 @@ def served(store: Store) -> DeploymentRow:
 def _post(s: CycleSettings, path: str, body: dict) -> list[dict]:
     out = []
     for url in s.engines:
-        r = httpx.post(url.rstrip("/") + path, json=body, headers={"Authorization": f"Bearer {s.admin_key}"},
-                       timeout=600)
+        r = httpx.post(
+            url.rstrip("/") + path, json=body, headers={"Authorization": f"Bearer {s.admin_key}"}, timeout=600
+        )
         if r.status_code != 200:
             raise ValueError(f"{url}{path} answered {r.status_code}: {r.text[:300]}")
         out.append(r.json())
@@ -82,8 +83,12 @@ def initialize(s: CycleSettings, store: Store) -> int:
     """Record the engines' served version as the initial deployment (once); returns the served version."""
     if store.deployments():
         return served(store).version
-    versions = {httpx.get(url.rstrip("/") + "/weights/version", headers={"Authorization": f"Bearer {s.admin_key}"},
-                          timeout=30).json()["version"] for url in s.engines}
+    versions = {
+        httpx.get(
+            url.rstrip("/") + "/weights/version", headers={"Authorization": f"Bearer {s.admin_key}"}, timeout=30
+        ).json()["version"]
+        for url in s.engines
+    }
     if len(versions) != 1:
         raise ValueError(f"the engines serve different versions {sorted(versions)}; bring them to one first")
     version = versions.pop()
@@ -108,14 +113,16 @@ def segment(rc: RatedCompletion) -> Segment:
     c = rc.completion
     seg = Segment(temperature=float(c.request.get("temperature", 1.0)))
     seg.add_forced(c.prompt_ids)
-    seg.add_generated(c.token_ids, c.logprobs, c.versions, generated_routing(c.routing, len(c.prompt_ids), len(c.token_ids)))
+    seg.add_generated(
+        c.token_ids, c.logprobs, c.versions, generated_routing(c.routing, len(c.prompt_ids), len(c.token_ids))
+    )
     return seg
 
 
 def trainer_for(s: CycleSettings, version: int):
     """The RL trainer at `version`: its kept fp32 state, or the store's bf16 weights widened."""
-    from strop.model.policy import is_moe, load_model
     from strop.data.tokenizer import load_tokenizer
+    from strop.model.policy import is_moe, load_model
     from strop.rl.orchestrator import router_replay
     from strop.rl.trainer import RLTrainer, no_replay
 
@@ -124,8 +131,9 @@ def trainer_for(s: CycleSettings, version: int):
     if not kept.is_file():
         model.load_state_dict({k: t.float() for k, t in Versions(s.weights).tensors(version).items()})
     pad_id = load_tokenizer(s.checkpoint).pad_token_id
-    trainer = RLTrainer(model, s.rl, pad_id=pad_id, replay_ctx=router_replay if is_moe(model) else no_replay,
-                        version=version)
+    trainer = RLTrainer(
+        model, s.rl, pad_id=pad_id, replay_ctx=router_replay if is_moe(model) else no_replay, version=version
+    )
     if kept.is_file():
         trainer.load_state_dict(torch.load(kept, weights_only=False))
         trainer.version = version
@@ -145,8 +153,10 @@ def publish(s: CycleSettings, state: dict[str, torch.Tensor]) -> int:
 
 def traffic_monitors(store: Store, version: int, after: float, through: float) -> dict:
     """The monitors on what `version` served in (`after`, `through`]."""
-    replies = [classify(c.text, {t["function"]["name"] for t in c.request.get("tools") or []})
-               for c in store.completions_of(version, after, through)]
+    replies = [
+        classify(c.text, {t["function"]["name"] for t in c.request.get("tools") or []})
+        for c in store.completions_of(version, after, through)
+    ]
     return monitor_rates(replies)
 
 
@@ -163,34 +173,59 @@ def figures_of(s: CycleSettings, store: Store, version: int) -> dict:
     return known_figures(store, version) or measure(str(version_dir(s, version)), s.gates)
 
 
-def run_cycle(s: CycleSettings, store: Store, reward_of: Callable[[RatedCompletion], float] | None = None,
-              log: Callable[[str], None] = lambda line: None) -> dict:
+def run_cycle(
+    s: CycleSettings,
+    store: Store,
+    reward_of: Callable[[RatedCompletion], float] | None = None,
+    log: Callable[[str], None] = lambda line: None,
+) -> dict:
     """One cycle (see the module docstring); returns its report. `reward_of` replaces the reward
     map (the simulation's deliberately harmful update uses it)."""
     reward_of = reward_of or (lambda rc: s.rewards(rc.kind, rc.value))
     t0 = time.perf_counter()
     now = served(store)
     after, through = store.deployments()[-1].through, time.time()
-    rated = [rc for rc in store.rated(after, through, now.version - s.max_staleness, now.version)
-             if float(rc.completion.request.get("temperature", 1.0)) > 0]  # greedy replies sampled no distribution
-    report = {"served": now.version, "rated": len(rated), "traffic_monitors": traffic_monitors(store, now.version, after, through)}
+    rated = [
+        rc
+        for rc in store.rated(after, through, now.version - s.max_staleness, now.version)
+        if float(rc.completion.request.get("temperature", 1.0)) > 0
+    ]  # greedy replies sampled no distribution
+    report = {
+        "served": now.version,
+        "rated": len(rated),
+        "traffic_monitors": traffic_monitors(store, now.version, after, through),
+    }
     if len(rated) < s.min_rated:
         return {**report, "status": "waiting", "why": f"{len(rated)} new ratings, fewer than {s.min_rated}"}
     rewards = [reward_of(rc) for rc in rated]
-    trajs = [Trajectory(rc.completion.id, "online", i, [segment(rc)], r) for i, (rc, r) in enumerate(zip(rated, rewards))]
-    samples = make_samples([TrajectoryGroup("online", "online", len(trajs), trajs)], dr_grpo=s.rl.dr_grpo,
-                           norm_tokens=s.rl.dr_grpo_norm_tokens)
+    trajs = [
+        Trajectory(rc.completion.id, "online", i, [segment(rc)], r) for i, (rc, r) in enumerate(zip(rated, rewards))
+    ]
+    samples = make_samples(
+        [TrajectoryGroup("online", "online", len(trajs), trajs)],
+        dr_grpo=s.rl.dr_grpo,
+        norm_tokens=s.rl.dr_grpo_norm_tokens,
+    )
     trainer = trainer_for(s, now.version)
     step = trainer.step(samples)
     candidate = publish(s, trainer.bf16_state_dict())
-    log(f"[online] trained v{candidate} from v{now.version} on {len(rated)} ratings (reward {sum(rewards) / len(rewards):+.3f}); gating")
+    log(
+        f"[online] trained v{candidate} from v{now.version} on {len(rated)} ratings "
+        f"(reward {sum(rewards) / len(rewards):+.3f}); gating"
+    )
     current = figures_of(s, store, now.version)
     cand = measure(str(version_dir(s, candidate)), s.gates)
     gates = compare(current, cand)
     failed = sorted(name for name, g in gates.items() if not g["passed"])
-    report.update(candidate=candidate, reward_mean=round(sum(rewards) / len(rewards), 4),
-                  train={k: step[k] for k in ("loss", "grad_norm", "clip_frac", "trunc_frac", "ratio_mean", "step_s")},
-                  gates=gates, failed_gates=failed, candidate_figures=cand, current_figures=current)
+    report.update(
+        candidate=candidate,
+        reward_mean=round(sum(rewards) / len(rewards), 4),
+        train={k: step[k] for k in ("loss", "grad_norm", "clip_frac", "trunc_frac", "ratio_mean", "step_s")},
+        gates=gates,
+        failed_gates=failed,
+        candidate_figures=cand,
+        current_figures=current,
+    )
     if failed:
         report.update(status="refused", served_figures=current)
         _record(store, "refused", now.version, candidate, through, report)
@@ -199,8 +234,9 @@ def run_cycle(s: CycleSettings, store: Store, reward_of: Callable[[RatedCompleti
         state = trainer.state_dict()
         (s.run_dir / "trainer").mkdir(parents=True, exist_ok=True)
         torch.save({**state, "version": candidate}, s.run_dir / "trainer" / f"v{candidate}.pt")
-        report.update(status="promoted", served_figures=cand,
-                      engines=_post(s, "/weights/update", {"version": candidate}))
+        report.update(
+            status="promoted", served_figures=cand, engines=_post(s, "/weights/update", {"version": candidate})
+        )
         _record(store, "promoted", candidate, candidate, through, report)
         log(f"[online] v{candidate} promoted to {len(s.engines)} engine(s)")
     report["wall_s"] = round(time.perf_counter() - t0, 1)

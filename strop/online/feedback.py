@@ -36,10 +36,12 @@ class FeedbackEvent(BaseModel):
     @model_validator(mode="after")
     def _value_fits_kind(self) -> "FeedbackEvent":
         if self.value not in VALUES[self.kind]:
-            raise ValueError(f"a {self.kind!r} event's value is one of {' / '.join(VALUES[self.kind])}, "
-                             f"not {self.value!r}")
+            raise ValueError(
+                f"a {self.kind!r} event's value is one of {' / '.join(VALUES[self.kind])}, not {self.value!r}"
+            )
         return self
 
     def row(self, key_name: str | None) -> FeedbackRow:
-        return FeedbackRow(self.event_id, self.completion_id, self.choice, self.kind, self.value, self.text,
-                           key_name, time.time())
+        return FeedbackRow(
+            self.event_id, self.completion_id, self.choice, self.kind, self.value, self.text, key_name, time.time()
+        )

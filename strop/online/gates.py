@@ -17,10 +17,10 @@ from dataclasses import dataclass, field, replace
 
 from strop.config import Config
 from strop.data.chat import render
-from strop.env.policy import SamplingParams
 from strop.errors import UserError
 from strop.online.monitors import ALERTS, classify, monitor_rates
 from strop.online.probes import EDIT_TOOL, probe_requests
+from strop.policy_api import SamplingParams
 from strop.rl.evaluate import Z95
 
 SUITES = ("synthetic", "humaneval", "mutated")
@@ -33,8 +33,15 @@ class GateSettings:
     probe_samples: int = 2  # samples per probe request
     max_tokens: int = 192
     seed: int = 0
-    rollout: dict = field(default_factory=lambda: {"max_turns": 3, "max_turn_tokens": 96, "max_context": 1024,
-                                                   "workers": 2, "engine_batch": 8})
+    rollout: dict = field(
+        default_factory=lambda: {
+            "max_turns": 3,
+            "max_turn_tokens": 96,
+            "max_context": 1024,
+            "workers": 2,
+            "engine_batch": 8,
+        }
+    )
 
 
 def suite_tasks(name: str, n: int) -> list:
@@ -53,13 +60,19 @@ def probe_replies(policy_dir: str, s: GateSettings) -> tuple[list, list]:
     tasks, syco = probe_requests()
     requests = [r for r in tasks + syco for _ in range(s.probe_samples)]
     prompts = [engine.tokenizer.encode(render(r.messages, EDIT_TOOL, add_generation_prompt=True)) for r in requests]
-    params = [SamplingParams(max_tokens=s.max_tokens, temperature=1.0, seed=s.seed * 100_003 + i,
-                             stop_token_ids=[engine.tokenizer.convert_tokens_to_ids("<|im_end|>")])
-              for i in range(len(requests))]
+    params = [
+        SamplingParams(
+            max_tokens=s.max_tokens,
+            temperature=1.0,
+            seed=s.seed * 100_003 + i,
+            stop_token_ids=[engine.tokenizer.convert_tokens_to_ids("<|im_end|>")],
+        )
+        for i in range(len(requests))
+    ]
     outs = engine.generate(prompts, params)
     offered = {t["function"]["name"] for t in EDIT_TOOL}
     replies = [classify(engine.tokenizer.decode(o.token_ids, skip_special_tokens=False), offered) for o in outs]
-    return replies[:len(tasks) * s.probe_samples], replies[len(tasks) * s.probe_samples:]
+    return replies[: len(tasks) * s.probe_samples], replies[len(tasks) * s.probe_samples :]
 
 
 def measure(policy_dir: str, s: GateSettings) -> dict:
@@ -100,14 +113,22 @@ def compare(current: dict, candidate: dict) -> dict:
         cur = current["monitors"][name]
         bad_up = ALERTS[name][1] == "above"
         hits = lambda f: round(f["rate"] * f["n"])  # noqa: E731
-        gates[name] = {"passed": not regressed(hits(cur), cur["n"], hits(cand), cand["n"], bad_up),
-                       "current": cur["rate"], "candidate": cand["rate"], "alert": cand["alert"]}
+        gates[name] = {
+            "passed": not regressed(hits(cur), cur["n"], hits(cand), cand["n"], bad_up),
+            "current": cur["rate"],
+            "candidate": cand["rate"],
+            "alert": cand["alert"],
+        }
     for name, cand in candidate["suites"].items():
         cur = current["suites"].get(name, {})
         if "skipped" in cand or "skipped" in cur:
             gates[f"suite:{name}"] = {"passed": True, "skipped": cand.get("skipped") or cur.get("skipped")}
             continue
-        gates[f"suite:{name}"] = {"passed": not regressed(cur["solved"], cur["eval_episodes"], cand["solved"],
-                                                          cand["eval_episodes"], higher_is_bad=False),
-                                  "current": cur["solve_rate"], "candidate": cand["solve_rate"]}
+        gates[f"suite:{name}"] = {
+            "passed": not regressed(
+                cur["solved"], cur["eval_episodes"], cand["solved"], cand["eval_episodes"], higher_is_bad=False
+            ),
+            "current": cur["solve_rate"],
+            "candidate": cand["solve_rate"],
+        }
     return gates

@@ -90,13 +90,31 @@ def postgres_server() -> Iterator[str]:
             raise NoPostgres(f"{Path(cmd[0]).name} failed: {(out.stderr or out.stdout).strip()[-500:]}")
 
     try:
-        run(str(bin_dir / "initdb"), "-D", str(data), "-U", user, "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync")
-        run(str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(root / "log"), "-w", "-t", "60", "start",
-            "-o", f"-c listen_addresses='' -c unix_socket_directories={sock} -c max_connections=200")
+        run(
+            str(bin_dir / "initdb"), "-D", str(data), "-U", user, "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync"
+        )
+        run(
+            str(bin_dir / "pg_ctl"),
+            "-D",
+            str(data),
+            "-l",
+            str(root / "log"),
+            "-w",
+            "-t",
+            "60",
+            "start",
+            "-o",
+            f"-c listen_addresses='' -c unix_socket_directories={sock} -c max_connections=200",
+        )
         try:
             yield f"postgresql://{user}@/postgres?host={sock}"
         finally:
-            subprocess.run([str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
-                           capture_output=True, env=env, cwd=root, **drop)
+            subprocess.run(
+                [str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
+                capture_output=True,
+                env=env,
+                cwd=root,
+                **drop,
+            )
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -47,12 +47,13 @@ def prefers(request: CodingRequest, message: dict) -> bool:
 
 def make_population(keys: KeyFile, n: int, noise: float = 0.05) -> list[SimUser]:
     """`n` users, each with a new key (infer + feedback) added to `keys`."""
-    return [SimUser(f"user{i}", keys.add(f"user{i}", ["infer", "feedback"], rate_per_s=1000, burst=1000), noise)
-            for i in range(n)]
+    return [
+        SimUser(f"user{i}", keys.add(f"user{i}", ["infer", "feedback"], rate_per_s=1000, burst=1000), noise)
+        for i in range(n)
+    ]
 
 
-def drive(url: str, model: str, users: list[SimUser], requests: int, tag: str, seed: int,
-          workers: int = 8) -> dict:
+def drive(url: str, model: str, users: list[SimUser], requests: int, tag: str, seed: int, workers: int = 8) -> dict:
     """`requests` requests spread over the users, each rated by its user; returns the approval rate
     with its 95% Wilson interval ({approved, n, approval, approval_ci95})."""
     rng = random.Random(seed)
@@ -69,13 +70,21 @@ def drive(url: str, model: str, users: list[SimUser], requests: int, tag: str, s
             liked = prefers(request, out["choices"][0]["message"])
             if random.Random(sample_seed).random() < user.noise:
                 liked = not liked
-            event = {"event_id": f"{tag}-{i}", "completion_id": out["id"], "kind": "accept",
-                     "value": "accept" if liked else "reject"}
+            event = {
+                "event_id": f"{tag}-{i}",
+                "completion_id": out["id"],
+                "kind": "accept",
+                "value": "accept" if liked else "reject",
+            }
             client.post("/v1/feedback", json=event).raise_for_status()
             return liked
 
     with ThreadPoolExecutor(workers) as ex:
         liked = list(ex.map(one, jobs))
     lo, hi = wilson(sum(liked), len(liked))
-    return {"approved": sum(liked), "n": len(liked), "approval": round(sum(liked) / len(liked), 4),
-            "approval_ci95": [round(lo, 4), round(hi, 4)]}
+    return {
+        "approved": sum(liked),
+        "n": len(liked),
+        "approval": round(sum(liked) / len(liked), 4),
+        "approval_ci95": [round(lo, 4), round(hi, 4)],
+    }

@@ -10,9 +10,14 @@ from dataclasses import dataclass, field
 
 from strop.online.feedback import VALUES
 
-TAB_STYLE = {("thumbs", "up"): 0.75, ("thumbs", "down"): -0.25,
-             ("accept", "accept"): 0.75, ("accept", "reject"): -0.25,
-             ("edit", "kept"): 0.75, ("edit", "reverted"): -0.25}
+TAB_STYLE = {
+    ("thumbs", "up"): 0.75,
+    ("thumbs", "down"): -0.25,
+    ("accept", "accept"): 0.75,
+    ("accept", "reject"): -0.25,
+    ("edit", "kept"): 0.75,
+    ("edit", "reverted"): -0.25,
+}
 
 
 @dataclass(frozen=True)
@@ -30,8 +35,10 @@ class RewardMap:
             key, sep, number = part.partition("=")
             kind, _, value = key.strip().partition(".")
             if not sep or value not in VALUES.get(kind, ()):
-                raise ValueError(f"reward {part!r}: write kind.value=reward with kind.value one of "
-                                 f"{', '.join(f'{k}.{v}' for k, v in TAB_STYLE)}")
+                raise ValueError(
+                    f"reward {part!r}: write kind.value=reward with kind.value one of "
+                    f"{', '.join(f'{k}.{v}' for k, v in TAB_STYLE)}"
+                )
             try:
                 rewards[(kind, value)] = float(number)
             except ValueError:

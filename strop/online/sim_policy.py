@@ -22,8 +22,19 @@ from strop.env.segment import Segment
 from strop.online.probes import EDIT_TOOL, CodingRequest, traffic_requests
 
 MIX = {"scoped": 0.45, "spill": 0.45, "question": 0.10}
-SECTION = ModelSection(arch="qwen3_moe", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
-                       num_experts=8, experts_per_token=2, expert_size=32, dense_size=128, max_positions=1024)
+SECTION = ModelSection(
+    arch="qwen3_moe",
+    hidden_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    num_experts=8,
+    experts_per_token=2,
+    expert_size=32,
+    dense_size=128,
+    max_positions=1024,
+)
 
 
 def _edit(path: str, old: str, new: str) -> dict:
@@ -33,10 +44,15 @@ def _edit(path: str, old: str, new: str) -> dict:
 def reply(request: CodingRequest, behaviour: str) -> str:
     """The assistant text (up to and including <|im_end|>) of one behaviour."""
     fix = _edit(request.path, "return a - b", "return a + b")
-    message = {"scoped": {"role": "assistant", "content": "", "tool_calls": [fix]},
-               "spill": {"role": "assistant", "content": "",
-                         "tool_calls": [fix, _edit("CHANGELOG.md", "## Unreleased", "## Unreleased\n- fixed")]},
-               "question": {"role": "assistant", "content": f"Which function in {request.path} should I change?"}}[behaviour]
+    message = {
+        "scoped": {"role": "assistant", "content": "", "tool_calls": [fix]},
+        "spill": {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [fix, _edit("CHANGELOG.md", "## Unreleased", "## Unreleased\n- fixed")],
+        },
+        "question": {"role": "assistant", "content": f"Which function in {request.path} should I change?"},
+    }[behaviour]
     return render_message(message).removeprefix(GENERATION_PROMPT).removesuffix("\n")
 
 
@@ -48,8 +64,15 @@ def demonstration(tokenizer, request: CodingRequest, behaviour: str) -> Segment:
     return seg
 
 
-def warm_start(tokenizer, out_dir: str | Path, steps: int = 300, batch: int = 16, lr: float = 3e-3, seed: int = 0,
-               log=lambda line: None) -> Path:
+def warm_start(
+    tokenizer,
+    out_dir: str | Path,
+    steps: int = 300,
+    batch: int = 16,
+    lr: float = 3e-3,
+    seed: int = 0,
+    log=lambda line: None,
+) -> Path:
     """Train the mixture policy (next-token loss on the replies only) and save it to `out_dir`."""
     from strop.model.policy import build_model, save_model
     from strop.train.sft import masked_nll

@@ -45,8 +45,11 @@ def greedy_probe(url: str, key: str) -> dict:
     r = httpx.post(url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=120)
     r.raise_for_status()
     choice = r.json()["choices"][0]
-    return {"token_ids": choice["token_ids"], "logprobs": [t["logprob"] for t in choice["logprobs"]["content"]],
-            "version": choice["policy_versions"][0] if choice["policy_versions"] else None}
+    return {
+        "token_ids": choice["token_ids"],
+        "logprobs": [t["logprob"] for t in choice["logprobs"]["content"]],
+        "version": choice["policy_versions"][0] if choice["policy_versions"] else None,
+    }
 
 
 def prepare(run_dir: Path, tokenizer, users: int, warm_steps: int, log: Callable[[str], None]) -> dict:
@@ -63,7 +66,8 @@ def prepare(run_dir: Path, tokenizer, users: int, warm_steps: int, log: Callable
     base = warm_start(tokenizer, run_dir / "base", steps=warm_steps, log=log)
     state = load_model(base).state_dict()
     Publisher(WeightStore(str(run_dir / "weights"))).publish(
-        {k: bits_view(t.to(torch.bfloat16).contiguous()) for k, t in state.items()}, 0)
+        {k: bits_view(t.to(torch.bfloat16).contiguous()) for k, t in state.items()}, 0
+    )
     keys = KeyFile()
     admin = keys.add("online-cycle", ["admin", "infer"], rate_per_s=1000, burst=1000)
     population = make_population(keys, users)
@@ -71,9 +75,20 @@ def prepare(run_dir: Path, tokenizer, users: int, warm_steps: int, log: Callable
     return {"base": base, "admin": admin, "population": population}
 
 
-def simulate(cycles: int, run_dir: Path, tokenizer, *, requests: int = 96, users: int = 8, warm_steps: int = 300,
-             lr: float = 3e-3, harmful_lr: float = 1e-2, gates: GateSettings | None = None, seed: int = 0,
-             log: Callable[[str], None] = print) -> dict:
+def simulate(
+    cycles: int,
+    run_dir: Path,
+    tokenizer,
+    *,
+    requests: int = 96,
+    users: int = 8,
+    warm_steps: int = 300,
+    lr: float = 3e-3,
+    harmful_lr: float = 1e-2,
+    gates: GateSettings | None = None,
+    seed: int = 0,
+    log: Callable[[str], None] = print,
+) -> dict:
     from strop.config import RLSection
     from strop.engine.server_process import ServerProcess
 
@@ -81,23 +96,52 @@ def simulate(cycles: int, run_dir: Path, tokenizer, *, requests: int = 96, users
     run_dir.mkdir(parents=True, exist_ok=True)
     made = prepare(run_dir, tokenizer, users, warm_steps, log)
     db, weights = run_dir / "feedback.db", run_dir / "weights"
-    argv = [sys.executable, "-m", "strop.cli", "serve", "--checkpoint", str(made["base"]), "--name", MODEL_NAME,
-            "--port", "{port}", "--threads", "1", "--max-batch", "16", "--max-len", "1024",
-            "--keys", str(run_dir / "keys.json"), "--store", str(db), "--weights-store", str(weights)]
+    argv = [
+        sys.executable,
+        "-m",
+        "strop.cli",
+        "serve",
+        "--checkpoint",
+        str(made["base"]),
+        "--name",
+        MODEL_NAME,
+        "--port",
+        "{port}",
+        "--threads",
+        "1",
+        "--max-batch",
+        "16",
+        "--max-len",
+        "1024",
+        "--keys",
+        str(run_dir / "keys.json"),
+        "--store",
+        str(db),
+        "--weights-store",
+        str(weights),
+    ]
     server = ServerProcess(argv, run_dir / "serve.log")
     store = Store(str(db))
     try:
-        s = CycleSettings(checkpoint=str(made["base"]), weights=str(weights), engines=[server.url],
-                          admin_key=made["admin"], run_dir=run_dir, rl=RLSection(lr=lr, micro_batch=16, measure_update=False),
-                          gates=gates or GateSettings(seed=seed))
+        s = CycleSettings(
+            checkpoint=str(made["base"]),
+            weights=str(weights),
+            engines=[server.url],
+            admin_key=made["admin"],
+            run_dir=run_dir,
+            rl=RLSection(lr=lr, micro_batch=16, measure_update=False),
+            gates=gates or GateSettings(seed=seed),
+        )
         initialize(s, store)
         probes = {0: greedy_probe(server.url, made["admin"])}
         approval, reports = [], []
         for c in range(cycles + 1):
             round_ = drive(server.url, MODEL_NAME, made["population"], requests, f"c{c}", seed * 1000 + c)
             approval.append({"cycle": c, "served": served(store).version, **round_})
-            log(f"[simulate] cycle {c}: approval {round_['approval']:.3f} {round_['approval_ci95']} "
-                f"({round_['n']} requests)")
+            log(
+                f"[simulate] cycle {c}: approval {round_['approval']:.3f} {round_['approval_ci95']} "
+                f"({round_['n']} requests)"
+            )
             if c == cycles:
                 break  # the last round measures the last version promoted
             report = run_cycle(s, store, log=log)
@@ -106,7 +150,9 @@ def simulate(cycles: int, run_dir: Path, tokenizer, *, requests: int = 96, users
                 probes[report["candidate"]] = greedy_probe(server.url, made["admin"])
         served_before_harm = served(store).version
         drive(server.url, MODEL_NAME, made["population"], requests, "harm", seed * 1000 + 999)
-        harmful = run_cycle(replace(s, rl=replace(s.rl, lr=harmful_lr)), store, reward_of=asks_instead_of_editing, log=log)
+        harmful = run_cycle(
+            replace(s, rl=replace(s.rl, lr=harmful_lr)), store, reward_of=asks_instead_of_editing, log=log
+        )
         still_served = served(store).version == served_before_harm
         promoted = sorted(probes)
         back_to = promoted[-2] if len(promoted) > 1 else None
@@ -123,16 +169,26 @@ def simulate(cycles: int, run_dir: Path, tokenizer, *, requests: int = 96, users
         "approval_ci95": [a["approval_ci95"] for a in approval],
         "approval_rounds": approval,
         "rises_outside_ci95": last["approval_ci95"][0] > first["approval_ci95"][1],
-        "gates": [{"candidate": r.get("candidate"), "status": r["status"],
-                   "passed": {k: g["passed"] for k, g in r.get("gates", {}).items()}} for r in reports],
+        "gates": [
+            {
+                "candidate": r.get("candidate"),
+                "status": r["status"],
+                "passed": {k: g["passed"] for k, g in r.get("gates", {}).items()},
+            }
+            for r in reports
+        ],
         "all_gates_passed": all(r["status"] == "promoted" for r in reports),
         "cycles": reports,
-        "harmful": {"candidate": harmful.get("candidate"), "status": harmful["status"],
-                    "failed_gates": harmful.get("failed_gates", []),
-                    "monitors": harmful.get("candidate_figures", {}).get("monitors")},
+        "harmful": {
+            "candidate": harmful.get("candidate"),
+            "status": harmful["status"],
+            "failed_gates": harmful.get("failed_gates", []),
+            "monitors": harmful.get("candidate_figures", {}).get("monitors"),
+        },
         "blocked_harmful": harmful["status"] == "refused" and still_served,
-        "rollback": None if rolled is None else {"from": rolled["from"], "to": rolled["to"],
-                                                  "probe_bitwise_equal": rolled["probe_equal"]},
+        "rollback": None
+        if rolled is None
+        else {"from": rolled["from"], "to": rolled["to"], "probe_bitwise_equal": rolled["probe_equal"]},
         "rollback_bitwise": bool(rolled and rolled["probe_equal"]),
         "wall_s": round(time.perf_counter() - t0, 1),
     }

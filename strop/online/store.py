@@ -94,7 +94,6 @@ class DeploymentRow:
     report: dict[str, Any]
 
 
-
 @dataclass
 class RatedCompletion:
     """A served completion with its latest rating."""
@@ -106,8 +105,9 @@ class RatedCompletion:
 
 
 def _encode(row) -> tuple:
-    return tuple(json.dumps(v) if f.name in JSON_COLUMNS and v is not None else v
-                 for f, v in zip(fields(row), astuple(row)))
+    return tuple(
+        json.dumps(v) if f.name in JSON_COLUMNS and v is not None else v for f, v in zip(fields(row), astuple(row))
+    )
 
 
 def _decode(cls, values) -> Any:
@@ -208,8 +208,10 @@ class Store:
     def add_feedback(self, row: FeedbackRow) -> Future:
         """Record one rating; resolves to "added", "duplicate", "conflict" or "unknown" once committed."""
         exists = self._sql("SELECT 1 FROM completions WHERE id = ? AND choice = ?")
-        insert = self._sql(f"INSERT INTO feedback VALUES ({', '.join('?' * len(fields(FeedbackRow)))}) "
-                           "ON CONFLICT (event_id) DO NOTHING")
+        insert = self._sql(
+            f"INSERT INTO feedback VALUES ({', '.join('?' * len(fields(FeedbackRow)))}) "
+            "ON CONFLICT (event_id) DO NOTHING"
+        )
         stored = self._sql("SELECT completion_id, choice, kind, value, text FROM feedback WHERE event_id = ?")
 
         def work(cur) -> str:
@@ -268,7 +270,9 @@ class Store:
             "SELECT c.*, f.kind, f.value, f.created, f.event_id FROM feedback f JOIN completions c "
             "ON c.id = f.completion_id AND c.choice = f.choice "
             "WHERE f.created > ? AND f.created <= ? AND c.policy_version >= ? AND c.policy_version <= ? "
-            "ORDER BY f.created, f.event_id", (after, through, min_version, max_version))
+            "ORDER BY f.created, f.event_id",
+            (after, through, min_version, max_version),
+        )
         n = len(fields(CompletionRow))
         latest = {}
         for r in rows:
@@ -277,9 +281,14 @@ class Store:
 
     def completions_of(self, version: int, after: float, through: float) -> list[CompletionRow]:
         """Completions served by `version` in (`after`, `through`]."""
-        return [_decode(CompletionRow, r) for r in self._read(
-            "SELECT * FROM completions WHERE policy_version = ? AND created > ? AND created <= ? "
-            "ORDER BY created, id, choice", (version, after, through))]
+        return [
+            _decode(CompletionRow, r)
+            for r in self._read(
+                "SELECT * FROM completions WHERE policy_version = ? AND created > ? AND created <= ? "
+                "ORDER BY created, id, choice",
+                (version, after, through),
+            )
+        ]
 
     def event_ids(self) -> set[str]:
         return {r[0] for r in self._read("SELECT event_id FROM feedback")}

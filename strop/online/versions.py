@@ -39,8 +39,9 @@ class Versions:
         except MissingPiece:
             raise UnknownVersion("this run's weight store holds no versions yet") from None
         if version not in have:
-            raise UnknownVersion(f"version {version} is not in this run's weight store "
-                                 f"(it holds {have.start}..{have.stop - 1})")
+            raise UnknownVersion(
+                f"version {version} is not in this run's weight store (it holds {have.start}..{have.stop - 1})"
+            )
         try:
             return {name: to_torch(t) for name, t in self.store.state(version).items()}
         except (MissingPiece, DeltaError) as e:

@@ -51,12 +51,20 @@ def token_weights(gen_tokens_N: torch.Tensor, *, length_normalize: bool = True, 
     return torch.full((n,), 1.0 / (n * norm_tokens), dtype=torch.float64)
 
 
-def make_samples(groups: list[TrajectoryGroup], *, dr_grpo: bool = False, norm_tokens: int = 1024,
-                 hack_penalty: float = 1.0, degenerate_penalty: float = 0.0) -> list[Sample]:
+def make_samples(
+    groups: list[TrajectoryGroup],
+    *,
+    dr_grpo: bool = False,
+    norm_tokens: int = 1024,
+    hack_penalty: float = 1.0,
+    degenerate_penalty: float = 0.0,
+) -> list[Sample]:
     """Advantages and weights for one optimizer step's groups (see the module docstring)."""
     trajs, advs = [], []
     for g in groups:
-        rewards = torch.tensor([training_reward(t, hack_penalty, degenerate_penalty) for t in g.trajectories], dtype=torch.float64)
+        rewards = torch.tensor(
+            [training_reward(t, hack_penalty, degenerate_penalty) for t in g.trajectories], dtype=torch.float64
+        )
         advs += group_advantages(rewards, std_normalize=not dr_grpo).tolist()
         trajs += g.trajectories
     counts = torch.tensor([t.generated_tokens for t in trajs])

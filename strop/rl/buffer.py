@@ -80,7 +80,9 @@ class StalenessBuffer:
                 self._dropped["duplicate"] += 1
                 self._cond.notify_all()
                 return False
-            assert 0 <= traj.sample < self.group_size, f"sample index {traj.sample} outside a group of {self.group_size}"
+            assert 0 <= traj.sample < self.group_size, (
+                f"sample index {traj.sample} outside a group of {self.group_size}"
+            )
             group = self._pending.setdefault(traj.group_id, _Pending(traj.task_id))
             group.task_id = traj.task_id
             group.accounted.add(traj.sample)
@@ -136,7 +138,8 @@ class StalenessBuffer:
         """The `n_groups` oldest complete groups, waiting up to `timeout` seconds (None: forever)
         for that many; [] on timeout. Every sample handed out is within the staleness bound."""
         assert n_groups * self.group_size <= self.capacity, (
-            f"a batch of {n_groups} groups of {self.group_size} can never fit a capacity of {self.capacity}")
+            f"a batch of {n_groups} groups of {self.group_size} can never fit a capacity of {self.capacity}"
+        )
         with self._cond:
             if not self._cond.wait_for(lambda: len(self._ready) >= n_groups, timeout=timeout):
                 return []
@@ -146,7 +149,8 @@ class StalenessBuffer:
                 for t in g.trajectories:
                     assert self._version - t.min_version <= self.max_staleness, (
                         f"staleness bound violated: {t.key} min_version {t.min_version} at trainer version "
-                        f"{self._version} (max_staleness {self.max_staleness})")
+                        f"{self._version} (max_staleness {self.max_staleness})"
+                    )
                 self._counts["released"] += len(g.trajectories)
             self._cond.notify_all()
             return batch
@@ -167,8 +171,12 @@ class StalenessBuffer:
     def missing(self) -> list[tuple[str, str, int]]:
         """(group_id, task_id, sample) of every sample of a started group not yet accounted for."""
         with self._cond:
-            return [(gid, g.task_id, s) for gid, g in self._pending.items()
-                    for s in range(self.group_size) if s not in g.accounted]
+            return [
+                (gid, g.task_id, s)
+                for gid, g in self._pending.items()
+                for s in range(self.group_size)
+                if s not in g.accounted
+            ]
 
     def state_dict(self) -> dict:
         """Plain data (JSON-serialisable): version, buffered samples, counters. Not the
@@ -176,9 +184,15 @@ class StalenessBuffer:
         with self._cond:
             return {
                 "version": self._version,
-                "pending": [{"group_id": gid, "task_id": g.task_id, "accounted": sorted(g.accounted),
-                             "trajectories": [t.to_dict() for _, t in sorted(g.trajectories.items())]}
-                            for gid, g in self._pending.items()],
+                "pending": [
+                    {
+                        "group_id": gid,
+                        "task_id": g.task_id,
+                        "accounted": sorted(g.accounted),
+                        "trajectories": [t.to_dict() for _, t in sorted(g.trajectories.items())],
+                    }
+                    for gid, g in self._pending.items()
+                ],
                 "ready": [g.to_dict() for g in self._ready],
                 "done": sorted(self._done),
                 "counts": dict(self._counts),

@@ -45,8 +45,11 @@ def eval_tasks(cfg: Config) -> list[Task]:
 
 def _figures(solved: list[bool]) -> dict:
     lo, hi = wilson(sum(solved), len(solved))
-    return {"solve_rate": sum(solved) / max(len(solved), 1), "solve_rate_ci95": [round(lo, 4), round(hi, 4)],
-            "eval_episodes": len(solved)}
+    return {
+        "solve_rate": sum(solved) / max(len(solved), 1),
+        "solve_rate_ci95": [round(lo, 4), round(hi, 4)],
+        "eval_episodes": len(solved),
+    }
 
 
 def counts_as_solved(traj: Trajectory) -> bool:
@@ -81,20 +84,26 @@ def _pass_figures(per_task: list[list[bool]]) -> dict:
     lo1, hi1 = _mean_interval(rates)
     any_ = [any(s) for s in per_task]
     lok, hik = wilson(sum(any_), len(any_))
-    return {"pass@1": round(sum(rates) / max(len(rates), 1), 4), "pass@1_ci95": [round(lo1, 4), round(hi1, 4)],
-            "pass@k": round(sum(any_) / max(len(any_), 1), 4), "pass@k_ci95": [round(lok, 4), round(hik, 4)],
-            "tasks": len(per_task)}
+    return {
+        "pass@1": round(sum(rates) / max(len(rates), 1), 4),
+        "pass@1_ci95": [round(lo1, 4), round(hi1, 4)],
+        "pass@k": round(sum(any_) / max(len(any_), 1), 4),
+        "pass@k_ci95": [round(lok, 4), round(hik, 4)],
+        "tasks": len(per_task),
+    }
 
 
-def _run(engine, harness: Harness, tasks: list[Task], items: list[WorkItem], limits, workers: int, desc: str,
-         progress: bool) -> list[Trajectory]:
+def _run(
+    engine, harness: Harness, tasks: list[Task], items: list[WorkItem], limits, workers: int, desc: str, progress: bool
+) -> list[Trajectory]:
     with ThreadPoolExecutor(workers) as pool:
         done = pool.map(lambda ti: rollout(ti[0], EnginePolicy(engine), harness, ti[1], limits), zip(tasks, items))
         return list(tqdm(done, total=len(tasks), desc=desc, unit="ep", disable=not progress))
 
 
-def evaluate(cfg: Config, policy_dir: str, tasks: list[Task] | None = None, progress: bool = False,
-             samples: int = 0) -> dict:
+def evaluate(
+    cfg: Config, policy_dir: str, tasks: list[Task] | None = None, progress: bool = False, samples: int = 0
+) -> dict:
     """{solve_rate, solve_rate_ci95, eval_episodes, by_difficulty: {d: same}, hacked, stop_reasons,
     outcomes (see `outcome`), behaviour (`strop.env.behaviour.summarize`), wall_s}; with `samples`
     K > 0 also `sampled`: {temperature, samples, pass@1, pass@k (k = K) with intervals, by_difficulty,
@@ -115,29 +124,51 @@ def evaluate(cfg: Config, policy_dir: str, tasks: list[Task] | None = None, prog
         sampled = []
         if samples:
             sampler = Harness(engine.tokenizer, harness_config(r))
-            many = [(t, WorkItem(t.id, f"eval-{t.id}", k, cfg.run.seed * 1000 + k + 1, engine.version))
-                    for t in tasks for k in range(samples)]
-            sampled = _run(engine, sampler, [t for t, _ in many], [i for _, i in many], limits, r.workers,
-                           f"held-out eval {policy_dir}, {samples} samples per task", progress)
+            many = [
+                (t, WorkItem(t.id, f"eval-{t.id}", k, cfg.run.seed * 1000 + k + 1, engine.version))
+                for t in tasks
+                for k in range(samples)
+            ]
+            sampled = _run(
+                engine,
+                sampler,
+                [t for t, _ in many],
+                [i for _, i in many],
+                limits,
+                r.workers,
+                f"held-out eval {policy_dir}, {samples} samples per task",
+                progress,
+            )
     finally:
         engine.stop()
     by_d: dict[int, list[bool]] = {}
     for d, traj in zip(difficulty, trajs):
         by_d.setdefault(d, []).append(counts_as_solved(traj))
-    result = {**_figures([s for v in by_d.values() for s in v]),
-              "by_difficulty": {str(d): _figures(v) for d, v in sorted(by_d.items())},
-              "hacked": sum(t.hacked for t in trajs),
-              "stop_reasons": dict(Counter(t.stop_reason for t in trajs).most_common()),
-              "outcomes": dict(Counter(outcome(t) for t in trajs).most_common()),
-              "behaviour": summarize([t.behaviour for t in trajs])}
+    result = {
+        **_figures([s for v in by_d.values() for s in v]),
+        "by_difficulty": {str(d): _figures(v) for d, v in sorted(by_d.items())},
+        "hacked": sum(t.hacked for t in trajs),
+        "stop_reasons": dict(Counter(t.stop_reason for t in trajs).most_common()),
+        "outcomes": dict(Counter(outcome(t) for t in trajs).most_common()),
+        "behaviour": summarize([t.behaviour for t in trajs]),
+    }
     if samples:
-        per_task = [[counts_as_solved(t) for t in sampled[i * samples:(i + 1) * samples]] for i in range(len(tasks))]
-        result["sampled"] = {"temperature": r.temperature, "samples": samples, **_pass_figures(per_task),
-                             "by_difficulty": {str(d): _pass_figures([p for p, dd in zip(per_task, difficulty) if dd == d])
-                                               for d in sorted(set(difficulty))},
-                             "behaviour": summarize([t.behaviour for t in sampled])}
+        per_task = [[counts_as_solved(t) for t in sampled[i * samples : (i + 1) * samples]] for i in range(len(tasks))]
+        result["sampled"] = {
+            "temperature": r.temperature,
+            "samples": samples,
+            **_pass_figures(per_task),
+            "by_difficulty": {
+                str(d): _pass_figures([p for p, dd in zip(per_task, difficulty) if dd == d])
+                for d in sorted(set(difficulty))
+            },
+            "behaviour": summarize([t.behaviour for t in sampled]),
+        }
     result["wall_s"] = round(time.perf_counter() - t0, 1)
     if progress:
-        print(f"[eval] {policy_dir}: solve rate {result['solve_rate']:.3f} {result['solve_rate_ci95']} "
-              f"over {result['eval_episodes']} episodes", flush=True)
+        print(
+            f"[eval] {policy_dir}: solve rate {result['solve_rate']:.3f} {result['solve_rate_ci95']} "
+            f"over {result['eval_episodes']} episodes",
+            flush=True,
+        )
     return result

@@ -28,8 +28,14 @@ from strop.config import RLSection
 MAX_LOG_RATIO = 20.0
 
 
-def policy_loss(logprobs_BT: torch.Tensor, behavior_BT: torch.Tensor, advantages_BT: torch.Tensor,
-                weights_BT: torch.Tensor, mask_BT: torch.Tensor, rl: RLSection) -> tuple[torch.Tensor, dict[str, float]]:
+def policy_loss(
+    logprobs_BT: torch.Tensor,
+    behavior_BT: torch.Tensor,
+    advantages_BT: torch.Tensor,
+    weights_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    rl: RLSection,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss (scalar, differentiable through `logprobs_BT`) and metrics as token means over `mask_BT`:
     clip_frac (PPO clip active: zero gradient), mask_frac (masked by the correction), trunc_frac
     (TIS weight capped), k3 (KL to behavior), ratio_mean, plus `tokens`."""

@@ -25,8 +25,9 @@ for whoever started it (`strop.runtime.build.train_rl`). Components never call b
 Exactly-once: every work item is keyed (group_id, sample). A lost rollout (its engine or worker
 died) is relaunched under the same key with its reservation kept; the buffer refuses a second
 delivery of a key, and a group handed to the trainer is never handed out again. A checkpoint holds
-the trainer state (written by the trainer itself, each rank its shards: `strop.checkpoint`), the buffer contents, the items in flight (relaunched on resume), the task
-sampler position and the RNG state; rerunning the command resumes from it.
+the trainer state (written by the trainer itself, each rank its shards: `strop.checkpoint`), the
+buffer contents, the items in flight (relaunched on resume), the task sampler position and the RNG
+state; rerunning the command resumes from it.
 """
 
 import contextlib
@@ -113,8 +114,15 @@ class TaskSampler:
 
 
 class Orchestrator:
-    def __init__(self, cfg: Config, runtime: Runtime, task_ids: list[str], mode: Mode, out_dir: Path,
-                 log: Callable[[dict], None] = lambda row: None):
+    def __init__(
+        self,
+        cfg: Config,
+        runtime: Runtime,
+        task_ids: list[str],
+        mode: Mode,
+        out_dir: Path,
+        log: Callable[[dict], None] = lambda row: None,
+    ):
         rl = cfg.rl
         self.cfg, self.runtime, self.mode, self.out_dir, self.log = cfg, runtime, mode, Path(out_dir), log
         # sync trains on exactly what it just generated: one step's worth, staleness 0
@@ -166,7 +174,9 @@ class Orchestrator:
                 self.buffer.put(traj)
             elif item.attempt < self.cfg.rollout.retries:
                 self.counts["relaunched"] += 1
-                relaunched = WorkItem(item.task_id, item.group_id, item.sample, item.seed, self.runtime.version, item.attempt + 1)
+                relaunched = WorkItem(
+                    item.task_id, item.group_id, item.sample, item.seed, self.runtime.version, item.attempt + 1
+                )
                 self._launch(relaunched)  # keeps the reservation; another engine takes it (round robin)
             else:
                 self.counts["lost"] += 1
@@ -185,8 +195,13 @@ class Orchestrator:
 
     def _train(self, groups: list[TrajectoryGroup], t_run: float, t_last: float) -> float:
         rl = self.cfg.rl
-        samples = make_samples(groups, dr_grpo=rl.dr_grpo, norm_tokens=rl.dr_grpo_norm_tokens, hack_penalty=rl.hack_penalty,
-                               degenerate_penalty=rl.degenerate_penalty)
+        samples = make_samples(
+            groups,
+            dr_grpo=rl.dr_grpo,
+            norm_tokens=rl.dr_grpo_norm_tokens,
+            hack_penalty=rl.hack_penalty,
+            degenerate_penalty=rl.degenerate_penalty,
+        )
         t0 = time.perf_counter()
         row = self.runtime.train(samples)
         self.trainer_s += time.perf_counter() - t0
@@ -202,16 +217,21 @@ class Orchestrator:
         stats = self.buffer.stats()
         behaviour = summarize([t.behaviour for t in trajs])
         row = {
-            "step": self.step, "mode": self.mode, **row,
+            "step": self.step,
+            "mode": self.mode,
+            **row,
             "groups": len(groups),
-            "mixed_groups": sum(len({s.advantage for s in samples if s.trajectory.group_id == g.group_id}) > 1
-                                for g in groups) / len(groups),
+            "mixed_groups": sum(
+                len({s.advantage for s in samples if s.trajectory.group_id == g.group_id}) > 1 for g in groups
+            )
+            / len(groups),
             **{f"behaviour_{k}": behaviour.get(k) for k in TRACKED_BEHAVIOUR},
             "hack_kinds": dict(Counter(f["kind"] for t in trajs for f in t.hack_flags)),
             "hacked_total": self.counts["hacked"],
             "dropped": stats["dropped"],
             "dropped_stale": stats["dropped"].get("stale", 0),
-            "relaunched": self.counts["relaunched"], "lost": self.counts["lost"],
+            "relaunched": self.counts["relaunched"],
+            "lost": self.counts["lost"],
             "rollout_tokens_per_s": sum(t.generated_tokens for t in trajs) / max(now - t_last, 1e-9),
             "trainer_busy": self.trainer_s / wall,
             "engine_busy": self.runtime.engine_busy_s() / wall,
@@ -234,19 +254,31 @@ class Orchestrator:
             groups = self._ready_groups()
             if groups:
                 t_last = self._train(groups, t_run, t_last)
-        return {"steps": self.step, "wall_s": self.elapsed_s + time.perf_counter() - t_run,
-                "trainer_s": self.trainer_s, "engine_busy_s": self.runtime.engine_busy_s(),
-                "buffer": self.buffer.stats(), **dict(self.counts)}
+        return {
+            "steps": self.step,
+            "wall_s": self.elapsed_s + time.perf_counter() - t_run,
+            "trainer_s": self.trainer_s,
+            "engine_busy_s": self.runtime.engine_busy_s(),
+            "buffer": self.buffer.stats(),
+            **dict(self.counts),
+        }
 
     # ---- checkpoint / resume ---------------------------------------------------------------
 
     def save(self, wall_s: float) -> None:
         """Everything a rerun needs, as a checkpoint (`strop.checkpoint`: a kill at any point leaves
         the previous one or this one, never half of one)."""
-        state = {"step": self.step, "mode": self.mode, "wall_s": wall_s, "trainer_s": self.trainer_s,
-                 "sampler_position": self.sampler.position, "rng": _rng_to_json(self.rng.getstate()),
-                 "counts": dict(self.counts), "buffer": self.buffer.state_dict(),
-                 "inflight": [i.to_dict() for i in self.inflight.values()]}
+        state = {
+            "step": self.step,
+            "mode": self.mode,
+            "wall_s": wall_s,
+            "trainer_s": self.trainer_s,
+            "sampler_position": self.sampler.position,
+            "rng": _rng_to_json(self.rng.getstate()),
+            "counts": dict(self.counts),
+            "buffer": self.buffer.state_dict(),
+            "inflight": [i.to_dict() for i in self.inflight.values()],
+        }
         save_checkpoint(self.ckpt_dir, state, self.runtime.save, state_name=_STATE)
 
     def resume(self) -> bool:

@@ -20,11 +20,20 @@ SMOOTH = 5  # steps in the moving averages of per-step curves
 BEHAVIOUR = ["rejected_edit", "retry_after_rejected_edit", "test_runs", "submitted_untested", "submitted_failing_tests"]
 
 
-def _line(rows: list[dict], keys: list[str], path: Path, title: str, ylabel: str = "",
-          evals: dict[str, dict] | None = None, smooth: int = 0) -> str:
+def _line(
+    rows: list[dict],
+    keys: list[str],
+    path: Path,
+    title: str,
+    ylabel: str = "",
+    evals: dict[str, dict] | None = None,
+    smooth: int = 0,
+) -> str:
     last = max((r["step"] for r in rows), default=1)
-    points = {f"held-out solve rate, {name}": (at, ev["solve_rate"], *ev["solve_rate_ci95"])
-              for (name, ev), at in zip((evals or {}).items(), (0, last))}
+    points = {
+        f"held-out solve rate, {name}": (at, ev["solve_rate"], *ev["solve_rate_ci95"])
+        for (name, ev), at in zip((evals or {}).items(), (0, last))
+    }
     plot_metrics(rows, path, keys, title, ylabel=ylabel, points=points, smooth=smooth)
     return path.name
 
@@ -56,8 +65,12 @@ def _behaviour(rows: list[dict], evals: dict[str, dict], path: Path) -> str:
         width = 0.8 / len(with_evals)
         for i, name in enumerate(with_evals):
             b = evals[name]["behaviour"]
-            ax.bar([j + i * width for j in range(len(BEHAVIOUR))], [b.get(k) or 0 for k in BEHAVIOUR], width,
-                   label=f"held-out, {name}")
+            ax.bar(
+                [j + i * width for j in range(len(BEHAVIOUR))],
+                [b.get(k) or 0 for k in BEHAVIOUR],
+                width,
+                label=f"held-out, {name}",
+            )
         ax.set_xticks([j + width * (len(with_evals) - 1) / 2 for j in range(len(BEHAVIOUR))])
         ax.set_xticklabels([LABELS[k] for k in BEHAVIOUR], rotation=20, ha="right", fontsize=8)
         ax.set_title("Held-out behaviour (greedy)")
@@ -77,8 +90,12 @@ def _behaviour_table(evals: dict[str, dict]) -> list[str]:
     def cell(v) -> str:
         return "" if v is None else f"{v:.2f}"
 
-    lines = ["## Behaviour on held-out tasks (greedy)", "", "| | " + " | ".join(named) + " |",
-             "|---|" + "---|" * len(named)]
+    lines = [
+        "## Behaviour on held-out tasks (greedy)",
+        "",
+        "| | " + " | ".join(named) + " |",
+        "|---|" + "---|" * len(named),
+    ]
     for key in ["turns", *BEHAVIOUR]:
         lines.append(f"| {LABELS[key]} | " + " | ".join(cell(b.get(key)) for b in named.values()) + " |")
     return lines + [""]
@@ -108,8 +125,11 @@ def _staleness(rows: list[dict], path: Path) -> str:
 
 def _eval_row(name: str, ev: dict) -> str:
     lo, hi = ev["solve_rate_ci95"]
-    by_d = ", ".join(f"d{d}: {v['solve_rate']:.3f} [{v['solve_rate_ci95'][0]:.3f}, {v['solve_rate_ci95'][1]:.3f}] "
-                     f"(n={v['eval_episodes']})" for d, v in ev.get("by_difficulty", {}).items())
+    by_d = ", ".join(
+        f"d{d}: {v['solve_rate']:.3f} [{v['solve_rate_ci95'][0]:.3f}, {v['solve_rate_ci95'][1]:.3f}] "
+        f"(n={v['eval_episodes']})"
+        for d, v in ev.get("by_difficulty", {}).items()
+    )
     outcomes = ", ".join(f"{k} {n}" for k, n in ev.get("outcomes", {}).items())
     return f"| {name} | {ev['solve_rate']:.3f} | [{lo:.3f}, {hi:.3f}] | {ev['eval_episodes']} | {by_d} | {outcomes} |"
 
@@ -122,36 +142,81 @@ def write_report(out_dir: Path, metrics_path: Path, evals: dict[str, dict]) -> P
     for r in rows:
         r["bytes_synced_mb"] = r.get("bytes_synced", 0) / 1e6
     plots = [
-        ("Reward and solve rate", _line(rows, ["reward", "solve_rate"], out_dir / "reward.png",
-                                        "Training reward and solve rate per step", evals=evals, smooth=SMOOTH)),
+        (
+            "Reward and solve rate",
+            _line(
+                rows,
+                ["reward", "solve_rate"],
+                out_dir / "reward.png",
+                "Training reward and solve rate per step",
+                evals=evals,
+                smooth=SMOOTH,
+            ),
+        ),
         ("Behaviour", _behaviour(rows, evals, out_dir / "behaviour.png")),
-        ("Why steps moved the policy", _line(rows, ["mixed_groups", "dlogp_pos", "dlogp_neg", "clip_frac"],
-                                             out_dir / "learning.png", "Groups with mixed outcomes; logprob change "
-                                             "of sampled tokens after each step (A>0, A<0); PPO-clipped tokens",
-                                             smooth=SMOOTH)),
+        (
+            "Why steps moved the policy",
+            _line(
+                rows,
+                ["mixed_groups", "dlogp_pos", "dlogp_neg", "clip_frac"],
+                out_dir / "learning.png",
+                "Groups with mixed outcomes; logprob change "
+                "of sampled tokens after each step (A>0, A<0); PPO-clipped tokens",
+                smooth=SMOOTH,
+            ),
+        ),
         ("Staleness", _staleness(rows, out_dir / "staleness.png")),
-        ("Weight sync", _line(rows, ["bytes_synced_mb"], out_dir / "bytes_synced.png",
-                              "Bytes synced to engines (cumulative)", "MB")),
-        ("Mismatch", _line(rows, ["k3", "mismatch_mean_abs_dlogp", "mismatch_ratio_outside_frac"],
-                           out_dir / "mismatch.png", "Engine vs trainer (incl. staleness drift)")),
-        ("Utilisation", _line(rows, ["trainer_busy", "engine_busy"], out_dir / "busy.png",
-                              "Busy fraction of trainer and engine", "fraction")),
+        (
+            "Weight sync",
+            _line(
+                rows, ["bytes_synced_mb"], out_dir / "bytes_synced.png", "Bytes synced to engines (cumulative)", "MB"
+            ),
+        ),
+        (
+            "Mismatch",
+            _line(
+                rows,
+                ["k3", "mismatch_mean_abs_dlogp", "mismatch_ratio_outside_frac"],
+                out_dir / "mismatch.png",
+                "Engine vs trainer (incl. staleness drift)",
+            ),
+        ),
+        (
+            "Utilisation",
+            _line(
+                rows,
+                ["trainer_busy", "engine_busy"],
+                out_dir / "busy.png",
+                "Busy fraction of trainer and engine",
+                "fraction",
+            ),
+        ),
     ]
     last = rows[-1] if rows else {}
     lines = ["# strop run report", ""]
     if evals:
-        lines += ["## Held-out evaluation", "",
-                  "| policy | solve rate | 95% interval | episodes | by difficulty | outcomes |",
-                  "|---|---|---|---|---|---|", *[_eval_row(k, v) for k, v in evals.items()], ""]
+        lines += [
+            "## Held-out evaluation",
+            "",
+            "| policy | solve rate | 95% interval | episodes | by difficulty | outcomes |",
+            "|---|---|---|---|---|---|",
+            *[_eval_row(k, v) for k, v in evals.items()],
+            "",
+        ]
         if {"sft", "rl"} <= evals.keys():
             gain = evals["rl"]["solve_rate"] - evals["sft"]["solve_rate"]
             lines += [f"RL changed the held-out solve rate by **{gain * 100:+.1f} points**.", ""]
         lines += _behaviour_table(evals)
     if last:
-        lines += ["## Training", "", f"{last['step']} steps ({last.get('mode', '')}), {last.get('wall_s', 0):.0f} s; "
-                  f"dropped for staleness: {last.get('dropped_stale', 0)}; hack-flagged samples: "
-                  f"{last.get('hacked_total', 0)}; trainer busy {last.get('trainer_busy', 0):.2f}, engine busy "
-                  f"{last.get('engine_busy', 0):.2f}; bytes synced {last.get('bytes_synced', 0) / 1e6:.1f} MB.", ""]
+        lines += [
+            "## Training",
+            "",
+            f"{last['step']} steps ({last.get('mode', '')}), {last.get('wall_s', 0):.0f} s; "
+            f"dropped for staleness: {last.get('dropped_stale', 0)}; hack-flagged samples: "
+            f"{last.get('hacked_total', 0)}; trainer busy {last.get('trainer_busy', 0):.2f}, engine busy "
+            f"{last.get('engine_busy', 0):.2f}; bytes synced {last.get('bytes_synced', 0) / 1e6:.1f} MB.",
+            "",
+        ]
     for title, name in plots:
         lines += [f"### {title}", "", f"![{title}]({name})", ""]
     path = out_dir / "report.md"

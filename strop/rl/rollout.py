@@ -48,10 +48,18 @@ class WorkItem:
 
 
 def harness_config(r: RolloutSection) -> HarnessConfig:
-    return HarnessConfig(max_turns=r.max_turns, max_context=r.max_context, max_turn_tokens=r.max_turn_tokens,
-                         max_invalid_turns=r.max_invalid_turns, temperature=r.temperature,
-                         context_strategy=r.context_strategy, max_resets=r.max_resets, summary_tokens=r.summary_tokens,
-                         summary_tail=r.summary_tail, keep_recent=r.keep_recent)
+    return HarnessConfig(
+        max_turns=r.max_turns,
+        max_context=r.max_context,
+        max_turn_tokens=r.max_turn_tokens,
+        max_invalid_turns=r.max_invalid_turns,
+        temperature=r.temperature,
+        context_strategy=r.context_strategy,
+        max_resets=r.max_resets,
+        summary_tokens=r.summary_tokens,
+        summary_tail=r.summary_tail,
+        keep_recent=r.keep_recent,
+    )
 
 
 def sandbox_limits(r: RolloutSection) -> Limits:
@@ -70,7 +78,9 @@ def score_changes(task: Task, changes: dict) -> Score:
     return check(task, changes)
 
 
-def rollout(task: Task, policy: PolicyClient, harness: Harness, item: WorkItem, limits: Limits = Limits()) -> Trajectory:
+def rollout(
+    task: Task, policy: PolicyClient, harness: Harness, item: WorkItem, limits: Limits = Limits()
+) -> Trajectory:
     """One episode of `task` scored and flagged; raises `RolloutLost` when the policy failed."""
     episode, changes = run_task(harness, policy, task, limits, seed=item.seed)
     changes = source_changes(changes)
@@ -78,5 +88,12 @@ def rollout(task: Task, policy: PolicyClient, harness: Harness, item: WorkItem, 
         raise RolloutLost(f"{item.key}: {episode.detail}")
     score = score_changes(task, changes)
     flags = detect(task, changes, episode.tool_calls, score, _final_message(episode.messages))
-    return Trajectory.from_episode(episode, task_id=task.id, group_id=item.group_id, sample=item.sample, score=score,
-                                   hack_flags=flags, start_version=item.version)
+    return Trajectory.from_episode(
+        episode,
+        task_id=task.id,
+        group_id=item.group_id,
+        sample=item.sample,
+        score=score,
+        hack_flags=flags,
+        start_version=item.version,
+    )

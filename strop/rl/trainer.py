@@ -113,10 +113,18 @@ def token_logprobs(model, batch: TrainBatch) -> torch.Tensor:
 
 
 class RLTrainer:
-    def __init__(self, model, rl: RLSection, *, pad_id: int,
-                 publish: Callable[[int, dict[str, torch.Tensor]], None] = lambda version, state: None,
-                 replay_ctx: ReplayContext = no_replay, log: Callable[[dict], None] = lambda row: None,
-                 version: int = 0, ranks: Ranks | None = None):
+    def __init__(
+        self,
+        model,
+        rl: RLSection,
+        *,
+        pad_id: int,
+        publish: Callable[[int, dict[str, torch.Tensor]], None] = lambda version, state: None,
+        replay_ctx: ReplayContext = no_replay,
+        log: Callable[[dict], None] = lambda row: None,
+        version: int = 0,
+        ranks: Ranks | None = None,
+    ):
         """`ranks`: the rank group `model` is already sharded over (`strop.train.parallel`); None =
         this process alone."""
         self.model = model.float().train()  # fp32 master weights; engines get bf16 copies
@@ -127,7 +135,9 @@ class RLTrainer:
         self.replay_ctx = replay_ctx
         self.log = log
         self.version = version
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=rl.lr, betas=(0.9, 0.95), weight_decay=rl.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=rl.lr, betas=(0.9, 0.95), weight_decay=rl.weight_decay
+        )
 
     def step(self, samples: list[Sample]) -> dict:
         """One optimizer step on `samples` (normally all samples of `rl.batch_groups` groups);
@@ -135,7 +145,9 @@ class RLTrainer:
         assert samples, "a step needs samples"
         trajs = [s.trajectory for s in samples]
         staleness = Counter(self.version - t.min_version for t in trajs)
-        assert max(staleness) <= self.rl.max_staleness, f"staleness {max(staleness)} > rl.max_staleness at version {self.version}"
+        assert max(staleness) <= self.rl.max_staleness, (
+            f"staleness {max(staleness)} > rl.max_staleness at version {self.version}"
+        )
         t0 = time.perf_counter()
         rows = [(seg, s.advantage, s.weight) for s in samples for seg in s.trajectory.segments if any(seg.loss_mask)]
         rows.sort(key=lambda row: len(row[0]))  # similar lengths share a micro-batch: less padding
@@ -148,16 +160,23 @@ class RLTrainer:
         sums: Counter = Counter()
         loss_total, tokens = 0.0, 0
         behavior_lp, trainer_lp = [], []  # on generated tokens, for the mismatch metrics
-        learned: list[tuple[TrainBatch, torch.Tensor, bool]] = []  # learning batches, their logprobs before the step, counted
+        learned: list[
+            tuple[TrainBatch, torch.Tensor, bool]
+        ] = []  # learning batches, their logprobs before the step, counted
         mb = self.rl.micro_batch
         # This rank's share of the micro-batches (all of them in one process), learning ones first.
-        chunks = [(learn, chunk, counted) for learn, part in ((True, learning), (False, idle))
-                  for chunk, counted in self.ranks.share([part[i : i + mb] for i in range(0, len(part), mb)], weightless)]
+        chunks = [
+            (learn, chunk, counted)
+            for learn, part in ((True, learning), (False, idle))
+            for chunk, counted in self.ranks.share([part[i : i + mb] for i in range(0, len(part), mb)], weightless)
+        ]
         for learn, chunk, counted in chunks:
             batch = build_batch(chunk, self.pad_id)
             with self.replay_ctx(self.model, batch), torch.set_grad_enabled(learn):
                 logprobs = token_logprobs(self.model, batch)
-                loss, m = policy_loss(logprobs, batch.behavior_BT, batch.advantages_BT, batch.weights_BT, batch.mask_BT, self.rl)
+                loss, m = policy_loss(
+                    logprobs, batch.behavior_BT, batch.advantages_BT, batch.weights_BT, batch.mask_BT, self.rl
+                )
             if learn:
                 loss.backward()  # weights carry the normalisation: micro-batch losses add up to the batch loss
                 learned.append((batch, logprobs.detach(), counted))
@@ -171,7 +190,9 @@ class RLTrainer:
                 sums[k] += v * m["tokens"] if k != "tokens" else v
         clip = self.rl.grad_clip if self.rl.grad_clip > 0 else float("inf")
         grad_norm = whole(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
-        before = [local(p).detach().clone() for p in self.model.parameters()] if learned and self.rl.measure_update else []
+        before = (
+            [local(p).detach().clone() for p in self.model.parameters()] if learned and self.rl.measure_update else []
+        )
         self.optimizer.step()
         update = self._update_metrics(before, learned) if before else {}
         parts = self.ranks.gather((loss_total, sums, tokens, behavior_lp, trainer_lp))
@@ -193,7 +214,8 @@ class RLTrainer:
             "grad_norm": float(grad_norm),
             "samples": len(trajs),
             "reward": sum(t.reward for t in trajs) / len(trajs),
-            "train_reward": sum(training_reward(t, self.rl.hack_penalty, self.rl.degenerate_penalty) for t in trajs) / len(trajs),
+            "train_reward": sum(training_reward(t, self.rl.hack_penalty, self.rl.degenerate_penalty) for t in trajs)
+            / len(trajs),
             "solve_rate": sum(t.solved for t in trajs) / len(trajs),
             "hacked": sum(bool(t.hack_flags) for t in trajs),
             **{k: sums[k] / n_tok for k in ("k3", "clip_frac", "mask_frac", "trunc_frac", "ratio_mean")},
@@ -246,7 +268,9 @@ class RLTrainer:
         held = [local(p) for p in self.model.parameters()]
         held += [local(v) for s in self.optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
         state_mib = sum(t.numel() * t.element_size() for t in held) / 2**20
-        return self.ranks.gather({"state_mib": state_mib, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+        return self.ranks.gather(
+            {"state_mib": state_mib, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+        )
 
     def bf16_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model in bf16 (gathered from the shards on every rank when sharded)."""
@@ -255,13 +279,17 @@ class RLTrainer:
     def state_dict(self) -> dict:
         """The model's whole tensors (gathered on every rank when sharded, a copy: later steps do not
         change it) and the version: for the final model and for comparisons. Checkpoints are `save`."""
-        return {"model": {k: whole(v).detach().clone() for k, v in self.model.state_dict().items()},
-                "version": self.version}
+        return {
+            "model": {k: whole(v).detach().clone() for k, v in self.model.state_dict().items()},
+            "version": self.version,
+        }
 
     def save(self, path: Path) -> None:
         """Every rank: its shards of the model and the optimizer, the version and torch's RNG, into
         the directory `path` (`strop.checkpoint.save_sharded`), without gathering the model."""
-        save_sharded(path, self.model, self.optimizer, self.ranks, {"version": self.version, "rng": torch.get_rng_state()})
+        save_sharded(
+            path, self.model, self.optimizer, self.ranks, {"version": self.version, "rng": torch.get_rng_state()}
+        )
 
     def load(self, path: Path) -> None:
         """Every rank: load what `save` wrote in `path`, at this or any other number of ranks."""

@@ -73,8 +73,9 @@ class Trajectory:
         return Trajectory(**{**d, "segments": [Segment.from_dict(s) for s in d["segments"]]})
 
     @staticmethod
-    def from_episode(episode: Episode, *, task_id: str, group_id: str, sample: int, score,
-                     hack_flags: list, start_version: int) -> "Trajectory":
+    def from_episode(
+        episode: Episode, *, task_id: str, group_id: str, sample: int, score, hack_flags: list, start_version: int
+    ) -> "Trajectory":
         """Assemble from the harness's `Episode`, the checker's `Score` and the monitor's `HackFlag`s."""
         breakdown = score.to_dict()
         return Trajectory(
@@ -111,12 +112,18 @@ class TrajectoryGroup:
         return min(t.min_version for t in self.trajectories)
 
     def to_dict(self) -> dict:
-        return {"task_id": self.task_id, "group_id": self.group_id, "size": self.size,
-                "trajectories": [t.to_dict() for t in self.trajectories]}
+        return {
+            "task_id": self.task_id,
+            "group_id": self.group_id,
+            "size": self.size,
+            "trajectories": [t.to_dict() for t in self.trajectories],
+        }
 
     @staticmethod
     def from_dict(d: dict) -> "TrajectoryGroup":
-        return TrajectoryGroup(d["task_id"], d["group_id"], d["size"], [Trajectory.from_dict(t) for t in d["trajectories"]])
+        return TrajectoryGroup(
+            d["task_id"], d["group_id"], d["size"], [Trajectory.from_dict(t) for t in d["trajectories"]]
+        )
 
 
 def write_jsonl(path: str | Path, trajectories: Iterable[Trajectory], append: bool = True) -> None:

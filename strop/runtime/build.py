@@ -33,8 +33,17 @@ def _store_url(cfg: Config, out: Path) -> str:
     return cfg.sync.store or str(out / "weights")
 
 
-def _start_runtime(cfg: Config, runtime: str, policy_dir: str, tasks: dict, *, store: str, ray_address: str | None = None,
-                  cpus=None, trainer_process: bool = False):
+def _start_runtime(
+    cfg: Config,
+    runtime: str,
+    policy_dir: str,
+    tasks: dict,
+    *,
+    store: str,
+    ray_address: str | None = None,
+    cpus=None,
+    trainer_process: bool = False,
+):
     import fsspec
     import transformers
     from fsspec.implementations.local import LocalFileSystem
@@ -45,8 +54,10 @@ def _start_runtime(cfg: Config, runtime: str, policy_dir: str, tasks: dict, *, s
     from strop.runtime.engines import check_engine_available
 
     if runtime == "ray" and cfg.rollout.engine != "strop":
-        raise UserError(f"rollout.engine = {cfg.rollout.engine!r} runs on the inline runtime only (Ray engine actors "
-                        "hold strop's engine)")
+        raise UserError(
+            f"rollout.engine = {cfg.rollout.engine!r} runs on the inline runtime only (Ray engine actors "
+            "hold strop's engine)"
+        )
     check_engine_available(cfg.rollout.engine)  # before any model loads
     replay = router_replay if is_moe(load_model_config(policy_dir)) else no_replay
     transformers.logging.set_verbosity_error()
@@ -57,17 +68,31 @@ def _start_runtime(cfg: Config, runtime: str, policy_dir: str, tasks: dict, *, s
     from strop.runtime.ray_runtime import start_ray
 
     if cfg.trainer.parallel.fsdp > 1:
-        raise UserError("config key 'trainer.parallel.fsdp' > 1 runs on the inline runtime only (the Ray trainer is one actor)")
+        raise UserError(
+            "config key 'trainer.parallel.fsdp' > 1 runs on the inline runtime only (the Ray trainer is one actor)"
+        )
     if ray_address and isinstance(fsspec.core.url_to_fs(store)[0], LocalFileSystem):
-        print(f"[rl] warning: the weight store {store!r} is a local directory: engines on other machines receive "
-              f"deltas through their relays but cannot join or repair unless it is shared storage (set sync.store)",
-              file=sys.stderr, flush=True)
+        print(
+            f"[rl] warning: the weight store {store!r} is a local directory: engines on other machines receive "
+            f"deltas through their relays but cannot join or repair unless it is shared storage (set sync.store)",
+            file=sys.stderr,
+            flush=True,
+        )
     return start_ray(cfg, policy_dir, tasks, replay, address=ray_address, cpus=cpus, store_url=store)
 
 
-def train_rl(cfg: Config, *, mode: str = "async", runtime: str = "inline", policy_dir: str | Path | None = None,
-             out_dir: str | Path | None = None, ray_address: str | None = None, cpus=None, trainer_process: bool = False,
-             quiet: bool = False) -> dict:
+def train_rl(
+    cfg: Config,
+    *,
+    mode: str = "async",
+    runtime: str = "inline",
+    policy_dir: str | Path | None = None,
+    out_dir: str | Path | None = None,
+    ray_address: str | None = None,
+    cpus=None,
+    trainer_process: bool = False,
+    quiet: bool = False,
+) -> dict:
     """Run (or resume) RL; returns the run's figures and writes `out_dir/model` at the end. `cpus` and
     `trainer_process` place the inline runtime (see `strop.runtime.inline`)."""
     from strop.model.policy import is_model_dir, load_model, save_model
@@ -84,8 +109,16 @@ def train_rl(cfg: Config, *, mode: str = "async", runtime: str = "inline", polic
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
     tasks = {t.id: t for t in train_tasks(cfg)}
     store = _store_url(cfg, out)
-    rt = _start_runtime(cfg, runtime, str(policy_dir), tasks, store=store, ray_address=ray_address, cpus=cpus,
-                       trainer_process=trainer_process)
+    rt = _start_runtime(
+        cfg,
+        runtime,
+        str(policy_dir),
+        tasks,
+        store=store,
+        ray_address=ray_address,
+        cpus=cpus,
+        trainer_process=trainer_process,
+    )
     try:
         orch = Orchestrator(cfg, rt, list(tasks), mode, out, log=(lambda row: None) if quiet else _print_row)
         if orch.resume():
@@ -94,7 +127,9 @@ def train_rl(cfg: Config, *, mode: str = "async", runtime: str = "inline", polic
         _save_last_versions(store, out / "snapshots")  # for `strop bench sync --demo-run`
         model = load_model(policy_dir)
         model.load_state_dict(rt.state_dict()["model"])
-        save_model(model, rt.tokenizer, out / "model", extra={"config": to_dict(cfg), "rl": {"mode": mode, "steps": orch.step}})
+        save_model(
+            model, rt.tokenizer, out / "model", extra={"config": to_dict(cfg), "rl": {"mode": mode, "steps": orch.step}}
+        )
     finally:
         rt.close()
     result = {"mode": mode, "runtime": runtime, **result}
@@ -120,7 +155,10 @@ def _save_last_versions(store: str, out_dir: Path) -> list[Path]:
 
 
 def _print_row(row: dict) -> None:
-    print(f"[rl] step {row['step']} v{row['version']} reward {row['reward']:.3f} solve {row['solve_rate']:.3f} "
-          f"k3 {row['k3']:.4f} clip {row['clip_frac']:.3f} stale<= {row['staleness_max']} dropped {row['dropped_stale']} "
-          f"hacked {row['hacked']} trainer {row['trainer_busy']:.2f} engine {row['engine_busy']:.2f} "
-          f"{row['rollout_tokens_per_s']:.0f} tok/s {row['wall_s']:.0f} s", flush=True)
+    print(
+        f"[rl] step {row['step']} v{row['version']} reward {row['reward']:.3f} solve {row['solve_rate']:.3f} "
+        f"k3 {row['k3']:.4f} clip {row['clip_frac']:.3f} stale<= {row['staleness_max']} dropped {row['dropped_stale']} "
+        f"hacked {row['hacked']} trainer {row['trainer_busy']:.2f} engine {row['engine_busy']:.2f} "
+        f"{row['rollout_tokens_per_s']:.0f} tok/s {row['wall_s']:.0f} s",
+        flush=True,
+    )

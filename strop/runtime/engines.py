@@ -44,12 +44,22 @@ def check_engine_available(engine: str) -> None:
     from strop.engine.vllm_server import installed
 
     if engine == "vllm" and not installed():
-        raise UserError("rollout.engine = 'vllm' needs vLLM, which is not installed here: run `make vllm` "
-                        "(the optional vLLM engine, see the README's 'vLLM' section)")
+        raise UserError(
+            "rollout.engine = 'vllm' needs vLLM, which is not installed here: run `make vllm` "
+            "(the optional vLLM engine, see the README's 'vLLM' section)"
+        )
 
 
-def start_engine(cfg: Config, index: int, policy_dir: str, tokenizer, store_url: str, relay: RelayLink,
-                 origin_url: str, cpus: frozenset[int] | None = None) -> RunEngine:
+def start_engine(
+    cfg: Config,
+    index: int,
+    policy_dir: str,
+    tokenizer,
+    store_url: str,
+    relay: RelayLink,
+    origin_url: str,
+    cpus: frozenset[int] | None = None,
+) -> RunEngine:
     """Engine `index` of the run, started and following `relay`."""
     r = cfg.rollout
     if r.engine == "strop":
@@ -57,8 +67,14 @@ def start_engine(cfg: Config, index: int, policy_dir: str, tokenizer, store_url:
         from strop.runtime.inline import TimedEngine
         from strop.runtime.weights import SyncedEngine
 
-        engine = TimedEngine(load_model(policy_dir), tokenizer, max_batch=r.engine_batch, max_len=r.max_context,
-                             seed=cfg.run.seed + index, cpus=cpus)
+        engine = TimedEngine(
+            load_model(policy_dir),
+            tokenizer,
+            max_batch=r.engine_batch,
+            max_len=r.max_context,
+            seed=cfg.run.seed + index,
+            cpus=cpus,
+        )
         synced = SyncedEngine(engine, store_url, relay, origin_url)
         engine.start()
         return synced
@@ -72,12 +88,23 @@ def start_engine(cfg: Config, index: int, policy_dir: str, tokenizer, store_url:
         from strop.engine.vllm_server import VllmWeights, vllm_argv, vllm_env
         from strop.threads import set_threads
 
-        server = ServerProcess(vllm_argv(policy_dir, name="strop", max_len=r.max_context, max_batch=r.engine_batch,
-                                         seed=cfg.run.seed + index), env=vllm_env(1 if cpus else set_threads()),
-                               start_timeout_s=VLLM_START_TIMEOUT_S)
+        server = ServerProcess(
+            vllm_argv(
+                policy_dir, name="strop", max_len=r.max_context, max_batch=r.engine_batch, seed=cfg.run.seed + index
+            ),
+            env=vllm_env(1 if cpus else set_threads()),
+            start_timeout_s=VLLM_START_TIMEOUT_S,
+        )
         try:
-            return ServedEngine(EndpointClient(server.url, model="strop"), VllmWeights(server.url),
-                                load_model(policy_dir).state_dict(), store_url, relay, origin_url, owned=server)
+            return ServedEngine(
+                EndpointClient(server.url, model="strop"),
+                VllmWeights(server.url),
+                load_model(policy_dir).state_dict(),
+                store_url,
+                relay,
+                origin_url,
+                owned=server,
+            )
         except BaseException:
             server.close()
             raise
@@ -87,8 +114,9 @@ def start_engine(cfg: Config, index: int, policy_dir: str, tokenizer, store_url:
         client.connect()
     except ConnectionError as e:
         raise UserError(f"config key 'rollout.engine': {e}") from None
-    return ServedEngine(client, StoreVersionLoader(client), load_model(policy_dir).state_dict(), store_url, relay,
-                        origin_url)
+    return ServedEngine(
+        client, StoreVersionLoader(client), load_model(policy_dir).state_dict(), store_url, relay, origin_url
+    )
 
 
 class StoreVersionLoader:

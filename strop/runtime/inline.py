@@ -100,8 +100,17 @@ class InlineRuntime:
     """Trainer, one inference cluster (one relay, `rollout.engines` engines) and rollout threads
     on this machine; weights flow through the same transport as on Ray (`strop.sync`)."""
 
-    def __init__(self, cfg: Config, policy_dir: str, tasks: dict[str, Task], replay_ctx, *, cpus: CpuSplit | None = None,
-                 trainer_process: bool = False, store_url: str | None = None):
+    def __init__(
+        self,
+        cfg: Config,
+        policy_dir: str,
+        tasks: dict[str, Task],
+        replay_ctx,
+        *,
+        cpus: CpuSplit | None = None,
+        trainer_process: bool = False,
+        store_url: str | None = None,
+    ):
         from strop.data.tokenizer import load_tokenizer
 
         r = cfg.rollout
@@ -112,7 +121,9 @@ class InlineRuntime:
         self.store_url = store_url or self._tmp.name
         pad_id = self.tokenizer.pad_token_id or 0
         if trainer_process:
-            self.trainer = TrainerProcess(cfg, policy_dir, replay_ctx, pad_id, cpus.trainer if cpus else None, self.store_url)
+            self.trainer = TrainerProcess(
+                cfg, policy_dir, replay_ctx, pad_id, cpus.trainer if cpus else None, self.store_url
+            )
             pin(cpus.rollout if cpus else None)  # the orchestrator loop stays off the trainer's core
         else:
             pin(cpus.trainer if cpus else None)
@@ -121,13 +132,24 @@ class InlineRuntime:
         self.relay = Relay(self.trainer.origin_url, cfg.sync.lan_mb_s * 1e6 or None, keep=relay_keep(cfg)).start()
         self.engines: list[RunEngine] = []
         for i in range(r.engines):
-            self.engines.append(start_engine(cfg, i, policy_dir, self.tokenizer, self.store_url, self.relay.link(),
-                                             self.trainer.origin_url, cpus.rollout if cpus else None))
+            self.engines.append(
+                start_engine(
+                    cfg,
+                    i,
+                    policy_dir,
+                    self.tokenizer,
+                    self.store_url,
+                    self.relay.link(),
+                    self.trainer.origin_url,
+                    cpus.rollout if cpus else None,
+                )
+            )
         self.wait_synced()  # engines serve exactly the bf16 weights the trainer published
         self.harness = Harness(self.tokenizer, harness_config(r))
         self.limits = sandbox_limits(r)
-        self.pool = ThreadPoolExecutor(r.workers, thread_name_prefix="strop-rollout",
-                                       initializer=pin, initargs=(cpus.rollout if cpus else None,))
+        self.pool = ThreadPoolExecutor(
+            r.workers, thread_name_prefix="strop-rollout", initializer=pin, initargs=(cpus.rollout if cpus else None,)
+        )
         self.done: queue.Queue[Result] = queue.Queue()
         self._next = 0
 
@@ -140,7 +162,9 @@ class InlineRuntime:
 
     def _run(self, item: WorkItem, engine: RunEngine) -> None:
         try:
-            self.done.put((item, rollout(self.tasks[item.task_id], engine.policy(), self.harness, item, self.limits), None))
+            self.done.put(
+                (item, rollout(self.tasks[item.task_id], engine.policy(), self.harness, item, self.limits), None)
+            )
         except RolloutLost as e:
             self.done.put((item, None, str(e)))
 
@@ -198,11 +222,19 @@ class InlineRuntime:
         pin(frozenset(self._caller_cpus))
 
 
-def start_inline(cfg: Config, policy_dir: str, tasks: dict[str, Task], replay_ctx, cpus: CpuSplit | None = None,
-                 trainer_process: bool = False, store_url: str | None = None) -> InlineRuntime:
+def start_inline(
+    cfg: Config,
+    policy_dir: str,
+    tasks: dict[str, Task],
+    replay_ctx,
+    cpus: CpuSplit | None = None,
+    trainer_process: bool = False,
+    store_url: str | None = None,
+) -> InlineRuntime:
     """`store_url`: the versioned weight store (default: a temporary directory, removed at close)."""
     # placed: one thread per role, so the engine's torch ops never spill onto the trainer's core
     set_threads(1 if cpus else (cfg.run.threads or None))
     retain_freed_memory()  # engine steps and weight publishing allocate the same buffers every time (see _trainer_main)
-    return InlineRuntime(cfg, policy_dir, tasks, replay_ctx, cpus=cpus, trainer_process=trainer_process,
-                         store_url=store_url)
+    return InlineRuntime(
+        cfg, policy_dir, tasks, replay_ctx, cpus=cpus, trainer_process=trainer_process, store_url=store_url
+    )

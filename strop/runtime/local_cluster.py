@@ -20,8 +20,9 @@ def local_cluster(inference_clusters: list[str], cpus_per_node: int = 1) -> Iter
     from ray.cluster_utils import Cluster
 
     node = {"num_cpus": cpus_per_node, "object_store_memory": OBJECT_STORE_BYTES}
-    cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False,
-                                                            "labels": {ROLE_LABEL: TRAINER_ROLE}})
+    cluster = Cluster(
+        initialize_head=True, head_node_args={**node, "include_dashboard": False, "labels": {ROLE_LABEL: TRAINER_ROLE}}
+    )
     try:
         for name in inference_clusters:
             cluster.add_node(**node, labels={ROLE_LABEL: "inference", CLUSTER_LABEL: name})

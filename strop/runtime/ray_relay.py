@@ -17,5 +17,9 @@ class RelayActor:
     def stats(self) -> dict:
         """Bytes it pulled from the trainer side, and what it served its engines."""
         r = self.relay
-        return {"pulled_bytes": r.pulled_bytes, "sent_bytes": r.sent_bytes, "sent_deltas": r.sent_deltas,
-                "node": ray.get_runtime_context().get_node_id()}
+        return {
+            "pulled_bytes": r.pulled_bytes,
+            "sent_bytes": r.sent_bytes,
+            "sent_deltas": r.sent_deltas,
+            "node": ray.get_runtime_context().get_node_id(),
+        }

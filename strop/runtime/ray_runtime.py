@@ -64,8 +64,9 @@ def _start_process(cpus: frozenset[int] | None) -> None:
 
 @ray.remote(num_cpus=0)
 class TrainerActor:
-    def __init__(self, cfg: Config, policy_dir: str, replay_ctx, pad_id: int, cpus: frozenset[int] | None,
-                 store_url: str):
+    def __init__(
+        self, cfg: Config, policy_dir: str, replay_ctx, pad_id: int, cpus: frozenset[int] | None, store_url: str
+    ):
         _start_process(cpus)
         from strop.model.policy import load_model
         from strop.rl.trainer import RLTrainer
@@ -109,8 +110,17 @@ class EngineActor:
     """One engine and its sync thread; its loop thread batches the turns of every rollout thread
     calling `generate`."""
 
-    def __init__(self, r: RolloutSection, policy_dir: str, label: str, seed: int, cpus: frozenset[int] | None,
-                 store_url: str, relay_url: str, origin_url: str):
+    def __init__(
+        self,
+        r: RolloutSection,
+        policy_dir: str,
+        label: str,
+        seed: int,
+        cpus: frozenset[int] | None,
+        store_url: str,
+        relay_url: str,
+        origin_url: str,
+    ):
         _start_process(cpus)
         from strop.data.tokenizer import load_tokenizer
         from strop.model.policy import load_model
@@ -119,8 +129,14 @@ class EngineActor:
         from strop.sync.relay import http_link
 
         self.label = label
-        self.engine = TimedEngine(load_model(policy_dir), load_tokenizer(policy_dir), max_batch=r.engine_batch,
-                                  max_len=r.max_context, seed=seed, cpus=cpus)
+        self.engine = TimedEngine(
+            load_model(policy_dir),
+            load_tokenizer(policy_dir),
+            max_batch=r.engine_batch,
+            max_len=r.max_context,
+            seed=seed,
+            cpus=cpus,
+        )
         self.synced = SyncedEngine(self.engine, store_url, http_link(relay_url), origin_url)
         self.engine.start()
 
@@ -136,10 +152,16 @@ class EngineActor:
         s = self.synced.sync
         with s.cond:  # swaps: (version, pause seconds, time.time() it went live), the first one the bootstrap
             swaps = [(v, pause, at) for (v, at), pause in zip(s.swapped_at.items(), s.pauses)]
-        return {"label": self.label, "version": self.engine.version, "busy_s": self.engine.busy_s, "pid": os.getpid(),
-                "node": ray.get_runtime_context().get_node_id(), "swaps": swaps,
-                "repaired": [x for rep in s.reports for x in rep.repaired],
-                "repaired_bytes": sum(rep.repaired_bytes for rep in s.reports)}
+        return {
+            "label": self.label,
+            "version": self.engine.version,
+            "busy_s": self.engine.busy_s,
+            "pid": os.getpid(),
+            "node": ray.get_runtime_context().get_node_id(),
+            "swaps": swaps,
+            "repaired": [x for rep in s.reports for x in rep.repaired],
+            "repaired_bytes": sum(rep.repaired_bytes for rep in s.reports),
+        }
 
     def weights_crc32(self) -> dict[str, int]:
         """CRC-32C of each live tensor as fp32 (as it is, or widened from bf16: both exact), so a
@@ -197,8 +219,17 @@ def _on(label: str) -> dict:
 
 
 class RayRuntime:
-    def __init__(self, cfg: Config, policy_dir: str, tasks: dict[str, Task], replay_ctx, *,
-                 cpus: CpuSplit | None = None, rollout_actors: int = ROLLOUT_ACTORS, store_url: str | None = None):
+    def __init__(
+        self,
+        cfg: Config,
+        policy_dir: str,
+        tasks: dict[str, Task],
+        replay_ctx,
+        *,
+        cpus: CpuSplit | None = None,
+        rollout_actors: int = ROLLOUT_ACTORS,
+        store_url: str | None = None,
+    ):
         from strop.data.tokenizer import load_tokenizer
 
         self.cfg, self.policy_dir, self.tasks = cfg, policy_dir, tasks
@@ -208,11 +239,19 @@ class RayRuntime:
         self.store_url = store_url or self._tmp.name
         has_trainer_node, self.clusters = cluster_layout()
         placed = {"label_selector": {ROLE_LABEL: TRAINER_ROLE}} if has_trainer_node else {}
-        self.trainer = TrainerActor.options(**placed).remote(cfg, policy_dir, replay_ctx, self.tokenizer.pad_token_id or 0,
-                                                             cpus.trainer if cpus else None, self.store_url)
+        self.trainer = TrainerActor.options(**placed).remote(
+            cfg,
+            policy_dir,
+            replay_ctx,
+            self.tokenizer.pad_token_id or 0,
+            cpus.trainer if cpus else None,
+            self.store_url,
+        )
         self.origin_url = ray.get(self.trainer.origin_url.remote())
         lan = cfg.sync.lan_mb_s * 1e6 or None
-        self.relays = {c: RelayActor.options(**_on(c)).remote(self.origin_url, lan, relay_keep(cfg)) for c in self.clusters}
+        self.relays = {
+            c: RelayActor.options(**_on(c)).remote(self.origin_url, lan, relay_keep(cfg)) for c in self.clusters
+        }
         self.relay_urls = {c: ray.get(a.url.remote()) for c, a in self.relays.items()}
         self._version = 0
         self.engines: dict[str, object] = {}  # name -> handle, live engines only
@@ -230,7 +269,8 @@ class RayRuntime:
 
     def _new_worker(self, concurrency: int):
         return RolloutActor.options(max_concurrency=concurrency).remote(
-            self.cfg.rollout, self.policy_dir, self.cpus.rollout if self.cpus else None)
+            self.cfg.rollout, self.policy_dir, self.cpus.rollout if self.cpus else None
+        )
 
     # ---- engines joining and leaving -------------------------------------------------------
 
@@ -240,8 +280,15 @@ class RayRuntime:
         name = f"engine-{self._engine_seq}"
         self._engine_seq += 1
         engine = EngineActor.options(**_on(cluster)).remote(
-            self.cfg.rollout, self.policy_dir, cluster, self.cfg.run.seed + self._engine_seq,
-            self.cpus.rollout if self.cpus else None, self.store_url, self.relay_urls[cluster], self.origin_url)
+            self.cfg.rollout,
+            self.policy_dir,
+            cluster,
+            self.cfg.run.seed + self._engine_seq,
+            self.cpus.rollout if self.cpus else None,
+            self.store_url,
+            self.relay_urls[cluster],
+            self.origin_url,
+        )
         if not ray.get(engine.wait_version.remote(self._version)):
             raise RuntimeError(f"{name} did not reach version {self._version} in {SYNC_TIMEOUT_S:.0f} s")
         self.engines[name] = engine
@@ -352,9 +399,17 @@ class RayRuntime:
             self._tmp.cleanup()
 
 
-def start_ray(cfg: Config, policy_dir: str, tasks: dict[str, Task], replay_ctx, *, address: str | None = None,
-              cpus: CpuSplit | None = None, store_url: str | None = None,
-              rollout_actors: int = ROLLOUT_ACTORS) -> RayRuntime:
+def start_ray(
+    cfg: Config,
+    policy_dir: str,
+    tasks: dict[str, Task],
+    replay_ctx,
+    *,
+    address: str | None = None,
+    cpus: CpuSplit | None = None,
+    store_url: str | None = None,
+    rollout_actors: int = ROLLOUT_ACTORS,
+) -> RayRuntime:
     """`store_url`: the versioned weight store, readable from every inference node (default: a
     temporary directory on this machine, removed at close)."""
     if not ray.is_initialized():

@@ -95,8 +95,16 @@ class ServedEngine:
     `initial`: the policy's tensors by the trainer's names (rounded to bf16 here). `owned`: the
     server process this engine started, stopped by `close`."""
 
-    def __init__(self, client: PolicyClient, loader: WeightLoader, initial: dict[str, torch.Tensor],
-                 store_url: str, relay: RelayLink, origin_url: str, owned: ServerProcess | None = None):
+    def __init__(
+        self,
+        client: PolicyClient,
+        loader: WeightLoader,
+        initial: dict[str, torch.Tensor],
+        store_url: str,
+        relay: RelayLink,
+        origin_url: str,
+        owned: ServerProcess | None = None,
+    ):
         self.client, self.loader, self.owned = client, loader, owned
         self.gate = ServingGate()
         self._dir = Path(tempfile.mkdtemp(prefix="strop-served-weights-"))
@@ -109,8 +117,9 @@ class ServedEngine:
         self.version = -1  # the server's own weights, not yet the published bf16 snapshot
         self.sync = EngineSync(live, version=-1, swap=self._swap)
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.sync.follow, args=(store, relay, origin_url, self.stop),
-                                       name="strop-served-sync", daemon=True)
+        self.thread = threading.Thread(
+            target=self.sync.follow, args=(store, relay, origin_url, self.stop), name="strop-served-sync", daemon=True
+        )
         self.thread.start()
 
     def _write(self, version: int) -> Path:

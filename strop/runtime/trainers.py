@@ -26,8 +26,9 @@ from strop.sync.publisher import TrainerSync
 def trainer_sync(cfg: Config, store_url: str, host: str = "127.0.0.1") -> TrainerSync:
     """The trainer's end of the weight transport, as `[sync]` configures it."""
     s = cfg.sync
-    return TrainerSync(store_url, full=s.type == "full", keep_deltas=s.keep_deltas,
-                       wan_bytes_per_s=s.wan_mb_s * 1e6 or None, host=host)
+    return TrainerSync(
+        store_url, full=s.type == "full", keep_deltas=s.keep_deltas, wan_bytes_per_s=s.wan_mb_s * 1e6 or None, host=host
+    )
 
 
 class NoTransport:
@@ -116,8 +117,9 @@ class LocalTrainer:
         self.sync.close()
 
 
-def _trainer_main(conn, cfg: Config, policy_dir: str, replay_ctx, pad_id: int, cpus: frozenset[int] | None,
-                  store_url: str) -> None:
+def _trainer_main(
+    conn, cfg: Config, policy_dir: str, replay_ctx, pad_id: int, cpus: frozenset[int] | None, store_url: str
+) -> None:
     """The child process of `TrainerProcess`: a `LocalTrainer` answering (method, arguments) messages."""
     from strop.memory import retain_freed_memory
     from strop.runtime.inline import pin
@@ -146,13 +148,17 @@ def _send(conn, obj) -> None:
 class TrainerProcess:
     """A `LocalTrainer` in a child process (spawned, pinned to `cpus`), with the same calls."""
 
-    def __init__(self, cfg: Config, policy_dir: str, replay_ctx, pad_id: int, cpus: frozenset[int] | None,
-                 store_url: str):
+    def __init__(
+        self, cfg: Config, policy_dir: str, replay_ctx, pad_id: int, cpus: frozenset[int] | None, store_url: str
+    ):
         ctx = multiprocessing.get_context("spawn")  # never fork a process that runs torch threads
         self.conn, child = ctx.Pipe()
         # not a daemon, so it can start the ranks of a sharded trainer; it ends when the pipe closes
-        self.proc = ctx.Process(target=_trainer_main, args=(child, cfg, policy_dir, replay_ctx, pad_id, cpus, store_url),
-                                name="strop-trainer")
+        self.proc = ctx.Process(
+            target=_trainer_main,
+            args=(child, cfg, policy_dir, replay_ctx, pad_id, cpus, store_url),
+            name="strop-trainer",
+        )
         self.proc.start()
         self.origin_url = pickle.loads(self.conn.recv_bytes())
         self.version = 0

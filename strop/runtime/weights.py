@@ -36,12 +36,14 @@ class SyncedEngine:
             raise ValueError(f"the engine's model has no tensors {missing[:3]}: it is not the trainer's policy")
         # the same weights, rounded as the trainer publishes them: not a new version (versions never go back,
         # and the trainer's first one may be the engine's own)
-        engine.update_weights(apply_fn=lambda named: _round_to_bf16([named[n] for n in names]),
-                              version=engine.version).wait()
+        engine.update_weights(
+            apply_fn=lambda named: _round_to_bf16([named[n] for n in names]), version=engine.version
+        ).wait()
         self.sync = EngineSync({n: named[n] for n in names}, version=-1, swap=self._swap, with_values=True)
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.sync.follow, args=(store, relay, origin_url, self.stop),
-                                       name="strop-weight-sync", daemon=True)
+        self.thread = threading.Thread(
+            target=self.sync.follow, args=(store, relay, origin_url, self.stop), name="strop-weight-sync", daemon=True
+        )
         self.thread.start()
 
     def _swap(self, staged: Staged) -> float:
@@ -49,8 +51,12 @@ class SyncedEngine:
         decodes; then, between two decode steps, write the patch and install the repacking. Returns
         the engine's pause."""
         derived = self.engine.forward.prepare(staged.names, staged.values)
-        return self.engine.update_weights(apply_fn=lambda named: apply_inplace(self.sync.live, staged),
-                                          version=staged.version, changed=staged.names, derived=derived).wait()
+        return self.engine.update_weights(
+            apply_fn=lambda named: apply_inplace(self.sync.live, staged),
+            version=staged.version,
+            changed=staged.names,
+            derived=derived,
+        ).wait()
 
     def wait_version(self, version: int, timeout: float | None = None) -> bool:
         return self.sync.wait_version(version, timeout)

@@ -35,8 +35,11 @@ from strop.sync.replica import Patch, Replica, SyncReport
 from strop.sync.store import MissingPiece, Store
 from strop.sync.tensors import Tensor
 
-_DTYPES = {torch.bfloat16: ("BF16", torch.int16), torch.float16: ("F16", torch.int16),
-           torch.float32: ("F32", torch.int32)}
+_DTYPES = {
+    torch.bfloat16: ("BF16", torch.int16),
+    torch.float16: ("F16", torch.int16),
+    torch.float32: ("F32", torch.int32),
+}
 _TORCH = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
 DENSE = 16  # a CPU tensor with more than 1/DENSE of its elements changed is copied whole, not scattered
 
@@ -71,13 +74,19 @@ class Staged:
     version: int
     names: list[str] = field(default_factory=list)  # every tensor the patch touches
     puts: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
-    cpu_puts: dict[str, tuple[np.ndarray, np.ndarray | slice, np.ndarray]] = field(default_factory=dict)  # view, idx, vals
+    cpu_puts: dict[str, tuple[np.ndarray, np.ndarray | slice, np.ndarray]] = field(
+        default_factory=dict
+    )  # view, idx, vals
     copies: dict[str, torch.Tensor] = field(default_factory=dict)
     values: dict[str, torch.Tensor] = field(default_factory=dict)  # whole new tensors, when staged with a base
 
 
-def stage(patch: Patch, live: dict[str, torch.Tensor], wire: dict[str, str] | None = None,
-          base: dict[str, Tensor] | None = None) -> Staged:
+def stage(
+    patch: Patch,
+    live: dict[str, torch.Tensor],
+    wire: dict[str, str] | None = None,
+    base: dict[str, Tensor] | None = None,
+) -> Staged:
     """Prepare `patch` for `apply_inplace` (slow part: conversions and host-to-device copies).
     `wire`: each tensor's dtype on the wire (default: the live tensor's own). `base`: the
     replica's copy the patch applies to; given, each touched tensor's whole new value is staged
@@ -149,8 +158,13 @@ class EngineSync:
     `swap(staged) -> pause seconds` writes a staged patch between two decode steps (default: at once);
     `with_values`: stage each touched tensor's whole new value too, for an engine that repacks."""
 
-    def __init__(self, live: dict[str, torch.Tensor], version: int = -1,
-                 swap: Callable[[Staged], float] | None = None, with_values: bool = False):
+    def __init__(
+        self,
+        live: dict[str, torch.Tensor],
+        version: int = -1,
+        swap: Callable[[Staged], float] | None = None,
+        with_values: bool = False,
+    ):
         mirror = {}
         for k, t in live.items():
             wire = t.detach().to(torch.bfloat16).cpu()
@@ -179,8 +193,13 @@ class EngineSync:
             self.version = patch.version
             self.cond.notify_all()
 
-    def advance(self, store: Store, target: int | None = None, fetch: Callable[[int], bytes] | None = None,
-                tensor: Callable[[str, int], Tensor] | None = None) -> SyncReport:
+    def advance(
+        self,
+        store: Store,
+        target: int | None = None,
+        fetch: Callable[[int], bytes] | None = None,
+        tensor: Callable[[str, int], Tensor] | None = None,
+    ) -> SyncReport:
         """Walk the chain to `target` (default: the store's latest), swapping in every version."""
         rep = self.replica.advance(store, target, fetch=fetch, apply=self._apply, tensor=tensor)
         with self.cond:

@@ -149,8 +149,15 @@ def _plan(base: StateDict, new: StateDict) -> dict[str, tuple[str, bytes] | list
     return out
 
 
-def encode(base: StateDict, new: StateDict, *, version: int, base_version: int,
-           base_crcs: dict[str, int] | None = None, new_crcs: dict[str, int] | None = None) -> bytes:
+def encode(
+    base: StateDict,
+    new: StateDict,
+    *,
+    version: int,
+    base_version: int,
+    base_crcs: dict[str, int] | None = None,
+    new_crcs: dict[str, int] | None = None,
+) -> bytes:
     """The delta file taking `base` (version `base_version`) to `new` (version `version`).
 
     Pass the crcs when already known (the previous manifest holds the base's), to skip
@@ -164,8 +171,9 @@ def encode(base: StateDict, new: StateDict, *, version: int, base_version: int,
         part = None
         if isinstance(how, list):  # a group: its payload goes where its first member's would
             if how[0] not in placed:
-                payload = tc.encode_delta(np.concatenate([base[k].data for k in how]),
-                                          np.concatenate([new[k].data for k in how]), t.dtype)
+                payload = tc.encode_delta(
+                    np.concatenate([base[k].data for k in how]), np.concatenate([new[k].data for k in how]), t.dtype
+                )
                 starts = np.cumsum([0] + [len(new[k].data) for k in how[:-1]]).tolist()
                 placed[how[0]] = (offset, len(payload), crc32(payload), dict(zip(how, starts)))
                 payloads.append(payload)
@@ -182,9 +190,27 @@ def encode(base: StateDict, new: StateDict, *, version: int, base_version: int,
             base_crc = base_crcs[name] if name in base_crcs else old.crc32()
         crc = new_crcs[name] if name in new_crcs else (base_crc if method == "same" else t.crc32())
         entries.append(Entry(name, method, t.dtype, t.shape, at, length, pcrc, base_crc, crc, part))
-    head = {"format": FORMAT, "version": version, "base_version": base_version, "payload_bytes": offset,
-            "tensors": [[e.name, e.method, e.dtype, list(e.shape), e.offset, e.length, e.payload_crc32,
-                         e.base_crc32, e.crc32, e.part] for e in entries]}
+    head = {
+        "format": FORMAT,
+        "version": version,
+        "base_version": base_version,
+        "payload_bytes": offset,
+        "tensors": [
+            [
+                e.name,
+                e.method,
+                e.dtype,
+                list(e.shape),
+                e.offset,
+                e.length,
+                e.payload_crc32,
+                e.base_crc32,
+                e.crc32,
+                e.part,
+            ]
+            for e in entries
+        ],
+    }
     hb = zstandard.ZstdCompressor(level=3).compress(json.dumps(head, separators=(",", ":")).encode())
     return b"".join([_PREFIX.pack(MAGIC, len(hb), crc32(hb)), hb, *payloads])
 
@@ -211,8 +237,10 @@ def read_header(blob: bytes | memoryview, *, with_payloads: bool = True) -> Head
     have = len(blob) - _PREFIX.size - hlen
     if with_payloads and have != h.payload_bytes:
         missing = [e.name for e in entries if e.length and e.offset + e.length > have]
-        raise DeltaError(f"delta is truncated: {have} of {h.payload_bytes} payload bytes "
-                         f"({len(missing)} tensors incomplete)", missing)
+        raise DeltaError(
+            f"delta is truncated: {have} of {h.payload_bytes} payload bytes ({len(missing)} tensors incomplete)",
+            missing,
+        )
     return h
 
 
@@ -221,8 +249,9 @@ def payload_of(blob: bytes | memoryview, entry: Entry) -> memoryview:
     return memoryview(blob)[start : start + entry.length]
 
 
-def decode_changes(entry: Entry, base: Tensor | None, payload: memoryview, *, check_base: bool = True,
-                   apply: bool = False) -> tuple[np.ndarray, np.ndarray] | Tensor | None:
+def decode_changes(
+    entry: Entry, base: Tensor | None, payload: memoryview, *, check_base: bool = True, apply: bool = False
+) -> tuple[np.ndarray, np.ndarray] | Tensor | None:
     """What one entry does to its base tensor, *not yet verified against entry.crc32*:
     None (unchanged), (positions, new bit patterns) for a delta, or a whole new Tensor (also
     for a delta when `apply`: cheaper than scattering the changes into a copy afterwards)."""
@@ -230,15 +259,21 @@ def decode_changes(entry: Entry, base: Tensor | None, payload: memoryview, *, ch
         raise DeltaError(f"tensor {entry.name!r}: payload is corrupt (checksum mismatch)", [entry.name])
     if entry.method == "full":
         try:
-            return Tensor(entry.dtype, entry.shape, tc.decode_full(payload, bits_dtype(entry.dtype).itemsize,
-                                                                   int(np.prod(entry.shape, dtype=np.int64))))
+            return Tensor(
+                entry.dtype,
+                entry.shape,
+                tc.decode_full(payload, bits_dtype(entry.dtype).itemsize, int(np.prod(entry.shape, dtype=np.int64))),
+            )
         except ValueError as e:
             raise DeltaError(f"tensor {entry.name!r}: {e}", [entry.name]) from None
     if base is None or base.dtype != entry.dtype or base.shape != entry.shape:
         raise DeltaError(f"tensor {entry.name!r}: the base has no matching tensor (wrong base?)", [entry.name])
     if check_base and base.crc32() != entry.base_crc32:
-        raise DeltaError(f"tensor {entry.name!r}: base tensor differs from the one this delta was made "
-                         "against (wrong base version?)", [entry.name])
+        raise DeltaError(
+            f"tensor {entry.name!r}: base tensor differs from the one this delta was made "
+            "against (wrong base version?)",
+            [entry.name],
+        )
     if entry.method == "same":
         return None
     try:
@@ -246,8 +281,9 @@ def decode_changes(entry: Entry, base: Tensor | None, payload: memoryview, *, ch
             return Tensor(entry.dtype, entry.shape, tc.apply_delta(base.data, payload, entry.dtype))
         return tc.decode_delta(base.data, payload, entry.dtype)
     except (ValueError, IndexError) as e:  # the payload passed its checksum, so the base is off
-        raise DeltaError(f"tensor {entry.name!r}: delta does not fit this base (wrong base?): {e}",
-                         [entry.name]) from None
+        raise DeltaError(
+            f"tensor {entry.name!r}: delta does not fit this base (wrong base?): {e}", [entry.name]
+        ) from None
 
 
 def decode_tensor(entry: Entry, base: Tensor | None, payload: memoryview, *, check_base: bool = True) -> Tensor:
@@ -257,13 +293,13 @@ def decode_tensor(entry: Entry, base: Tensor | None, payload: memoryview, *, che
         return base  # its crc was just checked, and for `same` the base crc is the result crc
     out = base if ch is None else ch
     if out.crc32() != entry.crc32:
-        raise DeltaError(f"tensor {entry.name!r}: reconstructed tensor fails its checksum "
-                         "(wrong base?)", [entry.name])
+        raise DeltaError(f"tensor {entry.name!r}: reconstructed tensor fails its checksum (wrong base?)", [entry.name])
     return out
 
 
-def decode_group(members: list[Entry], base: StateDict, payload: memoryview, *,
-                 check_base: bool = True) -> tuple[StateDict, list[str]]:
+def decode_group(
+    members: list[Entry], base: StateDict, payload: memoryview, *, check_base: bool = True
+) -> tuple[StateDict, list[str]]:
     """The new tensors of a group's members that verify against their crcs, and the names of
     those that do not. Raises DeltaError naming all members when the group cannot be decoded
     (corrupt payload, or a member's base missing or wrong)."""
@@ -275,8 +311,11 @@ def decode_group(members: list[Entry], base: StateDict, payload: memoryview, *,
         if old is None or old.dtype != e.dtype or old.shape != e.shape:
             raise DeltaError(f"tensor {e.name!r}: the base has no matching tensor (wrong base?)", names)
         if check_base and old.crc32() != e.base_crc32:
-            raise DeltaError(f"tensor {e.name!r}: base tensor differs from the one this delta was made "
-                             "against (wrong base version?)", names)
+            raise DeltaError(
+                f"tensor {e.name!r}: base tensor differs from the one this delta was made "
+                "against (wrong base version?)",
+                names,
+            )
     data = np.concatenate([old.data for old in olds])
     try:
         tc.apply_delta(data, payload, members[0].dtype, out=data)

@@ -16,25 +16,35 @@ from strop.sync.bits import rice_k, varint
 
 _lib: ctypes.CDLL | None = None
 _tried = False
-_ERRORS = {-1: "payload truncated", -2: "corrupt Rice stream", -3: "corrupt delta: too many classes",
-           -4: "corrupt delta: bad class bound", -5: "corrupt delta: change outside its class",
-           -6: "corrupt delta: bad step stream", -7: "corrupt delta: trailing bytes", -8: "out of memory",
-           -9: "delta coder overran its buffer"}
+_ERRORS = {
+    -1: "payload truncated",
+    -2: "corrupt Rice stream",
+    -3: "corrupt delta: too many classes",
+    -4: "corrupt delta: bad class bound",
+    -5: "corrupt delta: change outside its class",
+    -6: "corrupt delta: bad step stream",
+    -7: "corrupt delta: trailing bytes",
+    -8: "out of memory",
+    -9: "delta coder overran its buffer",
+}
 
 
 def available() -> bool:
     """Whether the C coder can be used here (built on first call)."""
     global _lib, _tried
     if not _tried:
-        lib = load_library("delta", read_sources("strop.sync", "delta_encode.c", "delta_decode.c"),
-                           slow_path="the numpy delta coder")
+        lib = load_library(
+            "delta", read_sources("strop.sync", "delta_encode.c", "delta_decode.c"), slow_path="the numpy delta coder"
+        )
         if lib is not None:
             P, I64, I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-            for name, args in (("delta_scan", [P, P, I64, I, ctypes.c_uint32, P, P, P, P, P]),
-                               ("delta_emit", [P, I64, I, P, I64, I, I, P, P, I, I64, I, I, P, P, I64]),
-                               ("count_changes", [P, P, I64, I]),
-                               ("delta_count", [P, I64]),
-                               ("delta_decode", [P, I64, I, I, I, P, I64, P, P, I64, P])):
+            for name, args in (
+                ("delta_scan", [P, P, I64, I, ctypes.c_uint32, P, P, P, P, P]),
+                ("delta_emit", [P, I64, I, P, I64, I, I, P, P, I, I64, I, I, P, P, I64]),
+                ("count_changes", [P, P, I64, I]),
+                ("delta_count", [P, I64]),
+                ("delta_decode", [P, I64, I, I, I, P, I64, P, P, I64, P]),
+            ):
                 fn = getattr(lib, name)
                 fn.restype, fn.argtypes = I64, args
         _lib, _tried = lib, True  # in this order: a thread that sees _tried sees the library
@@ -64,8 +74,18 @@ def encode_delta(old: np.ndarray, new: np.ndarray, bound: int | None, mant: int,
     steps = np.empty(2 * m, dtype=old.dtype)
     low, top, lsteps, tsteps = coords[:m], coords[m:], steps[:m], steps[m:]
     st = np.empty(6, dtype=np.int64)
-    _lib.delta_scan(old.ctypes.data, new.ctypes.data, n, w, 0 if bound is None else bound << mant,
-                    low.ctypes.data, lsteps.ctypes.data, top.ctypes.data, tsteps.ctypes.data, st.ctypes.data)
+    _lib.delta_scan(
+        old.ctypes.data,
+        new.ctypes.data,
+        n,
+        w,
+        0 if bound is None else bound << mant,
+        low.ctypes.data,
+        lsteps.ctypes.data,
+        top.ctypes.data,
+        tsteps.ctypes.data,
+        st.ctypes.data,
+    )
     ml, mt, nesc, sbig, low_esc, top_esc = (int(x) for x in st)
     # Rice parameters from each stream's sum, as bits.rice_encode picks them (same float math)
     tl = int(low[ml - 1]) - ml + 1 if ml else 0
@@ -73,19 +93,42 @@ def encode_delta(old: np.ndarray, new: np.ndarray, bound: int | None, mant: int,
     te = (ml + top_esc if top_esc >= 0 else low_esc) - nesc + 1 if nesc else 0
     kl, kt, ke, kb = rice_k(tl, ml), rice_k(tt, mt), rice_k(te, nesc), rice_k(sbig, nesc)
     head = varint(0) if bound is None else varint(1) + varint(bound)
-    cap = (_rice_bytes(tl, ml, kl) + _rice_bytes(tt, mt, kt) + (ml + mt + 7) // 8 + _rice_bytes(te, nesc, ke)
-           + _rice_bytes(sbig, nesc, kb))
+    cap = (
+        _rice_bytes(tl, ml, kl)
+        + _rice_bytes(tt, mt, kt)
+        + (ml + mt + 7) // 8
+        + _rice_bytes(te, nesc, ke)
+        + _rice_bytes(sbig, nesc, kb)
+    )
     out = np.empty(len(head) + cap, dtype=np.uint8)
     out[: len(head)] = np.frombuffer(head, dtype=np.uint8)
     totals = np.array([tl, tt, te, sbig], dtype=np.uint64)
-    size = _check(_lib.delta_emit(low.ctypes.data, ml, kl, top.ctypes.data, mt, kt, int(bound is not None),
-                                  lsteps.ctypes.data, tsteps.ctypes.data, w, nesc, ke, kb, totals.ctypes.data,
-                                  out[len(head):].ctypes.data, cap))
+    size = _check(
+        _lib.delta_emit(
+            low.ctypes.data,
+            ml,
+            kl,
+            top.ctypes.data,
+            mt,
+            kt,
+            int(bound is not None),
+            lsteps.ctypes.data,
+            tsteps.ctypes.data,
+            w,
+            nesc,
+            ke,
+            kb,
+            totals.ctypes.data,
+            out[len(head) :].ctypes.data,
+            cap,
+        )
+    )
     return out[: len(head) + size].tobytes()
 
 
-def decode_delta(old: np.ndarray, payload: bytes | memoryview, mant: int, exp_bits: int,
-                 out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def decode_delta(
+    old: np.ndarray, payload: bytes | memoryview, mant: int, exp_bits: int, out: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """`tensor_codec.decode_delta`: changed positions and their new bit patterns; with `out`
     (old's shape and dtype, may be old itself) the new patterns go to out[positions] instead
     and the second array is scratch."""
@@ -93,6 +136,19 @@ def decode_delta(old: np.ndarray, payload: bytes | memoryview, mant: int, exp_bi
     m = _check(_lib.delta_count(buf.ctypes.data, len(buf)))
     pos = np.empty(m, dtype=np.int64)
     vals = np.empty(m, dtype=old.dtype)
-    _check(_lib.delta_decode(old.ctypes.data, len(old), old.itemsize, mant, exp_bits, buf.ctypes.data, len(buf),
-                             pos.ctypes.data, vals.ctypes.data, m, None if out is None else out.ctypes.data))
+    _check(
+        _lib.delta_decode(
+            old.ctypes.data,
+            len(old),
+            old.itemsize,
+            mant,
+            exp_bits,
+            buf.ctypes.data,
+            len(buf),
+            pos.ctypes.data,
+            vals.ctypes.data,
+            m,
+            None if out is None else out.ctypes.data,
+        )
+    )
     return pos, vals

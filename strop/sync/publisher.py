@@ -25,8 +25,15 @@ class TrainerSync:
     """`publish(version, state)` as the trainer calls it; `origin_url` is where relays pull from.
     `wan_bytes_per_s` paces each response to a relay (a token bucket standing for a WAN link)."""
 
-    def __init__(self, store_url: str, *, full: bool = False, keep_deltas: int = 8,
-                 wan_bytes_per_s: float | None = None, host: str = "127.0.0.1"):
+    def __init__(
+        self,
+        store_url: str,
+        *,
+        full: bool = False,
+        keep_deltas: int = 8,
+        wan_bytes_per_s: float | None = None,
+        host: str = "127.0.0.1",
+    ):
         self.store_url = store_url
         self.publisher = Publisher(Store(store_url), full=full)
         self.keep_deltas = keep_deltas
@@ -53,9 +60,14 @@ class TrainerSync:
         o = self.origin
         with o.cond:
             by_version = {v: [o.sent_by_version[v], o.sent_bytes_by_version[v]] for v in sorted(o.sent_by_version)}
-            return {"version": self.publisher.version, "bytes_sent": o.sent_bytes, "deltas_sent": o.sent_deltas,
-                    "sent_by_version": by_version, "file_bytes": dict(self.file_bytes),
-                    "published_at": dict(self.published_at)}
+            return {
+                "version": self.publisher.version,
+                "bytes_sent": o.sent_bytes,
+                "deltas_sent": o.sent_deltas,
+                "sent_by_version": by_version,
+                "file_bytes": dict(self.file_bytes),
+                "published_at": dict(self.published_at),
+            }
 
     def close(self) -> None:
         self.origin.close()

@@ -288,8 +288,9 @@ class RelayLink:
 
 
 def http_link(relay_url: str) -> RelayLink:
-    return RelayLink(lambda after: int(get(f"{relay_url}/head?after={after}", timeout=LONG_POLL_S + 5)),
-                     fetcher(relay_url))
+    return RelayLink(
+        lambda after: int(get(f"{relay_url}/head?after={after}", timeout=LONG_POLL_S + 5)), fetcher(relay_url)
+    )
 
 
 def get(url: str, timeout: float = 60.0) -> bytes:

@@ -90,8 +90,14 @@ def prepare_patch(state: StateDict, crcs: dict[str, int], blob: bytes | memoryvi
     return patch, failed
 
 
-def _prepare_group(state: StateDict, crcs: dict[str, int], blob: bytes | memoryview, members: list[codec.Entry],
-                   have: int, patch: Patch) -> list[str]:
+def _prepare_group(
+    state: StateDict,
+    crcs: dict[str, int],
+    blob: bytes | memoryview,
+    members: list[codec.Entry],
+    have: int,
+    patch: Patch,
+) -> list[str]:
     """Decode and verify a group of small tensors into `patch`; returns the names that failed."""
     names = [e.name for e in members]
     if any(crcs.get(e.name) != e.base_crc32 for e in members) or members[0].offset + members[0].length > have:
@@ -131,9 +137,14 @@ class Replica:
         r.advance(store)
         return r
 
-    def advance(self, store: Store, target: int | None = None, fetch: Callable[[int], bytes] | None = None,
-                apply: Callable[[Patch], None] | None = None,
-                tensor: Callable[[str, int], Tensor] | None = None) -> SyncReport:
+    def advance(
+        self,
+        store: Store,
+        target: int | None = None,
+        fetch: Callable[[int], bytes] | None = None,
+        apply: Callable[[Patch], None] | None = None,
+        tensor: Callable[[str, int], Tensor] | None = None,
+    ) -> SyncReport:
         """Reach version `target` (default: latest). `fetch(v)` gets delta v (default: from the
         store; a relay passes its own); `apply(patch)` writes a verified patch (default: into
         `self.state` at once); `tensor(name, v)` fetches one tensor for a repair (default: rebuilt
@@ -169,8 +180,9 @@ class Replica:
         apply(patch)
         self.crcs, self.version = patch.crcs, patch.version
 
-    def _next(self, store: Store, v: int, fetch: Callable[[int], bytes], tensor: Callable[[str, int], Tensor],
-              rep: SyncReport) -> Patch:
+    def _next(
+        self, store: Store, v: int, fetch: Callable[[int], bytes], tensor: Callable[[str, int], Tensor], rep: SyncReport
+    ) -> Patch:
         """The verified patch to version v: delta v, with what it fails to deliver repaired."""
         try:
             blob = fetch(v)

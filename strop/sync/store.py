@@ -44,16 +44,26 @@ class Manifest:
         return {k: v[2] for k, v in self.tensors.items()}
 
     def to_json(self) -> bytes:
-        return json.dumps({"version": self.version, "base_version": self.base_version, "bytes": self.nbytes,
-                           "tensors": {k: [d, list(s), c] for k, (d, s, c) in self.tensors.items()}}).encode()
+        return json.dumps(
+            {
+                "version": self.version,
+                "base_version": self.base_version,
+                "bytes": self.nbytes,
+                "tensors": {k: [d, list(s), c] for k, (d, s, c) in self.tensors.items()},
+            }
+        ).encode()
 
     @classmethod
     def from_json(cls, b: bytes) -> "Manifest":
         j = json.loads(b)
-        return cls(j["version"], j["base_version"], j["bytes"], {k: (d, tuple(s), c) for k, (d, s, c) in j["tensors"].items()})
+        return cls(
+            j["version"], j["base_version"], j["bytes"], {k: (d, tuple(s), c) for k, (d, s, c) in j["tensors"].items()}
+        )
 
 
-def manifest_of(state: StateDict, crcs: dict[str, int], version: int, base_version: int | None, nbytes: int) -> Manifest:
+def manifest_of(
+    state: StateDict, crcs: dict[str, int], version: int, base_version: int | None, nbytes: int
+) -> Manifest:
     return Manifest(version, base_version, nbytes, {k: (t.dtype, t.shape, crcs[k]) for k, t in sorted(state.items())})
 
 
@@ -265,8 +275,14 @@ class Publisher:
             self.store.set_head(version, version)
         else:
             assert version == self.version + 1, f"a delta takes {self.version} to {self.version + 1}, not {version}"
-            blob = codec.encode({} if self.full else self.state, state, version=version, base_version=self.version,
-                                base_crcs=self.crcs, new_crcs=crcs)
+            blob = codec.encode(
+                {} if self.full else self.state,
+                state,
+                version=version,
+                base_version=self.version,
+                base_crcs=self.crcs,
+                new_crcs=crcs,
+            )
             self.store.put_delta(blob, manifest_of(state, crcs, version, self.version, len(blob)))
             self.store.set_head(version, self.store.head()["snapshot"])
             self.nbytes = len(blob)

@@ -14,8 +14,9 @@ def to_bf16_bits(x: np.ndarray) -> np.ndarray:
     return ((u + (((u >> 16) & 1) + 0x7FFF)) >> 16).astype(np.uint16)
 
 
-def adamw_snapshots(n: int, lr: float, steps: int = 20, keep: tuple[int, ...] = (15, 19, 20),
-                    seed: int = 0) -> dict[int, np.ndarray]:
+def adamw_snapshots(
+    n: int, lr: float, steps: int = 20, keep: tuple[int, ...] = (15, 19, 20), seed: int = 0
+) -> dict[int, np.ndarray]:
     """bf16 bit patterns of the master after each step in `keep` (0 = initial weights)."""
     rng = np.random.default_rng(seed)
     w = rng.normal(0, 0.02, n).astype(np.float32)

@@ -175,8 +175,9 @@ def count_changes(old: np.ndarray, new: np.ndarray, with_mask: bool = True) -> t
     return changed, int(np.count_nonzero(np.not_equal(old, new, out=None if changed is None else changed[:n])))
 
 
-def encode_delta(old: np.ndarray, new: np.ndarray, dtype: str, changed: np.ndarray | None = None,
-                 m: int | None = None) -> bytes:
+def encode_delta(
+    old: np.ndarray, new: np.ndarray, dtype: str, changed: np.ndarray | None = None, m: int | None = None
+) -> bytes:
     """Delta payload turning `old` into `new` (flat unsigned views of one float dtype).
     `changed` may pass the caller's `old != new` in a `bits.mask_buffer`, and `m` its count."""
     mant, exp_bits = FLOATS[dtype]
@@ -199,8 +200,9 @@ def encode_delta(old: np.ndarray, new: np.ndarray, dtype: str, changed: np.ndarr
     top = ~low
     ranks = _low_ranks(old, bound, mant, np.compress(low, pos))
     steps = np.concatenate([np.compress(low, d), np.compress(top, d)])
-    return b"".join([varint(1), varint(bound), _encode_coords(ranks), _encode_coords(np.compress(top, pos)),
-                     *_encode_steps(steps)])
+    return b"".join(
+        [varint(1), varint(bound), _encode_coords(ranks), _encode_coords(np.compress(top, pos)), *_encode_steps(steps)]
+    )
 
 
 def _decode_coords(r: BitReader, limit: int) -> np.ndarray:

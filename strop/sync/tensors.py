@@ -83,8 +83,13 @@ def _well_formed(h) -> bool:
     def naturals(v) -> bool:
         return isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)
 
-    return (isinstance(h, dict) and isinstance(h.get("dtype"), str) and naturals(h.get("shape"))
-            and naturals(h.get("data_offsets")) and len(h["data_offsets"]) == 2)
+    return (
+        isinstance(h, dict)
+        and isinstance(h.get("dtype"), str)
+        and naturals(h.get("shape"))
+        and naturals(h.get("data_offsets"))
+        and len(h["data_offsets"]) == 2
+    )
 
 
 def to_bytes(state: StateDict) -> bytes:
@@ -97,7 +102,9 @@ def to_bytes(state: StateDict) -> bytes:
         offset += t.nbytes
     h = json.dumps(header, separators=(",", ":")).encode()
     h += b" " * (-len(h) % 8)
-    return b"".join([struct.pack("<Q", len(h)), h, *(memoryview(np.ascontiguousarray(state[k].data)).cast("B") for k in names)])
+    return b"".join(
+        [struct.pack("<Q", len(h)), h, *(memoryview(np.ascontiguousarray(state[k].data)).cast("B") for k in names)]
+    )
 
 
 def load(path: str) -> StateDict:

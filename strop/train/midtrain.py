@@ -63,7 +63,9 @@ def lm_loss(model, batch, aux_coef: float, ranks=None):
     if not moe:
         return ce, ce.new_zeros(())
     sigmoid = model.config.model_type == "deepseek_v3"
-    aux = load_balancing_loss(out.router_logits, model.config.num_experts_per_tok, sigmoid=sigmoid, all_sum=ranks.all_sum)
+    aux = load_balancing_loss(
+        out.router_logits, model.config.num_experts_per_tok, sigmoid=sigmoid, all_sum=ranks.all_sum
+    )
     return ce, aux
 
 
@@ -84,8 +86,10 @@ def midtrain(cfg: Config, stop_after: int | None = None) -> dict:
     n = cfg.trainer.parallel.fsdp
     m = cfg.midtrain
     if m.batch_size < n:
-        raise UserError(f"config key 'midtrain.batch_size' ({m.batch_size}) is below trainer.parallel.fsdp ({n}): "
-                        "every rank needs a row of each batch")
+        raise UserError(
+            f"config key 'midtrain.batch_size' ({m.batch_size}) is below trainer.parallel.fsdp ({n}): "
+            "every rank needs a row of each batch"
+        )
     threads = set_threads(max(1, set_threads(cfg.run.threads or None) // n))
     run_dir = cfg.run_dir / "midtrain"
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -95,8 +99,9 @@ def midtrain(cfg: Config, stop_after: int | None = None) -> dict:
     tokenizer = prepare_tokenizer(cfg, corpus, run_dir)
     tok_cache = run_dir / "tokens.npy"
     if not tok_cache.is_file():  # a margin over what the run can consume, so windows are rarely seen twice
-        tokens = tokenize_documents(tokenizer, corpus.train, limit=2 * m.steps * m.batch_size * cfg.data.seq_len,
-                                    seed=cfg.run.seed)
+        tokens = tokenize_documents(
+            tokenizer, corpus.train, limit=2 * m.steps * m.batch_size * cfg.data.seq_len, seed=cfg.run.seed
+        )
         buf = io.BytesIO()
         np.save(buf, tokens)
         write_atomic(tok_cache, buf.getbuffer())  # trusted on resume: whole or absent
@@ -144,7 +149,9 @@ def fit(ranks, cfg: Config, tokenizer, val_tokens, stop_after: int | None, threa
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": m.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=m.lr, betas=(0.9, 0.95), eps=1e-8,
+        lr=m.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
     )
     total = {"steps": m.steps, "chosen": m.budget_s == 0}
     schedule = warmup_cosine(m.warmup_steps, lambda: total["steps"], m.min_lr_ratio)
@@ -185,7 +192,9 @@ def fit(ranks, cfg: Config, tokenizer, val_tokens, stop_after: int | None, threa
         loss = ce + cfg.model.router_aux_loss_coef * aux
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = whole(torch.nn.utils.clip_grad_norm_(model.parameters(), m.grad_clip if m.grad_clip > 0 else float("inf")))
+        grad_norm = whole(
+            torch.nn.utils.clip_grad_norm_(model.parameters(), m.grad_clip if m.grad_clip > 0 else float("inf"))
+        )
         optimizer.step()
         scheduler.step()
         step += 1
@@ -195,12 +204,20 @@ def fit(ranks, cfg: Config, tokenizer, val_tokens, stop_after: int | None, threa
         if not total["chosen"] and step >= m.probe_steps and len(step_times) >= 2:
             # the first step pays one-off costs; time the later probe steps
             step_s = float(np.median(step_times[1:]))
-            total.update(steps=steps_for_budget(cfg, step_s, elapsed_before + time.perf_counter() - t_start), chosen=True)
+            total.update(
+                steps=steps_for_budget(cfg, step_s, elapsed_before + time.perf_counter() - t_start), chosen=True
+            )
             total["steps"] = ranks.broadcast(total["steps"])  # rank 0's clock decides for every rank
             bar.total = total["steps"]
         ce_sum, aux_sum = map(sum, zip(*ranks.gather((ce.item(), aux.item()))))
-        row = {"step": step, "loss": ce_sum, "aux": aux_sum, "grad_norm": grad_norm.item(),
-               "lr": scheduler.get_last_lr()[0], "tok_s": tokens_per_step / dt}
+        row = {
+            "step": step,
+            "loss": ce_sum,
+            "aux": aux_sum,
+            "grad_norm": grad_norm.item(),
+            "lr": scheduler.get_last_lr()[0],
+            "tok_s": tokens_per_step / dt,
+        }
         if step % m.eval_every == 0 or step == total["steps"]:
             row["val_loss"] = evaluate()
         if main:
@@ -209,8 +226,15 @@ def fit(ranks, cfg: Config, tokenizer, val_tokens, stop_after: int | None, threa
         bar.update(1)
         if step % m.ckpt_every == 0 or step == total["steps"]:
             elapsed = elapsed_before + time.perf_counter() - t_start
-            save_training(ckpt, model, optimizer, scheduler, step,
-                          {"elapsed_s": elapsed, "total_steps": total["steps"], "total_chosen": total["chosen"]}, ranks)
+            save_training(
+                ckpt,
+                model,
+                optimizer,
+                scheduler,
+                step,
+                {"elapsed_s": elapsed, "total_steps": total["steps"], "total_chosen": total["chosen"]},
+                ranks,
+            )
     bar.close()
 
     whole_state = {k: whole(v) for k, v in model.state_dict().items()}  # every rank: a collective

@@ -159,8 +159,12 @@ def start_ranks(size: int, target: Callable, args: tuple, threads: int = 1) -> t
     join as rank 0; returns rank 0's group and the worker processes."""
     address = f"127.0.0.1:{free_port()}"
     ctx = multiprocessing.get_context("spawn")  # never fork a process that runs torch threads
-    procs = [ctx.Process(target=_rank_main, args=(r, size, address, threads, target, args), name=f"strop-rank-{r}",
-                         daemon=True) for r in range(1, size)]
+    procs = [
+        ctx.Process(
+            target=_rank_main, args=(r, size, address, threads, target, args), name=f"strop-rank-{r}", daemon=True
+        )
+        for r in range(1, size)
+    ]
     for p in procs:
         p.start()
     return join(0, size, address), procs

@@ -28,9 +28,18 @@ def load_demonstrations(cfg: Config, tokenizer, path: Path) -> list:
     if path.is_file():
         return [Episode.from_dict(json.loads(line)) for line in path.read_text().splitlines()]
     harness = HarnessConfig(max_context=cfg.model.max_positions)
-    episodes, styles = oracle_traces(cfg.sft.suite, "train", tokenizer, limit=cfg.sft.episodes, config=harness,
-                                     check=cfg.sft.demo_check, mix=demonstrator_mix(cfg.sft), workers=cfg.sft.demo_workers,
-                                     difficulties=cfg.sft.difficulties, seed=cfg.run.seed)
+    episodes, styles = oracle_traces(
+        cfg.sft.suite,
+        "train",
+        tokenizer,
+        limit=cfg.sft.episodes,
+        config=harness,
+        check=cfg.sft.demo_check,
+        mix=demonstrator_mix(cfg.sft),
+        workers=cfg.sft.demo_workers,
+        difficulties=cfg.sft.difficulties,
+        seed=cfg.run.seed,
+    )
     print(f"[sft] demonstrations: {len(episodes)} kept; {json.dumps(styles)}", flush=True)
     if len(episodes) < 2:
         raise UserError(f"only {len(episodes)} oracle demonstrations on suite {cfg.sft.suite!r}; need at least 2")
@@ -42,8 +51,9 @@ def demonstrator_mix(s: SFTSection):
     """The demonstrator population the `[sft]` section describes."""
     from strop.env.oracle import DemonstratorMix
 
-    return DemonstratorMix(careful=s.careful, suspects=s.suspects, misremember=s.misremember,
-                           max_wrong=s.max_wrong, run_tests=s.demo_tests)
+    return DemonstratorMix(
+        careful=s.careful, suspects=s.suspects, misremember=s.misremember, max_wrong=s.max_wrong, run_tests=s.demo_tests
+    )
 
 
 def length_batches(lengths: list[int], batch_size: int, rng, pool: int = 8) -> list[list[int]]:
@@ -237,6 +247,8 @@ def fit(ranks, cfg: Config, base_dir: str) -> dict:
     }
     save({"config": to_dict(cfg), "sft": result})
     if main:
-        plot_metrics(log.read(), out / "loss.png", ["loss", "val_loss"], title="SFT loss on demonstration tokens (nats)")
+        plot_metrics(
+            log.read(), out / "loss.png", ["loss", "val_loss"], title="SFT loss on demonstration tokens (nats)"
+        )
         write_atomic(out / "result.json", json.dumps(result, indent=2))
     return result

@@ -54,7 +54,11 @@ class CheckpointRows:
 
         path = Path(path)
         index = path / "model.safetensors.index.json"
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else ["model.safetensors"]
+        files = (
+            sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            if index.is_file()
+            else ["model.safetensors"]
+        )
         self.where = {}
         for f in files:
             handle = stack.enter_context(safe_open(str(path / f), framework="pt"))
@@ -95,7 +99,9 @@ def load_sharded_model(path: str | Path, ranks: Ranks):
         for name, p in model.named_parameters():  # a tied head is the embedding's parameter: read once
             shard = local(p)
             start, stop = rows_of(p.shape[0], ranks)
-            assert shard.shape[0] == stop - start, f"{name}: rank {ranks.rank} holds {shard.shape[0]} rows, not {stop - start}"
+            assert shard.shape[0] == stop - start, (
+                f"{name}: rank {ranks.rank} holds {shard.shape[0]} rows, not {stop - start}"
+            )
             shard.copy_(rows.read(name, start, stop))
     return model
 

@@ -16,8 +16,12 @@ import inspect
 from strop.env.task import Task
 from strop.errors import UserError
 
-SUITES = {"synthetic": "strop.env.suites.synthetic", "humaneval": "strop.env.suites.humaneval",
-          "mutated": "strop.env.suites.mutated", "chain": "strop.env.suites.chain"}
+SUITES = {
+    "synthetic": "strop.env.suites.synthetic",
+    "humaneval": "strop.env.suites.humaneval",
+    "mutated": "strop.env.suites.mutated",
+    "chain": "strop.env.suites.chain",
+}
 
 
 def list_suites() -> list[str]:
@@ -25,7 +29,7 @@ def list_suites() -> list[str]:
 
 
 def split_name(name: str) -> tuple[str, str]:
-    """"synthetic/parse" -> ("synthetic", "parse"); "humaneval" -> ("humaneval", "")."""
+    """ "synthetic/parse" -> ("synthetic", "parse"); "humaneval" -> ("humaneval", "")."""
     base, _, variant = name.partition("/")
     return base, variant
 
@@ -48,8 +52,10 @@ def load_suite(name: str, split: str | None = None, **opts) -> list[Task]:
     variant = split_name(name)[1]
     unknown = sorted(set(opts) - set(inspect.signature(module.load).parameters))
     if unknown:  # e.g. a difficulty for a suite without difficulties
-        raise UserError(f"suite {name!r} takes no {unknown[0]!r} (its options: "
-                        f"{', '.join(p for p in inspect.signature(module.load).parameters if p != 'split') or 'none'})")
+        raise UserError(
+            f"suite {name!r} takes no {unknown[0]!r} (its options: "
+            f"{', '.join(p for p in inspect.signature(module.load).parameters if p != 'split') or 'none'})"
+        )
     return module.load(split, **opts, **({"variant": variant} if variant else {}))
 
 

@@ -25,12 +25,44 @@ SIZES = {"train": 1000, "eval": 300}
 STAGES = {1: 4, 2: 12, 3: 32}  # chain length per difficulty
 DECOYS = 3  # stage-like files off the chain
 NOISE_LINES = 18  # lines of each stage file that say nothing the task needs
-NOISE = ["the build step finished", "cache warmed for the next run", "no changes since the last check",
-         "retrying the upload once", "all workers reported in", "queue drained without errors"]
-WORDS = ["amber", "basil", "cedar", "delta", "ember", "fjord", "gamma", "heron", "indigo", "juniper", "kelp", "lotus",
-         "maple", "nectar", "onyx", "pepper", "quartz", "raven", "sage", "tulip", "umber", "violet", "willow", "yarrow"]
-STUB = ("def answer() -> str:\n    \"\"\"Every stage KEY of the chain, in chain order, joined by '-'.\"\"\"\n"
-        "    raise NotImplementedError\n")
+NOISE = [
+    "the build step finished",
+    "cache warmed for the next run",
+    "no changes since the last check",
+    "retrying the upload once",
+    "all workers reported in",
+    "queue drained without errors",
+]
+WORDS = [
+    "amber",
+    "basil",
+    "cedar",
+    "delta",
+    "ember",
+    "fjord",
+    "gamma",
+    "heron",
+    "indigo",
+    "juniper",
+    "kelp",
+    "lotus",
+    "maple",
+    "nectar",
+    "onyx",
+    "pepper",
+    "quartz",
+    "raven",
+    "sage",
+    "tulip",
+    "umber",
+    "violet",
+    "willow",
+    "yarrow",
+]
+STUB = (
+    'def answer() -> str:\n    """Every stage KEY of the chain, in chain order, joined by \'-\'."""\n'
+    "    raise NotImplementedError\n"
+)
 
 CHECKS_MODULE = '''"""Hidden check, run by strop's judge: the code under test only answers `call`."""
 
@@ -67,16 +99,30 @@ def make_task(difficulty: int, split: str, index: int) -> Task:
     for j in range(n, n + DECOYS):  # off the chain: a key no stage asks for, numbered like no stage
         files[paths[j]] = _stage_file(rng, f"X{j - n}", keys[j], "none")
     expected = "-".join(keys[:n])
-    instruction = (f"Follow the chain of {n} stages that starts at {paths[0]}: each stage file has a line "
-                   f"'STAGE i KEY: ...' and a line 'STAGE i NEXT: <file>' naming the next stage. Then make answer() "
-                   f"in solution.py return all {n} keys in chain order joined by '-'. Files not on the chain do "
-                   "not count.")
+    instruction = (
+        f"Follow the chain of {n} stages that starts at {paths[0]}: each stage file has a line "
+        f"'STAGE i KEY: ...' and a line 'STAGE i NEXT: <file>' naming the next stage. Then make answer() "
+        f"in solution.py return all {n} keys in chain order joined by '-'. Files not on the chain do "
+        "not count."
+    )
     return Task(
-        id=f"chain-d{difficulty}-{split}-{index:04d}", suite="chain", split=split, instruction=instruction,
-        files=files, hidden_tests={"tests/test_hidden.py": CHECKS_MODULE.format(expected=expected)}, grader="values",
-        metadata={"family": "chain", "difficulty": difficulty, "facts": keys[:n], "chain": paths[:n], "n_tests": 1,
-                  "reference_edits": [{"path": "solution.py", "old": "    raise NotImplementedError\n",
-                                       "new": f"    return {expected!r}\n"}]},
+        id=f"chain-d{difficulty}-{split}-{index:04d}",
+        suite="chain",
+        split=split,
+        instruction=instruction,
+        files=files,
+        hidden_tests={"tests/test_hidden.py": CHECKS_MODULE.format(expected=expected)},
+        grader="values",
+        metadata={
+            "family": "chain",
+            "difficulty": difficulty,
+            "facts": keys[:n],
+            "chain": paths[:n],
+            "n_tests": 1,
+            "reference_edits": [
+                {"path": "solution.py", "old": "    raise NotImplementedError\n", "new": f"    return {expected!r}\n"}
+            ],
+        },
     )
 
 
@@ -84,8 +130,12 @@ def load(split: str | None = None, difficulty: int | None = None, limit: int | N
     """Tasks of one split (both when None) and difficulty (all when None); `limit` per (split, difficulty)."""
     if difficulty is not None and difficulty not in STAGES:
         raise UserError(f"suite chain has no difficulty {difficulty}; its difficulties are {list(STAGES)}")
-    return [make_task(d, s, i) for d in ([difficulty] if difficulty else STAGES) for s in ([split] if split else SIZES)
-            for i in range(min(SIZES[s], limit or SIZES[s]))]
+    return [
+        make_task(d, s, i)
+        for d in ([difficulty] if difficulty else STAGES)
+        for s in ([split] if split else SIZES)
+        for i in range(min(SIZES[s], limit or SIZES[s]))
+    ]
 
 
 def get(task_id: str) -> Task | None:

@@ -13,7 +13,7 @@ def reference_edit(buggy: str, fixed: str) -> tuple[str, str]:
     while s < min(len(a), len(b)) - p and a[-1 - s] == b[-1 - s]:
         s += 1
     while True:
-        old, new = "".join(a[p:len(a) - s]), "".join(b[p:len(b) - s])
+        old, new = "".join(a[p : len(a) - s]), "".join(b[p : len(b) - s])
         if old and buggy.count(old) == 1:
             return old, new
         if p > 0:

@@ -50,7 +50,12 @@ def _perturbed_args(test_src: str, seed: str) -> list[tuple]:
     rng = Random(seed)
     out = []
     for node in ast.walk(ast.parse(test_src)):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "candidate" and not node.keywords:
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "candidate"
+            and not node.keywords
+        ):
             try:
                 args = tuple(ast.literal_eval(a) for a in node.args)
             except ValueError:
@@ -135,14 +140,31 @@ def make_task(problem: dict, split: str) -> Task:
     solution = problem["canonical_solution"]
     hidden = HIDDEN_TEMPLATE.format(entry=entry, prompt=problem["prompt"], test=problem["test"])
     cases = _perturbed_args(problem["test"], problem["task_id"])
-    perturbed = {HIDDEN: PERTURBED_TEMPLATE.format(entry=entry, reference=problem["prompt"] + solution, cases=cases)} if cases else {}
+    perturbed = (
+        {HIDDEN: PERTURBED_TEMPLATE.format(entry=entry, reference=problem["prompt"] + solution, cases=cases)}
+        if cases
+        else {}
+    )
     return Task(
-        id=f"humaneval-{number}", suite="humaneval", split=split,
+        id=f"humaneval-{number}",
+        suite="humaneval",
+        split=split,
         instruction=f"Implement `{entry}` in `solution.py` so that it does what its docstring describes.",
-        files={"solution.py": stub}, hidden_tests={HIDDEN: hidden}, perturbed_tests=perturbed, grader="values",
-        metadata={"family": "implement", "difficulty": 1, "source": problem["task_id"], "entry_point": entry,
-                  "n_tests": 1, "n_perturbed_tests": 1 if cases else 0,
-                  "reference_edits": [{"path": "solution.py", "old": STUB, "new": solution if solution.endswith("\n") else solution + "\n"}]},
+        files={"solution.py": stub},
+        hidden_tests={HIDDEN: hidden},
+        perturbed_tests=perturbed,
+        grader="values",
+        metadata={
+            "family": "implement",
+            "difficulty": 1,
+            "source": problem["task_id"],
+            "entry_point": entry,
+            "n_tests": 1,
+            "n_perturbed_tests": 1 if cases else 0,
+            "reference_edits": [
+                {"path": "solution.py", "old": STUB, "new": solution if solution.endswith("\n") else solution + "\n"}
+            ],
+        },
     )
 
 

@@ -33,19 +33,57 @@ from strop.errors import UserError
 # package -> the pure-Python distributions vendored next to it
 PACKAGES: dict[str, tuple[str, ...]] = {"toolz": (), "fire": ("termcolor",), "mpmath": ()}
 SKIP_TESTS = ("_fuzz_test.py", "test_referencing_suite.py", "torture.py", "runtests.py", "extratest_")
-PROTECTED = ["test_*.py", "*_test.py", "**/test_*.py", "**/*_test.py", "tests/**", "**/tests/**", "conftest.py",
-             "**/conftest.py", "pytest.ini", "setup.cfg", "tox.ini", "pyproject.toml"]
+PROTECTED = [
+    "test_*.py",
+    "*_test.py",
+    "**/test_*.py",
+    "**/*_test.py",
+    "tests/**",
+    "**/tests/**",
+    "conftest.py",
+    "**/conftest.py",
+    "pytest.ini",
+    "setup.cfg",
+    "tox.ini",
+    "pyproject.toml",
+]
 PER_FUNCTION = 3
 TEST_TIMEOUT_S = 30.0  # a task's test run; baseline files slower than BASELINE_MAX_S are not used
 BASELINE_MAX_S = 15.0
 EVAL_FRACTION = 0.2
 
-CMP_FLIP = {ast.Lt: "<=", ast.LtE: "<", ast.Gt: ">=", ast.GtE: ">", ast.Eq: "!=", ast.NotEq: "==",
-            ast.In: "not in", ast.NotIn: "in", ast.Is: "is not", ast.IsNot: "is"}
-CMP_TEXT = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!=",
-            ast.In: "in", ast.NotIn: "not in", ast.Is: "is", ast.IsNot: "is not"}
-BIN_SWAP = {ast.Add: ("+", "-"), ast.Sub: ("-", "+"), ast.Mult: ("*", "//"), ast.FloorDiv: ("//", "*"),
-            ast.Div: ("/", "*"), ast.Mod: ("%", "//")}
+CMP_FLIP = {
+    ast.Lt: "<=",
+    ast.LtE: "<",
+    ast.Gt: ">=",
+    ast.GtE: ">",
+    ast.Eq: "!=",
+    ast.NotEq: "==",
+    ast.In: "not in",
+    ast.NotIn: "in",
+    ast.Is: "is not",
+    ast.IsNot: "is",
+}
+CMP_TEXT = {
+    ast.Lt: "<",
+    ast.LtE: "<=",
+    ast.Gt: ">",
+    ast.GtE: ">=",
+    ast.Eq: "==",
+    ast.NotEq: "!=",
+    ast.In: "in",
+    ast.NotIn: "not in",
+    ast.Is: "is",
+    ast.IsNot: "is not",
+}
+BIN_SWAP = {
+    ast.Add: ("+", "-"),
+    ast.Sub: ("-", "+"),
+    ast.Mult: ("*", "//"),
+    ast.FloorDiv: ("//", "*"),
+    ast.Div: ("/", "*"),
+    ast.Mod: ("%", "//"),
+}
 
 
 def cache_dir() -> Path:
@@ -63,7 +101,7 @@ class Mutation:
 
     def apply(self, text: str) -> str:
         b = text.encode()
-        return (b[:self.start] + self.new.encode() + b[self.end:]).decode()
+        return (b[: self.start] + self.new.encode() + b[self.end :]).decode()
 
 
 def _offsets(src: bytes) -> list[int]:
@@ -89,7 +127,7 @@ def mutations(path: str, text: str) -> list[Mutation]:
         a, b = off(node_a.end_lineno, node_a.end_col_offset), off(node_b.lineno, node_b.col_offset)
         gap = src[a:b].decode()
         if gap.count(token) == 1 and gap.replace(token, "").strip(" ()\n\\") == "":
-            i = a + len(gap[:gap.index(token)].encode())
+            i = a + len(gap[: gap.index(token)].encode())
             out.append(Mutation(path, fn, family, i, i + len(token.encode()), new))
 
     for fn in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
@@ -104,8 +142,16 @@ def mutations(path: str, text: str) -> list[Mutation]:
                 old, new = ("and", "or") if isinstance(node.op, ast.And) else ("or", "and")
                 between(node.values[0], node.values[1], old, new, fn.name, "wrong_operator")
             elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-                out.append(Mutation(path, fn.name, "missing_case", off(node.lineno, node.col_offset),
-                                    off(node.operand.lineno, node.operand.col_offset), ""))
+                out.append(
+                    Mutation(
+                        path,
+                        fn.name,
+                        "missing_case",
+                        off(node.lineno, node.col_offset),
+                        off(node.operand.lineno, node.operand.col_offset),
+                        "",
+                    )
+                )
             elif isinstance(node, ast.Constant) and type(node.value) in (int, bool) and node.lineno == node.end_lineno:
                 a, b = off(node.lineno, node.col_offset), off(node.end_lineno, node.end_col_offset)
                 if type(node.value) is bool:
@@ -141,15 +187,27 @@ def _task(pkg: str, base: dict[str, str], index: int, m: Mutation | None, tests:
         files[m.path] = m.apply(base[m.path])
         old, new = reference_edit(files[m.path], base[m.path])
         lines = base[m.path].count("\n")
-        meta.update(family=m.family, function=m.function, path=m.path,
-                    difficulty=1 if lines < 300 else 2 if lines < 1000 else 3,
-                    reference_edits=[{"path": m.path, "old": old, "new": new}])
+        meta.update(
+            family=m.family,
+            function=m.function,
+            path=m.path,
+            difficulty=1 if lines < 300 else 2 if lines < 1000 else 3,
+            reference_edits=[{"path": m.path, "old": old, "new": new}],
+        )
     shown = ", ".join(f"`{t}`" for t in tests)
-    return Task(id=f"mutated-{pkg}-{index:04d}", suite="mutated",
-                split=_split_of(pkg, m.path, m.function) if m else "eval",
-                instruction=(f"After a recent change, tests in {shown} fail. Find the bug in the `{pkg}` source code "
-                             "(not in the tests) and fix it so that the tests pass."),
-                files=files, hidden_tests={t: base[t] for t in tests}, protected=list(PROTECTED), metadata=meta)
+    return Task(
+        id=f"mutated-{pkg}-{index:04d}",
+        suite="mutated",
+        split=_split_of(pkg, m.path, m.function) if m else "eval",
+        instruction=(
+            f"After a recent change, tests in {shown} fail. Find the bug in the `{pkg}` source code "
+            "(not in the tests) and fix it so that the tests pass."
+        ),
+        files=files,
+        hidden_tests={t: base[t] for t in tests},
+        protected=list(PROTECTED),
+        metadata=meta,
+    )
 
 
 def _candidates(bases: dict, baseline: dict, queues: dict) -> list[tuple[str, Mutation, list[str]]]:
@@ -163,8 +221,9 @@ def _candidates(bases: dict, baseline: dict, queues: dict) -> list[tuple[str, Mu
             m = queue.pop()
             if (pkg, m.function) not in named:  # a regex scan of every test file: once per function
                 word = re.compile(rf"\b{re.escape(m.function)}\b")
-                named[pkg, m.function] = sorted((t for t in baseline[pkg] if word.search(bases[pkg][t])),
-                                                key=lambda t: len(bases[pkg][t]))[:1]
+                named[pkg, m.function] = sorted(
+                    (t for t in baseline[pkg] if word.search(bases[pkg][t])), key=lambda t: len(bases[pkg][t])
+                )[:1]
             tests = named[pkg, m.function]
             if per_fn.get((m.path, m.function), 0) < PER_FUNCTION and tests and not m.function.startswith("__"):
                 per_fn[(m.path, m.function)] = per_fn.get((m.path, m.function), 0) + 1
@@ -172,8 +231,14 @@ def _candidates(bases: dict, baseline: dict, queues: dict) -> list[tuple[str, Mu
     return out
 
 
-def build(out_dir: Path | None = None, target: int = 240, packages: tuple[str, ...] | None = None,
-          seed: int = 0, workers: int = 2, log=print) -> Path:
+def build(
+    out_dir: Path | None = None,
+    target: int = 240,
+    packages: tuple[str, ...] | None = None,
+    seed: int = 0,
+    workers: int = 2,
+    log=print,
+) -> Path:
     """Build and cache the suite; returns the cache directory. Progress goes to `log`."""
     from strop.env.checker import check  # the build runs the checker; loading the suite does not
 
@@ -189,12 +254,19 @@ def build(out_dir: Path | None = None, target: int = 240, packages: tuple[str, .
         files = [p for p in base if p.startswith(pkg + "/") and _is_test(p) and not any(s in p for s in SKIP_TESTS)]
         with ThreadPoolExecutor(workers) as pool:
             scores = pool.map(lambda t: check(_task(pkg, base, 0, None, [t], 0), {}, perturbed=False), files)
-            kept = {t: s.passed for t, s in zip(files, scores)
-                    if s.reward == 1.0 and s.skipped == 0 and s.duration < BASELINE_MAX_S}
+            kept = {
+                t: s.passed
+                for t, s in zip(files, scores)
+                if s.reward == 1.0 and s.skipped == 0 and s.duration < BASELINE_MAX_S
+            }
         baseline[pkg] = kept
         log(f"mutated: {pkg}: {len(kept)} test files pass on the pristine copy")
-        sites = [m for p, text in base.items() if p.startswith(pkg + "/") and p.endswith(".py") and not _is_test(p)
-                 and "/tests/" not in p for m in mutations(p, text)]
+        sites = [
+            m
+            for p, text in base.items()
+            if p.startswith(pkg + "/") and p.endswith(".py") and not _is_test(p) and "/tests/" not in p
+            for m in mutations(p, text)
+        ]
         rng.shuffle(sites)
         queues[pkg] = sites
     with open(out_dir / "mutated-bases.json", "w") as f:
@@ -204,20 +276,32 @@ def build(out_dir: Path | None = None, target: int = 240, packages: tuple[str, .
     tasks, tried = [], 0
     with open(partial, "w") as out, ThreadPoolExecutor(workers) as pool:
         while len(tasks) < target and tried < len(candidates):
-            batch = candidates[tried:tried + 4 * workers]  # verified in parallel, kept in candidate order
+            batch = candidates[tried : tried + 4 * workers]  # verified in parallel, kept in candidate order
             tried += len(batch)
-            for (pkg, m, tests), score in zip(batch, pool.map(lambda c: check(_task(c[0], bases[c[0]], 0, c[1], c[2], 0), {}, perturbed=False), batch)):
-                if len(tasks) < target and score.reward == 0.0 and (score.failed or score.errors) and score.outcome == "tests failed":
+            for (pkg, m, tests), score in zip(
+                batch, pool.map(lambda c: check(_task(c[0], bases[c[0]], 0, c[1], c[2], 0), {}, perturbed=False), batch)
+            ):
+                if (
+                    len(tasks) < target
+                    and score.reward == 0.0
+                    and (score.failed or score.errors)
+                    and score.outcome == "tests failed"
+                ):
                     task = _task(pkg, bases[pkg], len(tasks), m, tests, sum(baseline[pkg][t] for t in tests))
                     tasks.append(task)
                     d = task.to_dict()
                     d["files"] = {m.path: task.files[m.path]}  # the rest is the package base
                     out.write(json.dumps(d) + "\n")
                     out.flush()
-                    log(f"mutated: {len(tasks)}/{target} kept ({tried} tried): " f"{task.id} {m.family} in {m.path}:{m.function}")
+                    log(
+                        f"mutated: {len(tasks)}/{target} kept ({tried} tried): "
+                        f"{task.id} {m.family} in {m.path}:{m.function}"
+                    )
     partial.rename(out_dir / "mutated.jsonl")
-    log(f"mutated: wrote {len(tasks)} tasks from {len({t.metadata['source'] for t in tasks})} packages "
-        f"({tried} mutants tried) to {out_dir}")
+    log(
+        f"mutated: wrote {len(tasks)} tasks from {len({t.metadata['source'] for t in tasks})} packages "
+        f"({tried} mutants tried) to {out_dir}"
+    )
     return out_dir
 
 

@@ -31,10 +31,18 @@ from strop.errors import UserError
 SIZES = {"train": 2000, "eval": 300}
 DIFFICULTIES = (1, 2, 3)
 PACKAGES = ["toolbox", "utilkit", "corelib", "helpers", "pyutils", "commons", "basekit", "libtools"]
-MODULES = {"math": ["mathutil", "numeric", "calc"], "text": ["strings", "textops", "formatting"],
-           "parse": ["parsing", "readers", "decode"], "seq": ["seqs", "listops", "collections_ext"]}
-THEME_DOC = {"math": "Small numeric helpers.", "text": "String helpers.", "parse": "Parsers for small text formats.",
-             "seq": "List and sequence helpers."}
+MODULES = {
+    "math": ["mathutil", "numeric", "calc"],
+    "text": ["strings", "textops", "formatting"],
+    "parse": ["parsing", "readers", "decode"],
+    "seq": ["seqs", "listops", "collections_ext"],
+}
+THEME_DOC = {
+    "math": "Small numeric helpers.",
+    "text": "String helpers.",
+    "parse": "Parsers for small text formats.",
+    "seq": "List and sequence helpers.",
+}
 VARIANT = "bug themes joined by '+' (math, text, parse, seq)"
 FUNCS_PER_MODULE = 3
 N_CASES = 6  # random hidden cases per function, on top of its edge cases
@@ -88,8 +96,13 @@ def _test_file(pkg: str, by_module: dict[str, list[Fn]], cases: dict[str, list])
             if f.name not in cases:
                 continue
             rows = "".join(f"\n    ({args!r}, {expected!r})," for args, expected in cases[f.name])
-            lines += ["", "", f'@pytest.mark.parametrize("args, expected", [{rows}\n])',
-                      f"def test_{f.name}(args, expected):", f"    assert {f.name}(*args) == expected"]
+            lines += [
+                "",
+                "",
+                f'@pytest.mark.parametrize("args, expected", [{rows}\n])',
+                f"def test_{f.name}(args, expected):",
+                f"    assert {f.name}(*args) == expected",
+            ]
     return "\n".join(lines) + "\n"
 
 
@@ -112,8 +125,12 @@ CHECKS = [_case(*case) for case in CASES]
 
 def _checks_module(pkg: str, by_module: dict[str, list[Fn]], cases: dict[str, list]) -> str:
     """The hidden checks of `cases` as a check module graded by values (one check per case)."""
-    rows = "".join(f"    ({f'{pkg}.{mod}'!r}, {f.name!r}, {args!r}, {expected!r}),\n"
-                   for mod, fns in by_module.items() for f in fns for args, expected in cases.get(f.name, []))
+    rows = "".join(
+        f"    ({f'{pkg}.{mod}'!r}, {f.name!r}, {args!r}, {expected!r}),\n"
+        for mod, fns in by_module.items()
+        for f in fns
+        for args, expected in cases.get(f.name, [])
+    )
     return CHECKS_MODULE.format(rows=rows)
 
 
@@ -125,16 +142,20 @@ def _instruction(difficulty: int, pkg: str, path: str, fn: Fn, failing: tuple, t
     args, expected, got = failing
     call = f"{fn.name}({', '.join(repr(a) for a in args)})"
     if difficulty == 1:
-        return (f"The function `{fn.name}` in `{path}` has a bug: `{call}` returns {got} but should return "
-                f"{expected!r}. Fix the function. Do not edit the tests.")
+        return (
+            f"The function `{fn.name}` in `{path}` has a bug: `{call}` returns {got} but should return "
+            f"{expected!r}. Fix the function. Do not edit the tests."
+        )
     if difficulty == 2:
         return f"Tests in `{test_path}` fail. Find the bug in the `{pkg}` package and fix it. Do not edit the tests."
-    return (f"A user of the `{pkg}` package reports: `{call}` gives {got}, expected {expected!r}. "
-            "Find the bug and fix it without changing other behaviour.")
+    return (
+        f"A user of the `{pkg}` package reports: `{call}` gives {got}, expected {expected!r}. "
+        "Find the bug and fix it without changing other behaviour."
+    )
 
 
 def parse_themes(variant: str) -> tuple[str, ...]:
-    """"parse+seq" -> ("parse", "seq"); "" -> () (every theme)."""
+    """ "parse+seq" -> ("parse", "seq"); "" -> () (every theme)."""
     themes = tuple(sorted(set(variant.split("+")))) if variant else ()
     unknown = [t for t in themes if t not in MODULES]
     if unknown:
@@ -172,7 +193,10 @@ def _attempt(rng: Random, difficulty: int, split: str, index: int, bug_themes: t
 
     hidden = {f.name: _cases(f, rng, N_CASES, True) for fns in by_module.values() for f in fns}
     perturbed = {f.name: _cases(f, rng, N_CASES, False) for fns in by_module.values() for f in fns}
-    caught, caught_perturbed = _failing(buggy_src, target.name, hidden[target.name]), _failing(buggy_src, target.name, perturbed[target.name])
+    caught, caught_perturbed = (
+        _failing(buggy_src, target.name, hidden[target.name]),
+        _failing(buggy_src, target.name, perturbed[target.name]),
+    )
     if not caught or not caught_perturbed:
         return None  # the bug is invisible to these inputs: draw again
     failing = caught[0]
@@ -186,7 +210,9 @@ def _attempt(rng: Random, difficulty: int, split: str, index: int, bug_themes: t
     test_path = f"tests/test_{target_mod}.py"
     if difficulty < 3:  # visible tests: two cases per function of the target module plus the failing one
         visible = {f.name: hidden[f.name][:2] for f in by_module[target_mod]}
-        visible[target.name] = [(failing[0], failing[1])] + [c for c in hidden[target.name][:2] if c[0] != failing[0]][:1]
+        visible[target.name] = [(failing[0], failing[1])] + [c for c in hidden[target.name][:2] if c[0] != failing[0]][
+            :1
+        ]
         files[test_path] = _test_file(pkg, {target_mod: by_module[target_mod]}, visible)
     else:  # visible tests of the other modules only: they pass and give no hint
         others = {m: fns for m, fns in by_module.items() if m != target_mod}
@@ -198,13 +224,24 @@ def _attempt(rng: Random, difficulty: int, split: str, index: int, bug_themes: t
     suspects = _suspect_edits(target, (old, new), files[path], fixed, path)
     hidden_path = "tests/test_hidden.py"
     return Task(
-        id=f"synthetic-{'+'.join(bug_themes) + '-' if bug_themes else ''}d{difficulty}-{split}-{index:04d}", suite="synthetic", split=split,
-        instruction=_instruction(difficulty, pkg, path, target, failing, test_path), files=files,
+        id=f"synthetic-{'+'.join(bug_themes) + '-' if bug_themes else ''}d{difficulty}-{split}-{index:04d}",
+        suite="synthetic",
+        split=split,
+        instruction=_instruction(difficulty, pkg, path, target, failing, test_path),
+        files=files,
         hidden_tests={hidden_path: _checks_module(pkg, by_module, hidden)},
-        perturbed_tests={hidden_path: _checks_module(pkg, by_module, perturbed)}, grader="values",
-        metadata={"family": family, "difficulty": difficulty, "function": target.name, "path": path,
-                  "n_tests": sum(map(len, hidden.values())), "n_perturbed_tests": sum(map(len, perturbed.values())),
-                  "reference_edits": [{"path": path, "old": ref_old, "new": ref_new}], "suspect_edits": suspects},
+        perturbed_tests={hidden_path: _checks_module(pkg, by_module, perturbed)},
+        grader="values",
+        metadata={
+            "family": family,
+            "difficulty": difficulty,
+            "function": target.name,
+            "path": path,
+            "n_tests": sum(map(len, hidden.values())),
+            "n_perturbed_tests": sum(map(len, perturbed.values())),
+            "reference_edits": [{"path": path, "old": ref_old, "new": ref_new}],
+            "suspect_edits": suspects,
+        },
     )
 
 
@@ -230,14 +267,16 @@ def _fingerprint(task: Task) -> str:
     return hashlib.sha256(repr(sorted(task.files.items())).encode()).hexdigest()
 
 
-def load(split: str | None = None, difficulty: int | None = None, limit: int | None = None, variant: str = "") -> list[Task]:
+def load(
+    split: str | None = None, difficulty: int | None = None, limit: int | None = None, variant: str = ""
+) -> list[Task]:
     """Tasks of one split (both when None) and difficulty (all when None); `limit` per
     (split, difficulty). Train skips any task whose files equal an eval task's."""
     themes = parse_themes(variant)
     if difficulty is not None and difficulty not in DIFFICULTIES:
         raise UserError(f"suite synthetic has no difficulty {difficulty}; its difficulties are {list(DIFFICULTIES)}")
     out = []
-    for d in ([difficulty] if difficulty else DIFFICULTIES):
+    for d in [difficulty] if difficulty else DIFFICULTIES:
         n_eval = min(SIZES["eval"], limit or SIZES["eval"])
         evals = [make_task(d, "eval", i, themes) for i in range(SIZES["eval"] if split != "eval" else n_eval)]
         if split in (None, "eval"):
@@ -270,6 +309,8 @@ def get(task_id: str) -> Task | None:
     if split not in SIZES or (split == "eval" and i >= SIZES["eval"]):
         return None
     task = make_task(d, split, i, themes)
-    if split == "train" and _fingerprint(task) in {_fingerprint(make_task(d, "eval", j, themes)) for j in range(SIZES["eval"])}:
+    if split == "train" and _fingerprint(task) in {
+        _fingerprint(make_task(d, "eval", j, themes)) for j in range(SIZES["eval"])
+    }:
         return None  # an index skipped because it repeats an eval task
     return task
