@@ -29,7 +29,8 @@ LAYERS: list[set[str]] = [
     {"model", "sync"},  # models know nothing of training; the codec nothing of models
     {"engine", "env"},  # the environment is handed a policy client; the engine knows no environment
     {"train"},  # mid-training and SFT (SFT's demonstrations come from the environment's oracle)
-    {"rl", "online"},
+    {"rl"},
+    {"online"},  # the online cycle reuses RL's loss and trainer on served completions
     {"runtime"},  # places components and builds a run (`runtime.build`)
     {"bench"},  # benchmark programs (edge: each is a command the cli runs)
     {"commands"},  # every other command's arguments and wiring

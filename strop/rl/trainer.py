@@ -33,7 +33,6 @@ from typing import Any, Callable, ContextManager
 import torch
 import torch.nn.functional as F
 
-from strop.checkpoint import load_sharded, save_sharded
 from strop.config import RLSection
 from strop.env.segment import Segment
 from strop.model.mismatch import mismatch_metrics
@@ -41,6 +40,7 @@ from strop.model.policy import logits_at
 from strop.rl.advantages import Sample, training_reward
 from strop.rl.loss import policy_loss
 from strop.train.parallel import Ranks, local, whole
+from strop.train.sharded_checkpoint import load_sharded, save_sharded
 
 
 @dataclass
@@ -286,7 +286,7 @@ class RLTrainer:
 
     def save(self, path: Path) -> None:
         """Every rank: its shards of the model and the optimizer, the version and torch's RNG, into
-        the directory `path` (`strop.checkpoint.save_sharded`), without gathering the model."""
+        the directory `path` (`strop.train.sharded_checkpoint.save_sharded`), without gathering the model."""
         save_sharded(
             path, self.model, self.optimizer, self.ranks, {"version": self.version, "rng": torch.get_rng_state()}
         )

@@ -79,9 +79,8 @@ def midtrain(cfg: Config, stop_after: int | None = None) -> dict:
     from strop.data.corpus import load_corpus
     from strop.data.packing import tokenize_documents
     from strop.errors import UserError
-    from strop.runtime.ranks import start_ranks, stop_ranks
     from strop.threads import set_threads
-    from strop.train.parallel import Ranks
+    from strop.train.parallel import Ranks, start_ranks, stop_ranks
 
     n = cfg.trainer.parallel.fsdp
     m = cfg.midtrain
@@ -119,17 +118,18 @@ def midtrain(cfg: Config, stop_after: int | None = None) -> dict:
 def fit(ranks, cfg: Config, tokenizer, val_tokens, stop_after: int | None, threads: int) -> dict:
     """The mid-training loop, run by every rank of `ranks` on the same batches (each computes its
     rows' part of the loss, `lm_loss`); rank 0 logs, evaluates and writes the model, every rank
-    writes its shards of each checkpoint (`strop.checkpoint.save_training`)."""
+    writes its shards of each checkpoint (`strop.train.sharded_checkpoint.save_training`)."""
     import numpy as np
     import torch
     from tqdm import tqdm
 
-    from strop.checkpoint import find_checkpoint, load_training, save_training
+    from strop.checkpoint import find_checkpoint
     from strop.data.packing import PackedBatches
     from strop.model.policy import build_model, load_model, save_model
     from strop.report import MetricsLog, plot_metrics
     from strop.train.parallel import shard_model, whole
     from strop.train.shard_load import load_policy
+    from strop.train.sharded_checkpoint import load_training, save_training
 
     run_dir = cfg.run_dir / "midtrain"
     m = cfg.midtrain
