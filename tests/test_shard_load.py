@@ -5,8 +5,7 @@ tensors on disk), buffers come out as a whole build makes them, the head stays t
 import torch
 
 from strop.model.policy import load_model
-from strop.runtime.ranks import start_ranks, stop_ranks
-from strop.train.parallel import Ranks, local, whole
+from strop.train.parallel import Ranks, local, start_ranks, stop_ranks, whole
 from strop.train.shard_load import load_sharded_model, parameters_on_meta, rows_of
 
 

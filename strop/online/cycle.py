@@ -16,7 +16,7 @@ The store is the record: the served version is the last row that is not a refusa
 (`POST /weights/rollback` on every engine) is a row too, after which cycles train from the version
 rolled back to. The weight store keeps every version (no GC), so any version can be rolled back to,
 bit for bit. The trainer's fp32 master weights and optimizer state of each promoted version are kept
-under the run directory (`trainer/v{V}.pt`); a version without them starts from its bf16 weights.
+under the run directory (`trainer/v{V}/`, `RLTrainer.save`); a version without them starts from its bf16 weights.
 """
 
 import time
@@ -34,6 +34,7 @@ from strop.online.monitors import classify, monitor_rates
 from strop.online.rewards import RewardMap
 from strop.online.store import DeploymentRow, RatedCompletion, Store
 from strop.online.versions import Versions
+from strop.outputs import atomic_dir
 from strop.policy_api import generated_routing
 from strop.rl.advantages import make_samples
 from strop.rl.trajectory import Trajectory, TrajectoryGroup
@@ -127,16 +128,15 @@ def trainer_for(s: CycleSettings, version: int):
     from strop.rl.trainer import RLTrainer, no_replay
 
     model = load_model(s.checkpoint)
-    kept = s.run_dir / "trainer" / f"v{version}.pt"
-    if not kept.is_file():
+    kept = s.run_dir / "trainer" / f"v{version}"  # `RLTrainer.save`'s directory
+    if not kept.is_dir():
         model.load_state_dict({k: t.float() for k, t in Versions(s.weights).tensors(version).items()})
     pad_id = load_tokenizer(s.checkpoint).pad_token_id
     trainer = RLTrainer(
         model, s.rl, pad_id=pad_id, replay_ctx=router_replay if is_moe(model) else no_replay, version=version
     )
-    if kept.is_file():
-        trainer.load_state_dict(torch.load(kept, weights_only=False))
-        trainer.version = version
+    if kept.is_dir():
+        trainer.load(kept)
         for group in trainer.optimizer.param_groups:  # the kept optimizer state carries the lr it ran with
             group["lr"] = s.rl.lr
     return trainer
@@ -231,9 +231,10 @@ def run_cycle(
         _record(store, "refused", now.version, candidate, through, report)
         log(f"[online] v{candidate} refused: {', '.join(failed)} regressed")
     else:
-        state = trainer.state_dict()
+        trainer.version = candidate
         (s.run_dir / "trainer").mkdir(parents=True, exist_ok=True)
-        torch.save({**state, "version": candidate}, s.run_dir / "trainer" / f"v{candidate}.pt")
+        with atomic_dir(s.run_dir / "trainer" / f"v{candidate}") as tmp:
+            trainer.save(tmp)
         report.update(
             status="promoted", served_figures=cand, engines=_post(s, "/weights/update", {"version": candidate})
         )
