@@ -114,49 +114,13 @@ def test_one_cycle_promotes_a_harmful_update_is_refused_and_rollback_is_bitwise(
         assert engine.version == 1 and served(store).version == 1  # nothing served changed
 
         monkeypatch.setenv("STROP_API_KEY", s.admin_key)
-        assert (
-            main(
-                [
-                    "online",
-                    "rollback",
-                    "--to",
-                    "0",
-                    "--store",
-                    str(tmp_path / "feedback.db"),
-                    "--weights-store",
-                    s.weights,
-                    "--engine",
-                    s.engines[0],
-                    "--checkpoint",
-                    s.checkpoint,
-                    "--run-dir",
-                    str(tmp_path),
-                ]
-            )
-            == 0
-        )
+        rollback = ["online", "rollback", "--to", "0", "--store", str(tmp_path / "feedback.db")]
+        rollback += ["--weights-store", s.weights, "--engine", s.engines[0], "--checkpoint", s.checkpoint]
+        assert main([*rollback, "--run-dir", str(tmp_path)]) == 0
         assert engine.version == 0 and served(store).version == 0
         assert all(torch.equal(engine.named_tensors()[n], t) for n, t in v0.items())  # bit for bit
         assert [d.kind for d in store.deployments()] == ["initial", "promoted", "refused", "rollback"]
-        assert (
-            main(
-                [
-                    "online",
-                    "rollback",
-                    "--to",
-                    "0",
-                    "--store",
-                    str(tmp_path / "feedback.db"),
-                    "--weights-store",
-                    s.weights,
-                    "--engine",
-                    s.engines[0],
-                    "--checkpoint",
-                    s.checkpoint,
-                ]
-            )
-            == 2
-        )
+        assert main(rollback) == 2
 
 
 def test_online_command_refuses_bad_input(capsys, monkeypatch):
