@@ -48,6 +48,27 @@ def test_replay_gates_still_learn_and_capture_matches(moe):
     assert (stack_routing(rec2, (2, 12), n_exp) == flipped).all()
 
 
+def test_partial_replay_takes_the_routers_own_choice_in_the_same_forward(moe):
+    """Unrecorded positions (ids < 0) route by the router's own top-k at this forward's hidden
+    states: nothing recorded is the plain forward, and positions before the first recorded one are
+    untouched by replay (attention is causal; equal up to the experts' grouping of tokens)."""
+    ids = torch.randint(0, 500, (2, 12), generator=torch.Generator().manual_seed(1))
+    n_exp, k = moe_blocks(moe)[0].gate.num_experts, moe.config.num_experts_per_tok
+    with torch.no_grad(), capture_routing(moe) as rec:
+        ref = moe(ids).logits
+    own = stack_routing(rec, (2, 12), n_exp).long()
+    nothing = torch.full_like(own, -1)
+    with torch.no_grad(), replay_routing(moe, nothing):
+        assert torch.equal(moe(ids).logits, ref)
+    partial = nothing.clone()
+    partial[:, 6:] = torch.arange(k)  # positions 6.. forced through experts 0..k-1
+    with torch.no_grad(), replay_routing(moe, partial), capture_routing(moe) as rec2:
+        out = moe(ids).logits
+    used = stack_routing(rec2, (2, 12), n_exp).long()
+    assert (used[:, 6:] == torch.arange(k)).all() and torch.equal(used[:, :6], own[:, :6])
+    assert torch.allclose(out[:, :6], ref[:, :6], atol=1e-5) and not torch.allclose(out[:, 6:], ref[:, 6:])
+
+
 def test_replay_consumed_exactly_once(moe):
     ids = torch.randint(0, 500, (1, 6))
     with torch.no_grad(), capture_routing(moe) as rec:

@@ -108,17 +108,22 @@ def replay_routing(model, routing: torch.Tensor):
     """Make the model's MoE layers route through recorded experts.
 
     routing: [B, T, n_moe_layers, k] (or [T, n_moe_layers, k] for one sequence) for the input_ids
-    of the next forward. Each layer must consume its slice exactly once: a second forward inside
-    the context, or leaving it without one, is an error. A gate with a `route_at(x, ids) -> (logits,
-    weights)` attribute (set by `strop.model.deterministic.deterministic_mode`) computes the replayed
-    weights with it; the gate's forward in place before is back on exit.
+    of the next forward; a position whose ids are negative has nothing recorded (a prompt or tool
+    output token the engine did not sample) and takes the router's own choice in this same forward,
+    so partial replay needs no second pass. Each layer must consume its slice exactly once: a second
+    forward inside the context, or leaving it without one, is an error. A gate with a
+    `route_at(x, ids) -> (logits, weights)` attribute (set by
+    `strop.model.deterministic.deterministic_mode`) computes the replayed weights with it; the
+    gate's forward in place before is back on exit.
     """
     blocks = moe_blocks(model)
     assert routing.shape[-2] == len(blocks), f"routing has {routing.shape[-2]} MoE layers, model {len(blocks)}"
     flat = routing.reshape(-1, routing.shape[-2], routing.shape[-1]).long()
     used = [0] * len(blocks)
 
-    def make_forward(i: int, gate):
+    partial = bool((flat < 0).any())
+
+    def make_forward(i: int, gate, own: Callable):
         at = getattr(gate, "route_at", None)
 
         def forward(hidden_states):
@@ -128,6 +133,8 @@ def replay_routing(model, routing: torch.Tensor):
             ids = flat[:, i]
             assert ids.shape[0] == x.shape[0], f"MoE layer {i}: {ids.shape[0]} recorded tokens for {x.shape[0]} tokens"
             assert int(ids.max()) < gate.num_experts, f"MoE layer {i}: expert id out of range"
+            if partial:  # the router's own top-k where nothing was recorded, from these hidden states
+                ids = torch.where(ids >= 0, ids, own(hidden_states)[2].long())
             if at is not None:
                 return (*at(x, ids), ids)
             logits = router_logits(gate, x)
@@ -136,8 +143,9 @@ def replay_routing(model, routing: torch.Tensor):
         return forward
 
     before = [block.gate.__dict__.get("forward") for block in blocks]
-    for i, block in enumerate(blocks):
-        block.gate.forward = make_forward(i, block.gate)
+    for i, (block, forward) in enumerate(zip(blocks, before)):
+        own = forward or type(block.gate).forward.__get__(block.gate)
+        block.gate.forward = make_forward(i, block.gate, own)
     try:
         yield
     finally:

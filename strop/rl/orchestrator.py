@@ -82,18 +82,18 @@ def router_replay(model, batch) -> ContextManager:
     """The trainer's `replay_ctx` for MoE policies: each forward routes through the experts the
     engine used (`batch.routing[b][t]` for input position t). Positions with nothing recorded
     (those whose next token was forced: prompt and tool observations) keep the trainer's own
-    choice, taken from a no-grad capture pass."""
-    from strop.model.routing import capture_routing, replay_routing, stack_routing
+    choice, made in the same forward."""
+    from strop.model.routing import replay_routing
 
-    if not any(r is not None for row in batch.routing for r in row):
+    first = next((r for row in batch.routing for r in row if r is not None), None)
+    if first is None:
         return contextlib.nullcontext()
-    with torch.no_grad(), capture_routing(model) as records:
-        model(input_ids=batch.input_ids_BT, use_cache=False)
-    ids = stack_routing(records, tuple(batch.input_ids_BT.shape), 256).long()  # wide dtype while filling
+    B, T = batch.input_ids_BT.shape
+    ids = torch.full((B, T, len(first), len(first[0])), -1, dtype=torch.long)  # -1: not recorded
     for b, row in enumerate(batch.routing):
-        for t, r in enumerate(row):
-            if r is not None:
-                ids[b, t] = torch.tensor(r)
+        recorded = [t for t, r in enumerate(row) if r is not None]
+        if recorded:
+            ids[b, recorded] = torch.tensor([row[t] for t in recorded], dtype=torch.long)
     return replay_routing(model, ids)
 
 
