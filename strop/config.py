@@ -201,6 +201,12 @@ class RLSection:
         "samples with advantage 0 run forward-only (their loss is exactly 0 without a KL "
         "term); false runs their backward too: same update, full cost",
     )
+    idle_rows: int = opt(
+        8,
+        "at most this many advantage-0 rows per step run forward-only, for the mismatch metrics "
+        "(every learning row is measured too); the others cost nothing",
+        ge=0,
+    )
     measure_update: bool = opt(
         True,
         "log each step's update size relative to the weights and how far the sampled "

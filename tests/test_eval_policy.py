@@ -72,3 +72,24 @@ def test_outcome_names_how_an_episode_ended():
     assert outcome(traj(0.0, "3 of 27 tests did not pass", outcome="tests failed")) == "tests failed"
     assert outcome(traj(0.0, "timeout after 30 s")) == "timeout after 30 s"
     assert outcome(traj(0.0, "checker error: OSError: gone")) == "checker error"
+
+
+def test_more_engines_change_the_wall_time_only(tiny_tokenizer, tmp_path):
+    """Episodes dealt to two engines score exactly as on one: a row's numbers do not depend on its batch."""
+    from strop.config import load_config
+    from strop.model.policy import build_model, save_model
+    from strop.rl.evaluate import evaluate
+    from tests.conftest import tiny_model_section
+
+    section = dataclasses.replace(tiny_model_section("qwen3_moe"), max_positions=2048)
+    save_model(build_model(section, tiny_tokenizer, seed=0), tiny_tokenizer, tmp_path / "policy")
+    base = ["rollout.eval_difficulties=[1]", "rollout.eval_episodes=4", "rollout.max_turns=2"]
+    base += ["rollout.max_context=1100", "rollout.workers=4"]
+    results = []
+    for engines in (1, 2):
+        cfg = load_config(None, [*base, f"rollout.engines={engines}"])
+        result = evaluate(cfg, str(tmp_path / "policy"))
+        result.pop("wall_s")
+        results.append(result)
+    assert results[0] == results[1]
+    assert results[0]["behaviour"]["episodes"] == 4

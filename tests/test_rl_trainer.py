@@ -144,7 +144,8 @@ def test_trainer_scores_tokens_at_their_sampling_temperature(tiny_moe, tiny_toke
 
 def test_rows_without_signal_run_forward_only(tiny_moe, tiny_tokenizer):
     """Samples with advantage 0 change nothing in the update (their loss is exactly 0) but still
-    count in the step's metrics; a step with no signal at all leaves the weights as they were."""
+    count in the step's metrics (up to `rl.idle_rows` of them are run); a step with no signal at
+    all leaves the weights as they were."""
     from strop.rl.advantages import Sample
 
     rl = RLSection(lr=1e-2, micro_batch=16)
@@ -167,6 +168,11 @@ def test_rows_without_signal_run_forward_only(tiny_moe, tiny_tokenizer):
         copy.deepcopy(tiny_moe), dataclasses.replace(rl, skip_zero_advantage=False), pad_id=tiny_tokenizer.pad_token_id
     )
     assert full_cost.step(signal + flat)["no_signal_frac"] == 0.0
+    capped = RLTrainer(
+        copy.deepcopy(tiny_moe), dataclasses.replace(rl, idle_rows=2), pad_id=tiny_tokenizer.pad_token_id
+    )
+    row = capped.step(flat)  # only 2 of the 4 rows of advantage 0 are run, for the mismatch metrics
+    assert row["no_signal_frac"] == 1.0 and row["gen_tokens"] == 6 and row["mismatch_mean_abs_dlogp"] < 1e-4
 
 
 def test_stale_samples_are_importance_corrected(tiny_moe, tiny_tokenizer):

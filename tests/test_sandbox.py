@@ -51,6 +51,13 @@ def test_identity_matches_production(sb):
     assert out.split() == ["dev", "1000", "devbox", "/home/dev", "pytest"]
 
 
+def test_the_test_runner_is_installed_with_its_bytecode(sb):
+    """As an installed package: `python -m pytest` in a sandbox loads pytest's bytecode instead of
+    compiling it again on every run (the site-packages is read-only there)."""
+    code = "import importlib.util as u, os, _pytest.python as m; print(os.path.exists(u.cache_from_source(m.__file__)))"
+    assert sb.exec(["python", "-c", code]).stdout.strip() == "True"
+
+
 def test_no_network(sb):
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))

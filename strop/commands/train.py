@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["inline", "ray"],
         default="inline",
         help="inline: one machine (on 2+ cores the trainer runs in a child process on the first core, "
-        "engines and rollouts on the rest); ray: trainer, engines and rollout workers as Ray actors",
+        "engines and rollouts on every core); ray: trainer, engines and rollout workers as Ray actors",
     )
     parser.add_argument("--ray-address", help="join this Ray cluster (default: start a local Ray instance)")
     parser.add_argument("--policy", help="model directory to start from (default: <run_dir>/sft/model)")
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     set_threads(cfg.run.threads or None)
-    cpus = split_cores() if args.runtime == "inline" else None  # the trainer gets a core of its own
+    cpus = split_cores(share=True) if args.runtime == "inline" else None  # the trainer in a process of its own
     result = train_rl(
         cfg,
         mode=args.mode,

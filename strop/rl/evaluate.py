@@ -4,8 +4,10 @@ overall and per difficulty, and what the agent did (`strop.env.behaviour`).
 One episode per task (greedy unless `rollout.eval_temperature` says otherwise) through the same
 harness, sandbox and checker as training (the one code path). With `samples=K`, every task is also
 sampled K times at the rollout temperature, for pass@1 and pass@K: how much better the policy
-does sometimes than it does reliably — the headroom RL can turn into pass@1. The policy runs in an
-in-process engine shared by `workers` threads, so their turns decode as one batch.
+does sometimes than it does reliably — the headroom RL can turn into pass@1. The policy runs in
+`rollout.engines` in-process engines (one core each: the kernels are single-threaded and release
+the GIL), episodes dealt round robin to `workers` threads; the turns on one engine decode as one batch.
+A row's numbers do not depend on its batch, so the engine count changes the wall time only.
 """
 
 import math
@@ -94,10 +96,20 @@ def _pass_figures(per_task: list[list[bool]]) -> dict:
 
 
 def _run(
-    engine, harness: Harness, tasks: list[Task], items: list[WorkItem], limits, workers: int, desc: str, progress: bool
+    engines: list,
+    harness: Harness,
+    tasks: list[Task],
+    items: list[WorkItem],
+    limits,
+    workers: int,
+    desc: str,
+    progress: bool,
 ) -> list[Trajectory]:
+    policies = [EnginePolicy(e) for e in engines]
     with ThreadPoolExecutor(workers) as pool:
-        done = pool.map(lambda ti: rollout(ti[0], EnginePolicy(engine), harness, ti[1], limits), zip(tasks, items))
+        done = pool.map(
+            lambda i: rollout(tasks[i], policies[i % len(policies)], harness, items[i], limits), range(len(tasks))
+        )
         return list(tqdm(done, total=len(tasks), desc=desc, unit="ep", disable=not progress))
 
 
@@ -112,15 +124,20 @@ def evaluate(
 
     tasks = eval_tasks(cfg) if tasks is None else tasks
     r = cfg.rollout
-    engine = Engine.from_checkpoint(policy_dir, max_batch=r.engine_batch, max_len=r.max_context, seed=cfg.run.seed)
+    engines = [
+        Engine.from_checkpoint(policy_dir, max_batch=r.engine_batch, max_len=r.max_context, seed=cfg.run.seed)
+        for _ in range(r.engines)
+    ]
+    engine = engines[0]
     greedy = Harness(engine.tokenizer, replace(harness_config(r), temperature=r.eval_temperature))
     limits = sandbox_limits(r)
     difficulty = [int(t.metadata.get("difficulty", 0)) for t in tasks]
     t0 = time.perf_counter()
-    engine.start()
+    for e in engines:
+        e.start()
     try:
         items = [WorkItem(t.id, f"eval-{t.id}", 0, cfg.run.seed, engine.version) for t in tasks]
-        trajs = _run(engine, greedy, tasks, items, limits, r.workers, f"held-out eval {policy_dir}", progress)
+        trajs = _run(engines, greedy, tasks, items, limits, r.workers, f"held-out eval {policy_dir}", progress)
         sampled = []
         if samples:
             sampler = Harness(engine.tokenizer, harness_config(r))
@@ -130,7 +147,7 @@ def evaluate(
                 for k in range(samples)
             ]
             sampled = _run(
-                engine,
+                engines,
                 sampler,
                 [t for t, _ in many],
                 [i for _, i in many],
@@ -140,7 +157,8 @@ def evaluate(
                 progress,
             )
     finally:
-        engine.stop()
+        for e in engines:
+            e.stop()
     by_d: dict[int, list[bool]] = {}
     for d, traj in zip(difficulty, trajs):
         by_d.setdefault(d, []).append(counts_as_solved(traj))

@@ -152,10 +152,12 @@ class RLTrainer:
         rows = [(seg, s.advantage, s.weight) for s in samples for seg in s.trajectory.segments if any(seg.loss_mask)]
         rows.sort(key=lambda row: len(row[0]))  # similar lengths share a micro-batch: less padding
         # A row with advantage 0 (its group all solved or all failed) has a loss of exactly 0 when no
-        # KL term is added: it only needs a forward pass, for the step's metrics, not a backward one.
+        # KL term is added: it only needs a forward pass, for the step's mismatch metrics, not a
+        # backward one; and `rl.idle_rows` of them, spread over the lengths, measure that as well.
         train_all = self.rl.kl_coef > 0 or not self.rl.skip_zero_advantage
         learning = [row for row in rows if train_all or row[1] != 0.0]
         idle = [row for row in rows if not train_all and row[1] == 0.0]
+        idle = idle[:: -(-len(idle) // self.rl.idle_rows)] if self.rl.idle_rows and idle else []
         self.optimizer.zero_grad(set_to_none=True)
         sums: Counter = Counter()
         loss_total, tokens = 0.0, 0
@@ -222,7 +224,7 @@ class RLTrainer:
             **{f"mismatch_{k}": v for k, v in mismatch.items() if k not in ("tokens", "k3")},
             **update,
             "gen_tokens": int(sums["tokens"]),
-            "no_signal_frac": len(idle) / max(len(rows), 1),  # rows run forward-only (advantage 0)
+            "no_signal_frac": 1 - len(learning) / max(len(rows), 1),  # rows of advantage 0
             "tokens": int(tokens),  # every position trained on (context and generated)
             "tokens_per_s": tokens / seconds,
             "staleness_max": max(staleness),

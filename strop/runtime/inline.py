@@ -8,7 +8,8 @@ are child processes, so most of a rollout's time is spent outside the GIL.
 
 `cpus` splits the machine the way a cluster is split: the trainer is pinned to `cpus.trainer`,
 engine loop and rollout threads (and the sandboxes they fork) to `cpus.rollout`, so a busy
-fraction measures a component against the hardware it was given. Threads of one process share
+fraction measures a component against the hardware it was given (or, `split_cores(share=True)`,
+rollouts also use the trainer's core while it waits). Threads of one process share
 the GIL, and a tiny model's forward is mostly Python, so a trainer thread and an engine thread
 slow each other down by about half; `trainer_process=True` moves the trainer into a child
 process (`strop.runtime.trainers.TrainerProcess`, same calls over a pipe) so the split is real.
@@ -61,10 +62,16 @@ class CpuSplit:
     rollout: frozenset[int]
 
 
-def split_cores() -> CpuSplit | None:
-    """The trainer on the first allowed core, engines and rollouts on the others (None on one core)."""
+def split_cores(share: bool = False) -> CpuSplit | None:
+    """The trainer on the first allowed core, engines and rollouts on the others (None on one core).
+
+    `share`: rollouts may also run on the trainer's core. An async trainer waits for rollouts most
+    of each step on a small machine (busy ~0.25 in the demo), and a core it leaves idle is one the
+    engines lack; the dedicated split is for measuring each component against its own hardware."""
     cpus = sorted(os.sched_getaffinity(0))
-    return CpuSplit(frozenset(cpus[:1]), frozenset(cpus[1:])) if len(cpus) >= 2 else None
+    if len(cpus) < 2:
+        return None
+    return CpuSplit(frozenset(cpus[:1]), frozenset(cpus if share else cpus[1:]))
 
 
 def pin(cpus: frozenset[int] | None) -> None:
