@@ -9,6 +9,10 @@
   `true` + release: what a rollout worker pays);
 - exec: one more command in a live sandbox, as an argv (`exec_p50_ms`) and as a shell string
   (which runs under `bash -lc`: `exec_shell_p50_ms`);
+- a test run: `python -m pytest -q` on a one-test repository in a live sandbox, as the sandbox's
+  Python is installed (with pytest's bytecode) and with an empty bytecode cache (`PYTHONPYCACHEPREFIX`
+  pointing at a new directory: every module compiled from source, as before the bytecode shipped);
+  the policy's visible-test runs and the checker pay this on every episode;
 - idle footprint: sandboxes started and left idle up to `--max` (1000) or until the time budget is
   spent; `mib_per_sandbox` is the proportional set size (PSS) of their processes (bwrap, its init and
   the in-sandbox shell), `kernel_mib_per_sandbox` the drop in MemAvailable per sandbox (kernel objects:
@@ -126,6 +130,23 @@ def _exec(world: Path, runs: int) -> tuple[list[float], list[float]]:
     return argv, shell
 
 
+def _test_runs(world: Path, runs: int) -> tuple[list[float], list[float]]:
+    """Wall times of `runs` pytest runs in one live sandbox: with the installed bytecode, and
+    with none (each run compiles pytest from source, as a read-only site-packages without it did)."""
+    from strop.env.sandbox import open_sandbox
+
+    env = {"PYTHONDONTWRITEBYTECODE": "1"}  # nothing written: every run finds what the first found
+    out: tuple[list[float], list[float]] = ([], [])
+    with open_sandbox(world) as sb:
+        for times, prefix in zip(out, ("", 'PYTHONPYCACHEPREFIX="$(mktemp -d)" ')):
+            for _ in range(runs):
+                t = time.perf_counter()
+                r = sb.exec(f"{prefix}python -m pytest -q -p no:cacheprovider tests", env=env)
+                times.append(time.perf_counter() - t)
+                assert r.exit_code == 0, r.stdout + r.stderr
+    return out
+
+
 def _idle(world: Path, most: int, budget_s: float) -> dict:
     from strop.env.sandbox import open_sandbox
 
@@ -178,10 +199,13 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="strop-bench-world-") as d:
         world = Path(d)
         (world / "main.py").write_text("print('hello')\n")
+        (world / "tests").mkdir()
+        (world / "tests" / "test_main.py").write_text("def test_add():\n    assert 1 + 1 == 2\n")
         _start_exit(world, 3)  # warm: per-process setup, the sandbox python cache
         start, start_cpu = _start_exit(world, runs)
         pool = _pool_start_exit(world, 50 if args.quick else 200)
         ex, sh = _exec(world, 100 if args.quick else runs)
+        tests, tests_uncached = _test_runs(world, 10 if args.quick else 50)
         idle = _idle(world, args.max, 5.0 if args.quick else 300.0)
     oracle, oracle_note = _oracle(args.oracle_episodes or (1 if args.quick else 30))
     res = {
@@ -194,6 +218,8 @@ def run(args: argparse.Namespace) -> int:
         "exec_p50_ms": _pct(ex, 0.5),
         "exec_p99_ms": _pct(ex, 0.99),
         "exec_shell_p50_ms": _pct(sh, 0.5),
+        "pytest_run_p50_ms": _pct(tests, 0.5),
+        "pytest_run_no_bytecode_p50_ms": _pct(tests_uncached, 0.5),
         **idle,
         "oracle_episodes_per_s": oracle,
         "start_runs": runs,
@@ -226,6 +252,13 @@ def run(args: argparse.Namespace) -> int:
             "n": len(ex),
         },
         {"measure": "exec shell string (bash -lc)", "p50": res["exec_shell_p50_ms"], "unit": "ms", "n": len(sh)},
+        {"measure": "pytest run (one test)", "p50": res["pytest_run_p50_ms"], "unit": "ms", "n": len(tests)},
+        {
+            "measure": "pytest run, no bytecode (compiled each run)",
+            "p50": res["pytest_run_no_bytecode_p50_ms"],
+            "unit": "ms",
+            "n": len(tests_uncached),
+        },
         {"measure": "idle sandboxes held at once", "p50": res["max_concurrent"], "unit": "sandboxes"},
         {"measure": "memory per idle sandbox (PSS)", "p50": res["mib_per_sandbox"], "unit": "MiB"},
         {"measure": "kernel memory per idle sandbox", "p50": res["kernel_mib_per_sandbox"], "unit": "MiB"},
