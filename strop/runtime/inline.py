@@ -65,9 +65,10 @@ class CpuSplit:
 def split_cores(share: bool = False) -> CpuSplit | None:
     """The trainer on the first allowed core, engines and rollouts on the others (None on one core).
 
-    `share`: rollouts may also run on the trainer's core. An async trainer waits for rollouts most
-    of each step on a small machine (busy ~0.25 in the demo), and a core it leaves idle is one the
-    engines lack; the dedicated split is for measuring each component against its own hardware."""
+    `share`: rollouts may also run on the trainer's core. On a small machine neither side is busy
+    all the time (which one waits depends on how many groups have mixed outcomes, the rows the
+    trainer learns from), and a core one side leaves idle goes to the other; the dedicated split
+    is for measuring each component against its own hardware."""
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         return None
