@@ -207,10 +207,11 @@ class RLSection:
         "(every learning row is measured too); the others cost nothing",
         ge=0,
     )
-    measure_update: bool = opt(
-        True,
-        "log each step's update size relative to the weights and how far the sampled "
-        "tokens' logprobs moved (one extra forward pass over the learning rows)",
+    measure_every: int = opt(
+        1,
+        "every N steps, log the update's size relative to the weights and how far the sampled "
+        "tokens' logprobs moved (one extra forward pass over the learning rows); 0 = never",
+        ge=0,
     )
     hack_penalty: float = opt(1.0, "subtracted from the reward of a trajectory flagged with a hack", ge=0)
     degenerate_penalty: float = opt(

@@ -79,7 +79,7 @@ def online_server(tmp_path, tokenizer):
         admin_key=made["admin"],
         run_dir=tmp_path,
         min_rated=8,
-        rl=RLSection(lr=1e-6, micro_batch=16, measure_update=False),
+        rl=RLSection(lr=1e-6, micro_batch=16, measure_every=0),
         gates=GateSettings(suites=(), probe_samples=1),
     )
     try:
@@ -104,7 +104,7 @@ def test_one_cycle_promotes_a_harmful_update_is_refused_and_rollback_is_bitwise(
         assert run_cycle(s, store)["status"] == "waiting"  # those ratings are consumed
 
         drive(s.engines[0], "sim", users, 16, "c1", seed=1, workers=4)
-        harmful = dataclasses.replace(s, rl=RLSection(lr=0.5, micro_batch=16, measure_update=False))
+        harmful = dataclasses.replace(s, rl=RLSection(lr=0.5, micro_batch=16, measure_every=0))
         # a deliberately harmful update: rewards by coin flip at a huge learning rate (the mixture policy
         # warm-started this briefly asks too rarely for `asks_instead_of_editing` to have a signal)
         refused = run_cycle(harmful, store, reward_of=lambda rc: (-1.0, 1.0)[zlib.crc32(rc.completion.id.encode()) % 2])

@@ -64,7 +64,7 @@ def test_a_summarized_episode_is_one_sample_and_its_summaries_train(tiny_tokeniz
     # GRPO's per-sample normaliser counts the tokens of every window of the episode
     assert abs(long_sample.weight - 1 / (2 * long_ep.generated_tokens)) < 1e-12
 
-    rl = RLSection(lr=3e-3, correction="none", micro_batch=4, measure_update=False)
+    rl = RLSection(lr=3e-3, correction="none", micro_batch=4, measure_every=0)
     trainer = RLTrainer(model, rl, pad_id=tiny_tokenizer.pad_token_id)
     summarized = [seg for seg in long_ep.segments if any(summary_mask(seg))]
     assert len(summarized) == len(long_ep.resets)

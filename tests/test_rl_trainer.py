@@ -96,7 +96,7 @@ def test_build_batch_aligns_targets_with_segments():
 
 
 def test_policy_learns_a_toy_reward(tiny_moe, tiny_tokenizer):
-    rl = RLSection(lr=2e-2, micro_batch=16, max_staleness=1)
+    rl = RLSection(lr=2e-2, micro_batch=16, max_staleness=1, measure_every=3)
     published = []
     rows = []
     trainer = RLTrainer(
@@ -130,6 +130,11 @@ def test_policy_learns_a_toy_reward(tiny_moe, tiny_tokenizer):
     )
     assert rows[0]["staleness_hist"] == {"0": 64} and rows[0]["tokens_per_s"] > 0
     assert rows[0]["mismatch_mean_abs_dlogp"] < 1e-4
+    # the update is measured every 3rd step (its extra forward pass skipped on the others), and it
+    # moved the rewarded samples' logprobs up
+    measured = [i for i, r in enumerate(rows) if "update_rel" in r]
+    assert measured == [0, 3, 6, 9] and all(rows[i]["update_rel"] > 0 for i in measured)
+    assert sum(rows[i]["dlogp_pos"] for i in measured) > 0
 
 
 @pytest.mark.parametrize("temperature", [0.5, 1.5])

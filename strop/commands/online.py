@@ -96,7 +96,7 @@ def settings_from(args: argparse.Namespace):
         if args.lr <= 0 or args.max_staleness < 0 or args.min_rated < 2:
             raise UserError("need --lr > 0, --max-staleness >= 0 and --min-rated >= 2")
         extra = {
-            "rl": RLSection(lr=args.lr, micro_batch=16, measure_update=False),
+            "rl": RLSection(lr=args.lr, micro_batch=16, measure_every=0),
             "max_staleness": args.max_staleness,
             "min_rated": args.min_rated,
             "gates": gate_settings(args),

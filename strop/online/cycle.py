@@ -53,7 +53,7 @@ class CycleSettings:
     rewards: RewardMap = field(default_factory=RewardMap)
     max_staleness: int = 1  # ratings of versions this far behind the served one are still used
     min_rated: int = 16  # fewer new ratings than this: the cycle waits for more
-    rl: RLSection = field(default_factory=lambda: RLSection(lr=3e-3, micro_batch=16, measure_update=False))
+    rl: RLSection = field(default_factory=lambda: RLSection(lr=3e-3, micro_batch=16, measure_every=0))
     gates: GateSettings = field(default_factory=GateSettings)
 
 

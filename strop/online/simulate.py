@@ -129,7 +129,7 @@ def simulate(
             engines=[server.url],
             admin_key=made["admin"],
             run_dir=run_dir,
-            rl=RLSection(lr=lr, micro_batch=16, measure_update=False),
+            rl=RLSection(lr=lr, micro_batch=16, measure_every=0),
             gates=gates or GateSettings(seed=seed),
         )
         initialize(s, store)

@@ -192,9 +192,9 @@ class RLTrainer:
                 sums[k] += v * m["tokens"] if k != "tokens" else v
         clip = self.rl.grad_clip if self.rl.grad_clip > 0 else float("inf")
         grad_norm = whole(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
-        before = (
-            [local(p).detach().clone() for p in self.model.parameters()] if learned and self.rl.measure_update else []
-        )
+        every = self.rl.measure_every
+        measured = bool(learned) and every > 0 and self.version % every == 0
+        before = [local(p).detach().clone() for p in self.model.parameters()] if measured else []
         self.optimizer.step()
         update = self._update_metrics(before, learned) if before else {}
         parts = self.ranks.gather((loss_total, sums, tokens, behavior_lp, trainer_lp))
