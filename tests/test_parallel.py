@@ -12,7 +12,10 @@ from strop.rl.advantages import Sample
 from strop.rl.orchestrator import router_replay
 from strop.rl.trainer import RLTrainer
 from strop.runtime.trainers import start_trainer
+from strop.sync import codec, pieces
+from strop.sync.replica import Replica
 from strop.sync.store import Store
+from strop.sync.tensors import Tensor
 from strop.train.parallel import Ranks
 from tests.test_rl_trainer import sample_groups
 
@@ -77,6 +80,49 @@ def test_two_ranks_train_as_one_process(tiny_policy_dir, tiny_tokenizer, tmp_pat
     assert one["tokens"] == two["tokens"] and one["gen_tokens"] == two["gen_tokens"]
     print(f"max |w1 - w2| after a padded step: {max_diff(w1, w2):.3g}")
     assert max_diff(w1, w2) < 1e-6
+
+
+def test_ranks_publish_their_own_shards(tiny_policy_dir, tiny_tokenizer, tmp_path):
+    """Two ranks each publish their own shards as a piece of every version (the snapshot, then
+    deltas): no whole file is written, a receiver assembles the pieces into the gathered bf16
+    snapshot bit for bit, and the tensors of a piece lost on the way are repaired one by one."""
+    cfg = Config(rl=RLSection(lr=1e-2, micro_batch=4), trainer=TrainerSection(ParallelSection(fsdp=2)))
+    root = str(tmp_path / "weights")
+    sharded = start_trainer(cfg, str(tiny_policy_dir), router_replay, tiny_tokenizer.pad_token_id, root)
+    try:
+        sharded.publish()
+        gathered = [sharded.bf16_state_dict()]
+        for batch in step_batches(tiny_policy_dir, [8, 8]):
+            sharded.step(batch)
+            gathered.append(sharded.bf16_state_dict())
+    finally:
+        sharded.close()
+    store = Store(root)
+    assert [store.manifest(v).pieces for v in range(3)] == [2, 2, 2]
+    assert sorted(p.rsplit("/", 1)[1] for p in store.fs.ls(f"{root}/deltas")) == [
+        "00000001.p0.delta",
+        "00000001.p1.delta",
+        "00000002.p0.delta",
+        "00000002.p1.delta",
+    ]
+
+    def assert_is(state, snapshot):
+        assert sorted(state) == sorted(snapshot)
+        for name, t in snapshot.items():
+            assert state[name].data.tobytes() == t.view(torch.uint16).numpy().tobytes(), name
+
+    replica = Replica.bootstrap(store)  # the snapshot's pieces, then each version's
+    assert replica.version == 2
+    assert_is(replica.state, gathered[2])
+    behind = Replica({k: Tensor(t.dtype, t.shape, t.data.copy()) for k, t in store.state(1).items()}, 1)
+    lost = store._delta_path(2, 1)
+    rep = behind.advance(
+        store,
+        fetch=lambda v: b"".join(store._read(p) for p in store._paths("deltas", v, store.manifest(v)) if p != lost),
+    )
+    assert_is(behind.state, gathered[2])
+    in_lost = {pieces.parse(e.name)[0] for e in codec.read_header(store._read(lost)).entries}
+    assert rep.deltas == 1 and sorted(r.split(":", 1)[1] for r in rep.repaired) == sorted(in_lost)
 
 
 def test_parallel_config_is_checked():

@@ -9,8 +9,11 @@ tokens with advantages +-1 (throughput does not depend on what the tokens say). 
 - `tokens_per_s`: median over the timed steps of the trainer's own figure (every position trained on);
 - `state_mib_per_rank`: the largest rank's parameters + AdamW state (its shards): falls ~1/N;
 - `peak_mib_per_rank`: the largest rank's peak resident memory (the process, torch included);
-- `publish_s`: median seconds per version to gather the bf16 snapshot and publish its delta
-  (rank 0 publishes the gathered snapshot: per-shard publishing is not built yet);
+- `publish_s`: median seconds per version to publish it as the trainer does: with N > 1, each rank
+  encodes the delta of its own bf16 shards as a piece of the version (`strop.sync.pieces`), and
+  nothing is gathered; with N = 1, the whole snapshot's delta;
+- `publish_gathered_s`: the same versions published without per-shard deltas, into a second
+  store: the bf16 snapshot gathered from the shards, then one delta of it encoded in rank 0's process;
 - `max_abs_weight_diff_vs_single`: max |w_N - w_1| over every weight after the K steps.
 """
 
@@ -18,6 +21,7 @@ import argparse
 import platform
 import statistics
 import tempfile
+import time
 
 from strop.bench.table import format_table, write_json
 from strop.config import add_config_arguments, config_from_args
@@ -40,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from strop.data.tokenizer import load_tokenizer
     from strop.model.policy import build_model, save_model
     from strop.rl.trainer import no_replay
-    from strop.runtime.trainers import start_trainer
+    from strop.runtime.trainers import start_trainer, trainer_sync
     from strop.threads import set_threads
 
     cfg = config_from_args(args)
@@ -61,12 +65,21 @@ def run(args: argparse.Namespace) -> int:
             trainer = start_trainer(
                 run_cfg, str(policy), no_replay, tokenizer.pad_token_id, str(Path(tmp) / f"store{n}")
             )
+            gathered = trainer_sync(run_cfg, str(Path(tmp) / f"gathered{n}"))
             try:
                 trainer.publish()
-                step_rows = [trainer.step(b) for b in batches][1:]  # the first step pays one-off costs
+                gathered.publish(trainer.version, trainer.bf16_state_dict())
+                step_rows, gathered_s = [], []
+                for b in batches:
+                    step_rows.append(trainer.step(b))
+                    t0 = time.perf_counter()
+                    gathered.publish(trainer.version, trainer.bf16_state_dict())
+                    gathered_s.append(time.perf_counter() - t0)
+                step_rows, gathered_s = step_rows[1:], gathered_s[1:]  # the first step pays one-off costs
                 memory = trainer.memory()
                 weights = trainer.state_dict()["model"]
             finally:
+                gathered.close()
                 trainer.close()
             single = single or weights
             results[n] = {
@@ -75,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
                 "state_mib_per_rank": max(m["state_mib"] for m in memory),
                 "peak_mib_per_rank": max(m["peak_rss_mib"] for m in memory),
                 "publish_s": statistics.median(r["publish_s"] for r in step_rows),
+                "publish_gathered_s": statistics.median(gathered_s),
                 "max_abs_weight_diff_vs_single": max(float((weights[k] - single[k]).abs().max()) for k in single),
             }
     print(
@@ -91,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
                 "state_mib_per_rank",
                 "peak_mib_per_rank",
                 "publish_s",
+                "publish_gathered_s",
                 "max_abs_weight_diff_vs_single",
             ],
         )

@@ -11,7 +11,9 @@ outside as plain callables, so the trainer runs before they exist and never impo
   a function that makes the forward route through the experts the engine recorded
   (`batch.routing`). The default does nothing.
 - `publish(version, bf16_state_dict)` after every step: the weight-sync interface (full
-  snapshots; a delta encoder can sit behind the same call).
+  snapshots; a delta encoder can sit behind the same call). Or, when given,
+  `publish_shards(version, bf16_shards)`: each rank of a sharded trainer publishes its own shards,
+  and the model is not gathered.
 
 The staleness bound is checked once more where it matters, on the samples a step is given.
 `save(dir)` / `load(dir)` checkpoint the model, the optimizer, the version and torch's RNG:
@@ -39,7 +41,7 @@ from strop.model.mismatch import mismatch_metrics
 from strop.model.policy import logits_at
 from strop.rl.advantages import Sample, training_reward
 from strop.rl.loss import policy_loss
-from strop.train.parallel import Ranks, local, whole
+from strop.train.parallel import Ranks, local, shard_offset, whole
 from strop.train.sharded_checkpoint import load_sharded, save_sharded
 
 
@@ -120,6 +122,7 @@ class RLTrainer:
         *,
         pad_id: int,
         publish: Callable[[int, dict[str, torch.Tensor]], None] = lambda version, state: None,
+        publish_shards: Callable[[int, dict], None] | None = None,
         replay_ctx: ReplayContext = no_replay,
         log: Callable[[dict], None] = lambda row: None,
         version: int = 0,
@@ -132,6 +135,7 @@ class RLTrainer:
         self.rl = rl
         self.pad_id = pad_id
         self.publish = publish
+        self.publish_shards = publish_shards
         self.replay_ctx = replay_ctx
         self.log = log
         self.version = version
@@ -204,7 +208,7 @@ class RLTrainer:
         seconds = time.perf_counter() - t0
         self.version += 1
         t1 = time.perf_counter()
-        self.publish(self.version, self.bf16_state_dict())
+        self.publish_version()
         publish_s = time.perf_counter() - t1
 
         # Behavior vs trainer logprobs: engine/trainer mismatch, plus policy drift for stale samples.
@@ -273,6 +277,25 @@ class RLTrainer:
         return self.ranks.gather(
             {"state_mib": state_mib, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
         )
+
+    def publish_version(self) -> None:
+        """Hand the current version to `publish` (the whole bf16 state dict), or to `publish_shards`
+        when it is set (this rank's bf16 shards: nothing is gathered)."""
+        if self.publish_shards is None:
+            self.publish(self.version, self.bf16_state_dict())
+        else:
+            self.publish_shards(self.version, self.bf16_shards())
+
+    def bf16_shards(self) -> dict[str, tuple[tuple[int, ...], int, torch.Tensor]]:
+        """This rank's shards of the model in bf16, gathering nothing: name -> (the whole tensor's
+        shape, the flat offset of this rank's shard in it, the shard). A tensor every rank holds
+        whole is rank 0's; empty shards are left out. In one process: every tensor, whole, at 0."""
+        out = {}
+        for k, v in self.model.state_dict().items():
+            shard = local(v)
+            if shard.numel() and (shard is not v or self.ranks.rank == 0):
+                out[k] = (tuple(v.shape), shard_offset(v), shard.detach().to(torch.bfloat16))
+        return out
 
     def bf16_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model in bf16 (gathered from the shards on every rank when sharded)."""

@@ -7,7 +7,8 @@
   `reply_bytes` counts it per call.
 
 With `trainer.parallel.fsdp = N > 1`, `start_trainer` makes either of them rank 0 of N sharded
-ranks (`strop.runtime.ranks`): the other N - 1 are worker processes it starts.
+ranks (`strop.runtime.ranks`): the other N - 1 are worker processes it starts. Every rank then
+publishes its own shards of each version (`TrainerSync.publish_shards`); rank 0 serves them.
 """
 
 import multiprocessing
@@ -23,38 +24,27 @@ from strop.rl.trainer import RLTrainer
 from strop.sync.publisher import TrainerSync
 
 
-def trainer_sync(cfg: Config, store_url: str, host: str = "127.0.0.1") -> TrainerSync:
-    """The trainer's end of the weight transport, as `[sync]` configures it."""
+def trainer_sync(cfg: Config, store_url: str, host: str = "127.0.0.1", ranks=None) -> TrainerSync:
+    """The trainer's end of the weight transport, as `[sync]` configures it (`ranks`: this rank's
+    group, when a sharded trainer's ranks each publish their shards)."""
     s = cfg.sync
     return TrainerSync(
-        store_url, full=s.type == "full", keep_deltas=s.keep_deltas, wan_bytes_per_s=s.wan_mb_s * 1e6 or None, host=host
+        store_url,
+        full=s.type == "full",
+        keep_deltas=s.keep_deltas,
+        wan_bytes_per_s=s.wan_mb_s * 1e6 or None,
+        host=host,
+        ranks=ranks,
     )
 
 
-class NoTransport:
-    """A worker rank's transport: it publishes nothing (rank 0 publishes the gathered weights)."""
-
-    origin_url = None
-
-    def publish(self, version: int, state: dict[str, torch.Tensor]) -> None:
-        pass
-
-    def restart(self) -> None:
-        pass
-
-    def stats(self) -> dict:
-        return {}
-
-    def close(self) -> None:
-        pass
-
-
 def rank_trainer(ranks, cfg: Config, policy_dir: str, replay_ctx, pad_id: int, store_url: str) -> "LocalTrainer":
-    """This rank's trainer: the policy, sharded over `ranks` when there are several; rank 0 publishes."""
+    """This rank's trainer: the policy, sharded over `ranks` when there are several, each rank
+    publishing its shards (rank 0 serves them)."""
     from strop.train.shard_load import load_policy
 
     model = load_policy(policy_dir, ranks).float()  # sharded: built on meta, each rank reads its shards
-    sync = trainer_sync(cfg, store_url) if ranks.rank == 0 else NoTransport()
+    sync = trainer_sync(cfg, store_url, ranks=ranks if ranks.size > 1 else None)
     return LocalTrainer(RLTrainer(model, cfg.rl, pad_id=pad_id, replay_ctx=replay_ctx, ranks=ranks), sync)
 
 
@@ -78,6 +68,8 @@ class LocalTrainer:
     def __init__(self, trainer: RLTrainer, sync: TrainerSync):
         self.trainer, self.sync, self.origin_url = trainer, sync, sync.origin_url
         trainer.publish = sync.publish
+        if sync.ranks is not None:
+            trainer.publish_shards = sync.publish_shards
 
     @property
     def version(self) -> int:
@@ -89,7 +81,7 @@ class LocalTrainer:
 
     def publish(self) -> None:
         """Publish the current weights (the first version a runtime starts from)."""
-        self.sync.publish(self.trainer.version, self.trainer.bf16_state_dict())
+        self.trainer.publish_version()
 
     def state_dict(self) -> dict:
         return self.trainer.state_dict()

@@ -11,6 +11,7 @@ nothing of training; trainers publish and engines apply through it. (`strop sync
     codec.py         the delta file: checksummed header, per-tensor payload/base/result crc32
     tensors.py       raw tensors as bit patterns; safetensors read/write without torch
     store.py         snapshot + delta chain with manifests (local dir or fsspec URL), GC
+    pieces.py        a version in pieces: each rank of a sharded trainer publishes its own shards
     publisher.py     the trainer's end, in the trainer's process: encode, store, serve (origin)
     relay.py         HTTP origin and per-cluster relays with token-bucket links
     replica.py       a receiver walking the chain, repairing damage one tensor at a time

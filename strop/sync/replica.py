@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from strop.sync import codec
+from strop.sync import codec, pieces
 from strop.sync.store import MissingPiece, Store
 from strop.sync.tensors import StateDict, Tensor
 
@@ -112,6 +112,70 @@ def _prepare_group(
     return bad
 
 
+def prepare_pieces(
+    state: StateDict, crcs: dict[str, int], blob: bytes | memoryview, want: dict[str, int]
+) -> tuple[Patch, list[str]]:
+    """`prepare_patch` for a version in pieces (`strop.sync.pieces`: its piece files back to back),
+    `want` its manifest's crcs: each tensor's changes are gathered from its pieces, and the whole
+    tensor is verified against `want`. Failed: every tensor of `want` not delivered whole and right
+    (a piece missing, truncated or corrupt, or our copy not its base)."""
+    patch = Patch(codec.read_header(pieces.split(blob)[0], with_payloads=False).version, crcs=dict(want))
+    found: dict[str, list[tuple[int, int]]] = {}  # name -> the element ranges its pieces delivered
+    changes: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+    bad: set[str] = set()
+    for f in pieces.split(blob):
+        h = codec.read_header(f, with_payloads=False)
+        have = len(f) - codec.header_end(f)
+        base = pieces.cut(state, [e.name for e in h.entries])
+        for unit in h.units():
+            spans = [pieces.parse(e.name) for e in unit]
+            names = [name for name, _, _ in spans]
+            if any(e.name not in base for e in unit) or unit[0].offset + unit[0].length > have:
+                bad.update(names)
+                continue
+            try:
+                if unit[0].part is None:
+                    ch = codec.decode_changes(
+                        unit[0], base[unit[0].name], codec.payload_of(f, unit[0]), check_base=False
+                    )
+                    new = {unit[0].name: ch} if isinstance(ch, Tensor) else {}
+                    if isinstance(ch, tuple):
+                        changes.setdefault(names[0], []).append((ch[0] + spans[0][1], ch[1]))
+                else:
+                    new, failed = codec.decode_group(unit, base, codec.payload_of(f, unit[0]), check_base=False)
+                    bad.update(pieces.parse(k)[0] for k in failed)
+            except codec.DeltaError:
+                bad.update(names)
+                continue
+            for key, t in new.items():  # whole new pieces: their changes, found by a compare
+                name, start, _ = pieces.parse(key)
+                at = np.flatnonzero(base[key].data != t.data)
+                changes.setdefault(name, []).append((at + start, t.data[at]))
+            for name, start, stop in spans:
+                found.setdefault(name, []).append((start, len(state[name].data) if stop is None else stop))
+    failed = []
+    for name, crc in want.items():
+        spans = sorted(found.get(name, []))
+        whole = bool(spans) and spans[0][0] == 0 and spans[-1][1] == len(state[name].data)
+        if name in bad or not whole or any(a[1] != b[0] for a, b in zip(spans, spans[1:])):
+            failed.append(name)
+            continue
+        ch = changes.get(name)
+        if not ch:  # nothing changed: right if our copy is what this version holds
+            if crcs.get(name) != crc:
+                failed.append(name)
+            continue
+        pos, vals = np.concatenate([p for p, _ in ch]), np.concatenate([v for _, v in ch])
+        scratch = state[name].data.copy()
+        scratch[pos] = vals
+        if codec.crc32(scratch) == crc:
+            patch.changes[name] = (pos, vals)
+        else:
+            failed.append(name)
+    patch.drop = [k for k in state if k not in want]
+    return patch, failed
+
+
 @dataclass
 class SyncReport:
     version: int
@@ -186,7 +250,10 @@ class Replica:
         """The verified patch to version v: delta v, with what it fails to deliver repaired."""
         try:
             blob = fetch(v)
-            patch, failed = prepare_patch(self.state, self.crcs, blob)
+            if pieces.is_pieced(blob):
+                patch, failed = prepare_pieces(self.state, self.crcs, blob, store.manifest(v).crcs())
+            else:
+                patch, failed = prepare_patch(self.state, self.crcs, blob)
             rep.deltas += 1
             rep.delta_bytes += len(blob)
         except (MissingPiece, codec.DeltaError):  # missing link, or a header beyond use

@@ -7,6 +7,8 @@ Layout under the root (a local directory, or any `fsspec` URL such as `s3://buck
     snapshots/00000000.safetensors the only full copy: version 0, or the GC point
     deltas/00000007.delta          version 6 -> 7 (`codec` format)
     manifests/00000007.json        version, base version, bytes, per-tensor [dtype, shape, crc32]
+    deltas/00000007.p1.delta       a sharded trainer's version: rank 1's piece (`pieces`); the
+    snapshots/00000000.p1.safetensors  manifest counts them, and holds the whole tensors' crcs
 
 The trainer side is `Publisher.publish(state, version)`. A receiver at version u reaches v with
 `advance`, applying deltas u+1..v. A damaged piece never costs a whole model: a delta that
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 import fsspec
 import numpy as np
 
-from strop.sync import codec
+from strop.sync import codec, pieces
 from strop.sync.tensors import StateDict, Tensor, bits_dtype, from_bytes, to_bytes
 
 
@@ -37,28 +39,27 @@ class MissingPiece(LookupError):
 class Manifest:
     version: int
     base_version: int | None  # None for a snapshot
-    nbytes: int  # size of the delta (or snapshot) file
+    nbytes: int  # size of the delta (or snapshot) file; of all its pieces
     tensors: dict[str, tuple[str, tuple[int, ...], int]]  # name -> dtype, shape, crc32
+    pieces: int = 0  # published in this many pieces (`strop.sync.pieces`, one per rank); 0: one file
 
     def crcs(self) -> dict[str, int]:
         return {k: v[2] for k, v in self.tensors.items()}
 
     def to_json(self) -> bytes:
-        return json.dumps(
-            {
-                "version": self.version,
-                "base_version": self.base_version,
-                "bytes": self.nbytes,
-                "tensors": {k: [d, list(s), c] for k, (d, s, c) in self.tensors.items()},
-            }
-        ).encode()
+        j = {
+            "version": self.version,
+            "base_version": self.base_version,
+            "bytes": self.nbytes,
+            "tensors": {k: [d, list(s), c] for k, (d, s, c) in self.tensors.items()},
+        }
+        return json.dumps({**j, "pieces": self.pieces} if self.pieces else j).encode()
 
     @classmethod
     def from_json(cls, b: bytes) -> "Manifest":
         j = json.loads(b)
-        return cls(
-            j["version"], j["base_version"], j["bytes"], {k: (d, tuple(s), c) for k, (d, s, c) in j["tensors"].items()}
-        )
+        tensors = {k: (d, tuple(s), c) for k, (d, s, c) in j["tensors"].items()}
+        return cls(j["version"], j["base_version"], j["bytes"], tensors, j.get("pieces", 0))
 
 
 def manifest_of(
@@ -75,11 +76,16 @@ class Store:
     def _path(self, *parts: str) -> str:
         return "/".join([self.root, *parts])
 
-    def _delta_path(self, v: int) -> str:
-        return self._path("deltas", f"{v:08d}.delta")
+    def _delta_path(self, v: int, piece: int | None = None) -> str:
+        return self._path("deltas", f"{v:08d}.delta" if piece is None else f"{v:08d}.p{piece}.delta")
 
-    def _snapshot_path(self, v: int) -> str:
-        return self._path("snapshots", f"{v:08d}.safetensors")
+    def _snapshot_path(self, v: int, piece: int | None = None) -> str:
+        return self._path("snapshots", f"{v:08d}.safetensors" if piece is None else f"{v:08d}.p{piece}.safetensors")
+
+    def _paths(self, kind: str, v: int, m: Manifest) -> list[str]:
+        """The files holding version v: one, or its pieces."""
+        path = self._delta_path if kind == "deltas" else self._snapshot_path
+        return [path(v, i) for i in range(m.pieces)] if m.pieces else [path(v)]
 
     def _manifest_path(self, v: int) -> str:
         return self._path("manifests", f"{v:08d}.json")
@@ -107,11 +113,28 @@ class Store:
         return Manifest.from_json(self._read(self._manifest_path(v)))
 
     def delta_bytes(self, v: int) -> bytes:
-        """The delta file taking version v-1 to v."""
-        return self._read(self._delta_path(v))
+        """The delta file taking version v-1 to v; for a version in pieces, the pieces the store
+        still holds, back to back (a receiver repairs the tensors of a missing one)."""
+        try:
+            return self._read(self._delta_path(v))
+        except MissingPiece:
+            m = self.manifest(v)
+            if not m.pieces:
+                raise
+        held = []
+        for path in self._paths("deltas", v, m):
+            try:
+                held.append(self._read(path))
+            except MissingPiece:
+                pass  # the receiver repairs what it held
+        if not held:
+            raise MissingPiece(f"every piece of version {v} is missing from the store")
+        return b"".join(held)
 
     def snapshot(self, v: int) -> StateDict:
-        return from_bytes(self._read(self._snapshot_path(v)))
+        m = self.manifest(v)
+        files = [from_bytes(self._read(p)) for p in self._paths("snapshots", v, m)]
+        return pieces.snapshot(files, {k: s for k, (_, s, _) in m.tensors.items()}) if m.pieces else files[0]
 
     def tensor(self, name: str, v: int) -> Tensor:
         """One tensor at version v at full precision, rebuilt from the snapshot and that
@@ -124,16 +147,20 @@ class Store:
         snap = self.head()["snapshot"]
         if v < snap:
             raise MissingPiece(f"version {v} was garbage-collected (oldest kept: {snap})")
-        heads = {w: self._delta_header(names[0], w) for w in range(snap + 1, v + 1)}
+        heads = {w: self._delta_headers(names[0], w) for w in range(snap + 1, v + 1)}
         need, grown = set(names), True
-        while grown:  # close `need` under group membership at every version
+        while grown:  # close `need` under group membership at every version (a group may hold pieces)
             grown = False
-            for h, _ in heads.values():
-                for unit in h.units():
-                    if len(unit) > 1 and any(e.name in need for e in unit) and not all(e.name in need for e in unit):
-                        need.update(e.name for e in unit)
-                        grown = True
-        state = {n: self._snapshot_tensor(n, snap) for n in need}
+            for _, files in heads.values():
+                for _, h, _ in files:
+                    for unit in h.units():
+                        members = {pieces.parse(e.name)[0] for e in unit}
+                        if len(members) > 1 and members & need and not members <= need:
+                            need |= members
+                            grown = True
+        m = self.manifest(snap)
+        files = [(p, *self._safetensors_header(p)) for p in self._paths("snapshots", snap, m)]
+        state = {n: self._snapshot_tensor(n, files, m) for n in need}
         for w in range(snap + 1, v + 1):
             state = self._apply_delta(names[0], w, *heads[w], state)
         want = self.manifest(v).tensors
@@ -145,49 +172,80 @@ class Store:
             out[name] = t
         return out
 
-    def _snapshot_tensor(self, name: str, v: int) -> Tensor | None:
-        path = self._snapshot_path(v)
+    def _safetensors_header(self, path: str) -> tuple[int, dict]:
+        """A safetensors file's header alone, and where its data starts."""
         (n,) = struct.unpack("<Q", self._read(path, 0, 8))
-        h = json.loads(self._read(path, 8, 8 + n)).get(name)
-        if h is None:
-            return None
-        b, e = h["data_offsets"]
-        data = np.frombuffer(self._read(path, 8 + n + b, 8 + n + e), dtype=bits_dtype(h["dtype"]))
-        return Tensor(h["dtype"], tuple(h["shape"]), data)
+        return 8 + n, json.loads(self._read(path, 8, 8 + n))
 
-    def _delta_header(self, name: str, w: int) -> tuple[codec.Header, int]:
-        """Delta w's header alone, and where its payloads start (`name`: for the error)."""
-        path = self._delta_path(w)
+    def _snapshot_tensor(self, name: str, files: list[tuple[str, int, dict]], m: Manifest) -> Tensor | None:
+        """One tensor of a snapshot (`files`: its file, or its pieces, with their headers; `m`: its
+        manifest), reading only its bytes."""
+        parts = []
+        for path, start, header in files:
+            for key in [name] if not m.pieces else [k for k in header if pieces.parse(k)[0] == name]:
+                if (h := header.get(key)) is not None:
+                    b, e = h["data_offsets"]
+                    data = np.frombuffer(self._read(path, start + b, start + e), dtype=bits_dtype(h["dtype"]))
+                    parts.append((pieces.parse(key)[1], Tensor(h["dtype"], tuple(h["shape"]), data)))
+        if not m.pieces or not parts:
+            return parts[0][1] if parts else None
+        dtype, shape, _ = m.tensors[name]
+        return Tensor(dtype, shape, np.concatenate([t.data for _, t in sorted(parts, key=lambda p: p[0])]))
+
+    def _delta_headers(self, name: str, w: int) -> tuple[Manifest, list[tuple[str, codec.Header, int]]]:
+        """Version w's manifest, and the headers alone of its delta file or pieces with where their
+        payloads start (`name`: for the error)."""
         try:
-            prefix = self._read(path, 0, codec.PREFIX_SIZE)
-            end = codec.header_end(prefix)
-            return codec.read_header(prefix + self._read(path, codec.PREFIX_SIZE, end), with_payloads=False), end
+            m, out = self.manifest(w), []
+            for path in self._paths("deltas", w, m):
+                prefix = self._read(path, 0, codec.PREFIX_SIZE)
+                end = codec.header_end(prefix)
+                h = codec.read_header(prefix + self._read(path, codec.PREFIX_SIZE, end), with_payloads=False)
+                out.append((path, h, end))
+            return m, out
         except (MissingPiece, codec.DeltaError, struct.error) as err:
             raise MissingPiece(f"tensor {name!r} cannot be rebuilt past version {w - 1}: {err}") from None
 
-    def _apply_delta(self, name: str, w: int, h: codec.Header, end: int, state: StateDict) -> StateDict:
-        """`state` (a set of tensors, None where absent) after delta w, reading only the payloads
-        of those tensors (`name`: for the error)."""
-        path, out = self._delta_path(w), {}
-        for unit in h.units():
-            e = unit[0]
-            if not any(u.name in state for u in unit):
-                continue
-            if e.method == "same":
-                out[e.name] = state[e.name]
-                continue
-            payload = memoryview(self._read(path, end + e.offset, end + e.offset + e.length))
-            try:
-                if e.part is None:
-                    out[e.name] = codec.decode_tensor(e, state[e.name], payload, check_base=False)  # result crc checked
+    def _apply_delta(
+        self, name: str, w: int, m: Manifest, files: list[tuple[str, codec.Header, int]], state: StateDict
+    ) -> StateDict:
+        """`state` (a set of whole tensors, None where absent) after version w (`m` and its delta
+        file or pieces), reading only the payloads of those tensors (`name`: for the error)."""
+        new = {}  # what the entries deliver: whole tensors, or pieces of them
+        for path, h, end in files:
+            base = pieces.cut({k: t for k, t in state.items() if t is not None}, [e.name for e in h.entries])
+            for unit in h.units():
+                e = unit[0]
+                if not any(pieces.parse(u.name)[0] in state for u in unit):
                     continue
-                good, bad = codec.decode_group(unit, state, payload, check_base=False)
-            except codec.DeltaError as err:
-                raise MissingPiece(f"tensor {name!r} cannot be rebuilt at version {w}: {err}") from None
-            if bad:
-                raise MissingPiece(f"tensor {name!r} cannot be rebuilt at version {w}: {bad} fail their checksums")
-            out.update(good)
-        return {n: out.get(n) for n in state}
+                if e.method == "same":
+                    new[e.name] = base.get(e.name)
+                    continue
+                payload = memoryview(self._read(path, end + e.offset, end + e.offset + e.length))
+                try:
+                    if e.part is None:
+                        new[e.name] = codec.decode_tensor(e, base.get(e.name), payload, check_base=False)  # crc checked
+                        continue
+                    good, bad = codec.decode_group(unit, base, payload, check_base=False)
+                except codec.DeltaError as err:
+                    raise MissingPiece(f"tensor {name!r} cannot be rebuilt at version {w}: {err}") from None
+                if bad:
+                    raise MissingPiece(f"tensor {name!r} cannot be rebuilt at version {w}: {bad} fail their checksums")
+                new.update(good)
+        if not m.pieces:
+            return {n: new.get(n) for n in state}
+        parts: dict[str, list] = {}
+        for key, t in new.items():
+            if t is not None:
+                parts.setdefault(pieces.parse(key)[0], []).append((pieces.parse(key)[1], t))
+        out = {}
+        for n in state:  # a tensor whose pieces did not all come is None: it fails its checksum below
+            ps = sorted(parts.get(n, []), key=lambda p: p[0])
+            dtype, shape, _ = m.tensors.get(n, ("", (), 0))
+            data = np.concatenate([t.data for _, t in ps]) if ps else None
+            ok = data is not None and len(data) == int(np.prod(shape, dtype=np.int64))
+            out[n] = Tensor(dtype, shape, data) if ok else None
+        return out
 
     # -- writing
 
@@ -201,6 +259,32 @@ class Store:
     def put_delta(self, blob: bytes, manifest: Manifest) -> None:
         self._write(self._delta_path(manifest.version), blob)
         self._write(self._manifest_path(manifest.version), manifest.to_json())
+
+    def put_piece(self, blob: bytes, version: int, piece: int, *, snapshot: bool) -> None:
+        """Write one piece of a version (a rank's delta file, or its part of the snapshot); the
+        version exists for readers once `seal` writes its manifest."""
+        self._write((self._snapshot_path if snapshot else self._delta_path)(version, piece), blob)
+
+    def seal(self, version: int, base_version: int | None, parts: list[tuple[int, dict]]) -> Manifest:
+        """Write the manifest of a version every piece of which is written, and make it the latest.
+        `parts`, one per piece in order: (its file's size, piece key -> (dtype, whole shape, crc,
+        bytes)). The whole tensors' crcs are combined from their pieces'."""
+        info = {k: v for _, keys in parts for k, v in keys.items()}
+        shapes = {pieces.parse(k)[0]: (d, tuple(s)) for k, (d, s, _, _) in info.items()}
+        crcs = pieces.whole_crcs(
+            {k: (c, n) for k, (_, _, c, n) in info.items()},
+            {name: int(np.prod(s, dtype=np.int64)) for name, (_, s) in shapes.items()},
+        )
+        m = Manifest(
+            version,
+            base_version,
+            sum(n for n, _ in parts),
+            {name: (*shapes[name], crcs[name]) for name in sorted(crcs)},
+            len(parts),
+        )
+        self._write(self._manifest_path(version), m.to_json())
+        self.set_head(version, version if base_version is None else self.head()["snapshot"])
+        return m
 
     def clear(self) -> None:
         """Remove every piece of a previous chain (only the store's own files under the root)."""
@@ -228,25 +312,34 @@ class Store:
         if state is None:
             state = self.snapshot(old)
             for w in range(old + 1, keep_from + 1):
-                state = codec.decode(state, self.delta_bytes(w), check_base=False)
+                m, blob = self.manifest(w), self.delta_bytes(w)
+                state = (
+                    pieces.decode(state, blob, m.crcs()) if m.pieces else codec.decode(state, blob, check_base=False)
+                )
         self.put_snapshot(state, self.manifest(keep_from).crcs(), keep_from)
         self.set_head(head["latest"], keep_from)
         for w in range(old, keep_from):
             if self.fs.exists(self._manifest_path(w)):
                 self.fs.rm(self._manifest_path(w))
-            if self.fs.exists(self._delta_path(w + 1)):  # a lost delta is simply already gone
-                self.fs.rm(self._delta_path(w + 1))
-        self.fs.rm(self._snapshot_path(old))
+            for path in self.fs.glob(self._path("deltas", f"{w + 1:08d}.*")):  # the delta or its pieces
+                self.fs.rm(path)  # (a lost one is simply already gone)
+        for path in self.fs.glob(self._path("snapshots", f"{old:08d}.*")):
+            self.fs.rm(path)
 
 
 @dataclass
 class Publisher:
     """The trainer's side: `publish(state, version)` writes each new bf16 state as a delta against the
     previous one (`full=True`: every tensor whole, in the same file format, so receivers take the
-    same path). The first version published, or the first after `restart`, is the snapshot."""
+    same path). The first version published, or the first after `restart`, is the snapshot.
+
+    `piece`: this publisher writes piece `piece` of each version (a rank of a sharded trainer, whose
+    `state` is its pieces, `strop.sync.pieces`): the file alone; the version appears when `Store.seal`
+    writes its manifest, once every piece is written (so it neither clears the store nor moves HEAD)."""
 
     store: Store
     full: bool = False
+    piece: int | None = None
     state: StateDict | None = None
     crcs: dict[str, int] = field(default_factory=dict)
     version: int = -1
@@ -269,7 +362,11 @@ class Publisher:
         version = self.version + 1 if version is None else version
         assert version > self.version, f"version {version} published after {self.version}"
         crcs = {k: t.crc32() for k, t in state.items()}
-        if self.state is None:
+        if self.state is None and self.piece is not None:
+            blob = to_bytes(state)
+            self.store.put_piece(blob, version, self.piece, snapshot=True)
+            self.nbytes = len(blob)
+        elif self.state is None:
             self.store.clear()
             self.nbytes = self.store.put_snapshot(state, crcs, version)
             self.store.set_head(version, version)
@@ -283,8 +380,11 @@ class Publisher:
                 base_crcs=self.crcs,
                 new_crcs=crcs,
             )
-            self.store.put_delta(blob, manifest_of(state, crcs, version, self.version, len(blob)))
-            self.store.set_head(version, self.store.head()["snapshot"])
+            if self.piece is None:
+                self.store.put_delta(blob, manifest_of(state, crcs, version, self.version, len(blob)))
+                self.store.set_head(version, self.store.head()["snapshot"])
+            else:
+                self.store.put_piece(blob, version, self.piece, snapshot=False)
             self.nbytes = len(blob)
         kept = {k: Tensor(t.dtype, t.shape, t.data.copy()) for k, t in state.items()}
         with self.lock:
@@ -295,10 +395,12 @@ class Publisher:
         """Keep at most 2 * `keep` deltas behind the latest version (0: all), folding the oldest
         into the snapshot `keep` at a time. A chain the store can no longer fold (one of its own
         deltas damaged or lost) is cut at the latest version, from the trainer's own copy:
-        receivers behind it then fetch only the tensors that differ."""
+        receivers behind it then fetch only the tensors that differ. (A piece's publisher holds only its
+        pieces, so a sharded trainer's chain that cannot be folded is left as it is.)"""
         if keep == 0 or self.version - self.store.head()["snapshot"] < 2 * keep:
             return
         try:
             self.store.gc(self.version - keep)
         except (MissingPiece, codec.DeltaError):
-            self.store.gc(self.version, state=self.state)
+            if self.piece is None:
+                self.store.gc(self.version, state=self.state)

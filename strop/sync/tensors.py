@@ -6,6 +6,7 @@ numpy, which has no bfloat16, can compare and patch weights bit-exactly. Files w
 load with `safetensors.torch.load_file`, and files written by it load here.
 """
 
+import functools
 import json
 import math
 import struct
@@ -115,3 +116,38 @@ def load(path: str) -> StateDict:
 def save(state: StateDict, path: str) -> None:
     with open(path, "wb") as f:
         f.write(to_bytes(state))
+
+
+def crc32_combine(crc1: int, crc2: int, nbytes2: int) -> int:
+    """`crc32` of A + B from crc1 = `crc32`(A), crc2 = `crc32`(B) and len(B) (zlib's crc32_combine,
+    for CRC-32C): a whole tensor's checksum from the checksums of its pieces, without the bytes."""
+    return _gf2_times(_zeros_operator(nbytes2), crc1) ^ crc2
+
+
+def _gf2_times(mat: tuple[int, ...], vec: int) -> int:
+    out, i = 0, 0
+    while vec:
+        if vec & 1:
+            out ^= mat[i]
+        vec >>= 1
+        i += 1
+    return out
+
+
+@functools.cache
+def _zeros_operator(nbytes: int) -> tuple[int, ...]:
+    """The GF(2) matrix (column n: the image of bit n) that feeds `nbytes` zero bytes through a CRC-32C
+    register; cached, since a tensor's pieces have the same sizes every version."""
+    if nbytes == 0:
+        return tuple(1 << n for n in range(32))
+    if nbytes == 1:
+        op = (0x82F63B78, *(1 << n for n in range(31)))  # one zero bit (reflected polynomial)
+        for _ in range(3):  # 2, 4, 8 bits
+            op = tuple(_gf2_times(op, c) for c in op)
+        return op
+    half = _zeros_operator(nbytes // 2)
+    op = tuple(_gf2_times(half, c) for c in half)
+    if nbytes % 2:
+        one = _zeros_operator(1)
+        op = tuple(_gf2_times(one, c) for c in op)
+    return op

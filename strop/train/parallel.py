@@ -88,6 +88,22 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+def shard_offset(t: torch.Tensor) -> int:
+    """Where this rank's shard of `t` (`local(t)`) starts in the whole tensor, in flat elements: FSDP2
+    shards along dim 0 as `torch.chunk` does (ceil(rows / N) rows a rank; the last ones short or
+    empty), so a shard is one contiguous range. A plain tensor starts at 0."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    if not isinstance(t, DTensor):
+        return 0
+    assert tuple(t.placements) == (Shard(0),), f"a shard along dim 0 expected, not {t.placements}"
+    rows, size = t.shape[0], t.device_mesh.size()
+    per = -(-rows // size)
+    start = min(t.device_mesh.get_local_rank() * per, rows)
+    assert t.to_local().shape[0] == min(per, rows - start), "FSDP's shard is not torch.chunk's"
+    return start * (t.numel() // rows if rows else 0)
+
+
 def shard_model(model, mesh) -> None:
     """Shard a Hugging Face causal LM over the 1-D `mesh` in place, bottom-up (torchtitan's order):
 
