@@ -114,3 +114,38 @@ def test_a_piece_gone_from_the_store_is_refused_clearly(tmp_path, versions):
         store.gc(4)
     with pytest.raises(Exception, match="cannot be rebuilt past version 2"):
         Replica(_copy(versions[2]), 2).advance(store)
+
+
+class OneRank:
+    """A rank group of one, for `TrainerSync.publish_shards` in this process."""
+
+    rank = 0
+
+    def gather(self, obj) -> list:
+        return [obj]
+
+
+def test_a_chain_gc_cannot_fold_is_cut_at_the_ranks_own_pieces(tmp_path):
+    import torch
+
+    from strop.sync.publisher import TrainerSync
+
+    torch.manual_seed(0)
+    w = torch.randn(64, 32)
+    states = [(w * (1 + 0.01 * v)).to(torch.bfloat16) for v in range(3)]
+    sync = TrainerSync(str(tmp_path / "store"), keep_deltas=1, ranks=OneRank())
+    store = sync.publisher.store
+    try:
+        sync.publish_shards(0, {"w": ((64, 32), 0, states[0])})
+        sync.publish_shards(1, {"w": ((64, 32), 0, states[1])})
+        store.fs.rm(store._delta_path(1, 0))  # lost from the store: version 2 cannot be folded from it
+        sync.publish_shards(2, {"w": ((64, 32), 0, states[2])})  # gc is due: the chain is cut at 2
+        assert store.head() == {"latest": 2, "snapshot": 2}
+        assert sorted(p.rsplit("/", 1)[1] for p in store.fs.ls(store._path("snapshots"))) == ["00000002.p0.safetensors"]
+        want = states[2].view(torch.uint16).numpy().reshape(-1)
+        assert np.array_equal(Replica.bootstrap(store).state["w"].data, want)
+        straggler = Replica({"w": Tensor("BF16", (64, 32), states[0].view(torch.uint16).numpy().reshape(-1).copy())}, 0)
+        rep = straggler.advance(store)
+        assert np.array_equal(straggler.state["w"].data, want) and rep.repaired == ["v2:w"]
+    finally:
+        sync.close()

@@ -24,7 +24,7 @@ from strop.sync.apply import bits_view
 from strop.sync.pieces import piece_name
 from strop.sync.relay import Origin
 from strop.sync.store import Publisher, Store
-from strop.sync.tensors import Tensor
+from strop.sync.tensors import Tensor, to_bytes
 
 Shards = dict[str, tuple[tuple[int, ...], int, torch.Tensor]]  # name -> (whole shape, flat offset, this rank's shard)
 
@@ -81,9 +81,17 @@ class TrainerSync:
         pub.publish(state, version)
         keys = {k: (t.dtype, shapes[k], pub.crcs[k], t.nbytes) for k, t in state.items()}
         parts = ranks.gather((pub.nbytes, keys))
+        folded = None
         if ranks.rank == 0:
             self.file_bytes[version] = pub.store.seal(version, base_version, parts).nbytes
-            pub.gc(self.keep_deltas)
+            folded = pub.gc(self.keep_deltas)
+        if not ranks.gather(folded)[0]:  # the chain cannot be folded: cut it at every rank's own pieces
+            blob = to_bytes(pub.state)
+            pub.store.put_piece(blob, version, ranks.rank, snapshot=True)
+            sizes = ranks.gather(len(blob))
+            if ranks.rank == 0:
+                pub.store.cut(version, sum(sizes))
+        if ranks.rank == 0:
             self.published_at[version] = time.time()
             self.origin.notify()
 

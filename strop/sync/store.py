@@ -318,7 +318,21 @@ class Store:
                 )
         self.put_snapshot(state, self.manifest(keep_from).crcs(), keep_from)
         self.set_head(head["latest"], keep_from)
-        for w in range(old, keep_from):
+        self._drop_before(old, keep_from)
+
+    def cut(self, v: int, nbytes: int) -> None:
+        """Make version v the snapshot once each of its pieces' snapshot files is written (`put_piece`,
+        `nbytes` in all): a sharded trainer's chain that `gc` cannot fold is cut at its ranks' own
+        copies of the latest version."""
+        head, m = self.head(), self.manifest(v)
+        self._write(self._manifest_path(v), Manifest(v, None, nbytes, m.tensors, m.pieces).to_json())
+        self.set_head(head["latest"], v)
+        self._drop_before(head["snapshot"], v)
+
+    def _drop_before(self, old: int, v: int) -> None:
+        """Delete what the snapshot at v replaces: the snapshot at `old`, and the manifests and
+        deltas (or their pieces) from it up to v."""
+        for w in range(old, v):
             if self.fs.exists(self._manifest_path(w)):
                 self.fs.rm(self._manifest_path(w))
             for path in self.fs.glob(self._path("deltas", f"{w + 1:08d}.*")):  # the delta or its pieces
@@ -391,16 +405,19 @@ class Publisher:
             self.state, self.crcs, self.version = kept, crcs, version
         return version
 
-    def gc(self, keep: int) -> None:
+    def gc(self, keep: int) -> bool:
         """Keep at most 2 * `keep` deltas behind the latest version (0: all), folding the oldest
         into the snapshot `keep` at a time. A chain the store can no longer fold (one of its own
         deltas damaged or lost) is cut at the latest version, from the trainer's own copy:
-        receivers behind it then fetch only the tensors that differ. (A piece's publisher holds only its
-        pieces, so a sharded trainer's chain that cannot be folded is left as it is.)"""
+        receivers behind it then fetch only the tensors that differ. A piece's publisher holds one
+        piece of that copy: it returns False instead, and the sharded trainer cuts the chain from
+        every rank's (`Store.cut`)."""
         if keep == 0 or self.version - self.store.head()["snapshot"] < 2 * keep:
-            return
+            return True
         try:
             self.store.gc(self.version - keep)
         except (MissingPiece, codec.DeltaError):
-            if self.piece is None:
-                self.store.gc(self.version, state=self.state)
+            if self.piece is not None:
+                return False
+            self.store.gc(self.version, state=self.state)
+        return True
