@@ -2,6 +2,8 @@
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 def set_threads(n: int | None = None) -> int:
@@ -26,3 +28,20 @@ def set_threads(n: int | None = None) -> int:
         except RuntimeError:
             pass  # torch allows this only before its first parallel work; the default then stands
     return n
+
+
+@contextmanager
+def child_environment(**overrides: str) -> Iterator[None]:
+    """`os.environ` with `overrides` while a child process starts (it copies the environment then),
+    as it was afterwards. For settings a library reads once, at load: OpenMP's wait policy must be
+    in the environment before the child imports torch."""
+    saved = {k: os.environ.get(k) for k in overrides}
+    os.environ.update(overrides)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -59,7 +59,7 @@ def stage_rl(cfg: Config) -> dict:
     from strop.runtime.build import train_rl
     from strop.runtime.inline import split_cores
 
-    cpus = split_cores(share=True)  # the trainer on one core, engines and rollouts on both (as `strop train`)
+    cpus = split_cores(share=True)  # the trainer in a process of its own; it and the engines on every core
     trained = train_rl(cfg, mode="async", cpus=cpus, trainer_process=cpus is not None)
     return {**_held_out(cfg, cfg.run_dir / "rl" / "model"), "train": trained}
 

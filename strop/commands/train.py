@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--runtime",
         choices=["inline", "ray"],
         default="inline",
-        help="inline: one machine (on 2+ cores the trainer runs in a child process on the first core, "
+        help="inline: one machine (on 2+ cores the trainer runs in a child process, "
         "engines and rollouts on every core); ray: trainer, engines and rollout workers as Ray actors",
     )
     parser.add_argument("--ray-address", help="join this Ray cluster (default: start a local Ray instance)")

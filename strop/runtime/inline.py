@@ -9,7 +9,7 @@ are child processes, so most of a rollout's time is spent outside the GIL.
 `cpus` splits the machine the way a cluster is split: the trainer is pinned to `cpus.trainer`,
 engine loop and rollout threads (and the sandboxes they fork) to `cpus.rollout`, so a busy
 fraction measures a component against the hardware it was given (or, `split_cores(share=True)`,
-rollouts also use the trainer's core while it waits). Threads of one process share
+both sides use every core, each taking what the other leaves idle). Threads of one process share
 the GIL, and a tiny model's forward is mostly Python, so a trainer thread and an engine thread
 slow each other down by about half; `trainer_process=True` moves the trainer into a child
 process (`strop.runtime.trainers.TrainerProcess`, same calls over a pipe) so the split is real.
@@ -65,14 +65,17 @@ class CpuSplit:
 def split_cores(share: bool = False) -> CpuSplit | None:
     """The trainer on the first allowed core, engines and rollouts on the others (None on one core).
 
-    `share`: rollouts may also run on the trainer's core. On a small machine neither side is busy
-    all the time (which one waits depends on how many groups have mixed outcomes, the rows the
-    trainer learns from), and a core one side leaves idle goes to the other; the dedicated split
-    is for measuring each component against its own hardware."""
+    `share`: trainer, engines and rollouts all on every core. On a small machine neither side is
+    busy all the time (which one waits depends on how many groups have mixed outcomes, the rows the
+    trainer learns from), and a core one side leaves idle goes to the other: the trainer's threads
+    wait passively (`strop.runtime.trainers.TrainerProcess`), so its second thread costs an engine
+    little. The dedicated split is for measuring each component against its own hardware."""
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         return None
-    return CpuSplit(frozenset(cpus[:1]), frozenset(cpus if share else cpus[1:]))
+    if share:
+        return CpuSplit(frozenset(cpus), frozenset(cpus))
+    return CpuSplit(frozenset(cpus[:1]), frozenset(cpus[1:]))
 
 
 def pin(cpus: frozenset[int] | None) -> None:
