@@ -101,6 +101,9 @@ class _Node(abc.ABC):
                 except MissingPiece as e:
                     return self.send_error(404, str(e).encode("ascii", "replace").decode())
                 bucket = TokenBucket(node.link_rate) if node.link_rate and kind != "head" else None
+                # Counted before the last byte leaves, so a receiver holding the whole body always
+                # finds it in the stats; taken back if the receiver hangs up part way.
+                self._count(kind, version, len(body), +1)
                 try:
                     self.send_response(200)
                     self.send_header("Content-Length", str(len(body)))
@@ -110,14 +113,20 @@ class _Node(abc.ABC):
                             bucket.take(min(CHUNK, len(body) - i))
                         self.wfile.write(body[i : i + CHUNK])
                 except (BrokenPipeError, ConnectionResetError):
+                    self._count(kind, version, len(body), -1)
                     return  # the receiver gave up waiting (its timeout) and will ask again: nothing was sent
-                if kind != "head":
-                    with node.cond:
-                        node.sent_bytes += len(body)
-                        if kind == "delta":
-                            node.sent_deltas += 1
-                            node.sent_by_version[version] += 1
-                            node.sent_bytes_by_version[version] += len(body)
+
+            def _count(self, kind: str, version: int | None, nbytes: int, sign: int) -> None:
+                if kind == "head":
+                    return
+                with node.cond:
+                    node.sent_bytes += sign * nbytes
+                    if kind == "delta":
+                        node.sent_deltas += sign
+                        node.sent_by_version[version] += sign
+                        node.sent_bytes_by_version[version] += sign * nbytes
+                        if not node.sent_by_version[version]:
+                            del node.sent_by_version[version], node.sent_bytes_by_version[version]
 
         self.server = _Server((host, 0), Handler)
         self.url = f"http://{host}:{self.server.server_address[1]}"
