@@ -115,3 +115,20 @@ def test_reuse_after_a_weight_update_keeps_the_old_prefix(tiny_moe, tiny_tokeniz
     eng.update_weights({"lm_head.weight": tiny_moe.lm_head.weight * 1.0}).wait()
     o2 = eng.generate([first + o1.token_ids], _greedy(4))[0]
     assert eng.prefix_reused_tokens == len(first) + 3 and o1.versions == [0] * 4 and o2.versions == [1] * 4
+
+
+def test_a_server_engine_drops_parked_kv_at_an_update(tiny_moe, tiny_tokenizer):
+    """With `stale_prefixes=False` (`strop serve`) nothing computed by older weights is reused: after
+    going to new weights and back, a prompt gets what the first weights gave it, bit for bit."""
+    tok = tiny_tokenizer
+    prompt = tok.encode(TEXT)
+    old = {k: t.clone() for k, t in tiny_moe.state_dict().items() if k.endswith("q_proj.weight")}
+    eng = Engine(tiny_moe, tok, max_batch=2, max_len=256, stale_prefixes=False)
+    before = eng.generate([prompt], _greedy(6))[0]
+    eng.update_weights({k: t * 1.5 for k, t in old.items()}, version=1).wait()
+    assert eng.stats()["parked"] == 0
+    moved = eng.generate([prompt], _greedy(6))[0]
+    eng.update_weights(old, version=0, rollback=True).wait()
+    again = eng.generate([prompt], _greedy(6))[0]
+    assert moved.logprobs != before.logprobs and eng.prefix_reused_tokens == 0
+    assert again.token_ids == before.token_ids and again.logprobs == before.logprobs

@@ -82,7 +82,11 @@ def serve(args: argparse.Namespace, sock: socket.socket) -> None:
         store = Store(args.store) if args.store else None
         versions = Versions(args.weights_store) if args.weights_store else None
         engine = Engine.from_checkpoint(
-            args.checkpoint, max_batch=args.max_batch, max_len=args.max_len, deterministic=args.deterministic
+            args.checkpoint,
+            max_batch=args.max_batch,
+            max_len=args.max_len,
+            deterministic=args.deterministic,
+            stale_prefixes=False,  # each reply is what its version computes: logged behaviour, rollbacks
         )
     except ValueError as e:  # e.g. --max-len past the model's limit, a bad key file, an unreachable database
         raise UserError(str(e)) from None

@@ -21,7 +21,8 @@ shared (the system prompt, a sibling of an RL group) the shared KV rows are copi
 request gets, and the parked entry stays. A request with no match takes a free slot, else evicts
 the least recently parked one. Reused KV and routing are those the earlier request computed: after
 a weight update they come from the older weights, the same approximation in-flight updates make
-for running requests (prompt tokens carry no version). In deterministic mode a suffix prefilled
+for running requests (prompt tokens carry no version); `stale_prefixes=False` (a server) drops
+them at each update instead. In deterministic mode a suffix prefilled
 against cached keys is bitwise what the full prompt's prefill gives (every op is batch invariant
 and attention reads keys in a fixed order).
 
@@ -160,6 +161,7 @@ class Engine:
         seed: int = 0,
         version: int = 0,
         reuse_min: int = 32,
+        stale_prefixes: bool = True,
     ):
         limit = int(model.config.max_position_embeddings)
         if max_batch < 1:  # no slot would ever admit a request: every one would wait forever
@@ -184,6 +186,9 @@ class Engine:
         self._updates: deque[WeightUpdate] = deque()
         self._free = list(range(max_batch))
         self.reuse_min = reuse_min  # shortest prefix worth reusing; 0 turns prefix reuse off
+        # False: a weight update drops the parked KV, so every reply is what its version computes
+        # (a server, whose rollback must serve the old version bit for bit)
+        self.stale_prefixes = stale_prefixes
         self._parked: OrderedDict[int, _Parked] = OrderedDict()  # by slot, least recently parked first
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -340,6 +345,10 @@ class Engine:
                 else:
                     self.forward.refresh(upd.changed)
                 self.version = upd.version
+                if not self.stale_prefixes:
+                    with self._lock:
+                        self._free = sorted(self._free + list(self._parked))
+                        self._parked.clear()
             except Exception as e:  # reported to the caller; the engine keeps serving
                 upd.error = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
             upd.pause_s = time.perf_counter() - t0
