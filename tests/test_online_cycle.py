@@ -60,13 +60,18 @@ def test_monitors_and_hidden_preference_read_the_replies():
     worse = {"monitors": {"question_rate": {"rate": 0.4, "n": 100, "alert": True}}, "suites": {}}
     assert compare(figures, worse)["question_rate"]["passed"] is False
     assert compare(figures, figures)["question_rate"]["passed"] is True
+    # within the interval of the current figure, but past the alert threshold the current one is inside
+    creep = {"monitors": {"question_rate": {"rate": 0.11, "n": 100, "alert": True}}, "suites": {}}
+    assert compare(figures, creep)["question_rate"]["passed"] is False
 
 
 @contextlib.contextmanager
 def online_server(tmp_path, tokenizer):
     """The mixture policy (warm-started for 120 steps) behind the app `strop serve` runs, with keys, a SQLite
     log and the weight store holding version 0: yields (settings, store, engine, population)."""
-    made = prepare(tmp_path, tokenizer, users=4, warm_steps=120, log=lambda line: None)  # edits ~80% of the time
+    made = prepare(
+        tmp_path, tokenizer, users=4, warm_steps=120, seed=0, log=lambda line: None
+    )  # edits ~80% of the time
     keys = KeyFile.load(tmp_path / "keys.json")
     store = Store(str(tmp_path / "feedback.db"))
     engine = Engine.from_checkpoint(str(made["base"]), max_batch=16, max_len=1024)
@@ -187,15 +192,15 @@ def test_online_command_refuses_bad_input(capsys, monkeypatch):
 
 @pytest.mark.slow
 def test_simulated_users_approval_rises_with_every_gate_passing(tmp_path):
-    """The acceptance run, `strop online --simulate 3 --json F`: a real `strop serve` process, real HTTP,
-    a real SQLite log. Not yet run to completion on this machine (see the README)."""
+    """The acceptance run, `strop online --simulate 6 --json F`: a real `strop serve` process, real HTTP,
+    a real SQLite log (~5 min here; its figures are in the README)."""
     out = tmp_path / "sim.json"
     assert (
         main(
             [
                 "online",
                 "--simulate",
-                "3",
+                "6",
                 "--json",
                 str(out),
                 "--run-dir",
@@ -209,6 +214,6 @@ def test_simulated_users_approval_rises_with_every_gate_passing(tmp_path):
         == 0
     )
     report = json.loads(out.read_text())
-    assert len(report["approval"]) == len(report["approval_ci95"]) == 4 and len(report["gates"]) == 3
+    assert len(report["approval"]) == len(report["approval_ci95"]) == 7 and len(report["gates"]) == 6
     assert report["rises_outside_ci95"] and report["all_gates_passed"], report["approval_rounds"]
     assert report["blocked_harmful"] is True and report["rollback_bitwise"] is True

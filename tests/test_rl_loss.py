@@ -115,3 +115,6 @@ def test_make_samples_applies_hack_penalty_and_normalisation():
     samples = make_samples([group], hack_penalty=0.0)
     assert samples[2].advantage < 0 < samples[0].advantage == samples[1].advantage
     assert [s.weight for s in samples] == pytest.approx([1 / 6, 1 / 12, 1 / 12])
+    # no baseline (the online cycle's): the training rewards are the advantages
+    samples = make_samples([group], hack_penalty=1.0, baseline=False)
+    assert [s.advantage for s in samples] == [0.0, 1.0, 0.0]

@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rewards", default="", help="override Tab-style rewards: kind.value=reward,... (e.g. accept.reject=-0.5)"
     )
-    parser.add_argument("--lr", type=float, default=3e-3, help="learning rate of the cycle's update")
+    parser.add_argument("--lr", type=float, default=3e-4, help="learning rate of the cycle's update")
     parser.add_argument(
         "--max-staleness", type=int, default=1, help="ratings of versions this far behind the served one count"
     )
@@ -45,8 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--gate-suites", default="synthetic,humaneval,mutated", help="held-out task suites the gates run"
     )
     parser.add_argument("--gate-episodes", type=int, default=6, help="episodes per gate suite")
-    parser.add_argument("--requests", type=int, default=96, help="--simulate: requests per cycle")
+    parser.add_argument("--requests", type=int, default=192, help="--simulate: requests per cycle")
     parser.add_argument("--users", type=int, default=8, help="--simulate: simulated users")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the gates' sampling (with --simulate, of the policy and users too)"
+    )
     parser.add_argument("--json", help="write the report (all cycles) here")
 
 
@@ -75,7 +78,7 @@ def gate_settings(args: argparse.Namespace):
         raise UserError(f"--gate-suites: {bad[0]!r} is not one of {', '.join(SUITES)}")
     if args.gate_episodes < 1:
         raise UserError("--gate-episodes must be at least 1")
-    return GateSettings(suites=suites, episodes=args.gate_episodes)
+    return GateSettings(suites=suites, episodes=args.gate_episodes, seed=args.seed)
 
 
 def settings_from(args: argparse.Namespace):
@@ -137,7 +140,14 @@ def run_simulation(args: argparse.Namespace) -> dict:
     tokenizer = train_tokenizer(corpus.train[:200], vocab_size=512, sample_bytes=400_000)
     gates = gate_settings(args)
     report = simulate(
-        args.simulate, run_dir, tokenizer, requests=args.requests, users=args.users, lr=args.lr, gates=gates
+        args.simulate,
+        run_dir,
+        tokenizer,
+        requests=args.requests,
+        users=args.users,
+        lr=args.lr,
+        gates=gates,
+        seed=args.seed,
     )
     print(
         json.dumps(

@@ -4,7 +4,9 @@
         -> rewards (`strop.online.rewards`, Tab-style by default)
         -> one importance-corrected policy-gradient step from the logged behaviour logprobs:
            strop's RL trainer and loss (`strop.rl.trainer`, `strop.rl.loss`: PPO clip + TIS, router
-           replay for MoE), advantages normalised over the batch as one group (`strop.rl.advantages`)
+           replay for MoE); the rewards are the advantages, with no baseline (`strop.rl.advantages`:
+           the reward map's asymmetry keeps rejected replies from being pushed down as hard as
+           accepted ones are pulled up)
         -> candidate version c = the weight store's latest + 1, published as a delta (`strop.sync`)
         -> gates (`strop.online.gates`): candidate vs v, no regression beyond the interval
         -> promoted: every serving engine loads c from the store (`POST /weights/update`, admin key);
@@ -53,7 +55,8 @@ class CycleSettings:
     rewards: RewardMap = field(default_factory=RewardMap)
     max_staleness: int = 1  # ratings of versions this far behind the served one are still used
     min_rated: int = 16  # fewer new ratings than this: the cycle waits for more
-    rl: RLSection = field(default_factory=lambda: RLSection(lr=3e-3, micro_batch=16, measure_every=0))
+    rl: RLSection = field(default_factory=lambda: RLSection(lr=3e-4, micro_batch=16, measure_every=0))
+    baseline: bool = False  # False: the mapped rewards are the advantages (`strop.rl.advantages`)
     gates: GateSettings = field(default_factory=GateSettings)
 
 
@@ -205,6 +208,7 @@ def run_cycle(
         [TrajectoryGroup("online", "online", len(trajs), trajs)],
         dr_grpo=s.rl.dr_grpo,
         norm_tokens=s.rl.dr_grpo_norm_tokens,
+        baseline=s.baseline,
     )
     trainer = trainer_for(s, now.version)
     step = trainer.step(samples)

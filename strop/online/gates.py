@@ -9,7 +9,9 @@ A gate run measures a policy on
   version see the same random numbers and differ only where their weights make them differ.
 
 `compare` refuses a candidate on any figure that got worse than the current version's by more
-than a two-proportion z-test at 95% allows (pooled; one side: the bad direction of each figure).
+than a two-proportion z-test at 95% allows (pooled; one side: the bad direction of each figure),
+and on a monitor that crosses its alert threshold while the current version is inside it: a
+comparison with the current version alone lets small steps, each within the interval, add up.
 """
 
 import math
@@ -113,8 +115,9 @@ def compare(current: dict, candidate: dict) -> dict:
         cur = current["monitors"][name]
         bad_up = ALERTS[name][1] == "above"
         hits = lambda f: round(f["rate"] * f["n"])  # noqa: E731
+        crossed = cand["alert"] and not cur["alert"]
         gates[name] = {
-            "passed": not regressed(hits(cur), cur["n"], hits(cand), cand["n"], bad_up),
+            "passed": not crossed and not regressed(hits(cur), cur["n"], hits(cand), cand["n"], bad_up),
             "current": cur["rate"],
             "candidate": cand["rate"],
             "alert": cand["alert"],

@@ -52,7 +52,7 @@ def greedy_probe(url: str, key: str) -> dict:
     }
 
 
-def prepare(run_dir: Path, tokenizer, users: int, warm_steps: int, log: Callable[[str], None]) -> dict:
+def prepare(run_dir: Path, tokenizer, users: int, warm_steps: int, seed: int, log: Callable[[str], None]) -> dict:
     """The policy, version 0 in the weight store, and the key file; returns their paths and keys."""
     import torch
 
@@ -63,7 +63,7 @@ def prepare(run_dir: Path, tokenizer, users: int, warm_steps: int, log: Callable
     from strop.sync.store import Publisher
     from strop.sync.store import Store as WeightStore
 
-    base = warm_start(tokenizer, run_dir / "base", steps=warm_steps, log=log)
+    base = warm_start(tokenizer, run_dir / "base", steps=warm_steps, seed=seed, log=log)
     state = load_model(base).state_dict()
     Publisher(WeightStore(str(run_dir / "weights"))).publish(
         {k: bits_view(t.to(torch.bfloat16).contiguous()) for k, t in state.items()}, 0
@@ -80,10 +80,10 @@ def simulate(
     run_dir: Path,
     tokenizer,
     *,
-    requests: int = 96,
+    requests: int = 192,
     users: int = 8,
-    warm_steps: int = 300,
-    lr: float = 3e-3,
+    warm_steps: int = 1000,
+    lr: float = 3e-4,
     harmful_lr: float = 1e-2,
     gates: GateSettings | None = None,
     seed: int = 0,
@@ -94,7 +94,7 @@ def simulate(
 
     t0 = time.perf_counter()
     run_dir.mkdir(parents=True, exist_ok=True)
-    made = prepare(run_dir, tokenizer, users, warm_steps, log)
+    made = prepare(run_dir, tokenizer, users, warm_steps, seed, log)
     db, weights = run_dir / "feedback.db", run_dir / "weights"
     argv = [
         sys.executable,

@@ -9,6 +9,10 @@ choosing these two numbers:
   averaged (weight 1 / (N * n_i) for a sample with n_i generated tokens in a batch of N samples).
 - Dr.GRPO (arXiv:2503.20783): A_i = r_i - mean(r), and a constant normaliser instead of n_i
   (weight 1 / (N * norm_tokens)), removing the biases toward long wrong and short right answers.
+- No baseline (`baseline=False`, the online cycle's): A_i = r_i, so the reward map's own asymmetry
+  (Tab's +0.75 accept, -0.25 reject) decides how hard a rejection pushes. Centred advantages push
+  a rejected reply down as hard as an accepted one up, and on a tiny policy that push spreads over
+  every token of the reply and garbles it instead of removing it.
 
 The reward is the checker's, minus `hack_penalty` when the hack monitor flagged a hack in the
 episode (`degenerate_penalty` when its only flags are degenerate loops, stalls or questions).
@@ -58,6 +62,7 @@ def make_samples(
     norm_tokens: int = 1024,
     hack_penalty: float = 1.0,
     degenerate_penalty: float = 0.0,
+    baseline: bool = True,
 ) -> list[Sample]:
     """Advantages and weights for one optimizer step's groups (see the module docstring)."""
     trajs, advs = [], []
@@ -65,7 +70,7 @@ def make_samples(
         rewards = torch.tensor(
             [training_reward(t, hack_penalty, degenerate_penalty) for t in g.trajectories], dtype=torch.float64
         )
-        advs += group_advantages(rewards, std_normalize=not dr_grpo).tolist()
+        advs += (group_advantages(rewards, std_normalize=not dr_grpo) if baseline else rewards).tolist()
         trajs += g.trajectories
     counts = torch.tensor([t.generated_tokens for t in trajs])
     weights = token_weights(counts, length_normalize=not dr_grpo, norm_tokens=norm_tokens).tolist()
