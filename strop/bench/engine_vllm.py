@@ -44,7 +44,7 @@ def run_vllm(args: argparse.Namespace, threads: int) -> int:
     from strop.engine.engine import Engine
     from strop.engine.policy_client import EnginePolicy
     from strop.engine.server_process import ServerProcess
-    from strop.engine.vllm_server import installed, vllm_argv, vllm_env
+    from strop.engine.vllm_server import installed, returns_routed_experts, vllm_argv, vllm_env
     from strop.errors import UserError
     from strop.model.mismatch import engine_vs_trainer
     from strop.model.policy import save_model
@@ -69,8 +69,10 @@ def run_vllm(args: argparse.Namespace, threads: int) -> int:
     with tempfile.TemporaryDirectory(prefix="strop-bench-vllm-") as tmp:
         save_model(model, tok, tmp)
         t0 = time.perf_counter()
+        routed = returns_routed_experts()
         server = ServerProcess(
-            vllm_argv(tmp, name="strop", max_len=max_len, max_batch=BATCH, seed=0), env=vllm_env(threads)
+            vllm_argv(tmp, name="strop", max_len=max_len, max_batch=BATCH, seed=0, routed_experts=routed),
+            env=vllm_env(threads, routed),
         )
         try:
             policies["vllm"] = EndpointClient(server.url, model="strop")

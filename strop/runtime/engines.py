@@ -14,6 +14,7 @@ experts out), follows the same relay, and reports its busy seconds.
 """
 
 import os
+import warnings
 from typing import Protocol
 
 from strop.config import Config
@@ -85,14 +86,26 @@ def start_engine(
 
     if r.engine == "vllm":
         from strop.engine.server_process import ServerProcess
-        from strop.engine.vllm_server import VllmWeights, vllm_argv, vllm_env
+        from strop.engine.vllm_server import VllmWeights, returns_routed_experts, vllm_argv, vllm_env
         from strop.threads import set_threads
 
+        routed = returns_routed_experts()
+        if not routed:
+            warnings.warn(
+                "vLLM cannot return routed experts here (on CPU its V2 model runner needs Triton's CPU "
+                "backend): the trainer recomputes MoE routing, without router replay",
+                stacklevel=2,
+            )
         server = ServerProcess(
             vllm_argv(
-                policy_dir, name="strop", max_len=r.max_context, max_batch=r.engine_batch, seed=cfg.run.seed + index
+                policy_dir,
+                name="strop",
+                max_len=r.max_context,
+                max_batch=r.engine_batch,
+                seed=cfg.run.seed + index,
+                routed_experts=routed,
             ),
-            env=vllm_env(1 if cpus else set_threads()),
+            env=vllm_env(1 if cpus else set_threads(), routed),
             start_timeout_s=VLLM_START_TIMEOUT_S,
         )
         try:
