@@ -259,10 +259,10 @@ def _decoder_forward(
 
     if input_ids is None or inputs_embeds is not None:
         raise ValueError("deterministic mode takes input_ids")
-    if cache is not None or use_cache or output_router_logits or kwargs:
+    asked = sorted(k for k, v in kwargs.items() if v is not None)  # transformers 5.19 passes some as None
+    if cache is not None or use_cache or output_router_logits or asked:
         raise ValueError(
-            "deterministic mode computes no KV cache, router logits or "
-            f"{', '.join(sorted(k for k, v in kwargs.items() if v is not None)) or 'other outputs'}"
+            f"deterministic mode computes no KV cache, router logits or {', '.join(asked) or 'other outputs'}"
         )
     if attention_mask is not None and not bool(attention_mask.bool().all()):
         raise ValueError("deterministic mode takes unpadded or right-padded batches without an attention mask")
