@@ -111,7 +111,7 @@ def run_vllm(args: argparse.Namespace, threads: int) -> int:
                 {
                     "engine": name,
                     "trainer": mode,
-                    "flips": m[mode].get("routing_flip_rate", 0.0),
+                    "flips": m[mode].get("routing_flip_rate"),  # None: the engine returned no routing
                     "mean_abs_dlogp": m[mode]["mean_abs_dlogp"],
                     "max_abs_dlogp": m[mode]["max_abs_dlogp"],
                     "k3": m[mode]["k3"],
@@ -119,8 +119,8 @@ def run_vllm(args: argparse.Namespace, threads: int) -> int:
                 }
             )
         prefix = "vllm" if name == "vllm" else "engine"
-        result[f"{prefix}_flips_without_replay"] = m["plain"].get("routing_flip_rate", 0.0)
-        result[f"{prefix}_replay_flips"] = m["replay"].get("routing_flip_rate", 0.0)
+        result[f"{prefix}_flips_without_replay"] = m["plain"].get("routing_flip_rate")  # None: no routing returned
+        result[f"{prefix}_replay_flips"] = m["replay"].get("routing_flip_rate")
         for k in ("mean_abs_dlogp", "k3"):
             result[f"{prefix}_{k}"] = m["plain"][k]
             result[f"{prefix}_{k}_replay"] = m["replay"][k]
