@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from strop.cli import main
+from strop.commands.agent import report_edits
 from strop.config import RLSection
+from strop.engine.endpoint import EndpointClient
 from strop.engine.engine import Engine
 from strop.engine.server import serve_in_thread
 from strop.online.app import create_serving_app
@@ -74,7 +76,7 @@ def online_server(tmp_path, tokenizer):
     )  # edits ~80% of the time
     keys = KeyFile.load(tmp_path / "keys.json")
     store = Store(str(tmp_path / "feedback.db"))
-    engine = Engine.from_checkpoint(str(made["base"]), max_batch=16, max_len=1024)
+    engine = Engine.from_checkpoint(str(made["base"]), max_batch=16, max_len=1024, stale_prefixes=False)
     app = create_serving_app(engine, "sim", keys, store, Versions(str(tmp_path / "weights")))
     url, stop = serve_in_thread(engine, "sim", app=app)
     s = CycleSettings(
@@ -217,3 +219,26 @@ def test_simulated_users_approval_rises_with_every_gate_passing(tmp_path):
     assert len(report["approval"]) == len(report["approval_ci95"]) == 7 and len(report["gates"]) == 6
     assert report["rises_outside_ci95"] and report["all_gates_passed"], report["approval_rounds"]
     assert report["blocked_harmful"] is True and report["rollback_bitwise"] is True
+
+
+def test_agent_sessions_report_their_edits_kept_or_reverted(tmp_path, tiny_tokenizer):
+    """`strop agent` against a keyed server rates each served completion that edited a file."""
+    from strop.data.chat import render
+    from strop.online.probes import EDIT_TOOL
+    from strop.policy_api import SamplingParams
+
+    with online_server(tmp_path, tiny_tokenizer) as (s, store, engine, users):
+        client = EndpointClient(s.engines[0], model="sim", headers={"Authorization": f"Bearer {users[0].key}"})
+        request = task_request("parse", 0)
+        prompt = tiny_tokenizer.encode(render(request.messages, EDIT_TOOL, add_generation_prompt=True))
+        for seed in (1, 2):
+            client.generate(prompt, SamplingParams(max_tokens=96, temperature=1.0, seed=seed))
+        (edited, _), (asked, _) = client.served
+        # what the two turns said, fixed here so that one edits and one does not, whatever was sampled
+        client.served = [(edited, reply(request, "scoped")), (asked, reply(request, "question"))]
+        report_edits(client, kept=False)
+        report_edits(client, kept=False)  # a retried session: the same events, stored once
+        rows = store.feedback()
+        assert [(r.completion_id, r.kind, r.value, r.key_name) for r in rows] == [(edited, "edit", "reverted", "user0")]
+        report_edits(EndpointClient(s.engines[0], model="sim"), kept=True)  # no key: nothing is sent
+        assert store.count("feedback") == 1

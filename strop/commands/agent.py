@@ -5,11 +5,17 @@ runs; at the end its changes are printed as a unified diff and written to DIR on
 (or a "y" at the prompt on a terminal). The policy is an OpenAI-compatible server
 (`--endpoint URL`, with `--tokenizer DIR` for the chat format's token ids) or a local checkpoint
 run by the in-process engine (`--checkpoint DIR`).
+
+Against a `strop serve` with keys, the key in `$STROP_API_KEY` (scopes infer + feedback) is
+presented, and the session's outcome is reported as feedback: each served completion that edited a
+file is rated `edit` / `kept` when the diff is applied and `edit` / `reverted` when it is not, the
+ratings the online cycle learns from (`strop online`).
 """
 
 import argparse
 import difflib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -47,6 +53,7 @@ def _policy(args):
     """(policy client, tokenizer, largest context the policy holds or None)."""
     from strop.data.tokenizer import load_tokenizer
     from strop.engine.endpoint import EndpointClient
+    from strop.runtime.engines import API_KEY_ENV
 
     if args.checkpoint:
         from strop.engine.engine import Engine
@@ -59,7 +66,8 @@ def _policy(args):
         return EnginePolicy(engine), tokenizer, engine.max_len
     if not args.tokenizer:
         raise UserError("--endpoint needs --tokenizer DIR (the policy's tokenizer, for the chat format's token ids)")
-    client = EndpointClient(args.endpoint, model=args.model)
+    key = os.environ.get(API_KEY_ENV)
+    client = EndpointClient(args.endpoint, model=args.model, headers={"Authorization": f"Bearer {key}"} if key else {})
     try:
         client.connect()  # before the sandbox starts: an unreachable endpoint is a user mistake
     except ConnectionError as e:
@@ -110,6 +118,25 @@ def _apply(world: Path, changes: dict[str, bytes | None]) -> None:
             target.write_bytes(data)
 
 
+def report_edits(policy, kept: bool) -> None:
+    """Rate the session's editing completions kept or reverted, where the server takes feedback."""
+    from strop.data.chat import parse_assistant
+    from strop.engine.endpoint import EndpointClient, EndpointError
+    from strop.online.monitors import EDIT_TOOLS
+
+    if not isinstance(policy, EndpointClient) or "Authorization" not in policy.headers:
+        return
+    edits = [cid for cid, text in policy.served if any(c.name in EDIT_TOOLS for c in parse_assistant(text).tool_calls)]
+    try:
+        for cid in edits:
+            policy.feedback(cid, "edit", "kept" if kept else "reverted")
+    except (EndpointError, OSError) as e:  # the session's result stands; only the rating is lost
+        print(f"feedback not recorded: {e}")
+        return
+    if edits:
+        print(f"reported {len(edits)} edit(s) as {'kept' if kept else 'reverted'}")
+
+
 def run(args: argparse.Namespace) -> int:
     from strop.threads import set_threads
 
@@ -157,4 +184,5 @@ def run(args: argparse.Namespace) -> int:
             print(f"applied {len(changes)} file(s) to {world}")
         else:
             print(f"not applied (rerun with --apply to write them to {world})")
+        report_edits(policy, kept=bool(apply))
     return 1 if episode.stop_reason in ("policy_error", "error") else 0

@@ -38,6 +38,7 @@ class EndpointClient:
     model: str | None = None
     timeout_s: float = 600.0
     headers: dict[str, str] = field(default_factory=dict)
+    served: list[tuple[str, str]] = field(default_factory=list)  # (completion id, text) of each generate
 
     def _request(self, path: str, body: dict | None = None) -> dict:
         data = None if body is None else json.dumps(body).encode()
@@ -88,7 +89,16 @@ class EndpointClient:
             body["stop"] = list(params.stop)
         if params.seed is not None:
             body["seed"] = params.seed
-        return parse_completion(self._request("/v1/completions", body), len(prompt_ids))
+        reply = self._request("/v1/completions", body)
+        generation = parse_completion(reply, len(prompt_ids))
+        self.served.append((str(reply.get("id", "")), generation.text))
+        return generation
+
+    def feedback(self, completion_id: str, kind: str, value: str) -> dict:
+        """Rate a completion this server served (`POST /v1/feedback`; the headers carry a key with the
+        feedback scope). The event id is derived from the rating, so a retry is counted once."""
+        body = {"event_id": f"{completion_id}:{kind}", "completion_id": completion_id, "kind": kind, "value": value}
+        return self._request("/v1/feedback", body)
 
     def weights_version(self) -> int:
         """The version the server serves (strop's `/weights/version`)."""
