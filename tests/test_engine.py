@@ -28,6 +28,21 @@ def test_continuous_batching_more_requests_than_slots(tiny_model, tiny_tokenizer
     assert sorted(eng._free) == [0, 1]
 
 
+def test_generate_from_many_threads_without_the_loop_thread(tiny_moe, tiny_tokenizer):
+    """Callers on several threads share an engine that was never started: one steps for all at a
+    time (stepping it from two threads at once had corrupted its state)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompts = _prompts(tiny_tokenizer, 12)
+    greedy = SamplingParams(max_tokens=8, temperature=0, stop_token_ids=[])
+    alone = Engine(tiny_moe, tiny_tokenizer, max_batch=4, max_len=128).generate(prompts, greedy)
+    shared = Engine(tiny_moe, tiny_tokenizer, max_batch=4, max_len=128)
+    with ThreadPoolExecutor(6) as pool:
+        outs = list(pool.map(lambda p: shared.generate([p], greedy)[0], prompts))
+    assert [o.token_ids for o in outs] == [o.token_ids for o in alone]
+    assert sorted(shared._free + list(shared._parked)) == [0, 1, 2, 3]
+
+
 def test_greedy_matches_hf_argmax(tiny_moe, tiny_tokenizer):
     eng = Engine(tiny_moe, tiny_tokenizer, max_batch=4, max_len=128)
     p = _prompts(tiny_tokenizer, 1)[0]

@@ -191,6 +191,7 @@ class Engine:
         self.stale_prefixes = stale_prefixes
         self._parked: OrderedDict[int, _Parked] = OrderedDict()  # by slot, least recently parked first
         self._lock = threading.Condition()
+        self._stepping = threading.Lock()  # without the loop thread, one `generate` caller steps at a time
         self._thread: threading.Thread | None = None
         self._stop = False
         self.pauses: list[float] = []
@@ -247,7 +248,9 @@ class Engine:
         reqs = [self.submit(p, sp) for p, sp in zip(prompts, plist)]
         if self._thread is None:
             while not all(r.done.is_set() for r in reqs):
-                self.step()
+                with self._stepping:  # callers on other threads: whoever holds it steps for all of them
+                    if not all(r.done.is_set() for r in reqs):
+                        self.step()
         for r in reqs:
             r.done.wait()
         return [r.result for r in reqs]
