@@ -167,10 +167,13 @@ def _prepare(task: Task, root: Path, kept: dict, tests: dict[str, str]) -> Path:
 
 def _run(task: Task, kept: dict, tests: dict[str, str], n_tests: int, mode: Mode, limits: Limits) -> Score:
     by_values = task.grader == "values"
-    worlds = [scratch_dir("check")] + ([scratch_dir("check")] if by_values else [])
-    sandboxes = []
+    worlds, sandboxes = [], []
     timeout = float(task.metadata.get("timeout_s", TEST_TIMEOUT_S))
     try:
+        # made inside the try, one at a time: a SIGTERM (SystemExit) between the two used to leave both
+        worlds.append(scratch_dir("check"))
+        if by_values:
+            worlds.append(scratch_dir("check"))
         # graded by values, the checks never enter the agent's world: a judge sandbox on an empty one runs them
         sandboxes.append(open_sandbox(_prepare(task, worlds[0], kept, {} if by_values else tests), limits))
         if by_values:
