@@ -228,7 +228,9 @@ def test_agent_sessions_report_their_edits_kept_or_reverted(tmp_path, tiny_token
     from strop.policy_api import SamplingParams
 
     with online_server(tmp_path, tiny_tokenizer) as (s, store, engine, users):
-        client = EndpointClient(s.engines[0], model="sim", headers={"Authorization": f"Bearer {users[0].key}"})
+        client = EndpointClient(
+            s.engines[0], model="sim", headers={"Authorization": f"Bearer {users[0].key}"}, served=[]
+        )
         request = task_request("parse", 0)
         prompt = tiny_tokenizer.encode(render(request.messages, EDIT_TOOL, add_generation_prompt=True))
         for seed in (1, 2):

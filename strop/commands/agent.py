@@ -15,7 +15,6 @@ ratings the online cycle learns from (`strop online`).
 import argparse
 import difflib
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -53,7 +52,7 @@ def _policy(args):
     """(policy client, tokenizer, largest context the policy holds or None)."""
     from strop.data.tokenizer import load_tokenizer
     from strop.engine.endpoint import EndpointClient
-    from strop.runtime.engines import API_KEY_ENV
+    from strop.runtime.engines import api_key_headers
 
     if args.checkpoint:
         from strop.engine.engine import Engine
@@ -66,8 +65,8 @@ def _policy(args):
         return EnginePolicy(engine), tokenizer, engine.max_len
     if not args.tokenizer:
         raise UserError("--endpoint needs --tokenizer DIR (the policy's tokenizer, for the chat format's token ids)")
-    key = os.environ.get(API_KEY_ENV)
-    client = EndpointClient(args.endpoint, model=args.model, headers={"Authorization": f"Bearer {key}"} if key else {})
+    # what it was served is recorded for the session's feedback (`report_edits`)
+    client = EndpointClient(args.endpoint, model=args.model, headers=api_key_headers(), served=[])
     try:
         client.connect()  # before the sandbox starts: an unreachable endpoint is a user mistake
     except ConnectionError as e:
@@ -124,7 +123,7 @@ def report_edits(policy, kept: bool) -> None:
     from strop.engine.endpoint import EndpointClient, EndpointError
     from strop.online.monitors import EDIT_TOOLS
 
-    if not isinstance(policy, EndpointClient) or "Authorization" not in policy.headers:
+    if not isinstance(policy, EndpointClient) or policy.served is None or "Authorization" not in policy.headers:
         return
     edits = [cid for cid, text in policy.served if any(c.name in EDIT_TOOLS for c in parse_assistant(text).tool_calls)]
     try:

@@ -38,7 +38,9 @@ class EndpointClient:
     model: str | None = None
     timeout_s: float = 600.0
     headers: dict[str, str] = field(default_factory=dict)
-    served: list[tuple[str, str]] = field(default_factory=list)  # (completion id, text) of each generate
+    # (completion id, text) of each generate, where a caller asks for them with a list (None: kept
+    # nowhere, as in an RL run, where they would pile up)
+    served: list[tuple[str, str]] | None = None
 
     def _request(self, path: str, body: dict | None = None) -> dict:
         data = None if body is None else json.dumps(body).encode()
@@ -91,7 +93,8 @@ class EndpointClient:
             body["seed"] = params.seed
         reply = self._request("/v1/completions", body)
         generation = parse_completion(reply, len(prompt_ids))
-        self.served.append((str(reply.get("id", "")), generation.text))
+        if self.served is not None:
+            self.served.append((str(reply.get("id", "")), generation.text))
         return generation
 
     def feedback(self, completion_id: str, kind: str, value: str) -> dict:

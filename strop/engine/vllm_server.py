@@ -35,6 +35,7 @@ kernels' repacking), `POST /reset_prefix_cache` drops KV computed by the old wei
 A whole snapshot is loaded each time: vLLM's layerwise reload expects every tensor of a layer.
 """
 
+import functools
 import json
 import os
 import subprocess
@@ -65,6 +66,7 @@ def interpreter() -> str | None:
     return sys.executable if find_spec("vllm") is not None else None
 
 
+@functools.cache  # a probe of the interpreter (it imports torch): once per process, not per engine
 def returns_routed_experts() -> bool:
     """Whether vLLM can return routed experts here: on CUDA, or on CPU with Triton's CPU backend."""
     python = interpreter()

@@ -27,6 +27,12 @@ API_KEY_ENV = "STROP_API_KEY"  # the key a run presents to a served engine named
 VLLM_START_TIMEOUT_S = 900.0  # loading the model and a first warm-up on a busy CPU take minutes
 
 
+def api_key_headers() -> dict[str, str]:
+    """The Authorization header for the key in `$STROP_API_KEY`, or none when it is unset."""
+    key = os.environ.get(API_KEY_ENV)
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 class RunEngine(Protocol):
     sync: EngineSync  # what the engine serves, as the weight transport sees it
 
@@ -121,8 +127,7 @@ def start_engine(
         except BaseException:
             server.close()
             raise
-    key = os.environ.get(API_KEY_ENV)
-    client = EndpointClient(r.engine, headers={"Authorization": f"Bearer {key}"} if key else {})
+    client = EndpointClient(r.engine, headers=api_key_headers())
     try:
         client.connect()
     except ConnectionError as e:
