@@ -1,6 +1,8 @@
 """The coding tools, each run in a real bubblewrap sandbox: what they return, and that every bad
 call comes back as an "error:" observation instead of an exception."""
 
+import re
+
 import pytest
 
 from strop.env.sandbox import Limits, open_sandbox
@@ -101,6 +103,17 @@ def test_run_reports_exit_codes_timeouts_and_floods(sandbox):
     flood = ok(sandbox, "run", command="yes 0123456789 | head -c 3000000; echo END")
     assert len(flood) < 2200 and "chars cut" in flood and "(output capped)" in flood
     assert "at least 1 second" in err(sandbox, "run", {"command": "true", "timeout": 0})
+
+
+def test_run_leaves_out_pytest_durations(sandbox):
+    """An observation must not depend on the machine's speed: pytest's summary line loses its time."""
+    sandbox.write_file("tests/test_add.py", "def test_one():\n    assert 1\n\n\ndef test_two():\n    assert 0\n")
+    out = ok(sandbox, "run", command="python -m pytest -q -p no:cacheprovider tests/test_add.py")
+    assert out.endswith("1 failed, 1 passed") and " in 0." not in out, out
+    out = ok(sandbox, "run", command="python -m pytest -p no:cacheprovider tests/test_add.py")
+    assert re.fullmatch(r"=+ 1 failed, 1 passed =+", out.splitlines()[-1]), out
+    assert ok(sandbox, "run", command="echo 'took 2 s in 0.5s'") == "exit code 0\ntook 2 s in 0.5s"
+    ok(sandbox, "run", command="rm -r tests")
 
 
 def test_bad_calls_are_observations(sandbox):

@@ -14,6 +14,7 @@ the production machine's.
 """
 
 import difflib
+import re
 from dataclasses import dataclass
 
 from strop.env.sandbox import Sandbox
@@ -25,6 +26,12 @@ MAX_LINE_CHARS = 200  # a grep hit or listed line longer than this is cut
 HINT_MIN_RATIO = 0.6  # an edit's old text this alike to some lines of the file gets them shown in the error
 HINT_MAX_LINES = 3000  # beyond this many lines the search for them costs more than the hint is worth
 RUN_TIMEOUT_S = 30.0  # default (and, times 4, the largest) timeout of the run tool
+# the duration at the end of pytest's summary line: "6 passed in 0.04s", "== 1 failed in 1.20s (0:00:01) =="
+_PYTEST_DURATION = re.compile(
+    r"^(.*\b(?:passed|failed|errors?|skipped|xfailed|xpassed|deselected|warnings?|no tests ran)\b.*?)"
+    r" in \d+\.\d+s(?: \(\d+:\d\d:\d\d\))?( =+)?$",
+    re.MULTILINE,
+)
 
 
 def _schema(name: str, description: str, properties: dict, required: list[str]) -> dict:
@@ -228,12 +235,21 @@ def _grep(sb: Sandbox, pattern: str, path: str = ".", *, limit: int) -> ToolResu
     return _command(sb, argv, limit, MAX_GREP_LINES, "no matches", ok_codes=(0, 1))  # 1: nothing matched
 
 
+def without_durations(output: str) -> str:
+    """`output` with the durations pytest prints on its summary line taken out ("6 passed in 0.04s"
+    reads "6 passed"). An observation must not depend on the machine's speed: with them, two
+    demonstrations of the same episode differed in a third of the episodes, and the same `make demo`
+    on the same machine trained different warm starts."""
+    return _PYTEST_DURATION.sub(r"\1\2", output)
+
+
 def _run(sb: Sandbox, command: str, timeout: int | None = None, *, limit: int) -> ToolResult:
     if timeout is not None and timeout < 1:
         return _error("timeout must be at least 1 second")
     wall = min(float(timeout or RUN_TIMEOUT_S), 4 * RUN_TIMEOUT_S)
     result = sb.exec(command, timeout=wall)
     out = result.stdout + (("\n" if result.stdout and not result.stdout.endswith("\n") else "") + result.stderr)
+    out = without_durations(out)
     if result.timed_out:
         return _error(
             f"command timed out after {wall:.0f} s" + (f"; output so far:\n{clip(out, limit)}" if out else "")
