@@ -12,6 +12,12 @@ from pathlib import Path
 from strop.config import ModelSection
 from strop.errors import UserError, one_line
 
+# How the MoE layers run their experts in PyTorch (the trainer's forward and backward). transformers
+# defaults to "grouped_mm", whose CPU backward is not bitwise repeatable with 2 threads: the same
+# step gave different gradients run to run, so the same `make demo` reached different models.
+# "eager" (a loop over the experts hit) is repeatable and as fast at the demo's sizes.
+EXPERTS_IMPLEMENTATION = "eager"
+
 ARCHITECTURES = {
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
@@ -80,8 +86,9 @@ def build_model(cfg: ModelSection, tokenizer, seed: int = 0):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(model_config(cfg, tokenizer), dtype=torch.float32)
-    return model
+    return AutoModelForCausalLM.from_config(
+        model_config(cfg, tokenizer), dtype=torch.float32, experts_implementation=EXPERTS_IMPLEMENTATION
+    )
 
 
 def is_model_dir(path: str | Path) -> bool:
@@ -105,7 +112,9 @@ def load_model(path: str | Path, dtype: str = "float32"):
 
     p = _checked_model_dir(path)
     try:
-        return AutoModelForCausalLM.from_pretrained(str(p), dtype=getattr(torch, dtype))
+        return AutoModelForCausalLM.from_pretrained(
+            str(p), dtype=getattr(torch, dtype), experts_implementation=EXPERTS_IMPLEMENTATION
+        )
     except Exception as e:  # damaged weights or config (their loaders raise many types): the user's files, one line
         raise UserError(f"cannot load the model in {str(p)!r}: {one_line(e)}") from None
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from strop.model.checkpoint_names import PROJECTIONS
+from strop.model.policy import EXPERTS_IMPLEMENTATION
 from strop.train.parallel import Ranks, local, shard_model
 
 
@@ -88,7 +89,9 @@ def load_sharded_model(path: str | Path, ranks: Ranks):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     with parameters_on_meta():
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(path)), dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(
+            AutoConfig.from_pretrained(str(path)), dtype=torch.float32, experts_implementation=EXPERTS_IMPLEMENTATION
+        )
     buffers = {name: b.clone() for name, b in model.named_buffers()}
     shard_model(model, ranks.mesh)
     model.to_empty(device="cpu")  # the shards' storage, uninitialised (buffers too: restored next)
