@@ -271,6 +271,12 @@ class RolloutSection:
     eval_difficulties: list[int] = opt([1, 2], "held-out difficulties evaluated", nonempty=True)
     eval_episodes: int = opt(200, "held-out episodes per evaluated difficulty", ge=1)
     eval_temperature: float = opt(0.0, "sampling temperature of held-out evaluation; 0 = greedy", ge=0)
+    eval_samples: int = opt(
+        0,
+        "held-out evaluation also samples every task this many times at rollout.temperature, the "
+        "policy RL trains (pass@1 and pass@K beside the greedy rate); 0 = greedy only",
+        ge=0,
+    )
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_BACKENDS and not self.engine.startswith(("http://", "https://")):

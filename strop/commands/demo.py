@@ -41,7 +41,7 @@ def _held_out(cfg: Config, model_dir: Path) -> dict:
     path = model_dir.parent / "eval.json"
     if path.is_file():
         return json.loads(path.read_text())
-    figures = evaluate(cfg, str(model_dir), progress=True)
+    figures = evaluate(cfg, str(model_dir), progress=True, samples=cfg.rollout.eval_samples)
     write_atomic(path, json.dumps(figures, indent=2))
     return figures
 
@@ -66,14 +66,11 @@ def stage_rl(cfg: Config) -> dict:
 
 def stage_report(cfg: Config) -> dict:
     """`report.md` with plots: the RL run's curves and both held-out evaluations."""
-    from strop.rl.report import write_report
+    from strop.rl.report import solve_rate_gains, write_report
 
     evals = {name: json.loads((cfg.run_dir / name / "eval.json").read_text()) for name in ("sft", "rl")}
     path = write_report(cfg.run_dir, cfg.run_dir / "rl" / "metrics.jsonl", evals)
-    gain = {"all": evals["rl"]["solve_rate"] - evals["sft"]["solve_rate"]}
-    for d, ev in evals["rl"].get("by_difficulty", {}).items():
-        gain[f"d{d}"] = ev["solve_rate"] - evals["sft"]["by_difficulty"][d]["solve_rate"]
-    return {"path": str(path), "solve_rate_gain": {k: round(v, 4) for k, v in gain.items()}}
+    return {"path": str(path), "solve_rate_gain": solve_rate_gains(evals)}
 
 
 # (name, function), run in order; each stage's result becomes summary[name].

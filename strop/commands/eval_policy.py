@@ -21,9 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--samples",
         type=int,
-        default=0,
         metavar="K",
-        help="also sample each task K times at rollout.temperature: pass@1 and pass@K",
+        help="also sample each task K times at rollout.temperature: pass@1 and pass@K "
+        "(default: rollout.eval_samples, as the demo evaluates)",
     )
     parser.add_argument("--json", help="also write the figures to this JSON file")
 
@@ -37,10 +37,11 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     if not is_model_dir(args.policy):
         raise UserError(f"no policy at {args.policy!r} (a directory with config.json and *.safetensors)")
-    if args.samples < 0:
-        raise UserError(f"--samples must be >= 0, got {args.samples}")
+    samples = cfg.rollout.eval_samples if args.samples is None else args.samples
+    if samples < 0:
+        raise UserError(f"--samples must be >= 0, got {samples}")
     set_threads(cfg.run.threads or None)
-    result = evaluate(cfg, args.policy, progress=True, samples=args.samples)
+    result = evaluate(cfg, args.policy, progress=True, samples=samples)
     rows = [
         {
             "difficulty": d,
@@ -52,8 +53,8 @@ def run(args: argparse.Namespace) -> int:
         for d, v in [("all", result), *result["by_difficulty"].items()]
     ]
     columns = ["difficulty", "solved", "episodes", "solve_rate", "ci95"]
-    if args.samples:
-        k = args.samples
+    if samples:
+        k = samples
         sampled = [result["sampled"], *result["sampled"]["by_difficulty"].values()]
         for row, v in zip(rows, sampled):
             row.update(
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         behaviour_table(
             {
                 "greedy": result["behaviour"],
-                **({f"T={cfg.rollout.temperature:g}": result["sampled"]["behaviour"]} if args.samples else {}),
+                **({f"T={cfg.rollout.temperature:g}": result["sampled"]["behaviour"]} if samples else {}),
             }
         )
     )

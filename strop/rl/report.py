@@ -30,10 +30,15 @@ def _line(
     smooth: int = 0,
 ) -> str:
     last = max((r["step"] for r in rows), default=1)
-    points = {
-        f"held-out solve rate, {name}": (at, ev["solve_rate"], *ev["solve_rate_ci95"])
-        for (name, ev), at in zip((evals or {}).items(), (0, last))
-    }
+    points = {}
+    for (name, ev), at in zip((evals or {}).items(), (0, last)):
+        points[f"held-out greedy, {name}"] = (at, ev["solve_rate"], *ev["solve_rate_ci95"])
+        if sampled := ev.get("sampled"):
+            points[f"held-out T = {sampled['temperature']:g}, {name}"] = (
+                at,
+                sampled["pass@1"],
+                *sampled["pass@1_ci95"],
+            )
     plot_metrics(rows, path, keys, title, ylabel=ylabel, points=points, smooth=smooth)
     return path.name
 
@@ -123,7 +128,8 @@ def _staleness(rows: list[dict], path: Path) -> str:
     return path.name
 
 
-def _eval_row(name: str, ev: dict) -> str:
+def _eval_rows(name: str, ev: dict) -> list[str]:
+    """The greedy evaluation's table row and, when the evaluation also sampled, the sampled one."""
     lo, hi = ev["solve_rate_ci95"]
     by_d = ", ".join(
         f"d{d}: {v['solve_rate']:.3f} [{v['solve_rate_ci95'][0]:.3f}, {v['solve_rate_ci95'][1]:.3f}] "
@@ -131,7 +137,32 @@ def _eval_row(name: str, ev: dict) -> str:
         for d, v in ev.get("by_difficulty", {}).items()
     )
     outcomes = ", ".join(f"{k} {n}" for k, n in ev.get("outcomes", {}).items())
-    return f"| {name} | {ev['solve_rate']:.3f} | [{lo:.3f}, {hi:.3f}] | {ev['eval_episodes']} | {by_d} | {outcomes} |"
+    n = ev["eval_episodes"]
+    rows = [f"| {name}, greedy | {ev['solve_rate']:.3f} | [{lo:.3f}, {hi:.3f}] | {n} | {by_d} | {outcomes} |"]
+    if s := ev.get("sampled"):
+        lo, hi = s["pass@1_ci95"]
+        by_d = ", ".join(
+            f"d{d}: {v['pass@1']:.3f} [{v['pass@1_ci95'][0]:.3f}, {v['pass@1_ci95'][1]:.3f}] "
+            f"(n={v['tasks'] * s['samples']})"
+            for d, v in s.get("by_difficulty", {}).items()
+        )
+        n = s["tasks"] * s["samples"]
+        rows.append(f"| {name}, T = {s['temperature']:g} | {s['pass@1']:.3f} | [{lo:.3f}, {hi:.3f}] | {n} | {by_d} | |")
+    return rows
+
+
+def solve_rate_gains(evals: dict[str, dict]) -> dict[str, float]:
+    """RL's held-out gains (rl minus sft): greedy overall and per difficulty, and, where both
+    evaluations sampled, at that temperature (keys `sampled`, `sampled_d<N>`)."""
+    sft, rl = evals["sft"], evals["rl"]
+    gain = {"all": rl["solve_rate"] - sft["solve_rate"]}
+    for d, ev in rl.get("by_difficulty", {}).items():
+        gain[f"d{d}"] = ev["solve_rate"] - sft["by_difficulty"][d]["solve_rate"]
+    if "sampled" in sft and "sampled" in rl:
+        gain["sampled"] = rl["sampled"]["pass@1"] - sft["sampled"]["pass@1"]
+        for d, ev in rl["sampled"].get("by_difficulty", {}).items():
+            gain[f"sampled_d{d}"] = ev["pass@1"] - sft["sampled"]["by_difficulty"][d]["pass@1"]
+    return {k: round(v, 4) for k, v in gain.items()}
 
 
 def write_report(out_dir: Path, metrics_path: Path, evals: dict[str, dict]) -> Path:
@@ -200,12 +231,15 @@ def write_report(out_dir: Path, metrics_path: Path, evals: dict[str, dict]) -> P
             "",
             "| policy | solve rate | 95% interval | episodes | by difficulty | outcomes |",
             "|---|---|---|---|---|---|",
-            *[_eval_row(k, v) for k, v in evals.items()],
+            *[row for k, v in evals.items() for row in _eval_rows(k, v)],
             "",
         ]
         if {"sft", "rl"} <= evals.keys():
-            gain = evals["rl"]["solve_rate"] - evals["sft"]["solve_rate"]
-            lines += [f"RL changed the held-out solve rate by **{gain * 100:+.1f} points**.", ""]
+            gain = solve_rate_gains(evals)
+            said = f"RL changed the held-out solve rate by **{gain['all'] * 100:+.1f} points** greedy"
+            if "sampled" in gain:
+                said += f" and by **{gain['sampled'] * 100:+.1f} points** sampled at the training temperature"
+            lines += [said + ".", ""]
         lines += _behaviour_table(evals)
     if last:
         lines += [
