@@ -48,6 +48,7 @@ def test_report_has_evaluations_gain_and_plots(tmp_path):
             "wall_s": 2.0 * s,
             "dropped_stale": 0,
             "hacked_total": 1,
+            "hack_kinds": {"degenerate": 1} if s == 3 else {},
             "mixed_groups": 0.5,
             "dlogp_pos": 0.01,
             "dlogp_neg": -0.01,
@@ -70,6 +71,7 @@ def test_report_has_evaluations_gain_and_plots(tmp_path):
     assert "| sft, T = 1 | 0.100 |" in text and "| rl, T = 1 | 0.600 |" in text
     assert "**+25.0 points** greedy and by **+50.0 points** sampled" in text
     assert "3 steps (async)" in text and "bytes synced 3.0 MB" in text
+    assert "flagged: 1 (flags by kind: degenerate 1)" in text
     assert "| retried after it | 0.75 | 0.50 |" in text
     for png in (
         "reward.png",

@@ -224,6 +224,12 @@ def write_report(out_dir: Path, metrics_path: Path, evals: dict[str, dict]) -> P
         ),
     ]
     last = rows[-1] if rows else {}
+    kinds: Counter = Counter()
+    for r in rows:
+        kinds.update(r.get("hack_kinds", {}))
+    flagged = ", ".join(f"{k} {n}" for k, n in kinds.most_common())
+    if flagged:  # `degenerate` flags failures (invalid-call loops, stalling, asking), not hacks
+        flagged = f" (flags by kind: {flagged})"
     lines = ["# strop run report", ""]
     if evals:
         lines += [
@@ -246,9 +252,9 @@ def write_report(out_dir: Path, metrics_path: Path, evals: dict[str, dict]) -> P
             "## Training",
             "",
             f"{last['step']} steps ({last.get('mode', '')}), {last.get('wall_s', 0):.0f} s; "
-            f"dropped for staleness: {last.get('dropped_stale', 0)}; hack-flagged samples: "
-            f"{last.get('hacked_total', 0)}; trainer busy {last.get('trainer_busy', 0):.2f}, engine busy "
-            f"{last.get('engine_busy', 0):.2f}; bytes synced {last.get('bytes_synced', 0) / 1e6:.1f} MB.",
+            f"dropped for staleness: {last.get('dropped_stale', 0)}; samples the hack monitor flagged: "
+            f"{last.get('hacked_total', 0)}{flagged}; trainer busy {last.get('trainer_busy', 0):.2f}, "
+            f"engine busy {last.get('engine_busy', 0):.2f}; bytes synced {last.get('bytes_synced', 0) / 1e6:.1f} MB.",
             "",
         ]
     for title, name in plots:
