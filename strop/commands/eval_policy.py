@@ -2,8 +2,9 @@
 held-out solve rate of any saved policy, exactly as the demo measures its stages (greedy unless
 `rollout.eval_temperature` says otherwise), overall and per difficulty with 95% intervals, and how
 the episodes ended: a policy that learned to quit shows up as `no_tool_call` stops, and one whose
-edits never apply as `no changes` outcomes. `--samples K` also samples every task K times at the
-rollout temperature and reports pass@1 and pass@K per difficulty: the headroom RL can sharpen.
+edits never apply as `no changes` outcomes. `--samples K` (default `rollout.eval_samples`, 1 in the
+demo's config) also samples every task K times at the rollout temperature and reports pass@1 and
+pass@K per difficulty: the headroom RL can sharpen.
 Behaviour statistics (turns, tool calls, rejected edits and whether the policy retried, test runs,
 submits without testing) come with each.
 """

@@ -128,25 +128,25 @@ def _staleness(rows: list[dict], path: Path) -> str:
     return path.name
 
 
+def _rate(rate: float, ci95: list[float]) -> str:
+    return f"{rate:.3f} [{ci95[0]:.3f}, {ci95[1]:.3f}]"
+
+
 def _eval_rows(name: str, ev: dict) -> list[str]:
     """The greedy evaluation's table row and, when the evaluation also sampled, the sampled one."""
-    lo, hi = ev["solve_rate_ci95"]
     by_d = ", ".join(
-        f"d{d}: {v['solve_rate']:.3f} [{v['solve_rate_ci95'][0]:.3f}, {v['solve_rate_ci95'][1]:.3f}] "
-        f"(n={v['eval_episodes']})"
+        f"d{d}: {_rate(v['solve_rate'], v['solve_rate_ci95'])} (n={v['eval_episodes']})"
         for d, v in ev.get("by_difficulty", {}).items()
     )
     outcomes = ", ".join(f"{k} {n}" for k, n in ev.get("outcomes", {}).items())
-    n = ev["eval_episodes"]
+    (lo, hi), n = ev["solve_rate_ci95"], ev["eval_episodes"]
     rows = [f"| {name}, greedy | {ev['solve_rate']:.3f} | [{lo:.3f}, {hi:.3f}] | {n} | {by_d} | {outcomes} |"]
     if s := ev.get("sampled"):
-        lo, hi = s["pass@1_ci95"]
         by_d = ", ".join(
-            f"d{d}: {v['pass@1']:.3f} [{v['pass@1_ci95'][0]:.3f}, {v['pass@1_ci95'][1]:.3f}] "
-            f"(n={v['tasks'] * s['samples']})"
+            f"d{d}: {_rate(v['pass@1'], v['pass@1_ci95'])} (n={v['tasks'] * s['samples']})"
             for d, v in s.get("by_difficulty", {}).items()
         )
-        n = s["tasks"] * s["samples"]
+        (lo, hi), n = s["pass@1_ci95"], s["tasks"] * s["samples"]
         rows.append(f"| {name}, T = {s['temperature']:g} | {s['pass@1']:.3f} | [{lo:.3f}, {hi:.3f}] | {n} | {by_d} | |")
     return rows
 
