@@ -160,10 +160,14 @@ def test_sync_trains_only_on_fresh_work_between_drains(tmp_path):
 def test_lost_rollouts_are_relaunched_never_lost_or_trained_twice(tmp_path):
     lose = frozenset((f"g{p}", s) for p in range(0, 20, 3) for s in range(4))
     rt = SimRuntime(seed=2, lose=lose)
-    orch = Orchestrator(config(tmp_path, steps=6, max_staleness=4), rt, TASKS, "async", tmp_path / "rl")
+    # a bound as deep as the run (6 steps) leaves nothing to drop as stale, however slowly a relaunched
+    # sample comes back (at 4, a loaded machine once trained a group without its late sample 0: by
+    # design, a group whose stale samples are dropped trains on the rest)
+    orch = Orchestrator(config(tmp_path, steps=6, max_staleness=6), rt, TASKS, "async", tmp_path / "rl")
     orch.run()
     rt.close()
     assert orch.counts["relaunched"] > 0 and orch.counts["lost"] == 0
+    assert "stale" not in orch.buffer.stats()["dropped"]
     assert len(rt.trained) == len(set(rt.trained))
     trained_groups = {g for g, _ in rt.trained}
     for g in trained_groups:  # whole groups: every sample of a trained group arrived once
