@@ -9,12 +9,12 @@ import pytest
 
 from strop.config import RolloutSection
 from strop.engine.policy_client import EnginePolicy
-from strop.env.harness import Harness
+from strop.env.harness import Harness, harness_config
 from strop.env.oracle import ScriptedClient, _call, assistant_text, oracle_client
 from strop.env.suites import load_suite
 from strop.rl.advantages import make_samples, training_reward
 from strop.rl.evaluate import wilson
-from strop.rl.rollout import RolloutLost, WorkItem, harness_config, rollout, sandbox_limits
+from strop.rl.rollout import RolloutLost, WorkItem, rollout, sandbox_limits
 from strop.rl.trajectory import Trajectory, TrajectoryGroup
 from tests.conftest import tiny_model_section
 

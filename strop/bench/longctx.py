@@ -7,15 +7,25 @@ carried-state tokens per reset, tokens per episode (all windows), the whole conv
 a multiple of the window, and compaction error (`strop.env.context.facts_lost`: the share of needed
 keys, already shown by a tool, that a carried state no longer holds).
 
-The policy is the chain demonstrator (`strop.env.chain_oracle`), a scripted agent that knows only
-what its window shows; "learned" is the "summarize" strategy with the demonstrator writing its own
-summaries — the prompted summary SFT would teach, before any RL. No model is trained or sampled
-here: the numbers show what each strategy carries for an agent that needs it, not what RL learns.
+By default the policy is the chain demonstrator (`strop.env.chain_oracle`), a scripted agent that
+knows only what its window shows; "learned" is the "summarize" strategy with the demonstrator
+writing its own summaries — the prompted summary SFT would teach, before any RL. The numbers then
+show what each strategy carries for an agent that needs it, not what RL learns.
+
+`--policy DIR` plays a trained model instead, through held-out evaluation (`strop.rl.evaluate`:
+engines, harness, sandbox and checker as in training; `--config`/`--set` choose its rollout
+settings, greedy unless `rollout.eval_temperature` says otherwise), one run per strategy with
+`rollout.context_strategy` set to it; "learned" is then the policy's own summaries, and a policy
+after RL against its warm start is the before/after comparison. The JSON also keeps each strategy's
+summaries per task id (`summaries`), so two runs' summaries can be shown side by side.
 """
 
 import argparse
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+from strop.config import add_config_arguments, config_from_args
 
 STRATEGIES = {"learned": "summarize", "truncation": "truncation", "masking": "masking", "compaction": "compaction"}
 MAX_TURN_TOKENS = 320  # the demonstrator's longest turn, write_file with 32 keys, is ~280 tokens
@@ -39,99 +49,128 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tokenizer", help="tokenizer directory (default: the configured vocabulary, trained on 2 MB of the corpus)"
     )
     parser.add_argument("--json", help="write results to this JSON file")
+    parser.add_argument(
+        "--policy", help="a trained model directory to play instead of the scripted demonstrator (see above)"
+    )
+    add_config_arguments(parser)
+
+
+def harness_settings(stages: int, window: int) -> dict:
+    """The harness's long-context settings for chains of `stages` stages in a `window`-token window."""
+    return {
+        "max_context": window,
+        "max_turn_tokens": MAX_TURN_TOKENS,
+        "max_turns": max_turns(stages),
+        "max_resets": MAX_RESETS,
+        "summary_tokens": SUMMARY_TOKENS,
+    }
+
+
+def figures(solved: list[bool], contexts: list[dict], stops: list[str]) -> dict:
+    """One strategy's row from its episodes' outcomes and `episode_context` records."""
+    from strop.env.context import context_figures
+    from strop.rl.evaluate import wilson
+
+    n = len(solved)
+    lo, hi = wilson(sum(solved), n)
+    reasons: dict[str, int] = {}
+    for r in stops:
+        reasons[r] = reasons.get(r, 0) + 1
+    return {
+        "solve_rate": sum(solved) / n,
+        "solve_rate_ci95": [round(lo, 4), round(hi, 4)],
+        "eval_episodes": n,
+        **context_figures(contexts),
+        "stop_reasons": reasons,
+    }
 
 
 def measure(tasks: list, tokenizer, strategy: str, window: int, workers: int) -> dict:
-    """One strategy's figures over `tasks` (see the module docstring)."""
+    """One strategy's figures over `tasks`, played by the chain demonstrator (see the module docstring)."""
     from strop.env.chain_oracle import ChainDemonstrator
     from strop.env.checker import check, source_changes
-    from strop.env.context import facts_lost
+    from strop.env.context import episode_context
     from strop.env.harness import Harness, HarnessConfig, run_task
-    from strop.rl.evaluate import wilson
 
-    stages = len(tasks[0].metadata["facts"])
-    harness = Harness(
-        tokenizer,
-        HarnessConfig(
-            max_context=window,
-            max_turn_tokens=MAX_TURN_TOKENS,
-            max_turns=max_turns(stages),
-            context_strategy=strategy,
-            max_resets=MAX_RESETS,
-            summary_tokens=SUMMARY_TOKENS,
-        ),
-    )
+    settings = harness_settings(len(tasks[0].metadata["facts"]), window)
+    harness = Harness(tokenizer, HarnessConfig(context_strategy=strategy, **settings))
 
-    def one(task) -> dict:
+    def one(task) -> tuple:
         episode, changes = run_task(harness, ChainDemonstrator(task, tokenizer), task)
         changes = source_changes(changes)
         reward = check(task, changes, perturbed=False).reward if changes else 0.0
-        lost, found = facts_lost(episode.resets, episode.tool_calls, task.metadata["facts"])
-        return {
-            "solved": reward >= 1.0,
-            "stop_reason": episode.stop_reason,
-            "resets": len(episode.resets),
-            "carried": [r["carried_tokens"] for r in episode.resets],
-            "lost": lost,
-            "found": found,
-            "tokens": sum(len(s) for s in episode.segments),
-            "conversation": harness.count(episode.messages),
-        }
+        tokens = sum(len(s) for s in episode.segments)
+        record = episode_context(episode.resets, episode.tool_calls, task.metadata["facts"], tokens)
+        return reward >= 1.0, record, episode.stop_reason, harness.count(episode.messages)
 
     with ThreadPoolExecutor(workers) as pool:
         results = list(pool.map(one, tasks))
-    n = len(results)
-    solved = sum(r["solved"] for r in results)
-    lo, hi = wilson(solved, n)
-    carried = [c for r in results for c in r["carried"]]
-    found = sum(r["found"] for r in results)
-    stops: dict[str, int] = {}
-    for r in results:
-        stops[r["stop_reason"]] = stops.get(r["stop_reason"], 0) + 1
+    out = figures([r[0] for r in results], [r[1] for r in results], [r[2] for r in results])
+    out["window_multiple"] = sum(r[3] for r in results) / len(results) / window
+    return out
+
+
+def measure_policy(cfg, policy: str, tasks: list, strategy: str, window: int) -> dict:
+    """One strategy's figures over `tasks`, played by the model in `policy` through held-out
+    evaluation, with its summaries per task id."""
+    from strop.rl.evaluate import evaluate
+
+    settings = harness_settings(len(tasks[0].metadata["facts"]), window)
+    cfg = replace(cfg, rollout=replace(cfg.rollout, suite="chain", context_strategy=strategy, **settings))
+    result = evaluate(cfg, policy, tasks, progress=True)
     return {
-        "solve_rate": solved / n,
-        "solve_rate_ci95": [round(lo, 4), round(hi, 4)],
-        "eval_episodes": n,
-        "carried_tokens_mean": sum(carried) / len(carried) if carried else 0.0,
-        "resets_mean": sum(r["resets"] for r in results) / n,
-        "resets_min": min(r["resets"] for r in results),
-        "compaction_error": sum(r["lost"] for r in results) / found if found else 0.0,
-        "tokens_per_episode": sum(r["tokens"] for r in results) / n,
-        "window_multiple": sum(r["conversation"] for r in results) / n / window,
-        "stop_reasons": stops,
+        **{k: result[k] for k in ("solve_rate", "solve_rate_ci95", "eval_episodes")},
+        **result["context"],
+        "stop_reasons": result["stop_reasons"],
+        "summaries": result.get("summaries", {}),
     }
 
 
 def run(args: argparse.Namespace) -> int:
-    from strop.threads import set_threads
-
-    set_threads(1)
     from strop.bench.table import format_table, write_json
     from strop.data.tokenizer import load_tokenizer
     from strop.env.oracle import default_tokenizer
     from strop.env.suites import load_suite
     from strop.errors import UserError
+    from strop.threads import set_threads
 
     episodes = args.episodes if args.episodes is not None else 16 if args.quick else 200
     if episodes < 1 or args.workers < 1:
         raise UserError(f"--episodes and --workers must be >= 1, got {episodes} and {args.workers}")
-    tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else default_tokenizer()
     tasks = load_suite("chain", "eval", difficulty=args.difficulty, limit=episodes)
+    if args.policy:
+        from strop.model.policy import is_model_dir
+
+        if not is_model_dir(args.policy):
+            raise UserError(f"no policy at {args.policy!r} (a directory with config.json and *.safetensors)")
+        cfg = config_from_args(args)
+        set_threads(cfg.run.threads or None)
+        who = f"the model in {args.policy} ('learned' = its own summaries)"
+    else:
+        set_threads(1)
+        tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else default_tokenizer()
+        who = "chain demonstrator (scripted); learned = summarize with its own summaries, before RL"
+
+    def play(strategy: str) -> dict:
+        if args.policy:
+            return measure_policy(cfg, args.policy, tasks, strategy, args.window)
+        return measure(tasks, tokenizer, strategy, args.window, args.workers)
+
     rows, out = [], {}
     for name, strategy in STRATEGIES.items():
         start = time.perf_counter()
-        out[name] = measure(tasks, tokenizer, strategy, args.window, args.workers)
+        out[name] = play(strategy)
         rows.append(
             {
                 "strategy": name,
-                **{k: v for k, v in out[name].items() if k != "stop_reasons"},
+                **{k: v for k, v in out[name].items() if k not in ("stop_reasons", "summaries")},
                 "seconds": time.perf_counter() - start,
             }
         )
         print(f"{name}: solved {out[name]['solve_rate']:.1%} of {len(tasks)} ({rows[-1]['seconds']:.0f} s)", flush=True)
     print(
         f"context strategies on chain/eval difficulty {args.difficulty} ({len(tasks)} episodes each), window "
-        f"{args.window} tokens; policy: the chain demonstrator (scripted, no RL; 'learned' = its own summaries)"
+        f"{args.window} tokens; policy: {who}"
     )
     print(
         format_table(
@@ -157,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
             "split": "eval",
             "difficulty": args.difficulty,
             "window": args.window,
-            "policy": "chain demonstrator (scripted); learned = summarize with its own summaries, before RL",
+            "policy": args.policy or who,
             "strategies": out,
         },
     )

@@ -16,6 +16,9 @@ next window (the carried state). The same choice serves RL rollouts, evaluation 
 - `compaction` — a heuristic note: the list of every tool call so far (one line each, the oldest
   dropped first if it must be) plus the last `keep_recent` observations in full.
 
+`episode_context` and `context_figures` turn an episode's resets into the numbers `strop bench longctx`
+and held-out evaluation report (resets, carried-state tokens, compaction error, and the summaries).
+
 Strategies work on messages only and are given `count` (tokens of a list of messages, as the harness
 renders them) and `room` (tokens the carried state may take), so the next window always has space for
 a full turn.
@@ -121,3 +124,40 @@ def facts_lost(resets: list[dict], tool_calls: list[dict], facts: list[str]) -> 
         found += len(shown)
         lost += sum(f not in carried for f in shown)
     return lost, found
+
+
+def episode_context(resets: list[dict], tool_calls: list[dict], facts: list[str], tokens: int) -> dict:
+    """One episode's long-context record (plain data): its resets, the tokens of each carried state,
+    the compaction-error probe's counts (`facts_lost`), the tokens of all its windows, and the
+    summaries it wrote (the text after `SUMMARY_HEADER` in each carried state of "summarize")."""
+    lost, found = facts_lost(resets, tool_calls, facts)
+    head = f"{SUMMARY_HEADER}\n"
+    summaries = [
+        m["content"][len(head) :]
+        for r in resets
+        for m in r["carried"][:1]
+        if str(m.get("content") or "").startswith(head)
+    ]
+    return {
+        "resets": len(resets),
+        "carried_tokens": [r["carried_tokens"] for r in resets],
+        "facts_lost": lost,
+        "facts_found": found,
+        "tokens": tokens,
+        "summaries": summaries,
+    }
+
+
+def context_figures(records: list[dict]) -> dict:
+    """Means over episodes' `episode_context` records: resets per episode (and the fewest), tokens of
+    a carried state, compaction error (needed facts lost over facts shown, pooled), tokens per episode."""
+    n = max(len(records), 1)
+    carried = [c for r in records for c in r["carried_tokens"]]
+    found = sum(r["facts_found"] for r in records)
+    return {
+        "resets_mean": sum(r["resets"] for r in records) / n,
+        "resets_min": min((r["resets"] for r in records), default=0),
+        "carried_tokens_mean": sum(carried) / len(carried) if carried else 0.0,
+        "compaction_error": sum(r["facts_lost"] for r in records) / found if found else 0.0,
+        "tokens_per_episode": sum(r["tokens"] for r in records) / n,
+    }

@@ -30,7 +30,7 @@ With no strategy (or no resets left), a full window ends the episode as "context
 import shutil
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from strop.data.chat import (
     EOS,
@@ -47,6 +47,9 @@ from strop.env.segment import Episode, Segment
 from strop.env.task import Task
 from strop.env.tools import TOOLS, execute
 from strop.policy_api import PolicyClient, SamplingParams
+
+if TYPE_CHECKING:
+    from strop.config import RolloutSection
 
 SYSTEM_PROMPT = (
     f"You are a coding agent in the repository {WORKDIR}. Use the tools to inspect and fix code, then call submit."
@@ -80,6 +83,22 @@ class HarnessConfig:
     summary_tokens: int = 192  # "summarize": most tokens of one summary
     summary_tail: int = 0  # "summarize": recent turns carried verbatim after the summary
     keep_recent: int = 2  # "masking", "compaction": recent tool observations kept in full
+
+
+def harness_config(r: "RolloutSection") -> HarnessConfig:
+    """The harness a run's `[rollout]` section describes (training, evaluation and demonstrations)."""
+    return HarnessConfig(
+        max_turns=r.max_turns,
+        max_context=r.max_context,
+        max_turn_tokens=r.max_turn_tokens,
+        max_invalid_turns=r.max_invalid_turns,
+        temperature=r.temperature,
+        context_strategy=r.context_strategy,
+        max_resets=r.max_resets,
+        summary_tokens=r.summary_tokens,
+        summary_tail=r.summary_tail,
+        keep_recent=r.keep_recent,
+    )
 
 
 class Harness:

@@ -21,10 +21,11 @@ from tqdm import tqdm
 from strop.config import Config
 from strop.engine.policy_client import EnginePolicy
 from strop.env.behaviour import summarize
-from strop.env.harness import Harness
+from strop.env.context import context_figures
+from strop.env.harness import Harness, harness_config
 from strop.env.suites import load_suite
 from strop.env.task import Task
-from strop.rl.rollout import WorkItem, harness_config, rollout, sandbox_limits
+from strop.rl.rollout import WorkItem, rollout, sandbox_limits
 from strop.rl.trajectory import Trajectory
 
 Z95 = 1.959964
@@ -117,7 +118,9 @@ def evaluate(
     cfg: Config, policy_dir: str, tasks: list[Task] | None = None, progress: bool = False, samples: int = 0
 ) -> dict:
     """{solve_rate, solve_rate_ci95, eval_episodes, by_difficulty: {d: same}, hacked, stop_reasons,
-    outcomes (see `outcome`), behaviour (`strop.env.behaviour.summarize`), wall_s}; with `samples`
+    outcomes (see `outcome`), behaviour (`strop.env.behaviour.summarize`), wall_s}; under a context
+    strategy also `context` (`strop.env.context.context_figures`) and `summaries` (task id -> the
+    summaries its episode wrote, "summarize" only); with `samples`
     K > 0 also `sampled`: {temperature, samples, pass@1, pass@k (k = K) with intervals, by_difficulty,
     behaviour}."""
     from strop.engine.engine import Engine
@@ -170,6 +173,9 @@ def evaluate(
         "outcomes": dict(Counter(outcome(t) for t in trajs).most_common()),
         "behaviour": summarize([t.behaviour for t in trajs]),
     }
+    if r.context_strategy != "none":
+        result["context"] = context_figures([t.context for t in trajs])
+        result["summaries"] = {t.task_id: t.context["summaries"] for t in trajs if t.context.get("summaries")}
     if samples:
         per_task = [[counts_as_solved(t) for t in sampled[i * samples : (i + 1) * samples]] for i in range(len(tasks))]
         result["sampled"] = {
@@ -182,6 +188,8 @@ def evaluate(
             },
             "behaviour": summarize([t.behaviour for t in sampled]),
         }
+        if r.context_strategy != "none":
+            result["sampled"]["context"] = context_figures([t.context for t in sampled])
     result["wall_s"] = round(time.perf_counter() - t0, 1)
     if progress:
         print(

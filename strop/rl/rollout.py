@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from strop.config import RolloutSection
 from strop.env.checker import Score, check, source_changes
 from strop.env.hacks import detect
-from strop.env.harness import Harness, HarnessConfig, run_task
+from strop.env.harness import Harness, run_task
 from strop.env.sandbox import Limits
 from strop.env.task import Task
 from strop.policy_api import PolicyClient
@@ -45,21 +45,6 @@ class WorkItem:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def harness_config(r: RolloutSection) -> HarnessConfig:
-    return HarnessConfig(
-        max_turns=r.max_turns,
-        max_context=r.max_context,
-        max_turn_tokens=r.max_turn_tokens,
-        max_invalid_turns=r.max_invalid_turns,
-        temperature=r.temperature,
-        context_strategy=r.context_strategy,
-        max_resets=r.max_resets,
-        summary_tokens=r.summary_tokens,
-        summary_tail=r.summary_tail,
-        keep_recent=r.keep_recent,
-    )
 
 
 def sandbox_limits(r: RolloutSection) -> Limits:
@@ -96,4 +81,5 @@ def rollout(
         score=score,
         hack_flags=flags,
         start_version=item.version,
+        facts=task.metadata.get("facts", ()),
     )

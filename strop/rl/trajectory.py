@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Iterable
 
 from strop.env.behaviour import episode_stats
+from strop.env.context import episode_context
 from strop.env.hacks import games_reward
 from strop.env.segment import Episode, Segment
 
@@ -33,6 +34,7 @@ class Trajectory:
     timings: dict[str, float] = field(default_factory=dict)  # policy_s, tools_s, total_s, check_s
     start_version: int = 0  # policy version the worker was admitted under (see `min_version`)
     behaviour: dict = field(default_factory=dict)  # what the agent did (`strop.env.behaviour.episode_stats`)
+    context: dict = field(default_factory=dict)  # its context resets (`strop.env.context.episode_context`)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -74,9 +76,18 @@ class Trajectory:
 
     @staticmethod
     def from_episode(
-        episode: Episode, *, task_id: str, group_id: str, sample: int, score, hack_flags: list, start_version: int
+        episode: Episode,
+        *,
+        task_id: str,
+        group_id: str,
+        sample: int,
+        score,
+        hack_flags: list,
+        start_version: int,
+        facts: list[str] = (),
     ) -> "Trajectory":
-        """Assemble from the harness's `Episode`, the checker's `Score` and the monitor's `HackFlag`s."""
+        """Assemble from the harness's `Episode`, the checker's `Score` and the monitor's `HackFlag`s;
+        `facts` are the task's needed facts, for the compaction-error probe."""
         breakdown = score.to_dict()
         return Trajectory(
             task_id=task_id,
@@ -90,6 +101,9 @@ class Trajectory:
             timings={**episode.timings, "check_s": float(breakdown.get("duration", 0.0))},
             start_version=start_version,
             behaviour=episode_stats(episode.tool_calls, episode.stop_reason, episode.turns),
+            context=episode_context(
+                episode.resets, episode.tool_calls, list(facts), sum(len(s) for s in episode.segments)
+            ),
         )
 
 

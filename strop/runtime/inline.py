@@ -30,11 +30,11 @@ from dataclasses import dataclass
 
 from strop.config import Config
 from strop.engine.engine import Engine
-from strop.env.harness import Harness
+from strop.env.harness import Harness, harness_config
 from strop.env.task import Task
 from strop.memory import retain_freed_memory
 from strop.rl.advantages import Sample
-from strop.rl.rollout import RolloutLost, WorkItem, harness_config, rollout, sandbox_limits
+from strop.rl.rollout import RolloutLost, WorkItem, rollout, sandbox_limits
 from strop.rl.trajectory import Trajectory
 from strop.runtime.engines import RunEngine, start_engine
 from strop.runtime.trainers import TrainerProcess, start_trainer

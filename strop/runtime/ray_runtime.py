@@ -186,8 +186,8 @@ class RolloutActor:
     def __init__(self, r: RolloutSection, policy_dir: str, cpus: frozenset[int] | None):
         _start_process(cpus)
         from strop.data.tokenizer import load_tokenizer
-        from strop.env.harness import Harness
-        from strop.rl.rollout import harness_config, sandbox_limits
+        from strop.env.harness import Harness, harness_config
+        from strop.rl.rollout import sandbox_limits
 
         self.harness = Harness(load_tokenizer(policy_dir), harness_config(r))
         self.limits = sandbox_limits(r)

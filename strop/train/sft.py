@@ -21,13 +21,12 @@ from strop.train.schedule import warmup_cosine
 
 def load_demonstrations(cfg: Config, tokenizer, path: Path) -> list:
     """The oracle's episodes on the suite's train split, produced once and cached as JSONL."""
-    from strop.env.harness import HarnessConfig
     from strop.env.oracle import oracle_traces
     from strop.env.segment import Episode
 
     if path.is_file():
         return [Episode.from_dict(json.loads(line)) for line in path.read_text().splitlines()]
-    harness = HarnessConfig(max_context=cfg.model.max_positions)
+    harness = demonstration_harness(cfg)
     episodes, styles = oracle_traces(
         cfg.sft.suite,
         "train",
@@ -45,6 +44,17 @@ def load_demonstrations(cfg: Config, tokenizer, path: Path) -> list:
         raise UserError(f"only {len(episodes)} oracle demonstrations on suite {cfg.sft.suite!r}; need at least 2")
     write_atomic(path, "".join(json.dumps(ep.to_dict()) + "\n" for ep in episodes))  # a cache: whole or absent
     return episodes
+
+
+def demonstration_harness(cfg: Config):
+    """The harness demonstrations run in: the model's whole window; or, when the rollout resets its
+    context (`rollout.context_strategy`), the rollout's own harness, so that the demonstrations hold
+    the resets and summaries the policy is to learn."""
+    from strop.env.harness import HarnessConfig, harness_config
+
+    if cfg.rollout.context_strategy == "none":
+        return HarnessConfig(max_context=cfg.model.max_positions)
+    return harness_config(cfg.rollout)
 
 
 def demonstrator_mix(s: SFTSection):

@@ -1,0 +1,71 @@
+"""Long-horizon episodes with a model in the loop: SFT demonstrations made under the rollout's
+context strategy hold its resets and summaries; a trajectory keeps what each reset carried (the
+compaction-error probe, the summaries); `strop bench longctx --policy` plays a saved model under
+every strategy and writes the figures the issue names."""
+
+import json
+
+from strop.config import load_config
+from strop.env.chain_oracle import ChainDemonstrator
+from strop.env.context import SUMMARY_HEADER, SUMMARY_REQUEST, context_figures
+from strop.env.harness import Harness, harness_config
+from strop.env.suites.chain import make_task
+from strop.rl.rollout import WorkItem, rollout
+from strop.train.sft import load_demonstrations
+
+WINDOW = 2400  # as in test_chain: the test tokenizer spends about twice the default one's tokens per line
+LONG = [
+    "rollout.context_strategy=summarize",
+    f"rollout.max_context={WINDOW}",
+    "rollout.max_turn_tokens=256",
+    "rollout.summary_tokens=200",
+    "rollout.max_turns=40",
+    "rollout.max_resets=20",
+]
+
+
+def test_demonstrations_hold_the_rollouts_resets_and_summaries(tiny_tokenizer, tmp_path):
+    cfg = load_config(None, ["sft.suite=chain", "sft.episodes=2", "sft.difficulties=[2]", *LONG])
+    episode = load_demonstrations(cfg, tiny_tokenizer, tmp_path / "demos.jsonl")[0]
+    assert episode.stop_reason == "submitted" and len(episode.resets) >= 5
+    assert len(episode.segments) == len(episode.resets) + 1
+    assert all(len(s) <= WINDOW for s in episode.segments)
+    # every window but the last closes with the demonstrator's summary, trained like any action
+    for seg in episode.segments[:-1]:
+        asked, summary = seg.messages[-2:]
+        assert asked["content"] == SUMMARY_REQUEST and summary["role"] == "assistant"
+        assert sum(seg.loss_mask) > 0
+    for seg in episode.segments[1:]:
+        assert seg.messages[2]["content"].startswith(SUMMARY_HEADER)
+    # the default strategy keeps the model's whole window, as before
+    assert load_config(None, ["sft.suite=chain"]).rollout.context_strategy == "none"
+
+
+def test_a_trajectory_keeps_resets_summaries_and_the_facts_probe(tiny_tokenizer):
+    cfg = load_config(None, LONG)
+    task = make_task(2, "eval", 1)
+    harness = Harness(tiny_tokenizer, harness_config(cfg.rollout))
+    traj = rollout(task, ChainDemonstrator(task, tiny_tokenizer), harness, WorkItem(task.id, "g", 0, 0, 0))
+    ctx = traj.context
+    assert traj.solved and ctx["resets"] == len(traj.segments) - 1 >= 5
+    assert ctx["facts_found"] > 0 and ctx["facts_lost"] == 0
+    assert len(ctx["summaries"]) == ctx["resets"] and task.metadata["facts"][0] in ctx["summaries"][-1]
+    assert ctx["tokens"] == sum(len(s) for s in traj.segments)
+    figures = context_figures([ctx, {**ctx, "resets": 0, "carried_tokens": [], "facts_lost": 1}])
+    assert figures["resets_mean"] == ctx["resets"] / 2 and figures["resets_min"] == 0
+    assert figures["compaction_error"] == 1 / (2 * ctx["facts_found"])
+
+
+def test_bench_longctx_plays_a_saved_policy_under_every_strategy(tiny_policy_dir, tmp_path, capsys):
+    from strop.cli import main
+
+    out = tmp_path / "longctx.json"
+    argv = ["bench", "longctx", "--policy", str(tiny_policy_dir), "--episodes", "1", "--difficulty", "1"]
+    assert main([*argv, "--set", "rollout.engines=1", "--json", str(out)]) == 0
+    assert "the model in" in capsys.readouterr().out
+    r = json.loads(out.read_text())
+    assert r["policy"] == str(tiny_policy_dir)
+    assert set(r["strategies"]) == {"learned", "truncation", "masking", "compaction"}
+    keys = {"solve_rate", "solve_rate_ci95", "eval_episodes", "carried_tokens_mean", "resets_mean", "compaction_error"}
+    for figures in r["strategies"].values():
+        assert keys <= set(figures) and figures["eval_episodes"] == 1
