@@ -44,7 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--episodes", type=int, help="held-out episodes per strategy (default 200, 16 with --quick)")
     parser.add_argument("--difficulty", type=int, default=3, help="chain difficulty (1: 4 stages, 2: 12, 3: 32)")
     parser.add_argument("--window", type=int, default=2048, help="context window in tokens")
-    parser.add_argument("--workers", type=int, default=2, help="episodes run at once")
+    parser.add_argument(
+        "--workers", type=int, default=2, help="episodes run at once (the demonstrator; --policy uses rollout.workers)"
+    )
     parser.add_argument(
         "--tokenizer", help="tokenizer directory (default: the configured vocabulary, trained on 2 MB of the corpus)"
     )
