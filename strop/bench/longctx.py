@@ -22,6 +22,7 @@ summaries per task id (`summaries`), so two runs' summaries can be shown side by
 
 import argparse
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
@@ -71,19 +72,12 @@ def harness_settings(stages: int, window: int) -> dict:
 def figures(solved: list[bool], contexts: list[dict], stops: list[str]) -> dict:
     """One strategy's row from its episodes' outcomes and `episode_context` records."""
     from strop.env.context import context_figures
-    from strop.rl.evaluate import wilson
+    from strop.rl.evaluate import rate_figures
 
-    n = len(solved)
-    lo, hi = wilson(sum(solved), n)
-    reasons: dict[str, int] = {}
-    for r in stops:
-        reasons[r] = reasons.get(r, 0) + 1
     return {
-        "solve_rate": sum(solved) / n,
-        "solve_rate_ci95": [round(lo, 4), round(hi, 4)],
-        "eval_episodes": n,
+        **rate_figures(solved),
         **context_figures(contexts),
-        "stop_reasons": reasons,
+        "stop_reasons": dict(Counter(stops)),
     }
 
 
@@ -101,8 +95,7 @@ def measure(tasks: list, tokenizer, strategy: str, window: int, workers: int) ->
         episode, changes = run_task(harness, ChainDemonstrator(task, tokenizer), task)
         changes = source_changes(changes)
         reward = check(task, changes, perturbed=False).reward if changes else 0.0
-        tokens = sum(len(s) for s in episode.segments)
-        record = episode_context(episode.resets, episode.tool_calls, task.metadata["facts"], tokens)
+        record = episode_context(episode, task.metadata["facts"])
         return reward >= 1.0, record, episode.stop_reason, harness.count(episode.messages)
 
     with ThreadPoolExecutor(workers) as pool:

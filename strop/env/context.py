@@ -24,9 +24,12 @@ renders them) and `room` (tokens the carried state may take), so the next window
 a full turn.
 """
 
-from typing import Callable, Literal
+from typing import TYPE_CHECKING, Callable, Literal
 
 from strop.env.tools import describe_call
+
+if TYPE_CHECKING:
+    from strop.env.segment import Episode
 
 Strategy = Literal["none", "summarize", "truncation", "masking", "compaction"]
 STRATEGIES: tuple[str, ...] = ("none", "summarize", "truncation", "masking", "compaction")
@@ -126,11 +129,13 @@ def facts_lost(resets: list[dict], tool_calls: list[dict], facts: list[str]) -> 
     return lost, found
 
 
-def episode_context(resets: list[dict], tool_calls: list[dict], facts: list[str], tokens: int) -> dict:
+def episode_context(episode: "Episode", facts: list[str]) -> dict:
     """One episode's long-context record (plain data): its resets, the tokens of each carried state,
-    the compaction-error probe's counts (`facts_lost`), the tokens of all its windows, and the
-    summaries it wrote (the text after `SUMMARY_HEADER` in each carried state of "summarize")."""
-    lost, found = facts_lost(resets, tool_calls, facts)
+    the compaction-error probe's counts (`facts_lost`, for the task's needed `facts`), the tokens of
+    all its windows, and the summaries it wrote (the text after `SUMMARY_HEADER` in each carried
+    state of "summarize")."""
+    resets = episode.resets
+    lost, found = facts_lost(resets, episode.tool_calls, facts)
     head = f"{SUMMARY_HEADER}\n"
     summaries = [
         m["content"][len(head) :]
@@ -143,7 +148,7 @@ def episode_context(resets: list[dict], tool_calls: list[dict], facts: list[str]
         "carried_tokens": [r["carried_tokens"] for r in resets],
         "facts_lost": lost,
         "facts_found": found,
-        "tokens": tokens,
+        "tokens": sum(len(seg) for seg in episode.segments),
         "summaries": summaries,
     }
 

@@ -46,7 +46,8 @@ def eval_tasks(cfg: Config) -> list[Task]:
     return [t for d in r.eval_difficulties for t in load_suite(r.suite, "eval", difficulty=d, limit=r.eval_episodes)]
 
 
-def _figures(solved: list[bool]) -> dict:
+def rate_figures(solved: list[bool]) -> dict:
+    """Solve rate, its 95% Wilson interval and the episode count of `solved` outcomes."""
     lo, hi = wilson(sum(solved), len(solved))
     return {
         "solve_rate": sum(solved) / max(len(solved), 1),
@@ -166,8 +167,8 @@ def evaluate(
     for d, traj in zip(difficulty, trajs):
         by_d.setdefault(d, []).append(counts_as_solved(traj))
     result = {
-        **_figures([s for v in by_d.values() for s in v]),
-        "by_difficulty": {str(d): _figures(v) for d, v in sorted(by_d.items())},
+        **rate_figures([s for v in by_d.values() for s in v]),
+        "by_difficulty": {str(d): rate_figures(v) for d, v in sorted(by_d.items())},
         "hacked": sum(t.hacked for t in trajs),
         "stop_reasons": dict(Counter(t.stop_reason for t in trajs).most_common()),
         "outcomes": dict(Counter(outcome(t) for t in trajs).most_common()),

@@ -101,9 +101,7 @@ class Trajectory:
             timings={**episode.timings, "check_s": float(breakdown.get("duration", 0.0))},
             start_version=start_version,
             behaviour=episode_stats(episode.tool_calls, episode.stop_reason, episode.turns),
-            context=episode_context(
-                episode.resets, episode.tool_calls, list(facts), sum(len(s) for s in episode.segments)
-            ),
+            context=episode_context(episode, list(facts)),
         )
 
 
