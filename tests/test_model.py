@@ -58,3 +58,27 @@ def test_training_step_is_bitwise_repeatable_on_two_threads(arch, tiny_tokenizer
         torch.set_num_threads(threads)
     differ = [i for run in runs[1:] for i, (a, b) in enumerate(zip(runs[0], run)) if not torch.equal(a, b)]
     assert not differ, f"{len(differ)} gradients differ between identical steps"
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v3"])
+def test_sorted_experts_match_the_eager_loop(arch, tiny_tokenizer):
+    """strop's experts forward is transformers' eager loop up to summation order: the same loss and
+    gradients to float32 rounding, with experts that no token chose included (their gradient 0)."""
+    from strop.model.policy import build_model
+    from tests.conftest import tiny_model_section
+
+    ids = torch.randint(0, len(tiny_tokenizer), (3, 40), generator=torch.Generator().manual_seed(2))
+    results = []
+    for implementation in ("eager", None):
+        model = build_model(tiny_model_section(arch), tiny_tokenizer, seed=0).train()
+        if implementation:
+            model.set_experts_implementation(implementation)
+        loss = model(input_ids=ids[:, :5], labels=ids[:, :5]).loss + model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    (eager_loss, eager_grads), (loss, grads) = results
+    assert model.config._experts_implementation == "strop_sorted"
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-6, atol=1e-6)
+    assert grads.keys() == eager_grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, eager_grads[name], rtol=1e-4, atol=1e-6, msg=name)

@@ -12,11 +12,17 @@ from pathlib import Path
 from strop.config import ModelSection
 from strop.errors import UserError, one_line
 
-# How the MoE layers run their experts in PyTorch (the trainer's forward and backward). transformers
-# defaults to "grouped_mm", whose CPU backward is not bitwise repeatable with 2 threads: the same
-# step gave different gradients run to run, so the same `make demo` reached different models.
-# "eager" (a loop over the experts hit) is repeatable and as fast at the demo's sizes.
-EXPERTS_IMPLEMENTATION = "eager"
+
+def experts_implementation() -> str:
+    """How the MoE layers run their experts in PyTorch (the trainer's forward and backward): strop's
+    sorted forward (`strop.model.experts`), registered with transformers on first use. transformers'
+    default, "grouped_mm", has a CPU backward that is not bitwise repeatable with 2 threads (the same
+    `make demo` reached different models); "eager" is repeatable but spends about a quarter of a
+    training step filling and adding full-size zero gradients per expert."""
+    from strop.model.experts import NAME
+
+    return NAME
+
 
 ARCHITECTURES = {
     "qwen3_moe": "Qwen3MoeForCausalLM",
@@ -87,7 +93,7 @@ def build_model(cfg: ModelSection, tokenizer, seed: int = 0):
 
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(
-        model_config(cfg, tokenizer), dtype=torch.float32, experts_implementation=EXPERTS_IMPLEMENTATION
+        model_config(cfg, tokenizer), dtype=torch.float32, experts_implementation=experts_implementation()
     )
 
 
@@ -113,7 +119,7 @@ def load_model(path: str | Path, dtype: str = "float32"):
     p = _checked_model_dir(path)
     try:
         return AutoModelForCausalLM.from_pretrained(
-            str(p), dtype=getattr(torch, dtype), experts_implementation=EXPERTS_IMPLEMENTATION
+            str(p), dtype=getattr(torch, dtype), experts_implementation=experts_implementation()
         )
     except Exception as e:  # damaged weights or config (their loaders raise many types): the user's files, one line
         raise UserError(f"cannot load the model in {str(p)!r}: {one_line(e)}") from None

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from strop.model.checkpoint_names import PROJECTIONS
-from strop.model.policy import EXPERTS_IMPLEMENTATION
+from strop.model.policy import experts_implementation
 from strop.train.parallel import Ranks, local, shard_model
 
 
@@ -90,7 +90,7 @@ def load_sharded_model(path: str | Path, ranks: Ranks):
 
     with parameters_on_meta():
         model = AutoModelForCausalLM.from_config(
-            AutoConfig.from_pretrained(str(path)), dtype=torch.float32, experts_implementation=EXPERTS_IMPLEMENTATION
+            AutoConfig.from_pretrained(str(path)), dtype=torch.float32, experts_implementation=experts_implementation()
         )
     buffers = {name: b.clone() for name, b in model.named_buffers()}
     shard_model(model, ranks.mesh)
