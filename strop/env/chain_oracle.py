@@ -27,10 +27,10 @@ from strop.env.oracle import ScriptedClient, assistant_text
 from strop.env.task import Task
 from strop.policy_api import Generation, SamplingParams
 
-KEY = re.compile(r"STAGE (\d+) KEY: ([a-z]+-\d{4})")
+KEY = re.compile(r"STAGE (\d+) KEY: (\d{4}-\d{4})")
 NEXT = re.compile(r"STAGE (\d+) NEXT: (stages/[a-z_]+\.txt|none)")
 KEYS_SAY = "Keys from stage 0 on:"
-KEYS_LINE = re.compile(re.escape(KEYS_SAY) + r"((?: [a-z]+-\d{4})+)")
+KEYS_LINE = re.compile(re.escape(KEYS_SAY) + r"((?: \d{4}-\d{4})+)")
 WRITE_SAY = "All keys found; writing solution.py."
 SUBMIT_SAY = "Done."
 ASKED_TO_SUMMARIZE = f"{SUMMARY_REQUEST}{IM_END}\n{GENERATION_PROMPT}"

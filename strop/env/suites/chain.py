@@ -2,7 +2,7 @@
 
 A task is a repository of stage files under `stages/` (long logs, most of each line noise) and a
 `solution.py` whose `answer()` is a stub. The instruction names the first stage; each stage file of
-the chain holds one `STAGE i KEY: word-dddd` line and one `STAGE i NEXT: path` line naming the next
+the chain holds one `STAGE i KEY: dddd-dddd` line and one `STAGE i NEXT: path` line naming the next
 stage (the last says `none`); decoy files hold other keys of no stage of the chain. The agent must
 follow the chain to its end and then write `answer()` returning every key in chain order, joined by
 "-": the keys found first are needed last, so an agent whose context window fills up partway must
@@ -92,7 +92,9 @@ def make_task(difficulty: int, split: str, index: int) -> Task:
     n = STAGES[difficulty]
     names = rng.sample([f"{a}_{b}" for a in WORDS for b in WORDS if a != b], n + DECOYS)
     paths = [f"stages/{name}.txt" for name in names]
-    keys = [f"{rng.choice(WORDS)}-{rng.randrange(10_000):04d}" for _ in range(n + DECOYS)]
+    # Digits only: the tiny policy copied a key's digits into its summaries but wrote another word of
+    # WORDS in place of a key's word (`word-dddd` keys, README "Long context").
+    keys = [f"{rng.randrange(10_000):04d}-{rng.randrange(10_000):04d}" for _ in range(n + DECOYS)]
     files = {"solution.py": STUB}
     for i in range(n):
         files[paths[i]] = _stage_file(rng, i, keys[i], paths[i + 1] if i + 1 < n else "none")
