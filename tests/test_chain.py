@@ -34,11 +34,23 @@ def test_generation_is_deterministic_and_records_the_facts():
         load_suite("chain", "eval", difficulty=9)
 
 
-def test_reference_scores_one_and_stub_zero():
+def test_reference_scores_one_stub_zero_and_each_carried_key_its_share():
+    """RL's reward (`score_changes`, the suite's "fraction" mode): a key right at its place earns a
+    share, the count of keys one more; only every key, and no other, solves."""
+    from strop.rl.rollout import score_changes
+
     task = make_task(1, "eval", 0)
     assert check(task, apply_edits(task.files, task.metadata["reference_edits"]), perturbed=False).reward == 1.0
-    wrong = apply_edits(task.files, [{**task.metadata["reference_edits"][0], "new": "    return 'x'\n"}])
-    assert check(task, wrong, perturbed=False).reward == 0.0
+
+    def answer(text):
+        return apply_edits(task.files, [{**task.metadata["reference_edits"][0], "new": f"    return {text!r}\n"}])
+
+    keys = task.metadata["facts"]
+    assert score_changes(task, answer("x")).reward == 0.0
+    assert check(task, answer("-".join([*keys[:3], "0000-0000"])), perturbed=False).reward == 0.0  # binary
+    assert score_changes(task, answer("-".join([*keys[:3], "0000-0000"]))).reward == 0.8
+    assert score_changes(task, answer("-".join(keys[:2]))).reward == 0.4  # two keys; the count is wrong
+    assert score_changes(task, answer("-".join(keys + keys[:1]))).reward == 0.8
 
 
 def episode(tok, task, strategy, **config):

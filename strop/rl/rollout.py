@@ -56,11 +56,12 @@ def _final_message(messages: list[dict]) -> str | None:
 
 
 def score_changes(task: Task, changes: dict) -> Score:
-    """The checker's score. Every task starts from a repository that fails its hidden tests (that
-    is what makes it a task), so an episode that changed nothing scores 0 without a test run."""
+    """The checker's score, "binary" unless the task's suite scores it otherwise
+    (`metadata["reward_mode"]`). Every task starts from a repository that fails its hidden tests
+    (that is what makes it a task), so an episode that changed nothing scores 0 without a test run."""
     if not changes:
         return Score(0.0, reason="no changes", outcome="no changes")
-    return check(task, changes)
+    return check(task, changes, mode=task.metadata.get("reward_mode", "binary"))
 
 
 def rollout(

@@ -12,7 +12,8 @@ difficulty 3 the whole conversation is several times a 2k-token window with the 
 
 The generator knows the facts a later step needs (`metadata["facts"]`, the keys in order), so a
 probe can tell how many of them a carried state lost (`strop.env.context.facts_lost`). Graded by
-values (`strop.env.isolated_grading`): the judge calls `solution.answer()` and compares. Everything
+values (`strop.env.isolated_grading`): the judge calls `solution.answer()` and checks each key at its
+place; the reward is the share of checks passed, so a policy that carries some keys gets a signal. Everything
 derives from `random.Random("chain/{difficulty}/{split}/{i}")`; train and eval use different seeds.
 """
 
@@ -64,14 +65,31 @@ STUB = (
     "    raise NotImplementedError\n"
 )
 
-CHECKS_MODULE = '''"""Hidden check, run by strop's judge: the code under test only answers `call`."""
+CHECKS_MODULE = '''"""Hidden checks, run by strop's judge: the code under test only answers `call`. One check
+per key at its place in the chain, and one that there are no more: every key a carried state kept
+earns its share of the reward (the suite's tasks are scored "fraction"), and only all of them solve."""
+
+EXPECTED = {expected!r}
 
 
-def _answer(call):
-    assert call("solution", "answer") == {expected!r}, "wrong keys or order"
+def _keys(call):
+    parts = str(call("solution", "answer")).split("-")
+    return ["-".join(parts[i : i + 2]) for i in range(0, len(parts), 2)]
 
 
-CHECKS = [("solution.answer()", _answer)]
+def _key(i):
+    def check(call):
+        keys = _keys(call)
+        assert i < len(keys) and keys[i] == EXPECTED[i], f"key {{i}} wrong or missing"
+
+    return check
+
+
+def _count(call):
+    assert len(_keys(call)) == len(EXPECTED), "wrong number of keys"
+
+
+CHECKS = [(f"key {{i}}", _key(i)) for i in range(len(EXPECTED))] + [("number of keys", _count)]
 '''
 
 
@@ -113,14 +131,15 @@ def make_task(difficulty: int, split: str, index: int) -> Task:
         split=split,
         instruction=instruction,
         files=files,
-        hidden_tests={"tests/test_hidden.py": CHECKS_MODULE.format(expected=expected)},
+        hidden_tests={"tests/test_hidden.py": CHECKS_MODULE.format(expected=keys[:n])},
         grader="values",
         metadata={
             "family": "chain",
             "difficulty": difficulty,
             "facts": keys[:n],
             "chain": paths[:n],
-            "n_tests": 1,
+            "n_tests": n + 1,
+            "reward_mode": "fraction",
             "reference_edits": [
                 {"path": "solution.py", "old": "    raise NotImplementedError\n", "new": f"    return {expected!r}\n"}
             ],
