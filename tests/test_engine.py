@@ -93,8 +93,12 @@ def test_weight_update_in_flight(tiny_moe, tiny_tokenizer):
         while sum(len(r.token_ids) for r in reqs) < 10 and time.time() < deadline:
             time.sleep(0.005)
         new = {"lm_head.weight": tiny_moe.lm_head.weight.detach() * 1.5}  # tied: scales the embeddings too
-        pause = eng.update_weights(tensors=new).wait(20)
-        assert eng.update_weights(apply_fn=lambda named: named["model.norm.weight"].mul_(0.5)).wait(20) >= 0
+        # Both queued before waiting on either, so they land while the first requests still decode
+        # (waiting between them let a descheduled test thread see those requests finish first).
+        first = eng.update_weights(tensors=new)
+        second = eng.update_weights(apply_fn=lambda named: named["model.norm.weight"].mul_(0.5))
+        pause = first.wait(20)
+        assert second.wait(20) >= 0
         for r in reqs:
             assert r.done.wait(30)
     finally:
