@@ -17,7 +17,7 @@ def experts_implementation() -> str:
     """How the MoE layers run their experts in PyTorch (the trainer's forward and backward): strop's
     sorted forward (`strop.model.experts`), registered with transformers on first use. transformers'
     default, "grouped_mm", has a CPU backward that is not bitwise repeatable with 2 threads (the same
-    `make demo` reached different models); "eager" is repeatable but spends about a quarter of a
+    `make demo` reached different models); "eager" is repeatable but spends a sixth to a fifth of a
     training step filling and adding full-size zero gradients per expert."""
     from strop.model.experts import NAME
 
