@@ -38,13 +38,16 @@ def run(args: argparse.Namespace) -> int:
     data = PackedBatches(tokens, cfg.data.seq_len, cfg.midtrain.batch_size, cfg.run.seed)
     archs = [cfg.model.arch] if args.quick else ["qwen3_moe", "deepseek_v3", "qwen3"]
     rows = []
+    # MoE architectures with each experts forward; the dense one (no experts) once, as None.
     runs = [
-        (arch, experts) for arch in archs for experts in ["eager", experts_implementation()][: 1 + (arch != "qwen3")]
+        (arch, experts)
+        for arch in archs
+        for experts in (["eager", experts_implementation()] if arch != "qwen3" else [None])
     ]
     trained = []
     for arch, experts in runs:
         model = build_model(dataclasses.replace(cfg.model, arch=arch), tokenizer, cfg.run.seed).train()
-        if arch != "qwen3":
+        if experts:
             model.set_experts_implementation(experts)
         trained.append((model, torch.optim.AdamW(model.parameters(), lr=1e-4), []))
     # Runs take turns step by step, so a slow spell of this (shared, noisy) machine hits them alike.
@@ -62,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         rows.append(
             {
                 "arch": arch,
-                "experts": experts if arch != "qwen3" else "-",
+                "experts": experts or "-",
                 "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
                 "tokens_per_step": tokens_per_step,
                 "step_s": per_step,
