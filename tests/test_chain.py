@@ -77,6 +77,11 @@ def test_summaries_carry_a_long_chain_and_truncation_loses_it(tiny_tokenizer):
     lost, found = facts_lost(ep.resets, ep.tool_calls, task.metadata["facts"])
     assert found > 0 and lost == 0
     assert all(len(s) <= WINDOW for s in ep.segments)
+    # the window keeps room for a read as long as the longest yet, so every summary saw the read
+    # before it and the carried state is the summary alone (no turn carried verbatim), and no
+    # window is reset twice without a turn between
+    assert all(len(r["carried"]) == 1 for r in ep.resets)
+    assert len({r["turn"] for r in ep.resets}) == len(ep.resets)
 
     ep, changes = episode(tiny_tokenizer, task, "truncation")
     assert ep.stop_reason != "submitted" and ep.resets

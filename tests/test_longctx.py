@@ -69,3 +69,55 @@ def test_bench_longctx_plays_a_saved_policy_under_every_strategy(tiny_policy_dir
     keys = {"solve_rate", "solve_rate_ci95", "eval_episodes", "carried_tokens_mean", "resets_mean", "compaction_error"}
     for figures in r["strategies"].values():
         assert keys <= set(figures) and figures["eval_episodes"] == 1
+    assert set(r["facts"]) == set(r["strategies"]["learned"]["episodes"])
+    episode = next(iter(r["strategies"]["learned"]["episodes"].values()))
+    assert {"solved", "stop_reason", "summaries", "facts_shown"} <= set(episode)
+
+    # the long-horizon report: this run against an earlier one, here the same policy on one strategy
+    report = tmp_path / "report" / "longctx.md"
+    again = [*argv, "--set", "rollout.engines=1", "--strategies", "learned", "--before", str(out)]
+    assert main([*again, "--report", str(report)]) == 0
+    text = report.read_text()
+    assert "| learned | solved [95% interval] |" in text and "| truncation | solved" in text
+    assert "not run" in text and f"### {next(iter(r['facts']))}" in text
+
+
+def test_bench_longctx_refuses_bad_arguments_in_one_line(tmp_path, capsys):
+    from strop.cli import main
+
+    base = ["bench", "longctx", "--episodes", "1"]
+    for extra in (
+        ["--strategies", "learned,summaries"],
+        ["--report", str(tmp_path / "r.md")],  # no --policy, no --before
+        ["--before", str(tmp_path / "b.json")],  # --before without --report
+    ):
+        assert main([*base, *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_the_report_strikes_wrong_keys_and_counts_what_each_summary_kept():
+    from strop.bench.longctx_report import render
+
+    facts = {"chain-d1-eval-0000": ["1111-2222", "3333-4444"]}
+
+    def run(summaries, solved):
+        episode = {"solved": solved, "stop_reason": "submitted", "summaries": summaries, "facts_shown": [1, 2]}
+        figures = {
+            "solve_rate": float(solved),
+            "solve_rate_ci95": [0.0, 1.0],
+            "eval_episodes": 1,
+            "resets_mean": 2.0,
+            "resets_min": 2,
+            "carried_tokens_mean": 50.0,
+            "compaction_error": 0.5,
+            "tokens_per_episode": 900.0,
+            "episodes": {"chain-d1-eval-0000": episode},
+        }
+        return {"difficulty": 1, "window": 1024, "policy": "p", "facts": facts, "strategies": {"learned": figures}}
+
+    before = run(["Keys: 1111-2222", "Keys: 1111-2222 3333-4445"], False)
+    after = run(["Keys: 1111-2222", "Keys: 1111-2222 3333-4444"], True)
+    text = render(before, after)
+    assert "| 2 | 1/2 keys: Keys: 1111-2222 ~~3333-4445~~ | 2/2 keys: Keys: 1111-2222 3333-4444 |" in text
+    assert "Before RL: not solved (submitted); after RL: solved (submitted)." in text

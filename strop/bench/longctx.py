@@ -17,7 +17,9 @@ engines, harness, sandbox and checker as in training; `--config`/`--set` choose 
 settings, greedy unless `rollout.eval_temperature` says otherwise), one run per strategy with
 `rollout.context_strategy` set to it; "learned" is then the policy's own summaries, and a policy
 after RL against its warm start is the before/after comparison. The JSON also keeps each strategy's
-summaries per task id (`summaries`), so two runs' summaries can be shown side by side.
+episodes per task id (`episodes`: solved, stop reason, summaries) and every chain's keys (`facts`), and
+`--before F --report R` writes the long-horizon report (`strop.bench.longctx_report`): this run
+against an earlier one's JSON, with their summaries side by side.
 """
 
 import argparse
@@ -29,9 +31,15 @@ from dataclasses import replace
 from strop.config import add_config_arguments, config_from_args
 
 STRATEGIES = {"learned": "summarize", "truncation": "truncation", "masking": "masking", "compaction": "compaction"}
-MAX_TURN_TOKENS = 320  # the demonstrator's longest turn, write_file with 32 keys, is ~280 tokens
-SUMMARY_TOKENS = 320  # a 32-stage summary is ~280 tokens with the default tokenizer
 MAX_RESETS = 32
+
+
+def turn_tokens(stages: int) -> int:
+    """The bound on a turn and on a summary for chains of `stages` stages: the demonstrator's longest
+    of each (write_file with every key: 94, 152 and 320 tokens at 4, 12 and 32 stages with the
+    default tokenizer; a summary holding every key: 95, 149, 303) grows by ~8 tokens a key, and every
+    token reserved is window a stage file cannot use."""
+    return 84 + 8 * stages
 
 
 def max_turns(stages: int) -> int:
@@ -51,7 +59,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tokenizer", help="tokenizer directory (default: the configured vocabulary, trained on 2 MB of the corpus)"
     )
+    parser.add_argument(
+        "--strategies", default=",".join(STRATEGIES), help=f"comma-separated, of {', '.join(STRATEGIES)} (default all)"
+    )
     parser.add_argument("--json", help="write results to this JSON file")
+    parser.add_argument("--before", help="an earlier --policy run's JSON (the warm start's), for --report")
+    parser.add_argument("--report", help="write the long-horizon report (markdown) of --before against this run")
     parser.add_argument(
         "--policy", help="a trained model directory to play instead of the scripted demonstrator (see above)"
     )
@@ -62,10 +75,10 @@ def harness_settings(stages: int, window: int) -> dict:
     """The harness's long-context settings for chains of `stages` stages in a `window`-token window."""
     return {
         "max_context": window,
-        "max_turn_tokens": MAX_TURN_TOKENS,
+        "max_turn_tokens": turn_tokens(stages),
         "max_turns": max_turns(stages),
         "max_resets": MAX_RESETS,
-        "summary_tokens": SUMMARY_TOKENS,
+        "summary_tokens": turn_tokens(stages),
     }
 
 
@@ -117,7 +130,7 @@ def measure_policy(cfg, policy: str, tasks: list, strategy: str, window: int) ->
         **{k: result[k] for k in ("solve_rate", "solve_rate_ci95", "eval_episodes")},
         **result["context"],
         "stop_reasons": result["stop_reasons"],
-        "summaries": result.get("summaries", {}),
+        "episodes": result["episodes"],
     }
 
 
@@ -132,6 +145,10 @@ def run(args: argparse.Namespace) -> int:
     episodes = args.episodes if args.episodes is not None else 16 if args.quick else 200
     if episodes < 1 or args.workers < 1:
         raise UserError(f"--episodes and --workers must be >= 1, got {episodes} and {args.workers}")
+    chosen = [name.strip() for name in args.strategies.split(",") if name.strip()]
+    if not chosen or set(chosen) - set(STRATEGIES):
+        raise UserError(f"--strategies must name some of {', '.join(STRATEGIES)}, got {args.strategies!r}")
+    before = _before(args, chosen)
     tasks = load_suite("chain", "eval", difficulty=args.difficulty, limit=episodes)
     if args.policy:
         from strop.model.policy import is_model_dir
@@ -152,13 +169,13 @@ def run(args: argparse.Namespace) -> int:
         return measure(tasks, tokenizer, strategy, args.window, args.workers)
 
     rows, out = [], {}
-    for name, strategy in STRATEGIES.items():
-        start = time.perf_counter()
+    for name in chosen:
+        strategy, start = STRATEGIES[name], time.perf_counter()
         out[name] = play(strategy)
         rows.append(
             {
                 "strategy": name,
-                **{k: v for k, v in out[name].items() if k not in ("stop_reasons", "summaries")},
+                **{k: v for k, v in out[name].items() if k not in ("stop_reasons", "episodes")},
                 "seconds": time.perf_counter() - start,
             }
         )
@@ -184,15 +201,48 @@ def run(args: argparse.Namespace) -> int:
             ],
         )
     )
-    write_json(
-        args.json,
-        {
-            "suite": "chain",
-            "split": "eval",
-            "difficulty": args.difficulty,
-            "window": args.window,
-            "policy": args.policy or who,
-            "strategies": out,
-        },
-    )
+    result = {
+        "suite": "chain",
+        "split": "eval",
+        "difficulty": args.difficulty,
+        "window": args.window,
+        "policy": args.policy or who,
+        "strategies": out,
+        "facts": {t.id: t.metadata["facts"] for t in tasks},
+    }
+    write_json(args.json, result)
+    if args.report:
+        from strop.bench.longctx_report import render
+        from strop.outputs import write_atomic
+
+        write_atomic(args.report, render(before, result) + "\n")
+        print(f"report: {args.report}")
     return 0
+
+
+def _before(args: argparse.Namespace, chosen: list[str]) -> dict | None:
+    """The --before run for --report, checked before anything runs (None without --report)."""
+    import json
+    from pathlib import Path
+
+    from strop.errors import UserError
+    from strop.outputs import check_output_file
+
+    if not args.report:
+        if args.before:
+            raise UserError("--before is only read by --report")
+        return None
+    if not (args.policy and args.before and "learned" in chosen):
+        raise UserError("--report needs --policy, --before (a --policy run's JSON) and the 'learned' strategy")
+    check_output_file(args.report, make_parents=True)
+    try:
+        before = json.loads(Path(args.before).read_text())
+        before["strategies"]["learned"]["episodes"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"--before {args.before!r} is not a `bench longctx --policy` JSON with 'learned': {e}") from None
+    if (before.get("difficulty"), before.get("window")) != (args.difficulty, args.window):
+        raise UserError(
+            f"--before ran difficulty {before.get('difficulty')} in a {before.get('window')}-token window; "
+            f"this run is difficulty {args.difficulty} in {args.window}"
+        )
+    return before

@@ -9,7 +9,9 @@ lines of tool outputs, or its own summary's `KEYS_SAY` line), then:
 - otherwise it reads the first stage whose key it does not see: the first stage named by the
   instruction, or the stage the previous one's NEXT names; when that pointer is gone too, it starts
   over from the first stage (which can only succeed if the window holds the whole chain);
-- with every key in view it writes `solution.py` (an idempotent `write_file`), then submits.
+- with every key in view it writes `solution.py` (an idempotent `write_file`), then submits; a
+  summary written after that write says so (`WRITTEN_SAY`), so a reset between the two does not
+  send it back to writing.
 
 So its solve rate under a context strategy measures how much of what it found the strategy carried:
 with its own summaries ("summarize") it solves every chain; the baselines drop keys it needs. Its
@@ -33,6 +35,8 @@ KEYS_SAY = "Keys from stage 0 on:"
 KEYS_LINE = re.compile(re.escape(KEYS_SAY) + r"((?: \d{4}-\d{4})+)")
 WRITE_SAY = "All keys found; writing solution.py."
 SUBMIT_SAY = "Done."
+WRITTEN_SAY = "Left: submit (solution.py is written)."
+WROTE_SOLUTION = "wrote solution.py"  # the write_file tool's output for it (strop.env.tools)
 ASKED_TO_SUMMARIZE = f"{SUMMARY_REQUEST}{IM_END}\n{GENERATION_PROMPT}"
 
 
@@ -41,15 +45,15 @@ def _call(say: str, name: str, **arguments) -> dict:
     return {"role": "assistant", "content": say, "tool_calls": [call]}
 
 
-def summary(n: int, keys: dict[int, str], nexts: dict[int, str]) -> str:
+def summary(n: int, keys: dict[int, str], nexts: dict[int, str], written: bool = False) -> str:
     """What the demonstrator carries: the keys of stages 0, 1, ... up to the first it does not see,
-    and where to go on."""
+    where to go on, and what is left (`written`: solution.py already holds the answer)."""
     found = list(itertools.takewhile(lambda i: i in keys, range(n)))
     lines = [f"Chain of {n} stages.", " ".join([KEYS_SAY, *(keys[i] for i in found)])]
     if nexts:
         last = max(nexts)
         lines.append(f"STAGE {last} NEXT: {nexts[last]}")
-    lines.append("Left: follow NEXT to the last stage, then write solution.py and submit.")
+    lines.append(WRITTEN_SAY if written else "Left: follow NEXT to the last stage, then write solution.py and submit.")
     return "\n".join(lines)
 
 
@@ -57,7 +61,7 @@ def next_message(task: Task, window: str, keys: dict[int, str], nexts: dict[int,
     """The demonstrator's next turn given the facts it sees (see the module docstring)."""
     n, first = len(task.metadata["facts"]), task.metadata["chain"][0]
     last_turn = window.rsplit(GENERATION_PROMPT, 2)[-2] if window.count(GENERATION_PROMPT) >= 2 else ""
-    if last_turn.startswith(WRITE_SAY):
+    if last_turn.startswith(WRITE_SAY) or WRITTEN_SAY in window:
         return _call(SUBMIT_SAY, "submit")
     missing = [i for i in range(n) if i not in keys]
     if not missing:
@@ -83,7 +87,8 @@ class ChainDemonstrator:
         keys.update({int(i): k for i, k in KEY.findall(window)})
         nexts = {int(i): p for i, p in NEXT.findall(window)}
         if window.endswith(ASKED_TO_SUMMARIZE):
-            text = summary(len(self.task.metadata["facts"]), keys, nexts)
+            written = WRITTEN_SAY in window or WROTE_SOLUTION in window
+            text = summary(len(self.task.metadata["facts"]), keys, nexts, written)
         else:
             text = assistant_text(next_message(self.task, window, keys, nexts))
         return ScriptedClient([text], self.tokenizer, self.version).generate(prompt_ids, params)

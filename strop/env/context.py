@@ -115,15 +115,22 @@ def carry(
     return compact(tool_calls, keep_recent, room, count)
 
 
-def facts_lost(resets: list[dict], tool_calls: list[dict], facts: list[str]) -> tuple[int, int]:
-    """The compaction-error probe: over an episode's resets (`Episode.resets`), how many of the needed
-    `facts` that tool outputs had shown before a reset its carried state no longer holds, and how many
-    had been shown (lost, found); the share lost is lost / found."""
-    lost = found = 0
+def facts_shown(resets: list[dict], tool_calls: list[dict], facts: list[str]) -> list[list[str]]:
+    """Per reset (`Episode.resets`), the needed `facts` that tool outputs had shown before it."""
+    shown = []
     for reset in resets:
         seen = "\n".join(str(c["output"]) for c in tool_calls[: reset["calls"]])
+        shown.append([f for f in facts if f in seen])
+    return shown
+
+
+def facts_lost(resets: list[dict], tool_calls: list[dict], facts: list[str]) -> tuple[int, int]:
+    """The compaction-error probe: over an episode's resets, how many of the needed `facts` that tool
+    outputs had shown before a reset its carried state no longer holds, and how many had been shown
+    (lost, found); the share lost is lost / found."""
+    lost = found = 0
+    for reset, shown in zip(resets, facts_shown(resets, tool_calls, facts)):
         carried = "\n".join(str(m.get("content") or "") for m in reset["carried"])
-        shown = [f for f in facts if f in seen]
         found += len(shown)
         lost += sum(f not in carried for f in shown)
     return lost, found
@@ -132,8 +139,8 @@ def facts_lost(resets: list[dict], tool_calls: list[dict], facts: list[str]) -> 
 def episode_context(episode: "Episode", facts: list[str]) -> dict:
     """One episode's long-context record (plain data): its resets, the tokens of each carried state,
     the compaction-error probe's counts (`facts_lost`, for the task's needed `facts`), the tokens of
-    all its windows, and the summaries it wrote (the text after `SUMMARY_HEADER` in each carried
-    state of "summarize")."""
+    all its windows, the summaries it wrote (the text after `SUMMARY_HEADER` in each carried state
+    of "summarize"), and per reset how many needed facts had been shown before it."""
     resets = episode.resets
     lost, found = facts_lost(resets, episode.tool_calls, facts)
     head = f"{SUMMARY_HEADER}\n"
@@ -150,6 +157,7 @@ def episode_context(episode: "Episode", facts: list[str]) -> dict:
         "facts_found": found,
         "tokens": sum(len(seg) for seg in episode.segments),
         "summaries": summaries,
+        "facts_shown": [len(shown) for shown in facts_shown(resets, episode.tool_calls, facts)],
     }
 
 

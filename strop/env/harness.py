@@ -18,9 +18,11 @@ Messages: an assistant turn in canonical form (what `render_message` produces fo
 content and calls) is stored parsed, in OpenAI form; any other turn is stored as its raw text, so
 `render(segment.messages)` always reproduces the decoded tokens of the window.
 
-Context windows: before every turn after the first, when the next turn (a full `max_turn_tokens`,
-plus the summary's room under "summarize") would not fit in `max_context`, the configured
-`context_strategy` (`strop.env.context`) resets the window, up to `max_resets` times: the episode
+Context windows: before every turn after the first, when the next turn (a full `max_turn_tokens`;
+under "summarize" also the summary's room and an observation as long as the episode's longest so
+far, so that the summary can see what that turn reads) would not fit in `max_context`, the configured
+`context_strategy` (`strop.env.context`) resets the window, at most once between two turns and up
+to `max_resets` times: the episode
 goes on in a new Segment rendered from system + task + the carried state. Under "summarize" the
 carried state is the policy's own reply to a summary request, generated at the end of the full
 window (so its tokens are trained like any action). Each reset is recorded in `Episode.resets`.
@@ -167,12 +169,14 @@ class Harness:
         ep.segments.append(segment)
         pending_ids: list[int] = []  # forced tokens (observations + generation prompt) not yet committed
         pending: list[dict] = []
+        longest_observation = 0  # tokens; predicts the next turn's under "summarize" (see _reset_due)
         invalid_turns = 0
         while True:
             if ep.turns >= cfg.max_turns:
                 return "max_turns"
             if ep.turns:
-                if self._reset_due(len(segment) + len(pending_ids), ep):
+                longest_observation = max(longest_observation, len(pending_ids))
+                if self._reset_due(len(segment) + len(pending_ids), longest_observation, ep):
                     opened = self._reset(policy, ep, segment, pending_ids, pending, seed)
                     if opened is None:
                         return "context_full"
@@ -261,11 +265,16 @@ class Harness:
     def _summary_room(self) -> int:
         return self.count([SUMMARY_MESSAGE]) + len(self._encode(GENERATION_PROMPT)) + self.config.summary_tokens
 
-    def _reset_due(self, n_tokens: int, ep: Episode) -> bool:
+    def _reset_due(self, n_tokens: int, longest_observation: int, ep: Episode) -> bool:
         cfg = self.config
         if cfg.context_strategy == "none" or len(ep.resets) >= cfg.max_resets:
             return False
-        reserve = self._summary_room() if cfg.context_strategy == "summarize" else 0
+        if ep.resets and ep.resets[-1]["turn"] == ep.turns:
+            return False  # a window that cannot hold one turn after its carried state: no reset loop
+        # A summary written without the last turn's observations carries that turn verbatim (_reset),
+        # and a carried state of whole files is what summarizing is for avoiding: so room is kept for
+        # an observation as long as the longest yet.
+        reserve = self._summary_room() + longest_observation if cfg.context_strategy == "summarize" else 0
         return n_tokens + cfg.max_turn_tokens + reserve > cfg.max_context
 
     def _reset(

@@ -120,8 +120,9 @@ def evaluate(
 ) -> dict:
     """{solve_rate, solve_rate_ci95, eval_episodes, by_difficulty: {d: same}, hacked, stop_reasons,
     outcomes (see `outcome`), behaviour (`strop.env.behaviour.summarize`), wall_s}; under a context
-    strategy also `context` (`strop.env.context.context_figures`) and `summaries` (task id -> the
-    summaries its episode wrote, "summarize" only); with `samples`
+    strategy also `context` (`strop.env.context.context_figures`) and `episodes` (task id ->
+    {solved, stop_reason, summaries: those its episode wrote ("summarize" only), facts_shown: per
+    reset, the needed facts shown before it}); with `samples`
     K > 0 also `sampled`: {temperature, samples, pass@1, pass@k (k = K) with intervals, by_difficulty,
     behaviour}."""
     from strop.engine.engine import Engine
@@ -176,7 +177,14 @@ def evaluate(
     }
     if r.context_strategy != "none":
         result["context"] = context_figures([t.context for t in trajs])
-        result["summaries"] = {t.task_id: t.context["summaries"] for t in trajs if t.context.get("summaries")}
+        result["episodes"] = {
+            t.task_id: {
+                "solved": counts_as_solved(t),
+                "stop_reason": t.stop_reason,
+                **{k: t.context[k] for k in ("summaries", "facts_shown")},
+            }
+            for t in trajs
+        }
     if samples:
         per_task = [[counts_as_solved(t) for t in sampled[i * samples : (i + 1) * samples]] for i in range(len(tasks))]
         result["sampled"] = {
