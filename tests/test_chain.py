@@ -47,10 +47,10 @@ def test_reference_scores_one_stub_zero_and_each_carried_key_its_share():
 
     keys = task.metadata["facts"]
     assert score_changes(task, answer("x")).reward == 0.0
-    assert check(task, answer("-".join([*keys[:3], "0000-0000"])), perturbed=False).reward == 0.0  # binary
-    assert score_changes(task, answer("-".join([*keys[:3], "0000-0000"]))).reward == 0.8
-    assert score_changes(task, answer("-".join(keys[:2]))).reward == 0.4  # two keys; the count is wrong
-    assert score_changes(task, answer("-".join(keys + keys[:1]))).reward == 0.8
+    assert check(task, answer(" ".join([*keys[:3], "0000-0000"])), perturbed=False).reward == 0.0  # binary
+    assert score_changes(task, answer(" ".join([*keys[:3], "0000-0000"]))).reward == 0.8
+    assert score_changes(task, answer(" ".join(keys[:2]))).reward == 0.4  # two keys; the count is wrong
+    assert score_changes(task, answer(" ".join(keys + keys[:1]))).reward == 0.8
 
 
 def episode(tok, task, strategy, **config):

@@ -65,7 +65,7 @@ def next_message(task: Task, window: str, keys: dict[int, str], nexts: dict[int,
         return _call(SUBMIT_SAY, "submit")
     missing = [i for i in range(n) if i not in keys]
     if not missing:
-        body = "-".join(keys[i] for i in range(n))
+        body = " ".join(keys[i] for i in range(n))
         return _call(
             WRITE_SAY, "write_file", path="solution.py", content=f"def answer() -> str:\n    return {body!r}\n"
         )

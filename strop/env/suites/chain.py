@@ -4,9 +4,11 @@ A task is a repository of stage files under `stages/` (long logs, most of each l
 `solution.py` whose `answer()` is a stub. The instruction names the first stage; each stage file of
 the chain holds one `STAGE i KEY: dddd-dddd` line and one `STAGE i NEXT: path` line naming the next
 stage (the last says `none`); decoy files hold other keys of no stage of the chain. The agent must
-follow the chain to its end and then write `answer()` returning every key in chain order, joined by
-"-": the keys found first are needed last, so an agent whose context window fills up partway must
-carry them across resets (`strop.env.context`). Difficulty is the chain's length (`STAGES`): at
+follow the chain to its end and then write `answer()` returning every key in chain order, separated
+by spaces: the keys found first are needed last, so an agent whose context window fills up partway
+must carry them across resets (`strop.env.context`). Spaces, as a summary lists keys, make writing the
+answer a copy: joined by "-", the tiny policy carried all 12 keys of a chain and still garbled them
+while reformatting (README, "Long context"). Difficulty is the chain's length (`STAGES`): at
 difficulty 3 the whole conversation is several times a 2k-token window with the default tokenizer
 (`strop bench longctx` reports the multiple it measured).
 
@@ -61,7 +63,7 @@ WORDS = [
     "yarrow",
 ]
 STUB = (
-    'def answer() -> str:\n    """Every stage KEY of the chain, in chain order, joined by \'-\'."""\n'
+    'def answer() -> str:\n    """Every stage KEY of the chain, in chain order, separated by spaces."""\n'
     "    raise NotImplementedError\n"
 )
 
@@ -73,8 +75,7 @@ EXPECTED = {expected!r}
 
 
 def _keys(call):
-    parts = str(call("solution", "answer")).split("-")
-    return ["-".join(parts[i : i + 2]) for i in range(0, len(parts), 2)]
+    return str(call("solution", "answer")).split()
 
 
 def _key(i):
@@ -118,11 +119,11 @@ def make_task(difficulty: int, split: str, index: int) -> Task:
         files[paths[i]] = _stage_file(rng, i, keys[i], paths[i + 1] if i + 1 < n else "none")
     for j in range(n, n + DECOYS):  # off the chain: a key no stage asks for, numbered like no stage
         files[paths[j]] = _stage_file(rng, f"X{j - n}", keys[j], "none")
-    expected = "-".join(keys[:n])
+    expected = " ".join(keys[:n])
     instruction = (
         f"Follow the chain of {n} stages that starts at {paths[0]}: each stage file has a line "
         f"'STAGE i KEY: ...' and a line 'STAGE i NEXT: <file>' naming the next stage. Then make answer() "
-        f"in solution.py return all {n} keys in chain order joined by '-'. Files not on the chain do "
+        f"in solution.py return all {n} keys in chain order separated by single spaces. Files not on the chain do "
         "not count."
     )
     return Task(
