@@ -111,6 +111,7 @@ def test_the_report_strikes_wrong_keys_and_counts_what_each_summary_kept():
             "resets_min": 2,
             "carried_tokens_mean": 50.0,
             "compaction_error": 0.5,
+            "facts_found": 4,
             "tokens_per_episode": 900.0,
             "episodes": {"chain-d1-eval-0000": episode},
         }

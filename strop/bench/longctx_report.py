@@ -34,7 +34,9 @@ def _cell(f: dict | None, label: str, key: str | None) -> str:
         return f"{f['resets_mean']:.2f} ({f['resets_min']})"
     if not f.get("resets_mean"):
         return "— (no reset)"
-    return f"{f[key]:.3f}" if key == "compaction_error" else f"{f[key]:,.0f}"
+    if key == "compaction_error":
+        return "— (no fact shown)" if f[key] is None else f"{f[key]:.3f} of {f['facts_found']:,}"
+    return f"{f[key]:,.0f}"
 
 
 def strategy_table(before: dict, after: dict) -> str:

@@ -163,7 +163,9 @@ def episode_context(episode: "Episode", facts: list[str]) -> dict:
 
 def context_figures(records: list[dict]) -> dict:
     """Means over episodes' `episode_context` records: resets per episode (and the fewest), tokens of
-    a carried state, compaction error (needed facts lost over facts shown, pooled), tokens per episode."""
+    a carried state, compaction error (needed facts lost over facts shown, pooled; None when no reset
+    followed a shown fact, as for a policy that never reads a stage: there is nothing to lose), the
+    facts shown it is pooled over, tokens per episode."""
     n = max(len(records), 1)
     carried = [c for r in records for c in r["carried_tokens"]]
     found = sum(r["facts_found"] for r in records)
@@ -171,6 +173,7 @@ def context_figures(records: list[dict]) -> dict:
         "resets_mean": sum(r["resets"] for r in records) / n,
         "resets_min": min((r["resets"] for r in records), default=0),
         "carried_tokens_mean": sum(carried) / len(carried) if carried else 0.0,
-        "compaction_error": sum(r["facts_lost"] for r in records) / found if found else 0.0,
+        "compaction_error": sum(r["facts_lost"] for r in records) / found if found else None,
+        "facts_found": found,
         "tokens_per_episode": sum(r["tokens"] for r in records) / n,
     }
