@@ -1,7 +1,7 @@
 """`strop bench longctx`: context strategies on the long-horizon `chain` suite's held-out split.
 
 Every strategy of `strop.env.context` runs the same held-out chain tasks through the real harness,
-tools, sandbox and checker in a small window (`--window`, 1k tokens by default), and reports for
+tools, sandbox and checker in a small window (`--window`, 2,048 tokens by default), and reports for
 each: solve rate with its 95% Wilson interval, episodes, resets per episode (and the fewest),
 carried-state tokens per reset, tokens per episode (all windows), the whole conversation's tokens as
 a multiple of the window, and compaction error (`strop.env.context.facts_lost`: the share of needed
