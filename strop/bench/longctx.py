@@ -239,7 +239,8 @@ def _before(args: argparse.Namespace, chosen: list[str]) -> dict | None:
         before = json.loads(Path(args.before).read_text())
         before["strategies"]["learned"]["episodes"]
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise UserError(f"--before {args.before!r} is not a `bench longctx --policy` JSON with 'learned': {e}") from None
+        what = f"--before {args.before!r} is not a `bench longctx --policy` JSON with 'learned'"
+        raise UserError(f"{what}: {e}") from None
     if (before.get("difficulty"), before.get("window")) != (args.difficulty, args.window):
         raise UserError(
             f"--before ran difficulty {before.get('difficulty')} in a {before.get('window')}-token window; "

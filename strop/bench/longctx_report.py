@@ -70,11 +70,10 @@ def side_by_side(before: dict, after: dict, examples: int) -> str:
     out = []
     for task_id in [t for t in facts if t in b and t in a][:examples]:
         keys = facts[task_id]
-        out.append(
-            f"### {task_id}\n\nKeys: `{' '.join(keys)}`. Before RL: {'solved' if b[task_id]['solved'] else 'not solved'} "
-            f"({b[task_id]['stop_reason']}); after RL: {'solved' if a[task_id]['solved'] else 'not solved'} "
-            f"({a[task_id]['stop_reason']}).\n"
-        )
+        outcome = [
+            f"{'solved' if r[task_id]['solved'] else 'not solved'} ({r[task_id]['stop_reason']})" for r in (b, a)
+        ]
+        out.append(f"### {task_id}\n\nKeys: `{' '.join(keys)}`. Before RL: {outcome[0]}; after RL: {outcome[1]}.\n")
         out.append("| reset | before RL | after RL |\n|---|---|---|")
         runs = (b[task_id], a[task_id])
         for i in range(max(len(r["summaries"]) for r in runs)):
