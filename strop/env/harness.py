@@ -20,10 +20,10 @@ content and calls) is stored parsed, in OpenAI form; any other turn is stored as
 
 Context windows: before every turn after the first, when the next turn (a full `max_turn_tokens`;
 under "summarize" also the summary's room and an observation as long as the episode's longest so
-far, so that the summary can see what that turn reads) would not fit in `max_context`, the configured
-`context_strategy` (`strop.env.context`) resets the window, at most once between two turns and up
-to `max_resets` times: the episode
-goes on in a new Segment rendered from system + task + the carried state. Under "summarize" the
+far, so that the summary can see what that turn reads) would not fit in `max_context`, the
+configured `context_strategy` (`strop.env.context`) resets the window, at most once between two
+turns and up to `max_resets` times: the episode goes on in a new Segment rendered from system +
+task + the carried state. Under "summarize" the
 carried state is the policy's own reply to a summary request, generated at the end of the full
 window (so its tokens are trained like any action). Each reset is recorded in `Episode.resets`.
 With no strategy (or no resets left), a full window ends the episode as "context_full".
