@@ -11,13 +11,6 @@ a carried state lost a fact.
 import re
 
 KEY = re.compile(r"\b\d{4}-\d{4}\b")
-FIGURES = [
-    ("solved [95% interval]", None),
-    ("resets / episode (fewest)", None),
-    ("carried tokens / reset", "carried_tokens_mean"),
-    ("compaction error", "compaction_error"),
-    ("tokens / episode", "tokens_per_episode"),
-]
 
 
 def _rate(f: dict) -> str:
@@ -25,18 +18,28 @@ def _rate(f: dict) -> str:
     return f"{f['solve_rate']:.1%} [{lo:.1%}, {hi:.1%}] of {f['eval_episodes']}"
 
 
-def _cell(f: dict | None, label: str, key: str | None) -> str:
-    if f is None:
-        return "not run"
-    if label.startswith("solved"):
-        return _rate(f)
-    if label.startswith("resets"):
-        return f"{f['resets_mean']:.2f} ({f['resets_min']})"
-    if not f.get("resets_mean"):
-        return "— (no reset)"
-    if key == "compaction_error":
-        return "— (no fact shown)" if f[key] is None else f"{f[key]:.3f} of {f['facts_found']:,}"
-    return f"{f[key]:,.0f}"
+def _after_resets(show):
+    """A figure of carried states: a dash for a run without a reset."""
+    return lambda f: show(f) if f.get("resets_mean") else "— (no reset)"
+
+
+def _error(f: dict) -> str:
+    e = f["compaction_error"]
+    return "— (no fact shown)" if e is None else f"{e:.3f} of {f['facts_found']:,}"
+
+
+# (label, the figure's cell for one strategy's results)
+FIGURES = [
+    ("solved [95% interval]", _rate),
+    ("resets / episode (fewest)", lambda f: f"{f['resets_mean']:.2f} ({f['resets_min']})"),
+    ("carried tokens / reset", _after_resets(lambda f: f"{f['carried_tokens_mean']:,.0f}")),
+    ("compaction error", _after_resets(_error)),
+    ("tokens / episode", _after_resets(lambda f: f"{f['tokens_per_episode']:,.0f}")),
+]
+
+
+def _cell(f: dict | None, show) -> str:
+    return "not run" if f is None else show(f)
 
 
 def strategy_table(before: dict, after: dict) -> str:
@@ -44,10 +47,10 @@ def strategy_table(before: dict, after: dict) -> str:
     names = list(dict.fromkeys([*after["strategies"], *before["strategies"]]))
     head = "| strategy | figure | before RL | after RL |\n|---|---|---|---|"
     rows = [
-        f"| {name} | {label} | {_cell(before['strategies'].get(name), label, key)} | "
-        f"{_cell(after['strategies'].get(name), label, key)} |"
+        f"| {name} | {label} | {_cell(before['strategies'].get(name), show)} | "
+        f"{_cell(after['strategies'].get(name), show)} |"
         for name in names
-        for label, key in FIGURES
+        for label, show in FIGURES
     ]
     return "\n".join([head, *rows])
 

@@ -115,34 +115,32 @@ def carry(
     return compact(tool_calls, keep_recent, room, count)
 
 
-def facts_shown(resets: list[dict], tool_calls: list[dict], facts: list[str]) -> list[list[str]]:
-    """Per reset (`Episode.resets`), the needed `facts` that tool outputs had shown before it."""
-    shown = []
+def reset_probe(resets: list[dict], tool_calls: list[dict], facts: list[str]) -> list[tuple[int, int]]:
+    """The compaction-error probe per reset (`Episode.resets`): how many of the needed `facts` that
+    tool outputs had shown before it its carried state no longer holds, and how many had been shown
+    (lost, shown)."""
+    probe = []
     for reset in resets:
         seen = "\n".join(str(c["output"]) for c in tool_calls[: reset["calls"]])
-        shown.append([f for f in facts if f in seen])
-    return shown
+        carried = "\n".join(str(m.get("content") or "") for m in reset["carried"])
+        shown = [f for f in facts if f in seen]
+        probe.append((sum(f not in carried for f in shown), len(shown)))
+    return probe
 
 
 def facts_lost(resets: list[dict], tool_calls: list[dict], facts: list[str]) -> tuple[int, int]:
-    """The compaction-error probe: over an episode's resets, how many of the needed `facts` that tool
-    outputs had shown before a reset its carried state no longer holds, and how many had been shown
-    (lost, found); the share lost is lost / found."""
-    lost = found = 0
-    for reset, shown in zip(resets, facts_shown(resets, tool_calls, facts)):
-        carried = "\n".join(str(m.get("content") or "") for m in reset["carried"])
-        found += len(shown)
-        lost += sum(f not in carried for f in shown)
-    return lost, found
+    """The probe over a whole episode (lost, found); the share lost is lost / found."""
+    probe = reset_probe(resets, tool_calls, facts)
+    return sum(lost for lost, _ in probe), sum(shown for _, shown in probe)
 
 
 def episode_context(episode: "Episode", facts: list[str]) -> dict:
     """One episode's long-context record (plain data): its resets, the tokens of each carried state,
-    the compaction-error probe's counts (`facts_lost`, for the task's needed `facts`), the tokens of
+    the compaction-error probe's counts (`reset_probe`, for the task's needed `facts`), the tokens of
     all its windows, the summaries it wrote (the text after `SUMMARY_HEADER` in each carried state
     of "summarize"), and per reset how many needed facts had been shown before it."""
     resets = episode.resets
-    lost, found = facts_lost(resets, episode.tool_calls, facts)
+    probe = reset_probe(resets, episode.tool_calls, facts)
     head = f"{SUMMARY_HEADER}\n"
     summaries = [
         m["content"][len(head) :]
@@ -153,11 +151,11 @@ def episode_context(episode: "Episode", facts: list[str]) -> dict:
     return {
         "resets": len(resets),
         "carried_tokens": [r["carried_tokens"] for r in resets],
-        "facts_lost": lost,
-        "facts_found": found,
+        "facts_lost": sum(lost for lost, _ in probe),
+        "facts_found": sum(shown for _, shown in probe),
         "tokens": sum(len(seg) for seg in episode.segments),
         "summaries": summaries,
-        "facts_shown": [len(shown) for shown in facts_shown(resets, episode.tool_calls, facts)],
+        "facts_shown": [shown for _, shown in probe],
     }
 
 
