@@ -148,6 +148,11 @@ class SFTSection:
     demo_workers: int = opt(4, "oracle episodes run at once while producing demonstrations", ge=1)
     difficulties: list[int] = opt([], "task difficulties the demonstrations cover (e.g. those RL trains on); [] = all")
     val_fraction: float = opt(0.1, "fraction of demonstrations held out for early stopping", gt=0, le=0.5)
+    train_summaries: bool = opt(
+        True,
+        "train on the summaries the demonstrator wrote at its context resets; false keeps them in the "
+        "context but out of the loss: a policy that acts on summaries but was never taught to write one",
+    )
     batch_size: int = opt(8, "segments per step", ge=1)
     lr: float = opt(1e-3, "peak learning rate", gt=0)
     warmup_steps: int = opt(20, "linear warmup steps", ge=0)
@@ -196,6 +201,12 @@ class RLSection:
         1024, "Dr.GRPO: the constant per-sample token normaliser (the generation budget)", ge=1
     )
     kl_coef: float = opt(0.0, "weight of the k3 KL to the behavior policy in the loss", ge=0)
+    ref_kl_coef: float = opt(
+        0.0,
+        "weight of the k3 KL to the reference policy (the warm start, `--policy`) in the loss: an anchor "
+        "that pulls back drift no reward asks for; > 0 costs one more forward pass per micro-batch",
+        ge=0,
+    )
     skip_zero_advantage: bool = opt(
         True,
         "samples with advantage 0 run forward-only (their loss is exactly 0 without a KL "

@@ -92,3 +92,20 @@ def test_summaries_carry_a_long_chain_and_truncation_loses_it(tiny_tokenizer):
 def test_the_oracle_solves_a_chain_that_fits_its_window(tiny_tokenizer):
     report = solve([make_task(1, "train", 0)], tiny_tokenizer, HarnessConfig(max_context=8192, max_turns=10))
     assert report["rate"] == 1.0 and report["episodes"]
+
+
+def test_sft_can_keep_the_summaries_out_of_the_loss(tiny_tokenizer):
+    """`sft.train_summaries = false`: each window's summary stays in its tokens but leaves the loss;
+    the turns before it, and the last window (which ends with no summary), are trained as before."""
+    from strop.train.sft import summary_forced
+
+    ep, _ = episode(tiny_tokenizer, make_task(2, "eval", 1), "summarize")
+    for seg in ep.segments:
+        forced = summary_forced(seg)
+        assert forced.input_ids == seg.input_ids
+        dropped = [t for t, a, b in zip(seg.input_ids, seg.loss_mask, forced.loss_mask) if a and not b]
+        if seg is ep.segments[-1]:
+            assert forced.loss_mask == seg.loss_mask
+        else:
+            assert tiny_tokenizer.decode(dropped).strip().startswith(seg.messages[-1]["content"].strip())
+            assert 0 < sum(forced.loss_mask) < sum(seg.loss_mask)

@@ -75,6 +75,21 @@ def test_kl_penalty_adds_weighted_k3():
     assert grad[0].tolist() == pytest.approx(expected)
 
 
+def test_reference_kl_pulls_the_logprobs_toward_the_reference():
+    # log q = log pi_ref - log pi_theta per token; k3 = (q - 1) - log q, d k3 / dlogp = 1 - q
+    log_q = torch.tensor([[0.0, 0.5, -0.5, 1.0]])
+    behavior = torch.log(torch.tensor([[0.5, 0.2, 0.3, 0.4]]))
+    logprobs = behavior.clone().requires_grad_(True)
+    zero = torch.zeros(1, 4)
+    loss, m = policy_loss(logprobs, behavior, zero, W, M, RLSection(ref_kl_coef=0.1), behavior + log_q)
+    loss.backward()
+    k3 = [math.exp(x) - 1 - x for x in log_q[0].tolist()]
+    assert loss.item() == pytest.approx(0.1 * 0.25 * sum(k3))
+    assert logprobs.grad[0].tolist() == pytest.approx([0.1 * 0.25 * (1 - math.exp(x)) for x in log_q[0].tolist()])
+    assert m["ref_kl"] == pytest.approx(sum(k3) / 4) and m["k3"] == 0.0
+    assert run(RLSection())[2]["ref_kl"] == 0.0  # no reference given: no anchor
+
+
 def test_unmasked_positions_do_not_count():
     m = torch.tensor([[True, True, False, False]])
     loss, grad, metrics = run(RLSection(correction="none"), m=m)

@@ -137,6 +137,32 @@ def test_policy_learns_a_toy_reward(tiny_moe, tiny_tokenizer):
     assert sum(rows[i]["dlogp_pos"] for i in measured) > 0
 
 
+def test_reference_kl_anchors_the_policy(tiny_moe, tiny_tokenizer):
+    """The same toy reward with and without the anchor to the starting policy: anchored, the policy
+    moves less far from it, and the step reports how far (ref_kl)."""
+    rl = RLSection(lr=2e-2, micro_batch=16, max_staleness=1, measure_every=0)
+    with pytest.raises(ValueError, match="ref_kl_coef"):
+        RLTrainer(tiny_moe, dataclasses.replace(rl, ref_kl_coef=1.0), pad_id=tiny_tokenizer.pad_token_id)
+    moved, drift = [], []
+    for coef in (0.0, 2.0):
+        rows = []
+        trainer = RLTrainer(
+            copy.deepcopy(tiny_moe),
+            dataclasses.replace(rl, ref_kl_coef=coef),
+            pad_id=tiny_tokenizer.pad_token_id,
+            log=rows.append,
+            reference=copy.deepcopy(tiny_moe) if coef else None,
+        )
+        torch.manual_seed(0)
+        before = p_target(trainer.model)
+        for step in range(8):
+            trainer.step(make_samples(sample_groups(trainer.model, trainer.version, 8, 8, 1, step)))
+        moved.append(p_target(trainer.model) - before)
+        drift.append([r["ref_kl"] for r in rows])
+    assert moved[1] < moved[0]
+    assert drift[0] == [0.0] * 8 and drift[1][0] == pytest.approx(0.0, abs=1e-6) and drift[1][-1] > 0
+
+
 @pytest.mark.parametrize("temperature", [0.5, 1.5])
 def test_trainer_scores_tokens_at_their_sampling_temperature(tiny_moe, tiny_tokenizer, temperature):
     rows = []

@@ -14,8 +14,12 @@ further out of the trust region. On top of it, `correction` chooses how far-off 
 - "geo_mask": a whole row (one context window) is masked out when the geometric mean of its r
   is outside [geo_low, geo_high], i.e. when the sequence as a whole drifted.
 
-Optionally `kl_coef` adds the k3 estimate of KL(behavior || theta), (r - 1) - log r, per token.
-The loss is sum over kept tokens of weight * (-objective + kl_coef * k3): the weights (from
+Optionally `kl_coef` adds the k3 estimate of KL(behavior || theta), (r - 1) - log r, per token,
+a trust region around each step's start; and `ref_kl_coef` the k3 estimate of KL(theta || reference)
+with q = pi_reference / pi_theta, (q - 1) - log q, an anchor to the warm start over the whole run.
+Without it every parameter moves about one learning rate per step whether or not the reward asks
+for it (AdamW normalises each gradient), and confident tokens no reward singles out drift too.
+The loss is sum over kept tokens of weight * (-objective + kl_coef * k3 + ref_kl_coef * k3_ref): the weights (from
 `strop.rl.advantages`) carry the algorithm's normalisation, so micro-batches simply add up.
 """
 
@@ -35,10 +39,12 @@ def policy_loss(
     weights_BT: torch.Tensor,
     mask_BT: torch.Tensor,
     rl: RLSection,
+    reference_BT: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss (scalar, differentiable through `logprobs_BT`) and metrics as token means over `mask_BT`:
     clip_frac (PPO clip active: zero gradient), mask_frac (masked by the correction), trunc_frac
-    (TIS weight capped), k3 (KL to behavior), ratio_mean, plus `tokens`."""
+    (TIS weight capped), k3 (KL to behavior), ref_kl (KL to the reference, whose logprobs
+    `reference_BT` holds; 0 without them), ratio_mean, plus `tokens`."""
     m = mask_BT.bool()
     log_r = torch.where(m, (logprobs_BT - behavior_BT).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO), 0.0)
     r = log_r.exp()
@@ -58,7 +64,11 @@ def policy_loss(
         geo_mean = seq_log_r.exp()
         keep &= ((geo_mean >= rl.geo_low) & (geo_mean <= rl.geo_high))[:, None]
     k3 = (r - 1) - log_r
-    per_token = -surrogate + rl.kl_coef * k3
+    ref_kl = torch.zeros_like(k3)
+    if reference_BT is not None:
+        log_q = torch.where(m, (reference_BT - logprobs_BT).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO), 0.0)
+        ref_kl = (log_q.exp() - 1) - log_q
+    per_token = -surrogate + rl.kl_coef * k3 + rl.ref_kl_coef * ref_kl
     loss = (per_token * weights_BT * keep).sum()
 
     n = int(m.sum())
@@ -72,6 +82,7 @@ def policy_loss(
         "mask_frac": mean(m & ~keep),
         "trunc_frac": mean(truncated),
         "k3": mean(k3),
+        "ref_kl": mean(ref_kl),
         "ratio_mean": mean(r),
     }
     return loss, metrics

@@ -127,10 +127,15 @@ class RLTrainer:
         log: Callable[[dict], None] = lambda row: None,
         version: int = 0,
         ranks: Ranks | None = None,
+        reference=None,
     ):
         """`ranks`: the rank group `model` is already sharded over (`strop.train.parallel`); None =
-        this process alone."""
+        this process alone. `reference`: the frozen policy `rl.ref_kl_coef` anchors to, sharded
+        like `model` (needed exactly when the coefficient is > 0)."""
+        if (rl.ref_kl_coef > 0) != (reference is not None):
+            raise ValueError("a reference policy is needed exactly when rl.ref_kl_coef > 0")
         self.model = model.float().train()  # fp32 master weights; engines get bf16 copies
+        self.reference = reference.float().eval().requires_grad_(False) if reference is not None else None
         self.ranks = ranks or Ranks()
         self.rl = rl
         self.pad_id = pad_id
@@ -158,7 +163,7 @@ class RLTrainer:
         # A row with advantage 0 (its group all solved or all failed) has a loss of exactly 0 when no
         # KL term is added: it only needs a forward pass, for the step's mismatch metrics, not a
         # backward one; and `rl.idle_rows` of them, spread over the lengths, measure that as well.
-        train_all = self.rl.kl_coef > 0 or not self.rl.skip_zero_advantage
+        train_all = self.rl.kl_coef > 0 or self.reference is not None or not self.rl.skip_zero_advantage
         learning = [row for row in rows if train_all or row[1] != 0.0]
         idle = [row for row in rows if not train_all and row[1] == 0.0]
         idle = idle[:: -(-len(idle) // self.rl.idle_rows)] if self.rl.idle_rows and idle else []
@@ -181,7 +186,13 @@ class RLTrainer:
             with self.replay_ctx(self.model, batch), torch.set_grad_enabled(learn):
                 logprobs = token_logprobs(self.model, batch)
                 loss, m = policy_loss(
-                    logprobs, batch.behavior_BT, batch.advantages_BT, batch.weights_BT, batch.mask_BT, self.rl
+                    logprobs,
+                    batch.behavior_BT,
+                    batch.advantages_BT,
+                    batch.weights_BT,
+                    batch.mask_BT,
+                    self.rl,
+                    self._reference_logprobs(batch),
                 )
             if learn:
                 loss.backward()  # weights carry the normalisation: micro-batch losses add up to the batch loss
@@ -224,7 +235,7 @@ class RLTrainer:
             / len(trajs),
             "solve_rate": sum(t.solved for t in trajs) / len(trajs),
             "hacked": sum(bool(t.hack_flags) for t in trajs),
-            **{k: sums[k] / n_tok for k in ("k3", "clip_frac", "mask_frac", "trunc_frac", "ratio_mean")},
+            **{k: sums[k] / n_tok for k in ("k3", "ref_kl", "clip_frac", "mask_frac", "trunc_frac", "ratio_mean")},
             **{f"mismatch_{k}": v for k, v in mismatch.items() if k not in ("tokens", "k3")},
             **update,
             "gen_tokens": int(sums["tokens"]),
@@ -238,6 +249,14 @@ class RLTrainer:
         }
         self.log(row)
         return row
+
+    @torch.no_grad()
+    def _reference_logprobs(self, batch: TrainBatch) -> torch.Tensor | None:
+        """The reference policy's logprobs of the batch's targets (None without a reference)."""
+        if self.reference is None:
+            return None
+        with self.replay_ctx(self.reference, batch):
+            return token_logprobs(self.reference, batch)
 
     @torch.no_grad()
     def _update_metrics(self, before: list[torch.Tensor], learned: list[tuple[TrainBatch, torch.Tensor, bool]]) -> dict:

@@ -73,7 +73,9 @@ class TrainerActor:
         from strop.runtime.trainers import LocalTrainer, trainer_sync
 
         sync = trainer_sync(cfg, store_url, host=ray.util.get_node_ip_address())
-        self.local = LocalTrainer(RLTrainer(load_model(policy_dir), cfg.rl, pad_id=pad_id, replay_ctx=replay_ctx), sync)
+        reference = load_model(policy_dir) if cfg.rl.ref_kl_coef > 0 else None
+        trainer = RLTrainer(load_model(policy_dir), cfg.rl, pad_id=pad_id, replay_ctx=replay_ctx, reference=reference)
+        self.local = LocalTrainer(trainer, sync)
         self.local.publish()  # version 0: the store's snapshot
 
     def origin_url(self) -> str:

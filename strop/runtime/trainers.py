@@ -45,8 +45,11 @@ def rank_trainer(ranks, cfg: Config, policy_dir: str, replay_ctx, pad_id: int, s
     from strop.train.shard_load import load_policy
 
     model = load_policy(policy_dir, ranks).float()  # sharded: built on meta, each rank reads its shards
+    # The reference is the warm start on a resumed run too: `policy_dir` stays the run's `--policy`.
+    reference = load_policy(policy_dir, ranks) if cfg.rl.ref_kl_coef > 0 else None
     sync = trainer_sync(cfg, store_url, ranks=ranks if ranks.size > 1 else None)
-    return LocalTrainer(RLTrainer(model, cfg.rl, pad_id=pad_id, replay_ctx=replay_ctx, ranks=ranks), sync)
+    trainer = RLTrainer(model, cfg.rl, pad_id=pad_id, replay_ctx=replay_ctx, ranks=ranks, reference=reference)
+    return LocalTrainer(trainer, sync)
 
 
 def start_trainer(cfg: Config, policy_dir: str, replay_ctx, pad_id: int, store_url: str):

@@ -11,9 +11,11 @@ format; written at every improvement, so a killed run leaves its best so far), `
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from strop.config import Config, SFTSection, to_dict
+from strop.env.segment import Segment
 from strop.errors import UserError
 from strop.outputs import write_atomic
 from strop.train.schedule import warmup_cosine
@@ -64,6 +66,20 @@ def demonstrator_mix(s: SFTSection):
     return DemonstratorMix(
         careful=s.careful, suspects=s.suspects, misremember=s.misremember, max_wrong=s.max_wrong, run_tests=s.demo_tests
     )
+
+
+def summary_forced(seg: Segment) -> Segment:
+    """`seg` with the summary it ends with (the reply to the harness's summary request) out of the
+    loss, as context; a window that ends otherwise is returned as it is."""
+    from strop.env.harness import SUMMARY_MESSAGE
+
+    if len(seg.messages) < 2 or seg.messages[-2] != SUMMARY_MESSAGE or not any(seg.loss_mask):
+        return seg
+    end = max(i for i, m in enumerate(seg.loss_mask) if m) + 1
+    start = end
+    while start > 0 and seg.loss_mask[start - 1]:
+        start -= 1
+    return replace(seg, loss_mask=seg.loss_mask[:start] + [0] * (end - start) + seg.loss_mask[end:])
 
 
 def length_batches(lengths: list[int], batch_size: int, rng, pool: int = 8) -> list[list[int]]:
@@ -169,6 +185,8 @@ def fit(ranks, cfg: Config, base_dir: str) -> dict:
     pad_id = tokenizer.pad_token_id
     episodes = load_demonstrations(cfg, tokenizer, out / "demos.jsonl")
     n_val = max(1, int(len(episodes) * s.val_fraction))
+    if not s.train_summaries:
+        episodes = [replace(ep, segments=[summary_forced(seg) for seg in ep.segments]) for ep in episodes]
     train = [seg for ep in episodes[:-n_val] for seg in ep.segments if sum(seg.loss_mask)]
     val = [seg for ep in episodes[-n_val:] for seg in ep.segments if sum(seg.loss_mask)]
 
