@@ -224,6 +224,12 @@ class RLSection:
         "tokens' logprobs moved (one extra forward pass over the learning rows); 0 = never",
         ge=0,
     )
+    placebo: bool = opt(
+        False,
+        "a control run: each trajectory's training reward is seeded uniform noise, so the updates keep "
+        "their structure (episodes, segments, one advantage over every token) and lose the reward's "
+        "signal; what such a run does to held-out quality is what the updates' noise alone does",
+    )
     hack_penalty: float = opt(1.0, "subtracted from the reward of a trajectory flagged with a hack", ge=0)
     degenerate_penalty: float = opt(
         0.0,

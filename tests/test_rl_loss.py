@@ -133,3 +133,19 @@ def test_make_samples_applies_hack_penalty_and_normalisation():
     # no baseline (the online cycle's): the training rewards are the advantages
     samples = make_samples([group], hack_penalty=1.0, baseline=False)
     assert [s.advantage for s in samples] == [0.0, 1.0, 0.0]
+
+
+def test_placebo_advantages_ignore_the_reward():
+    """`rl.placebo`: the advantages come from noise fixed per trajectory and seed, whatever the
+    checker said; the weights are the real ones."""
+
+    def group(rewards):
+        return TrajectoryGroup("t", "g", 3, [_traj(i, r, 2 + i) for i, r in enumerate(rewards)])
+
+    real = make_samples([group([1.0, 0.0, 0.0])])
+    a = make_samples([group([1.0, 0.0, 0.0])], placebo_seed=0)
+    b = make_samples([group([0.0, 0.0, 1.0])], placebo_seed=0)
+    assert [s.advantage for s in a] == [s.advantage for s in b] != [s.advantage for s in real]
+    assert [s.weight for s in a] == [s.weight for s in real]
+    other_seed = make_samples([group([1.0, 0.0, 0.0])], placebo_seed=1)
+    assert [s.advantage for s in other_seed] != [s.advantage for s in a]

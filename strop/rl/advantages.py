@@ -15,9 +15,11 @@ choosing these two numbers:
   every token of the reply and garbles it instead of removing it.
 
 The reward is the checker's, minus `hack_penalty` when the hack monitor flagged a hack in the
-episode (`degenerate_penalty` when its only flags are degenerate loops, stalls or questions).
+episode (`degenerate_penalty` when its only flags are degenerate loops, stalls or questions). A
+placebo run (`rl.placebo`) uses `placebo_reward` instead: noise with the same structure of update.
 """
 
+import random
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +38,11 @@ class Sample:
 def training_reward(traj: Trajectory, hack_penalty: float, degenerate_penalty: float = 0.0) -> float:
     """The checker's reward less the hack monitor's penalty (`strop.env.hacks.penalized`)."""
     return penalized(traj.reward, (f["kind"] for f in traj.hack_flags), hack_penalty, degenerate_penalty)
+
+
+def placebo_reward(traj: Trajectory, seed: int) -> float:
+    """Uniform noise in [0, 1), fixed per trajectory (by its group and sample) and run seed."""
+    return random.Random(f"placebo/{seed}/{traj.group_id}/{traj.sample}").random()
 
 
 def group_advantages(rewards_G: torch.Tensor, *, std_normalize: bool = True, eps: float = 1e-6) -> torch.Tensor:
@@ -63,12 +70,20 @@ def make_samples(
     hack_penalty: float = 1.0,
     degenerate_penalty: float = 0.0,
     baseline: bool = True,
+    placebo_seed: int | None = None,
 ) -> list[Sample]:
-    """Advantages and weights for one optimizer step's groups (see the module docstring)."""
+    """Advantages and weights for one optimizer step's groups (see the module docstring); with
+    `placebo_seed`, from `placebo_reward`s instead of the training rewards."""
     trajs, advs = [], []
     for g in groups:
         rewards = torch.tensor(
-            [training_reward(t, hack_penalty, degenerate_penalty) for t in g.trajectories], dtype=torch.float64
+            [
+                training_reward(t, hack_penalty, degenerate_penalty)
+                if placebo_seed is None
+                else placebo_reward(t, placebo_seed)
+                for t in g.trajectories
+            ],
+            dtype=torch.float64,
         )
         advs += (group_advantages(rewards, std_normalize=not dr_grpo) if baseline else rewards).tolist()
         trajs += g.trajectories
