@@ -37,7 +37,11 @@ def step_batches(policy_dir, rows_per_step: list[int]) -> list[list]:
 
 def compare(cfg: Config, policy_dir, pad_id: int, batches: list[list], tmp_path) -> list[tuple]:
     """Per step: (single row, sharded row, single weights, sharded weights)."""
-    single = RLTrainer(load_model(policy_dir), cfg.rl, pad_id=pad_id, replay_ctx=router_replay)
+
+    def reference():  # the warm start, when the loss anchors to it
+        return load_model(policy_dir) if cfg.rl.ref_kl_coef > 0 else None
+
+    single = RLTrainer(load_model(policy_dir), cfg.rl, pad_id=pad_id, replay_ctx=router_replay, reference=reference())
     expected = [(single.step(b), single.state_dict()["model"]) for b in batches]
     sharded = start_trainer(cfg, str(policy_dir), router_replay, pad_id, str(tmp_path / "weights"))
     try:
@@ -50,7 +54,7 @@ def compare(cfg: Config, policy_dir, pad_id: int, batches: list[list], tmp_path)
         sharded.close()
     for name, t in gathered.items():  # the store's latest version is the gathered bf16 snapshot, bit for bit
         assert published[name].data.tobytes() == t.view(torch.uint16).numpy().tobytes(), name
-    restored = RLTrainer(load_model(policy_dir), cfg.rl, pad_id=pad_id)  # the sharded checkpoint, in one process
+    restored = RLTrainer(load_model(policy_dir), cfg.rl, pad_id=pad_id, reference=reference())  # one process
     restored.load(tmp_path / "ckpt")
     assert restored.version == len(batches)
     assert all(torch.equal(restored.state_dict()["model"][k], v) for k, v in got[-1][1].items())
@@ -59,6 +63,18 @@ def compare(cfg: Config, policy_dir, pad_id: int, batches: list[list], tmp_path)
 
 def max_diff(a: dict, b: dict) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def test_two_ranks_anchor_to_the_reference_as_one_process(tiny_policy_dir, tiny_tokenizer, tmp_path):
+    """With `rl.ref_kl_coef`, each rank loads its shards of the warm start as the reference: the
+    KL to it and the weights after two steps are those of one process."""
+    rl = RLSection(lr=1e-2, micro_batch=4, grad_clip=0.0, ref_kl_coef=0.5)
+    cfg = Config(rl=rl, trainer=TrainerSection(ParallelSection(fsdp=2)))
+    steps = compare(cfg, tiny_policy_dir, tiny_tokenizer.pad_token_id, step_batches(tiny_policy_dir, [8, 8]), tmp_path)
+    assert steps[0][0]["ref_kl"] == 0.0 and steps[1][0]["ref_kl"] > 0
+    for one, two, w1, w2 in steps:
+        assert one["ref_kl"] == pytest.approx(two["ref_kl"], rel=1e-5, abs=1e-9)
+        assert max_diff(w1, w2) < 1e-6
 
 
 def test_two_ranks_train_as_one_process(tiny_policy_dir, tiny_tokenizer, tmp_path):
