@@ -118,3 +118,27 @@ def test_a_delta_damaged_or_lost_in_the_store_is_repaired_per_tensor_and_the_run
     # both engines fetched the tensors of the one damaged payload, nothing else
     assert sorted({r[3:] for r in repaired if r.startswith("v2:")}) == damaged[2]
     assert sorted({r[3:] for r in repaired if r.startswith("v3:")}) == damaged[3]  # only what changed in v3
+
+
+def test_a_trainer_process_that_dies_is_an_error_not_a_hang(tmp_path):
+    """The child's end of the pipe is closed in the parent, so a trainer process that dies (here at
+    start: no policy where it looks) ends the wait with an error instead of blocking it forever."""
+    import threading
+
+    from strop.config import Config
+    from strop.rl.orchestrator import router_replay
+    from strop.runtime.trainers import TrainerProcess
+
+    errors = []
+
+    def start() -> None:
+        try:
+            TrainerProcess(Config(), str(tmp_path / "no-policy"), router_replay, 0, None, str(tmp_path / "weights"))
+        except RuntimeError as e:
+            errors.append(e)
+
+    waiter = threading.Thread(target=start, daemon=True)  # a regression hangs this thread, not the session
+    waiter.start()
+    waiter.join(timeout=120)
+    assert not waiter.is_alive(), "TrainerProcess still waits for a child that died"
+    assert len(errors) == 1 and "trainer process exited" in str(errors[0])

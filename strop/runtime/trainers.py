@@ -164,13 +164,23 @@ class TrainerProcess:
         )
         with child_environment(OMP_WAIT_POLICY="PASSIVE"):
             self.proc.start()
-        self.origin_url = pickle.loads(self.conn.recv_bytes())
+        child.close()  # the child's end lives in the child alone, so its death reads as EOF here, not a hang
+        self.origin_url = pickle.loads(self._recv())
         self.version = 0
         self.reply_bytes: Counter = Counter()  # call -> bytes that came back over the pipe
 
+    def _recv(self) -> bytes:
+        try:
+            return self.conn.recv_bytes()
+        except EOFError:
+            self.proc.join(timeout=10)
+            raise RuntimeError(
+                f"the trainer process exited (exit code {self.proc.exitcode}); its error is printed above"
+            ) from None
+
     def _call(self, call: str, *args):
         _send(self.conn, (call, args))
-        data = self.conn.recv_bytes()
+        data = self._recv()
         self.reply_bytes[call] += len(data)
         result, self.version = pickle.loads(data)
         return result
