@@ -17,9 +17,10 @@ further out of the trust region. On top of it, `correction` chooses how far-off 
 Optionally `kl_coef` adds the k3 estimate of KL(behavior || theta), (r - 1) - log r, per token,
 a trust region around each step's start; and `ref_kl_coef` the k3 estimate of KL(theta || reference)
 with q = pi_reference / pi_theta, (q - 1) - log q, an anchor to the warm start over the whole run.
-Without it every parameter moves about one learning rate per step whether or not the reward asks
-for it (AdamW normalises each gradient), and confident tokens no reward singles out drift too.
-The loss is sum over kept tokens of weight * (-objective + kl_coef * k3 + ref_kl_coef * k3_ref): the weights (from
+AdamW moves every parameter about one learning rate a step whether or not the reward asks for it;
+the anchor pulls back what accumulates (on 12-stage chains it kept the summaries' keys as the warm
+start's, where unanchored RL lost some: README, "Long context"). The loss is sum over kept tokens
+of weight * (-objective + kl_coef * k3 + ref_kl_coef * k3_ref): the weights (from
 `strop.rl.advantages`) carry the algorithm's normalisation, so micro-batches simply add up.
 """
 
