@@ -130,7 +130,10 @@ def reset_probe(resets: list[dict], tool_calls: list[dict], facts: list[str]) ->
 
 def facts_lost(resets: list[dict], tool_calls: list[dict], facts: list[str]) -> tuple[int, int]:
     """The probe over a whole episode (lost, found); the share lost is lost / found."""
-    probe = reset_probe(resets, tool_calls, facts)
+    return _probe_totals(reset_probe(resets, tool_calls, facts))
+
+
+def _probe_totals(probe: list[tuple[int, int]]) -> tuple[int, int]:
     return sum(lost for lost, _ in probe), sum(shown for _, shown in probe)
 
 
@@ -141,6 +144,7 @@ def episode_context(episode: "Episode", facts: list[str]) -> dict:
     of "summarize"), and per reset how many needed facts had been shown before it."""
     resets = episode.resets
     probe = reset_probe(resets, episode.tool_calls, facts)
+    lost, found = _probe_totals(probe)
     head = f"{SUMMARY_HEADER}\n"
     summaries = [
         m["content"][len(head) :]
@@ -151,8 +155,8 @@ def episode_context(episode: "Episode", facts: list[str]) -> dict:
     return {
         "resets": len(resets),
         "carried_tokens": [r["carried_tokens"] for r in resets],
-        "facts_lost": sum(lost for lost, _ in probe),
-        "facts_found": sum(shown for _, shown in probe),
+        "facts_lost": lost,
+        "facts_found": found,
         "tokens": sum(len(seg) for seg in episode.segments),
         "summaries": summaries,
         "facts_shown": [shown for _, shown in probe],
