@@ -40,6 +40,7 @@ def test_eval_policy_reports_solve_rates_and_stops(tiny_tokenizer, tmp_path, cap
     assert result["eval_episodes"] == 2 and set(result["by_difficulty"]) == {"1", "2"}
     assert sum(result["stop_reasons"].values()) == 2 and 0.0 <= result["solve_rate"] <= 1.0
     assert result["outcomes"] == {"no changes": 2}  # one turn of an untrained policy edits nothing
+    assert result["reward_mean"] == 0.0 and result["reward_ci95"] == [0.0, 0.0]
     lo, hi = result["solve_rate_ci95"]
     assert 0.0 <= lo <= result["solve_rate"] <= hi <= 1.0
     assert result["behaviour"]["episodes"] == 2 and result["behaviour"]["turns"] == 1.0

@@ -69,9 +69,11 @@ def test_bench_longctx_plays_a_saved_policy_under_every_strategy(tiny_policy_dir
     keys = {"solve_rate", "solve_rate_ci95", "eval_episodes", "carried_tokens_mean", "resets_mean", "compaction_error"}
     for figures in r["strategies"].values():
         assert keys <= set(figures) and figures["eval_episodes"] == 1
+        assert figures["solve_rate"] <= figures["reward_mean"] <= 1.0
     assert set(r["facts"]) == set(r["strategies"]["learned"]["episodes"])
     episode = next(iter(r["strategies"]["learned"]["episodes"].values()))
-    assert {"solved", "stop_reason", "summaries", "facts_shown"} <= set(episode)
+    assert {"solved", "reward", "stop_reason", "summaries", "facts_shown"} <= set(episode)
+    assert episode["reward"] == r["strategies"]["learned"]["reward_mean"]
 
     # the long-horizon report: this run against an earlier one, here the same policy on one strategy
     report = tmp_path / "report" / "longctx.md"
@@ -121,4 +123,17 @@ def test_the_report_strikes_wrong_keys_and_counts_what_each_summary_kept():
     after = run(["Keys: 1111-2222", "Keys: 1111-2222 3333-4444"], True)
     text = render(before, after)
     assert "| 2 | 1/2 keys: Keys: 1111-2222 ~~3333-4445~~ | 2/2 keys: Keys: 1111-2222 3333-4444 |" in text
+    assert "| learned | mean reward: share of checks passed [95% interval] | — | — |" in text  # older JSONs
     assert "Before RL: not solved (submitted); after RL: solved (submitted)." in text
+
+
+def test_bench_longctx_scores_the_demonstrator_with_its_checker_reward(tmp_path, capsys):
+    from strop.cli import main
+
+    out = tmp_path / "demonstrator.json"
+    argv = ["bench", "longctx", "--episodes", "2", "--difficulty", "1", "--window", "1536"]
+    assert main([*argv, "--strategies", "learned,truncation", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())["strategies"]
+    # the demonstrator copies whatever its window holds: its own summaries carry every key
+    assert r["learned"]["solve_rate"] == r["learned"]["reward_mean"] == 1.0
+    assert 0.0 <= r["truncation"]["reward_mean"] <= 1.0 and "reward_mean" in capsys.readouterr().out

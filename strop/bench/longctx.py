@@ -2,10 +2,12 @@
 
 Every strategy of `strop.env.context` runs the same held-out chain tasks through the real harness,
 tools, sandbox and checker in a small window (`--window`, 2,048 tokens by default), and reports for
-each: solve rate with its 95% Wilson interval, episodes, resets per episode (and the fewest),
-carried-state tokens per reset, tokens per episode (all windows), the whole conversation's tokens as
-a multiple of the window, and compaction error (`strop.env.context.facts_lost`: the share of needed
-keys, already shown by a tool, that a carried state no longer holds).
+each: solve rate with its 95% Wilson interval, episodes, mean checker reward with its 95% interval
+(the share of a chain's hidden checks passed, which moves before the solve rate does), resets per
+episode (and the fewest), carried-state tokens per reset, tokens per episode (all windows), the
+whole conversation's tokens as a multiple of the window, and compaction error
+(`strop.env.context.facts_lost`: the share of needed keys, already shown by a tool, that a carried
+state no longer holds).
 
 By default the policy is the chain demonstrator (`strop.env.chain_oracle`), a scripted agent that
 knows only what its window shows; "learned" is the "summarize" strategy with the demonstrator
@@ -82,13 +84,14 @@ def harness_settings(stages: int, window: int) -> dict:
     }
 
 
-def figures(solved: list[bool], contexts: list[dict], stops: list[str]) -> dict:
-    """One strategy's row from its episodes' outcomes and `episode_context` records."""
+def figures(rewards: list[float], contexts: list[dict], stops: list[str]) -> dict:
+    """One strategy's row from its episodes' checker rewards and `episode_context` records."""
     from strop.env.context import context_figures
-    from strop.rl.evaluate import rate_figures
+    from strop.rl.evaluate import rate_figures, reward_figures
 
     return {
-        **rate_figures(solved),
+        **rate_figures([r >= 1.0 for r in rewards]),
+        **reward_figures(rewards),
         **context_figures(contexts),
         "stop_reasons": dict(Counter(stops)),
     }
@@ -109,7 +112,7 @@ def measure(tasks: list, tokenizer, strategy: str, window: int, workers: int) ->
         changes = source_changes(changes)
         reward = check(task, changes, perturbed=False).reward if changes else 0.0
         record = episode_context(episode, task.metadata["facts"])
-        return reward >= 1.0, record, episode.stop_reason, harness.count(episode.messages)
+        return reward, record, episode.stop_reason, harness.count(episode.messages)
 
     with ThreadPoolExecutor(workers) as pool:
         results = list(pool.map(one, tasks))
@@ -127,7 +130,7 @@ def measure_policy(cfg, policy: str, tasks: list, strategy: str, window: int) ->
     cfg = replace(cfg, rollout=replace(cfg.rollout, suite="chain", context_strategy=strategy, **settings))
     result = evaluate(cfg, policy, tasks, progress=True)
     return {
-        **{k: result[k] for k in ("solve_rate", "solve_rate_ci95", "eval_episodes")},
+        **{k: result[k] for k in ("solve_rate", "solve_rate_ci95", "eval_episodes", "reward_mean", "reward_ci95")},
         **result["context"],
         "stop_reasons": result["stop_reasons"],
         "episodes": result["episodes"],
@@ -192,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
                 "solve_rate",
                 "solve_rate_ci95",
                 "eval_episodes",
+                "reward_mean",
                 "resets_mean",
                 "resets_min",
                 "carried_tokens_mean",

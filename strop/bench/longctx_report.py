@@ -28,9 +28,18 @@ def _error(f: dict) -> str:
     return "— (no fact shown)" if e is None else f"{e:.3f} of {f['facts_found']:,}"
 
 
+def _reward(f: dict) -> str:
+    """Mean checker reward with its interval; a dash for a JSON written before the bench kept it."""
+    if "reward_mean" not in f:
+        return "—"
+    lo, hi = f["reward_ci95"]
+    return f"{f['reward_mean']:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
 # (label, the figure's cell for one strategy's results)
 FIGURES = [
     ("solved [95% interval]", _rate),
+    ("mean reward: share of checks passed [95% interval]", _reward),
     ("resets / episode (fewest)", lambda f: f"{f['resets_mean']:.2f} ({f['resets_min']})"),
     ("carried tokens / reset", _after_resets(lambda f: f"{f['carried_tokens_mean']:,.0f}")),
     ("compaction error", _after_resets(_error)),

@@ -81,6 +81,21 @@ def _mean_interval(rates: list[float], z: float = Z95) -> tuple[float, float]:
     return max(0.0, mean - z * sd / math.sqrt(n)), min(1.0, mean + z * sd / math.sqrt(n))
 
 
+def reward_figures(rewards: list[float]) -> dict:
+    """Mean checker reward of held-out episodes and its 95% interval: on a suite with partial credit
+    (`chain`: the share of hidden checks passed) it moves before the solve rate does."""
+    lo, hi = _mean_interval(rewards)
+    return {
+        "reward_mean": round(sum(rewards) / max(len(rewards), 1), 4),
+        "reward_ci95": [round(lo, 4), round(hi, 4)],
+    }
+
+
+def held_out_reward(traj: Trajectory) -> float:
+    """The checker's reward, 0 for a hack-flagged episode (as `counts_as_solved` does for solves)."""
+    return 0.0 if traj.hacked else traj.reward
+
+
 def _pass_figures(per_task: list[list[bool]]) -> dict:
     """pass@1 (mean per-task success rate over its K samples) and pass@K (share of tasks solved at
     least once), each with a 95% interval."""
@@ -118,10 +133,11 @@ def _run(
 def evaluate(
     cfg: Config, policy_dir: str, tasks: list[Task] | None = None, progress: bool = False, samples: int = 0
 ) -> dict:
-    """{solve_rate, solve_rate_ci95, eval_episodes, by_difficulty: {d: same}, hacked, stop_reasons,
+    """{solve_rate, solve_rate_ci95, eval_episodes, reward_mean, reward_ci95 (`reward_figures`),
+    by_difficulty: {d: solve figures}, hacked, stop_reasons,
     outcomes (see `outcome`), behaviour (`strop.env.behaviour.summarize`), wall_s}; under a context
     strategy also `context` (`strop.env.context.context_figures`) and `episodes` (task id ->
-    {solved, stop_reason, summaries: those its episode wrote ("summarize" only), facts_shown: per
+    {solved, reward, stop_reason, summaries: those its episode wrote ("summarize" only), facts_shown: per
     reset, the needed facts shown before it}); with `samples`
     K > 0 also `sampled`: {temperature, samples, pass@1, pass@k (k = K) with intervals, by_difficulty,
     behaviour}."""
@@ -169,6 +185,7 @@ def evaluate(
         by_d.setdefault(d, []).append(counts_as_solved(traj))
     result = {
         **rate_figures([s for v in by_d.values() for s in v]),
+        **reward_figures([held_out_reward(t) for t in trajs]),
         "by_difficulty": {str(d): rate_figures(v) for d, v in sorted(by_d.items())},
         "hacked": sum(t.hacked for t in trajs),
         "stop_reasons": dict(Counter(t.stop_reason for t in trajs).most_common()),
@@ -180,6 +197,7 @@ def evaluate(
         result["episodes"] = {
             t.task_id: {
                 "solved": counts_as_solved(t),
+                "reward": held_out_reward(t),
                 "stop_reason": t.stop_reason,
                 **{k: t.context[k] for k in ("summaries", "facts_shown")},
             }
