@@ -230,6 +230,12 @@ class RLSection:
         "their structure (episodes, segments, one advantage over every token) and lose the reward's "
         "signal; what such a run does to held-out quality is what the updates' noise alone does",
     )
+    reward_power: float = opt(
+        1.0,
+        "the training reward is the checker's raised to this power (before any penalty): above 1, a "
+        "partial-credit reward pays the last checks more than the first, closer to paying for the solve",
+        gt=0,
+    )
     hack_penalty: float = opt(1.0, "subtracted from the reward of a trajectory flagged with a hack", ge=0)
     degenerate_penalty: float = opt(
         0.0,

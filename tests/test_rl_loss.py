@@ -149,3 +149,15 @@ def test_placebo_advantages_ignore_the_reward():
     assert [s.weight for s in a] == [s.weight for s in real]
     other_seed = make_samples([group([1.0, 0.0, 0.0])], placebo_seed=1)
     assert [s.advantage for s in other_seed] != [s.advantage for s in a]
+
+
+def test_reward_power_pays_the_last_checks_more_than_the_first():
+    """`rl.reward_power`: partial credit raised to a power, so the gap between most checks and all of
+    them outweighs the gap between few and some; the hack penalty still applies after it."""
+    group = TrajectoryGroup("t", "g", 3, [_traj(i, r, 4) for i, r in enumerate([0.25, 0.5, 0.75, 1.0])])
+    linear = [s.advantage for s in make_samples([group])]
+    steep = [s.advantage for s in make_samples([group], reward_power=4)]
+    assert linear[1] - linear[0] == pytest.approx(linear[3] - linear[2])
+    assert steep[3] - steep[2] > 5 * (steep[1] - steep[0])
+    flagged = _traj(0, 0.5, 4, flagged=True)
+    assert training_reward(flagged, hack_penalty=1.0, power=2) == pytest.approx(0.25 - 1.0)

@@ -14,7 +14,7 @@ choosing these two numbers:
   a rejected reply down as hard as an accepted one up, and on a tiny policy that push spreads over
   every token of the reply and garbles it instead of removing it.
 
-The reward is the checker's, minus `hack_penalty` when the hack monitor flagged a hack in the
+The reward is the checker's (raised to `reward_power`), minus `hack_penalty` when the hack monitor flagged a hack in the
 episode (`degenerate_penalty` when its only flags are degenerate loops, stalls or questions). A
 placebo run (`rl.placebo`) uses `placebo_reward` instead: noise with the same structure of update.
 """
@@ -35,9 +35,13 @@ class Sample:
     weight: float  # per-token loss weight; weights over a batch sum to ~1 (GRPO) or below (Dr.GRPO)
 
 
-def training_reward(traj: Trajectory, hack_penalty: float, degenerate_penalty: float = 0.0) -> float:
-    """The checker's reward less the hack monitor's penalty (`strop.env.hacks.penalized`)."""
-    return penalized(traj.reward, (f["kind"] for f in traj.hack_flags), hack_penalty, degenerate_penalty)
+def training_reward(
+    traj: Trajectory, hack_penalty: float, degenerate_penalty: float = 0.0, power: float = 1.0
+) -> float:
+    """The checker's reward (raised to `power` when positive) less the hack monitor's penalty
+    (`strop.env.hacks.penalized`)."""
+    reward = traj.reward**power if traj.reward > 0 else traj.reward
+    return penalized(reward, (f["kind"] for f in traj.hack_flags), hack_penalty, degenerate_penalty)
 
 
 def placebo_reward(traj: Trajectory, seed: int) -> float:
@@ -69,6 +73,7 @@ def make_samples(
     norm_tokens: int = 1024,
     hack_penalty: float = 1.0,
     degenerate_penalty: float = 0.0,
+    reward_power: float = 1.0,
     baseline: bool = True,
     placebo_seed: int | None = None,
 ) -> list[Sample]:
@@ -78,7 +83,7 @@ def make_samples(
     for g in groups:
         rewards = torch.tensor(
             [
-                training_reward(t, hack_penalty, degenerate_penalty)
+                training_reward(t, hack_penalty, degenerate_penalty, reward_power)
                 if placebo_seed is None
                 else placebo_reward(t, placebo_seed)
                 for t in g.trajectories

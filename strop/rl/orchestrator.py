@@ -201,6 +201,7 @@ class Orchestrator:
             norm_tokens=rl.dr_grpo_norm_tokens,
             hack_penalty=rl.hack_penalty,
             degenerate_penalty=rl.degenerate_penalty,
+            reward_power=rl.reward_power,
             placebo_seed=self.cfg.run.seed if rl.placebo else None,
         )
         t0 = time.perf_counter()

@@ -231,7 +231,10 @@ class RLTrainer:
             "grad_norm": float(grad_norm),
             "samples": len(trajs),
             "reward": sum(t.reward for t in trajs) / len(trajs),
-            "train_reward": sum(training_reward(t, self.rl.hack_penalty, self.rl.degenerate_penalty) for t in trajs)
+            "train_reward": sum(
+                training_reward(t, self.rl.hack_penalty, self.rl.degenerate_penalty, self.rl.reward_power)
+                for t in trajs
+            )
             / len(trajs),
             "solve_rate": sum(t.solved for t in trajs) / len(trajs),
             "hacked": sum(bool(t.hack_flags) for t in trajs),
