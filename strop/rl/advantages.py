@@ -14,9 +14,10 @@ choosing these two numbers:
   a rejected reply down as hard as an accepted one up, and on a tiny policy that push spreads over
   every token of the reply and garbles it instead of removing it.
 
-The reward is the checker's (raised to `reward_power`), minus `hack_penalty` when the hack monitor flagged a hack in the
-episode (`degenerate_penalty` when its only flags are degenerate loops, stalls or questions). A
-placebo run (`rl.placebo`) uses `placebo_reward` instead: noise with the same structure of update.
+The reward is the checker's (raised to `reward_power`), minus `hack_penalty` when the hack monitor
+flagged a hack in the episode (`degenerate_penalty` when its only flags are degenerate loops, stalls
+or questions). A placebo run (`rl.placebo`) uses `placebo_reward` instead: noise with the same
+structure of update.
 """
 
 import random

@@ -134,13 +134,12 @@ def evaluate(
     cfg: Config, policy_dir: str, tasks: list[Task] | None = None, progress: bool = False, samples: int = 0
 ) -> dict:
     """{solve_rate, solve_rate_ci95, eval_episodes, reward_mean, reward_ci95 (`reward_figures`),
-    by_difficulty: {d: solve figures}, hacked, stop_reasons,
-    outcomes (see `outcome`), behaviour (`strop.env.behaviour.summarize`), wall_s}; under a context
-    strategy also `context` (`strop.env.context.context_figures`) and `episodes` (task id ->
-    {solved, reward, stop_reason, summaries: those its episode wrote ("summarize" only), facts_shown: per
-    reset, the needed facts shown before it}); with `samples`
-    K > 0 also `sampled`: {temperature, samples, pass@1, pass@k (k = K) with intervals, by_difficulty,
-    behaviour}."""
+    by_difficulty: {d: solve figures}, hacked, stop_reasons, outcomes (see `outcome`), behaviour
+    (`strop.env.behaviour.summarize`), wall_s}; under a context strategy also `context`
+    (`strop.env.context.context_figures`) and `episodes` (task id -> {solved, reward, stop_reason,
+    summaries: those its episode wrote ("summarize" only), facts_shown: per reset, the needed facts
+    shown before it}); with `samples` K > 0 also `sampled`: {temperature, samples, pass@1, pass@k
+    (k = K) with intervals, by_difficulty, behaviour}."""
     from strop.engine.engine import Engine
 
     tasks = eval_tasks(cfg) if tasks is None else tasks
