@@ -236,6 +236,12 @@ class RLSection:
         "partial-credit reward pays the last checks more than the first, closer to paying for the solve",
         gt=0,
     )
+    solve_bonus: float = opt(
+        0.0,
+        "added to the training reward of a solved trajectory (every check passed): with partial credit, "
+        "a group's solve then outranks its near misses by more than the one check they lack",
+        ge=0,
+    )
     hack_penalty: float = opt(1.0, "subtracted from the reward of a trajectory flagged with a hack", ge=0)
     degenerate_penalty: float = opt(
         0.0,

@@ -161,3 +161,16 @@ def test_reward_power_pays_the_last_checks_more_than_the_first():
     assert steep[3] - steep[2] > 5 * (steep[1] - steep[0])
     flagged = _traj(0, 0.5, 4, flagged=True)
     assert training_reward(flagged, hack_penalty=1.0, power=2) == pytest.approx(0.25 - 1.0)
+
+
+def test_solve_bonus_sets_a_solve_apart_from_its_near_misses():
+    """`rl.solve_bonus`: under partial credit a solve outranks near misses (11 of 12 checks) by more
+    than one check, and a solve flagged as gamed earns no bonus, only the penalty."""
+    group = TrajectoryGroup("t", "g", 3, [_traj(i, r, 4) for i, r in enumerate([0.5, 11 / 12, 11 / 12, 1.0])])
+    linear = [s.advantage for s in make_samples([group])]
+    bonus = [s.advantage for s in make_samples([group], solve_bonus=1.0)]
+    assert linear[1] > 0 and bonus[1] < 0  # a near miss stops being pushed up next to a solve
+    assert bonus[3] - bonus[1] > 2 * (linear[3] - linear[1])
+    honest, gamed = _traj(0, 1.0, 4), _traj(1, 1.0, 4, flagged=True)
+    assert training_reward(honest, hack_penalty=1.0, solve_bonus=1.0) == pytest.approx(2.0)
+    assert training_reward(gamed, hack_penalty=1.0, solve_bonus=1.0) == pytest.approx(0.0)

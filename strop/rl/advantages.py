@@ -14,10 +14,10 @@ choosing these two numbers:
   a rejected reply down as hard as an accepted one up, and on a tiny policy that push spreads over
   every token of the reply and garbles it instead of removing it.
 
-The reward is the checker's (raised to `reward_power`), minus `hack_penalty` when the hack monitor
-flagged a hack in the episode (`degenerate_penalty` when its only flags are degenerate loops, stalls
-or questions). A placebo run (`rl.placebo`) uses `placebo_reward` instead: noise with the same
-structure of update.
+The reward is the checker's (raised to `reward_power`, plus `solve_bonus` for an honest solve),
+minus `hack_penalty` when the hack monitor flagged a hack in the episode (`degenerate_penalty` when
+its only flags are degenerate loops, stalls or questions). A placebo run (`rl.placebo`) uses
+`placebo_reward` instead: noise with the same structure of update.
 """
 
 import random
@@ -37,11 +37,16 @@ class Sample:
 
 
 def training_reward(
-    traj: Trajectory, hack_penalty: float, degenerate_penalty: float = 0.0, power: float = 1.0
+    traj: Trajectory,
+    hack_penalty: float,
+    degenerate_penalty: float = 0.0,
+    power: float = 1.0,
+    solve_bonus: float = 0.0,
 ) -> float:
-    """The checker's reward (raised to `power` when positive) less the hack monitor's penalty
-    (`strop.env.hacks.penalized`)."""
+    """The checker's reward (raised to `power` when positive, plus `solve_bonus` for a solve the
+    hack monitor did not flag as gamed) less its penalty (`strop.env.hacks.penalized`)."""
     reward = traj.reward**power if traj.reward > 0 else traj.reward
+    reward += solve_bonus if traj.solved and not traj.hacked else 0.0
     return penalized(reward, (f["kind"] for f in traj.hack_flags), hack_penalty, degenerate_penalty)
 
 
@@ -75,6 +80,7 @@ def make_samples(
     hack_penalty: float = 1.0,
     degenerate_penalty: float = 0.0,
     reward_power: float = 1.0,
+    solve_bonus: float = 0.0,
     baseline: bool = True,
     placebo_seed: int | None = None,
 ) -> list[Sample]:
@@ -84,7 +90,7 @@ def make_samples(
     for g in groups:
         rewards = torch.tensor(
             [
-                training_reward(t, hack_penalty, degenerate_penalty, reward_power)
+                training_reward(t, hack_penalty, degenerate_penalty, reward_power, solve_bonus)
                 if placebo_seed is None
                 else placebo_reward(t, placebo_seed)
                 for t in g.trajectories

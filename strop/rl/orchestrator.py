@@ -202,6 +202,7 @@ class Orchestrator:
             hack_penalty=rl.hack_penalty,
             degenerate_penalty=rl.degenerate_penalty,
             reward_power=rl.reward_power,
+            solve_bonus=rl.solve_bonus,
             placebo_seed=self.cfg.run.seed if rl.placebo else None,
         )
         t0 = time.perf_counter()

@@ -232,7 +232,9 @@ class RLTrainer:
             "samples": len(trajs),
             "reward": sum(t.reward for t in trajs) / len(trajs),
             "train_reward": sum(
-                training_reward(t, self.rl.hack_penalty, self.rl.degenerate_penalty, self.rl.reward_power)
+                training_reward(
+                    t, self.rl.hack_penalty, self.rl.degenerate_penalty, self.rl.reward_power, self.rl.solve_bonus
+                )
                 for t in trajs
             )
             / len(trajs),
