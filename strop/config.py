@@ -242,6 +242,14 @@ class RLSection:
         "a group's solve then outranks its near misses by more than the one check they lack",
         ge=0,
     )
+    negative_weight: float = opt(
+        1.0,
+        "scales the advantages of samples worse than their group's baseline; 0 reinforces only the "
+        "better ones (positive-sample reinforcement), so a failed episode's right tokens are not pushed "
+        "down with its wrong ones",
+        ge=0,
+        le=1,
+    )
     hack_penalty: float = opt(1.0, "subtracted from the reward of a trajectory flagged with a hack", ge=0)
     degenerate_penalty: float = opt(
         0.0,

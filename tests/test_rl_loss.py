@@ -174,3 +174,15 @@ def test_solve_bonus_sets_a_solve_apart_from_its_near_misses():
     honest, gamed = _traj(0, 1.0, 4), _traj(1, 1.0, 4, flagged=True)
     assert training_reward(honest, hack_penalty=1.0, solve_bonus=1.0) == pytest.approx(2.0)
     assert training_reward(gamed, hack_penalty=1.0, solve_bonus=1.0) == pytest.approx(0.0)
+
+
+def test_negative_weight_keeps_only_the_push_up_of_better_samples():
+    """`rl.negative_weight=0`: samples below their group's baseline get advantage 0 (forward-only in
+    the trainer); the better ones keep their advantages and every token weight is unchanged."""
+    group = TrajectoryGroup("t", "g", 3, [_traj(i, r, 4) for i, r in enumerate([0.0, 0.5, 0.5, 1.0])])
+    full = make_samples([group])
+    positive = make_samples([group], negative_weight=0.0)
+    assert [s.advantage for s in positive] == [0.0, 0.0, 0.0, full[3].advantage] and full[0].advantage < 0
+    assert [s.weight for s in positive] == [s.weight for s in full]
+    half = make_samples([group], negative_weight=0.5)
+    assert half[0].advantage == pytest.approx(full[0].advantage / 2)

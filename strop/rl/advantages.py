@@ -14,6 +14,11 @@ choosing these two numbers:
   a rejected reply down as hard as an accepted one up, and on a tiny policy that push spreads over
   every token of the reply and garbles it instead of removing it.
 
+Negative advantages are scaled by `negative_weight` (1 by default). At 0 only the samples better
+than their group's baseline are reinforced: a failed episode's tokens are not pushed down, and at
+a low sampling temperature those are mostly the same tokens the good episodes chose, so pushing
+them down can erode the thin margins greedy decoding depends on.
+
 The reward is the checker's (raised to `reward_power`, plus `solve_bonus` for an honest solve),
 minus `hack_penalty` when the hack monitor flagged a hack in the episode (`degenerate_penalty` when
 its only flags are degenerate loops, stalls or questions). A placebo run (`rl.placebo`) uses
@@ -81,11 +86,13 @@ def make_samples(
     degenerate_penalty: float = 0.0,
     reward_power: float = 1.0,
     solve_bonus: float = 0.0,
+    negative_weight: float = 1.0,
     baseline: bool = True,
     placebo_seed: int | None = None,
 ) -> list[Sample]:
-    """Advantages and weights for one optimizer step's groups (see the module docstring); with
-    `placebo_seed`, from `placebo_reward`s instead of the training rewards."""
+    """Advantages and weights for one optimizer step's groups (see the module docstring), negative
+    advantages scaled by `negative_weight`; with `placebo_seed`, from `placebo_reward`s instead of
+    the training rewards."""
     trajs, advs = [], []
     for g in groups:
         rewards = torch.tensor(
@@ -99,6 +106,7 @@ def make_samples(
         )
         advs += (group_advantages(rewards, std_normalize=not dr_grpo) if baseline else rewards).tolist()
         trajs += g.trajectories
+    advs = [a if a >= 0 else a * negative_weight for a in advs]
     counts = torch.tensor([t.generated_tokens for t in trajs])
     weights = token_weights(counts, length_normalize=not dr_grpo, norm_tokens=norm_tokens).tolist()
     return [Sample(t, a, w) for t, a, w in zip(trajs, advs, weights)]

@@ -203,6 +203,7 @@ class Orchestrator:
             degenerate_penalty=rl.degenerate_penalty,
             reward_power=rl.reward_power,
             solve_bonus=rl.solve_bonus,
+            negative_weight=rl.negative_weight,
             placebo_seed=self.cfg.run.seed if rl.placebo else None,
         )
         t0 = time.perf_counter()
