@@ -27,7 +27,7 @@ def step_batches(policy_dir, rows_per_step: list[int]) -> list[list]:
     torch.manual_seed(0)
     return [
         [
-            Sample(t, (-1.0) ** i, 1 / (3 * rows))
+            Sample(t, (-1.0) ** i, 1 / (3 * rows), t.reward)
             for g in sample_groups(model, step, rows // 4, 4, 3, step, routing=True)
             for i, t in enumerate(g.trajectories)
         ]

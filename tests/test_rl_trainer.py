@@ -182,8 +182,8 @@ def test_rows_without_signal_run_forward_only(tiny_moe, tiny_tokenizer):
     rl = RLSection(lr=1e-2, micro_batch=16)
     torch.manual_seed(0)
     groups = sample_groups(tiny_moe, 0, 2, 4, 3, 0)
-    signal = [Sample(t, a, 1 / 24) for t, a in zip(groups[0].trajectories, [1.0, -1.0, 0.5, -0.5])]
-    flat = [Sample(t, 0.0, 1 / 24) for t in groups[1].trajectories]
+    signal = [Sample(t, a, 1 / 24, t.reward) for t, a in zip(groups[0].trajectories, [1.0, -1.0, 0.5, -0.5])]
+    flat = [Sample(t, 0.0, 1 / 24, t.reward) for t in groups[1].trajectories]
     with_flat, alone = (RLTrainer(copy.deepcopy(tiny_moe), rl, pad_id=tiny_tokenizer.pad_token_id) for _ in range(2))
     row = with_flat.step(signal + flat)
     alone.step(signal)

@@ -150,6 +150,6 @@ def synthetic_batches(vocab: int, rows: int, steps: int, seed: int) -> list[list
             seg.add_forced([rng.randrange(vocab) for _ in range(48)])
             seg.add_generated([rng.randrange(vocab) for _ in range(16)], [-math.log(vocab)] * 16, [step] * 16, None)
             traj = Trajectory("bench", f"s{step}", r, [seg], float(r % 2), start_version=step)
-            batch.append(Sample(traj, 1.0 if r % 2 else -1.0, 1 / (16 * rows)))
+            batch.append(Sample(traj, 1.0 if r % 2 else -1.0, 1 / (16 * rows), traj.reward))
         batches.append(batch)
     return batches

@@ -39,6 +39,7 @@ class Sample:
     trajectory: Trajectory
     advantage: float  # applies to every generated token of every segment of the trajectory
     weight: float  # per-token loss weight; weights over a batch sum to ~1 (GRPO) or below (Dr.GRPO)
+    reward: float  # its training reward (`training_reward`; a placebo run's too, not its noise), for metrics
 
 
 def training_reward(
@@ -93,20 +94,17 @@ def make_samples(
     """Advantages and weights for one optimizer step's groups (see the module docstring), negative
     advantages scaled by `negative_weight`; with `placebo_seed`, from `placebo_reward`s instead of
     the training rewards."""
-    trajs, advs = [], []
+    trajs, advs, rewards = [], [], []
     for g in groups:
-        rewards = torch.tensor(
-            [
-                training_reward(t, hack_penalty, degenerate_penalty, reward_power, solve_bonus)
-                if placebo_seed is None
-                else placebo_reward(t, placebo_seed)
-                for t in g.trajectories
-            ],
-            dtype=torch.float64,
-        )
-        advs += (group_advantages(rewards, std_normalize=not dr_grpo) if baseline else rewards).tolist()
+        group_rewards = [
+            training_reward(t, hack_penalty, degenerate_penalty, reward_power, solve_bonus) for t in g.trajectories
+        ]
+        scored = group_rewards if placebo_seed is None else [placebo_reward(t, placebo_seed) for t in g.trajectories]
+        scored_G = torch.tensor(scored, dtype=torch.float64)
+        advs += (group_advantages(scored_G, std_normalize=not dr_grpo) if baseline else scored_G).tolist()
         trajs += g.trajectories
+        rewards += group_rewards
     advs = [a if a >= 0 else a * negative_weight for a in advs]
     counts = torch.tensor([t.generated_tokens for t in trajs])
     weights = token_weights(counts, length_normalize=not dr_grpo, norm_tokens=norm_tokens).tolist()
-    return [Sample(t, a, w) for t, a, w in zip(trajs, advs, weights)]
+    return [Sample(t, a, w, r) for t, a, w, r in zip(trajs, advs, weights, rewards)]

@@ -39,7 +39,7 @@ from strop.config import RLSection
 from strop.env.segment import Segment
 from strop.model.mismatch import mismatch_metrics
 from strop.model.policy import logits_at
-from strop.rl.advantages import Sample, training_reward
+from strop.rl.advantages import Sample
 from strop.rl.loss import policy_loss
 from strop.train.parallel import Ranks, local, shard_offset, whole
 from strop.train.sharded_checkpoint import load_sharded, save_sharded
@@ -231,13 +231,7 @@ class RLTrainer:
             "grad_norm": float(grad_norm),
             "samples": len(trajs),
             "reward": sum(t.reward for t in trajs) / len(trajs),
-            "train_reward": sum(
-                training_reward(
-                    t, self.rl.hack_penalty, self.rl.degenerate_penalty, self.rl.reward_power, self.rl.solve_bonus
-                )
-                for t in trajs
-            )
-            / len(trajs),
+            "train_reward": sum(s.reward for s in samples) / len(samples),
             "solve_rate": sum(t.solved for t in trajs) / len(trajs),
             "hacked": sum(bool(t.hack_flags) for t in trajs),
             **{k: sums[k] / n_tok for k in ("k3", "ref_kl", "clip_frac", "mask_frac", "trunc_frac", "ratio_mean")},
