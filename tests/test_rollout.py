@@ -13,7 +13,7 @@ from strop.env.harness import Harness, harness_config
 from strop.env.oracle import ScriptedClient, _call, assistant_text, oracle_client
 from strop.env.suites import load_suite
 from strop.rl.advantages import make_samples, training_reward
-from strop.rl.evaluate import wilson
+from strop.rl.evaluate import paired_change, wilson
 from strop.rl.rollout import RolloutLost, WorkItem, rollout, sandbox_limits
 from strop.rl.trajectory import Trajectory, TrajectoryGroup
 from tests.conftest import tiny_model_section
@@ -95,6 +95,16 @@ def test_wilson_interval():
     assert lo == 0.0 and 0.015 < hi < 0.02
     lo, hi = wilson(100, 200)
     assert lo < 0.5 < hi and hi - lo == pytest.approx(0.137, abs=0.002)
+
+
+def test_paired_change_counts_flips_and_tests_them_exactly():
+    before = {f"t{i}": i < 6 for i in range(10)}  # t0..t5 solved
+    after = {f"t{i}": i >= 8 for i in range(10)} | {"only-after": True}  # t8, t9 solved; one task unpaired
+    change = paired_change(before, after)
+    assert change == {"tasks": 10, "gained": 2, "lost": 6, "mcnemar_p": pytest.approx(0.2891, abs=1e-4)}
+    # 0 against 6: two-sided 2 * (1/2)^6
+    assert paired_change({str(i): True for i in range(6)}, {str(i): False for i in range(6)})["mcnemar_p"] == 0.0312
+    assert paired_change({"a": True}, {"a": True}) == {"tasks": 1, "gained": 0, "lost": 0, "mcnemar_p": 1.0}
 
 
 def test_harness_config_carries_every_rollout_limit():

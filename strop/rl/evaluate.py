@@ -41,6 +41,19 @@ def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def paired_change(before: dict[str, bool], after: dict[str, bool]) -> dict:
+    """How the solve outcomes of the same tasks changed between two policies: tasks solved only
+    after (`gained`), only before (`lost`), and the exact two-sided McNemar p-value of that split
+    (a binomial test on the tasks that changed). Pairing by task removes the spread between tasks
+    that makes two separate Wilson intervals overlap; a p below 0.05 says the change is not churn."""
+    common = before.keys() & after.keys()
+    gained = sum(after[t] and not before[t] for t in common)
+    lost = sum(before[t] and not after[t] for t in common)
+    n, k = gained + lost, min(gained, lost)
+    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n) if n else 1.0
+    return {"tasks": len(common), "gained": gained, "lost": lost, "mcnemar_p": round(p, 4)}
+
+
 def eval_tasks(cfg: Config) -> list[Task]:
     r = cfg.rollout
     return [t for d in r.eval_difficulties for t in load_suite(r.suite, "eval", difficulty=d, limit=r.eval_episodes)]
