@@ -125,6 +125,7 @@ def test_the_report_strikes_wrong_keys_and_counts_what_each_summary_kept():
     assert "| 2 | 1/2 keys: Keys: 1111-2222 ~~3333-4445~~ | 2/2 keys: Keys: 1111-2222 3333-4444 |" in text
     assert "| learned | mean reward: share of checks passed [95% interval] | — | — |" in text  # older JSONs
     assert "Before RL: not solved (submitted); after RL: solved (submitted)." in text
+    assert "1 solved only after RL, 0 only before (exact McNemar p = 1)." in text
 
 
 def test_bench_longctx_scores_the_demonstrator_with_its_checker_reward(tmp_path, capsys):

@@ -10,6 +10,8 @@ a carried state lost a fact.
 
 import re
 
+from strop.rl.evaluate import paired_change
+
 KEY = re.compile(r"\b\d{4}-\d{4}\b")
 
 
@@ -64,6 +66,16 @@ def strategy_table(before: dict, after: dict) -> str:
     return "\n".join([head, *rows])
 
 
+def paired_line(before: dict, after: dict) -> str:
+    """The learned strategy's solve outcomes, paired chain by chain (`paired_change`)."""
+    b, a = ({t: e["solved"] for t, e in r["strategies"]["learned"]["episodes"].items()} for r in (before, after))
+    c = paired_change(b, a)
+    return (
+        f"Learned, chain by chain on the {c['tasks']} held-out chains both runs played: {c['gained']} solved "
+        f"only after RL, {c['lost']} only before (exact McNemar p = {c['mcnemar_p']:.3g})."
+    )
+
+
 def _mark(summary: str, facts: list[str], found: int) -> str:
     """A summary as one table cell: wrong keys struck through, and how many of the `found` keys
     (the chain's first `found`: stages are read in order, and its tool outputs had shown that many)
@@ -108,6 +120,8 @@ def render(before: dict, after: dict, examples: int = 3) -> str:
             f"(`strop bench longctx`). Before RL: `{before['policy']}`; after RL: `{after['policy']}`.",
             "",
             strategy_table(before, after),
+            "",
+            paired_line(before, after),
             "",
             f"## Summaries side by side (the first {examples} held-out chains)",
             "",
