@@ -135,6 +135,20 @@ def test_policy_learns_a_toy_reward(tiny_moe, tiny_tokenizer):
     measured = [i for i, r in enumerate(rows) if "update_rel" in r]
     assert measured == [0, 3, 6, 9] and all(rows[i]["update_rel"] > 0 for i in measured)
     assert sum(rows[i]["dlogp_pos"] for i in measured) > 0
+    assert all(rows[i]["objective_gain"] > 0 for i in measured)  # lr 2e-2 on a toy reward: no overshoot
+
+
+def test_objective_gain_tells_a_step_that_overshot(tiny_moe, tiny_tokenizer):
+    """The same batch, one step at two learning rates: a small step raises the objective it followed,
+    an AdamW step of 0.3 on every parameter overshoots and lowers it, and the metric says so."""
+    torch.manual_seed(0)
+    samples = make_samples(sample_groups(tiny_moe, 0, 4, 4, 8, 0))
+    gains = {}
+    for lr in (1e-4, 0.3):
+        rl = RLSection(lr=lr, micro_batch=16, measure_every=1)
+        trainer = RLTrainer(copy.deepcopy(tiny_moe), rl, pad_id=tiny_tokenizer.pad_token_id)
+        gains[lr] = trainer.step(samples)["objective_gain"]
+    assert gains[1e-4] > 0 > gains[0.3], gains
 
 
 def test_reference_kl_anchors_the_policy(tiny_moe, tiny_tokenizer):

@@ -261,12 +261,16 @@ class RLTrainer:
     def _update_metrics(self, before: list[torch.Tensor], learned: list[tuple[TrainBatch, torch.Tensor, bool]]) -> dict:
         """How much the step changed the policy: the update's size relative to the weights, and how
         far the logprobs of the sampled tokens moved (mean over tokens with positive and with negative
-        advantage; RL that learns raises the first and lowers the second). One extra forward pass
-        over the learning rows. `before` holds this rank's shards; each rank sums over its own."""
+        advantage; RL that learns raises the first and lowers the second), and `objective_gain`, how
+        much the step raised its own batch's objective, sum of weight * advantage * logprob change.
+        A gradient step that lowers the very objective it followed overshot: the learning rate is past
+        where its first-order gain outweighs the rest. One extra forward pass over the learning rows.
+        `before` holds this rank's shards; each rank sums over its own."""
         params = [local(p) for p in self.model.parameters()]
         delta = sum(float((p - b).double().pow(2).sum()) for p, b in zip(params, before))
         norm = sum(float(b.double().pow(2).sum()) for b in before)
         moved = {"pos": [], "neg": []}
+        gain = 0.0
         for batch, old_lp, counted in learned:
             with self.replay_ctx(self.model, batch):
                 new_lp = token_logprobs(self.model, batch)
@@ -274,11 +278,12 @@ class RLTrainer:
                 continue
             diff = (new_lp - old_lp)[batch.mask_BT]
             adv = batch.advantages_BT[batch.mask_BT]
+            gain += float((diff * adv * batch.weights_BT[batch.mask_BT]).double().sum())
             moved["pos"].append(diff[adv > 0])
             moved["neg"].append(diff[adv < 0])
-        parts = self.ranks.gather((delta, norm, moved))
+        parts = self.ranks.gather((delta, norm, moved, gain))
         delta, norm = sum(p[0] for p in parts), sum(p[1] for p in parts)
-        out = {"update_rel": (delta / max(norm, 1e-30)) ** 0.5}
+        out = {"update_rel": (delta / max(norm, 1e-30)) ** 0.5, "objective_gain": sum(p[3] for p in parts)}
         for sign in moved:
             d = torch.cat([t for p in parts for t in p[2][sign]])
             out[f"dlogp_{sign}"] = float(d.mean()) if d.numel() else 0.0

@@ -162,3 +162,9 @@ def _print_row(row: dict) -> None:
         f"{row['rollout_tokens_per_s']:.0f} tok/s {row['wall_s']:.0f} s",
         flush=True,
     )
+    if row.get("objective_gain", 0.0) < 0:
+        print(
+            f"[rl] step {row['step']} lowered its own objective (objective_gain {row['objective_gain']:.2e}): "
+            "the update overshot; a smaller rl.lr takes steps the reward asks for",
+            flush=True,
+        )
