@@ -121,7 +121,8 @@ class SFTSection:
     careful: float = opt(
         1.0,
         "share of demonstrators that read each tool result, retry a rejected edit and run the "
-        "visible tests; the rest submit whatever they have (see strop.env.oracle)",
+        "visible tests; the rest submit whatever they have (see strop.env.oracle). On `chain`, the "
+        "rest summarize only the last stages' keys and submit what they kept (strop.env.chain_oracle)",
         ge=0,
         le=1,
     )

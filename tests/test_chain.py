@@ -53,7 +53,7 @@ def test_reference_scores_one_stub_zero_and_each_carried_key_its_share():
     assert score_changes(task, answer(" ".join(keys + keys[:1]))).reward == 0.8
 
 
-def episode(tok, task, strategy, **config):
+def episode(tok, task, strategy, careful=True, **config):
     harness = Harness(
         tok,
         HarnessConfig(
@@ -66,7 +66,7 @@ def episode(tok, task, strategy, **config):
             **config,
         ),
     )
-    return run_task(harness, ChainDemonstrator(task, tok), task)
+    return run_task(harness, ChainDemonstrator(task, tok, careful=careful), task)
 
 
 def test_summaries_carry_a_long_chain_and_truncation_loses_it(tiny_tokenizer):
@@ -87,6 +87,28 @@ def test_summaries_carry_a_long_chain_and_truncation_loses_it(tiny_tokenizer):
     assert ep.stop_reason != "submitted" and ep.resets
     lost, found = facts_lost(ep.resets, ep.tool_calls, task.metadata["facts"])
     assert lost > 0 and lost <= found
+
+
+def test_a_careless_demonstrator_keeps_recent_keys_and_submits_a_wrong_answer(tiny_tokenizer):
+    """The SFT mix's other summarizer: each summary keeps the last RECENT_KEYS stages' keys, so the
+    first summary with more than that drops stage 0's; it follows the chain on and submits the keys it
+    kept. Up to that summary its episode is the careful one's, token for token."""
+    from strop.bench.longctx_report import KEY
+    from strop.env.chain_oracle import RECENT_KEYS
+    from strop.rl.rollout import score_changes
+
+    task = make_task(2, "eval", 1)
+    careful, _ = episode(tiny_tokenizer, task, "summarize")
+    ep, changes = episode(tiny_tokenizer, task, "summarize", careful=False)
+    assert ep.stop_reason == "submitted" and len(ep.resets) >= 5
+    summaries = [r["carried"][0]["content"] for r in ep.resets]
+    assert all(len(KEY.findall(s)) <= RECENT_KEYS for s in summaries)
+    dropped = next(i for i, s in enumerate(summaries) if "Keys from stage 0 on:" not in s)
+    assert summaries[:dropped] == [r["carried"][0]["content"] for r in careful.resets[:dropped]]
+    lost, found = facts_lost(ep.resets, ep.tool_calls, task.metadata["facts"])
+    assert lost > 0
+    assert check(task, changes, perturbed=False).reward == 0.0
+    assert score_changes(task, changes).reward < 0.2
 
 
 def test_the_oracle_solves_a_chain_that_fits_its_window(tiny_tokenizer):

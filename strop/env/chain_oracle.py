@@ -14,7 +14,14 @@ lines of tool outputs, or its own summary's `KEYS_SAY` line), then:
   send it back to writing.
 
 So its solve rate under a context strategy measures how much of what it found the strategy carried:
-with its own summaries ("summarize") it solves every chain; the baselines drop keys it needs. Its
+with its own summaries ("summarize") it solves every chain; the baselines drop keys it needs.
+
+A careless demonstrator (`careful=False`, drawn with probability 1 - `sft.careful` for SFT data)
+summarizes as a recency-biased compaction does: only the keys of the last `RECENT_KEYS` stages it
+knows (`Keys from stage j on: ...`). It then goes on from there and at the chain's end writes the
+keys it still has, so it submits a wrong answer. A policy cloned from a mix of the two chooses
+between them once per episode, at the first summary with more keys than that (later windows show
+which summary it wrote): the choice RL has to learn, as the careless edit is for the demo's suite. Its
 notes live only in its context (it never writes them to the workspace), as the task intends.
 Replies are real token ids (`ScriptedClient` encodes them), so its episodes are SFT data with
 summaries in them.
@@ -31,8 +38,8 @@ from strop.policy_api import Generation, SamplingParams
 
 KEY = re.compile(r"STAGE (\d+) KEY: (\d{4}-\d{4})")
 NEXT = re.compile(r"STAGE (\d+) NEXT: (stages/[a-z_]+\.txt|none)")
-KEYS_SAY = "Keys from stage 0 on:"
-KEYS_LINE = re.compile(re.escape(KEYS_SAY) + r"((?: \d{4}-\d{4})+)")
+KEYS_LINE = re.compile(r"Keys from stage (\d+) on:((?: \d{4}-\d{4})+)")
+RECENT_KEYS = 4  # what a careless summary keeps
 WRITE_SAY = "All keys found; writing solution.py."
 SUBMIT_SAY = "Done."
 WRITTEN_SAY = "Left: submit (solution.py is written)."
@@ -45,11 +52,15 @@ def _call(say: str, name: str, **arguments) -> dict:
     return {"role": "assistant", "content": say, "tool_calls": [call]}
 
 
-def summary(n: int, keys: dict[int, str], nexts: dict[int, str], written: bool = False) -> str:
-    """What the demonstrator carries: the keys of stages 0, 1, ... up to the first it does not see,
-    where to go on, and what is left (`written`: solution.py already holds the answer)."""
-    found = list(itertools.takewhile(lambda i: i in keys, range(n)))
-    lines = [f"Chain of {n} stages.", " ".join([KEYS_SAY, *(keys[i] for i in found)])]
+def summary(n: int, keys: dict[int, str], nexts: dict[int, str], written: bool = False, careful: bool = True) -> str:
+    """What the demonstrator carries: the keys of stages 0, 1, ... up to the first it does not see
+    (careless: of the last `RECENT_KEYS` stages it knows), where to go on, and what is left
+    (`written`: solution.py already holds the answer)."""
+    found = list(itertools.takewhile(lambda i: i in keys, range(first_kept(keys, careful), n)))
+    if not careful:
+        found = found[-RECENT_KEYS:]
+    start = found[0] if found else 0
+    lines = [f"Chain of {n} stages.", " ".join([f"Keys from stage {start} on:", *(keys[i] for i in found)])]
     if nexts:
         last = max(nexts)
         lines.append(f"STAGE {last} NEXT: {nexts[last]}")
@@ -57,15 +68,21 @@ def summary(n: int, keys: dict[int, str], nexts: dict[int, str], written: bool =
     return "\n".join(lines)
 
 
-def next_message(task: Task, window: str, keys: dict[int, str], nexts: dict[int, str]) -> dict:
+def first_kept(keys: dict[int, str], careful: bool) -> int:
+    """The first stage whose key the demonstrator means to have: 0, or for a careless one the first
+    its window still shows (it goes on from what its summary kept)."""
+    return 0 if careful else min(keys, default=0)
+
+
+def next_message(task: Task, window: str, keys: dict[int, str], nexts: dict[int, str], careful: bool = True) -> dict:
     """The demonstrator's next turn given the facts it sees (see the module docstring)."""
     n, first = len(task.metadata["facts"]), task.metadata["chain"][0]
     last_turn = window.rsplit(GENERATION_PROMPT, 2)[-2] if window.count(GENERATION_PROMPT) >= 2 else ""
     if last_turn.startswith(WRITE_SAY) or WRITTEN_SAY in window:
         return _call(SUBMIT_SAY, "submit")
-    missing = [i for i in range(n) if i not in keys]
+    missing = [i for i in range(first_kept(keys, careful), n) if i not in keys]
     if not missing:
-        body = " ".join(keys[i] for i in range(n))
+        body = " ".join(keys[i] for i in sorted(keys))
         return _call(
             WRITE_SAY, "write_file", path="solution.py", content=f"def answer() -> str:\n    return {body!r}\n"
         )
@@ -75,20 +92,21 @@ def next_message(task: Task, window: str, keys: dict[int, str], nexts: dict[int,
 
 
 class ChainDemonstrator:
-    """A `PolicyClient` for one chain task (tokens with logprob 0.0 and version `version`)."""
+    """A `PolicyClient` for one chain task (tokens with logprob 0.0 and version `version`);
+    `careful=False` writes careless summaries (see the module docstring)."""
 
-    def __init__(self, task: Task, tokenizer, version: int = 0):
+    def __init__(self, task: Task, tokenizer, version: int = 0, careful: bool = True):
         assert task.suite == "chain", f"{task.id} is not a chain task"
-        self.task, self.tokenizer, self.version = task, tokenizer, version
+        self.task, self.tokenizer, self.version, self.careful = task, tokenizer, version, careful
 
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         window = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
-        keys = {i: k for line in KEYS_LINE.findall(window) for i, k in enumerate(line.split())}
+        keys = {i: k for start, line in KEYS_LINE.findall(window) for i, k in enumerate(line.split(), int(start))}
         keys.update({int(i): k for i, k in KEY.findall(window)})
         nexts = {int(i): p for i, p in NEXT.findall(window)}
         if window.endswith(ASKED_TO_SUMMARIZE):
             written = WRITTEN_SAY in window or WROTE_SOLUTION in window
-            text = summary(len(self.task.metadata["facts"]), keys, nexts, written)
+            text = summary(len(self.task.metadata["facts"]), keys, nexts, written, self.careful)
         else:
-            text = assistant_text(next_message(self.task, window, keys, nexts))
+            text = assistant_text(next_message(self.task, window, keys, nexts, self.careful))
         return ScriptedClient([text], self.tokenizer, self.version).generate(prompt_ids, params)

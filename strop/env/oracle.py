@@ -227,7 +227,7 @@ def oracle_client(task: Task, tokenizer, style: DemoStyle = DemoStyle()):
     if task.suite == "chain":
         from strop.env.chain_oracle import ChainDemonstrator
 
-        return ChainDemonstrator(task, tokenizer)
+        return ChainDemonstrator(task, tokenizer, careful=style.careful)
     return ScriptedClient([assistant_text(m) for m in plan(task, style)], tokenizer)
 
 
