@@ -2,7 +2,7 @@
 every reply from the context window it is shown, so it knows only what the window carries.
 
 Each call it reads the window's text for the chain's facts (`STAGE i KEY: ...` and `STAGE i NEXT: ...`
-lines of tool outputs, or its own summary's `KEYS_SAY` line), then:
+lines of tool outputs, or its own summary's `KEYS_LINE`, `Keys from stage j on: ...`), then:
 - asked for a summary (the window ends in `strop.env.context.SUMMARY_REQUEST`): it writes the keys
   of stages 0, 1, ... it can see, in order on one line, and the latest NEXT pointer in the files'
   spelling, so it can read them back;
@@ -80,9 +80,10 @@ def next_message(task: Task, window: str, keys: dict[int, str], nexts: dict[int,
     last_turn = window.rsplit(GENERATION_PROMPT, 2)[-2] if window.count(GENERATION_PROMPT) >= 2 else ""
     if last_turn.startswith(WRITE_SAY) or WRITTEN_SAY in window:
         return _call(SUBMIT_SAY, "submit")
-    missing = [i for i in range(first_kept(keys, careful), n) if i not in keys]
+    wanted = range(first_kept(keys, careful), n)
+    missing = [i for i in wanted if i not in keys]
     if not missing:
-        body = " ".join(keys[i] for i in sorted(keys))
+        body = " ".join(keys[i] for i in wanted)
         return _call(
             WRITE_SAY, "write_file", path="solution.py", content=f"def answer() -> str:\n    return {body!r}\n"
         )
