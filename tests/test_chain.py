@@ -5,7 +5,7 @@ with its own summaries, loses keys under truncation, and the probe counts what e
 
 import pytest
 
-from strop.env.chain_oracle import ChainDemonstrator
+from strop.env.chain_oracle import ChainDemonstrator, spelled
 from strop.env.checker import check
 from strop.env.context import facts_lost
 from strop.env.harness import Harness, HarnessConfig, run_task
@@ -74,10 +74,9 @@ def test_summaries_carry_a_long_chain_and_truncation_loses_it(tiny_tokenizer):
     ep, changes = episode(tiny_tokenizer, task, "summarize")
     assert ep.stop_reason == "submitted" and len(ep.resets) >= 5
     assert check(task, changes, perturbed=False).reward == 1.0
-    # the last summary quotes the keys as the answer does, so the write's first key follows the
-    # same token in the summary it is copied from as in the answer
+    # the last summary spells the keys as the answer does (`spelled`), quotes and spaces included
     answer = changes["solution.py"].decode().split("return ")[1].strip()
-    assert answer == repr(" ".join(task.metadata["facts"])) and answer in ep.resets[-1]["carried"][0]["content"]
+    assert answer == spelled(task.metadata["facts"]) and answer in ep.resets[-1]["carried"][0]["content"]
     lost, found = facts_lost(ep.resets, ep.tool_calls, task.metadata["facts"])
     assert found > 0 and lost == 0
     assert all(len(s) <= WINDOW for s in ep.segments)

@@ -2,8 +2,8 @@
 every reply from the context window it is shown, so it knows only what the window carries.
 
 Each call it reads the window's text for the chain's facts (`STAGE i KEY: ...` and `STAGE i NEXT: ...`
-lines of tool outputs, or its own summary's `KEYS_LINE`, `Keys from stage j on: '...'`, the keys quoted
-as the answer quotes them), then:
+lines of tool outputs, or its own summary's `KEYS_LINE`, `Keys from stage j on: ' 6804-4208 ...'`,
+spelled as its answer spells them: `spelled`), then:
 - asked for a summary (the window ends in `strop.env.context.SUMMARY_REQUEST`): it writes the keys
   of stages 0, 1, ... it can see, in order on one line, and the latest NEXT pointer in the files'
   spelling, so it can read them back;
@@ -19,7 +19,7 @@ with its own summaries ("summarize") it solves every chain; the baselines drop k
 
 A careless demonstrator (`careful=False`, drawn with probability 1 - `sft.careful` for SFT data)
 summarizes as a recency-biased compaction does: only the keys of the last `RECENT_KEYS` stages it
-knows (`Keys from stage j on: '...'`). It then goes on from there and at the chain's end writes the
+knows (`Keys from stage j on: ' ...'`). It then goes on from there and at the chain's end writes the
 keys it still has, so it submits a wrong answer. A policy cloned from a mix of the two chooses
 between them once per episode, at the first summary with more keys than that (later windows show
 which summary it wrote): the choice RL has to learn, as the careless edit is for the demo's suite. Its
@@ -30,6 +30,7 @@ summaries in them.
 
 import itertools
 import re
+from collections.abc import Iterable
 
 from strop.data.chat import GENERATION_PROMPT, IM_END
 from strop.env.context import SUMMARY_REQUEST
@@ -39,7 +40,7 @@ from strop.policy_api import Generation, SamplingParams
 
 KEY = re.compile(r"STAGE (\d+) KEY: (\d{4}-\d{4})")
 NEXT = re.compile(r"STAGE (\d+) NEXT: (stages/[a-z_]+\.txt|none)")
-KEYS_LINE = re.compile(r"Keys from stage (\d+) on: '(\d{4}-\d{4}(?: \d{4}-\d{4})*)'")
+KEYS_LINE = re.compile(r"Keys from stage (\d+) on: '((?: \d{4}-\d{4})+)'")
 RECENT_KEYS = 4  # what a careless summary keeps
 WRITE_SAY = "All keys found; writing solution.py."
 SUBMIT_SAY = "Done."
@@ -61,16 +62,21 @@ def summary(n: int, keys: dict[int, str], nexts: dict[int, str], written: bool =
     if not careful:
         found = found[-RECENT_KEYS:]
     start = found[0] if found else 0
-    # Quoted as the answer's `return '...'` quotes them: the write's first key then follows the same
-    # token (" '") in the summary it is copied from, so copying it is matching what came before, as
-    # for every later key. Unquoted, lc4b guessed that first digit (p = 0.03 of the right one, README).
-    quoted = " ".join(keys[i] for i in found)
-    lines = [f"Chain of {n} stages.", f"Keys from stage {start} on: '{quoted}'"]
+    lines = [f"Chain of {n} stages.", f"Keys from stage {start} on: {spelled(keys[i] for i in found)}"]
     if nexts:
         last = max(nexts)
         lines.append(f"STAGE {last} NEXT: {nexts[last]}")
     lines.append(WRITTEN_SAY if written else "Left: follow NEXT to the last stage, then write solution.py and submit.")
     return "\n".join(lines)
+
+
+def spelled(keys: Iterable[str]) -> str:
+    """Keys as both the summary and the answer write them: `' 6804-4208 1512-7750'`. Each key after a
+    space, as in the stage file's `KEY: 6804-4208`, because the tokenizer spells digits differently
+    after a space (`' 6'`) and after a quote (`'6'`): so spelled, every copy of a key, stage file to
+    summary to summary to answer, is the same tokens after the same token (README, "Long context";
+    `answer()`'s checks split on whitespace)."""
+    return repr("".join(f" {k}" for k in keys))
 
 
 def first_kept(keys: dict[int, str], careful: bool) -> int:
@@ -88,10 +94,8 @@ def next_message(task: Task, window: str, keys: dict[int, str], nexts: dict[int,
     wanted = range(first_kept(keys, careful), n)
     missing = [i for i in wanted if i not in keys]
     if not missing:
-        body = " ".join(keys[i] for i in wanted)
-        return _call(
-            WRITE_SAY, "write_file", path="solution.py", content=f"def answer() -> str:\n    return {body!r}\n"
-        )
+        body = spelled(keys[i] for i in wanted)
+        return _call(WRITE_SAY, "write_file", path="solution.py", content=f"def answer() -> str:\n    return {body}\n")
     i = missing[0]
     path = first if i == 0 else nexts.get(i - 1, first)
     return _call(f"Reading stage {i if path != first else 0}: {path}.", "read_file", path=path)
