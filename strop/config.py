@@ -279,6 +279,12 @@ class RolloutSection:
     suite: str = opt("synthetic", "task suite: RL samples its train split, evaluation its eval split")
     difficulties: list[int] = opt([1], "task difficulties RL trains on", nonempty=True)
     train_tasks: int = opt(500, "train tasks per difficulty", ge=1)
+    train_start: int = opt(
+        0,
+        "index of the first train task RL draws, per difficulty: sft.episodes leaves out the tasks the warm "
+        "start's demonstrations came from, whose answers SFT can have memorized",
+        ge=0,
+    )
     workers: int = opt(4, "rollouts in flight at once (threads inline, actors on Ray)", ge=1)
     engines: int = opt(1, "inference engines", ge=1)
     engine: str = opt(

@@ -228,3 +228,17 @@ def test_task_sampler_is_a_seeded_permutation_per_epoch():
     assert sorted(first) == sorted(TASKS)
     again = TaskSampler(TASKS, seed=7, position=3)
     assert again.next()[1] == first[3]
+
+
+def test_rl_can_leave_out_the_tasks_sft_demonstrated():
+    """`rollout.train_start`: RL draws train tasks from that index on, so a warm start cannot have
+    memorized their answers; past the split's end it is a user error, not an empty run."""
+    from strop.errors import UserError
+    from strop.runtime.build import train_tasks
+
+    chain = ["rollout.suite=chain", "rollout.difficulties=[2]", "rollout.train_tasks=3"]
+    assert [t.id for t in train_tasks(load_config(None, chain))][0] == "chain-d2-train-0000"
+    later = train_tasks(load_config(None, [*chain, "rollout.train_start=600"]))
+    assert [t.id for t in later] == [f"chain-d2-train-{i:04d}" for i in (600, 601, 602)]
+    with pytest.raises(UserError, match="train_start = 1000 leaves no train tasks"):
+        train_tasks(load_config(None, [*chain, "rollout.train_start=1000"]))

@@ -21,11 +21,19 @@ from strop.outputs import claim_dir, write_atomic
 
 
 def train_tasks(cfg: Config) -> list:
-    """The tasks a run trains on: the train split of `rollout.suite`, per difficulty."""
+    """The tasks a run trains on: `rollout.train_tasks` of the train split of `rollout.suite` per
+    difficulty, from index `rollout.train_start` on."""
     from strop.env.suites import load_suite
 
-    r = cfg.rollout
-    return [t for d in r.difficulties for t in load_suite(r.suite, "train", difficulty=d, limit=r.train_tasks)]
+    r, tasks = cfg.rollout, []
+    for d in r.difficulties:
+        drawn = load_suite(r.suite, "train", difficulty=d, limit=r.train_start + r.train_tasks)[r.train_start :]
+        if not drawn:
+            raise UserError(
+                f"rollout.train_start = {r.train_start} leaves no train tasks of suite {r.suite!r} at difficulty {d}"
+            )
+        tasks += drawn
+    return tasks
 
 
 def _store_url(cfg: Config, out: Path) -> str:
