@@ -50,6 +50,24 @@ def test_eval_policy_reports_solve_rates_and_stops(tiny_tokenizer, tmp_path, cap
     assert 0.0 <= sampled["pass@1"] <= sampled["pass@k"] <= 1.0
 
 
+def test_eval_policy_can_play_the_train_tasks_rl_draws(tiny_tokenizer, tmp_path, capsys):
+    """`--split train`: rollout.difficulties and rollout.train_tasks decide what is played, not the
+    held-out settings (the check for a warm start that memorized its SFT tasks)."""
+    from strop.cli import main
+    from strop.model.policy import build_model, save_model
+    from tests.conftest import tiny_model_section
+
+    section = dataclasses.replace(tiny_model_section("qwen3_moe"), max_positions=2048)
+    save_model(build_model(section, tiny_tokenizer, seed=0), tiny_tokenizer, tmp_path / "policy")
+    sets = ["rollout.difficulties=[2]", "rollout.train_tasks=2", "rollout.train_start=5", "rollout.max_turns=1"]
+    sets += ["rollout.eval_difficulties=[1]", "rollout.max_context=1100", "rollout.workers=2"]
+    argv = ["eval", "policy", "--policy", str(tmp_path / "policy"), "--split", "train", "--samples", "0"]
+    argv += ["--json", str(tmp_path / "train.json"), *(a for s in sets for a in ("--set", s))]
+    assert main(argv) == 0
+    result = json.loads((tmp_path / "train.json").read_text())
+    assert result["eval_episodes"] == 2 and set(result["by_difficulty"]) == {"2"}
+
+
 def test_pass_at_k_counts_tasks_not_samples():
     from strop.rl.evaluate import _pass_figures
 

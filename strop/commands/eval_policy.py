@@ -4,7 +4,9 @@ held-out solve rate of any saved policy, exactly as the demo measures its stages
 the episodes ended: a policy that learned to quit shows up as `no_tool_call` stops, and one whose
 edits never apply as `no changes` outcomes. `--samples K` (default `rollout.eval_samples`, 1 in the
 demo's config) also samples every task K times at the rollout temperature and reports pass@1 and
-pass@K per difficulty: the headroom RL can sharpen.
+pass@K per difficulty: the headroom RL can sharpen. `--split train` plays the train tasks RL draws
+instead (`rollout.train_start`, `rollout.train_tasks`): a policy that solves the tasks its SFT was
+cloned from far more often than others has memorized their answers.
 Behaviour statistics (turns, tool calls, rejected edits and whether the policy retried, test runs,
 submits without testing) come with each.
 """
@@ -26,6 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also sample each task K times at rollout.temperature: pass@1 and pass@K "
         "(default: rollout.eval_samples, as the demo evaluates)",
     )
+    parser.add_argument(
+        "--split",
+        choices=("eval", "train"),
+        default="eval",
+        help="held-out tasks (rollout.eval_episodes per difficulty), or the train tasks RL draws",
+    )
     parser.add_argument("--json", help="also write the figures to this JSON file")
 
 
@@ -33,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from strop.bench.table import format_table, write_json
     from strop.model.policy import is_model_dir
     from strop.rl.evaluate import evaluate
+    from strop.runtime.build import train_tasks
     from strop.threads import set_threads
 
     cfg = config_from_args(args)
@@ -42,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     if samples < 0:
         raise UserError(f"--samples must be >= 0, got {samples}")
     set_threads(cfg.run.threads or None)
-    result = evaluate(cfg, args.policy, progress=True, samples=samples)
+    tasks = train_tasks(cfg) if args.split == "train" else None
+    result = evaluate(cfg, args.policy, tasks, progress=True, samples=samples)
     rows = [
         {
             "difficulty": d,
