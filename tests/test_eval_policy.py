@@ -5,19 +5,28 @@ pass@1 and pass@K from K samples per task; behaviour statistics."""
 import dataclasses
 import json
 
+import pytest
 
-def test_eval_policy_reports_solve_rates_and_stops(tiny_tokenizer, tmp_path, capsys):
-    from strop.cli import main
+
+@pytest.fixture
+def policy(tiny_tokenizer, tmp_path) -> str:
+    """A saved tiny, untrained policy with room for the harness's windows."""
     from strop.model.policy import build_model, save_model
     from tests.conftest import tiny_model_section
 
     section = dataclasses.replace(tiny_model_section("qwen3_moe"), max_positions=2048)
     save_model(build_model(section, tiny_tokenizer, seed=0), tiny_tokenizer, tmp_path / "policy")
+    return str(tmp_path / "policy")
+
+
+def test_eval_policy_reports_solve_rates_and_stops(policy, tmp_path, capsys):
+    from strop.cli import main
+
     argv = [
         "eval",
         "policy",
         "--policy",
-        str(tmp_path / "policy"),
+        policy,
         "--json",
         str(tmp_path / "eval.json"),
         "--set",
@@ -50,18 +59,14 @@ def test_eval_policy_reports_solve_rates_and_stops(tiny_tokenizer, tmp_path, cap
     assert 0.0 <= sampled["pass@1"] <= sampled["pass@k"] <= 1.0
 
 
-def test_eval_policy_can_play_the_train_tasks_rl_draws(tiny_tokenizer, tmp_path, capsys):
+def test_eval_policy_can_play_the_train_tasks_rl_draws(policy, tmp_path, capsys):
     """`--split train`: rollout.difficulties and rollout.train_tasks decide what is played, not the
     held-out settings (the check for a warm start that memorized its SFT tasks)."""
     from strop.cli import main
-    from strop.model.policy import build_model, save_model
-    from tests.conftest import tiny_model_section
 
-    section = dataclasses.replace(tiny_model_section("qwen3_moe"), max_positions=2048)
-    save_model(build_model(section, tiny_tokenizer, seed=0), tiny_tokenizer, tmp_path / "policy")
     sets = ["rollout.difficulties=[2]", "rollout.train_tasks=2", "rollout.train_start=5", "rollout.max_turns=1"]
     sets += ["rollout.eval_difficulties=[1]", "rollout.max_context=1100", "rollout.workers=2"]
-    argv = ["eval", "policy", "--policy", str(tmp_path / "policy"), "--split", "train", "--samples", "0"]
+    argv = ["eval", "policy", "--policy", policy, "--split", "train", "--samples", "0"]
     argv += ["--json", str(tmp_path / "train.json"), *(a for s in sets for a in ("--set", s))]
     assert main(argv) == 0
     result = json.loads((tmp_path / "train.json").read_text())
@@ -93,21 +98,17 @@ def test_outcome_names_how_an_episode_ended():
     assert outcome(traj(0.0, "checker error: OSError: gone")) == "checker error"
 
 
-def test_more_engines_change_the_wall_time_only(tiny_tokenizer, tmp_path):
+def test_more_engines_change_the_wall_time_only(policy, tmp_path):
     """Episodes dealt to two engines score exactly as on one: a row's numbers do not depend on its batch."""
     from strop.config import load_config
-    from strop.model.policy import build_model, save_model
     from strop.rl.evaluate import evaluate
-    from tests.conftest import tiny_model_section
 
-    section = dataclasses.replace(tiny_model_section("qwen3_moe"), max_positions=2048)
-    save_model(build_model(section, tiny_tokenizer, seed=0), tiny_tokenizer, tmp_path / "policy")
     base = ["rollout.eval_difficulties=[1]", "rollout.eval_episodes=4", "rollout.max_turns=2"]
     base += ["rollout.max_context=1100", "rollout.workers=4"]
     results = []
     for engines in (1, 2):
         cfg = load_config(None, [*base, f"rollout.engines={engines}"])
-        result = evaluate(cfg, str(tmp_path / "policy"))
+        result = evaluate(cfg, policy)
         result.pop("wall_s")
         results.append(result)
     assert results[0] == results[1]
