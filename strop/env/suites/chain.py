@@ -24,7 +24,7 @@ from random import Random
 from strop.env.task import Task
 from strop.errors import UserError
 
-SIZES = {"train": 1000, "eval": 300}
+SIZES = {"train": 1000, "eval": 1000}
 STAGES = {1: 4, 2: 12, 3: 32}  # chain length per difficulty
 DECOYS = 3  # stage-like files off the chain
 NOISE_LINES = 18  # lines of each stage file that say nothing the task needs
