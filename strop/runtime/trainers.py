@@ -13,6 +13,7 @@ publishes its own shards of each version (`TrainerSync.publish_shards`); rank 0 
 
 import multiprocessing
 import pickle
+import signal
 from collections import Counter
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from strop.rl.advantages import Sample
 from strop.rl.trainer import RLTrainer
 from strop.sync.publisher import TrainerSync
 from strop.threads import child_environment
+
+STOP_GRACE_S = 30.0  # a trainer process that has not exited this long after it was told to is killed
 
 
 def trainer_sync(cfg: Config, store_url: str, host: str = "127.0.0.1", ranks=None) -> TrainerSync:
@@ -118,10 +121,15 @@ def _trainer_main(
 ) -> None:
     """The child process of `TrainerProcess`: a `LocalTrainer` answering (method, arguments) messages,
     with one torch thread per core it may use."""
+    from strop.lifetime import exit_with_parent
     from strop.memory import retain_freed_memory
     from strop.runtime.inline import pin
     from strop.threads import set_threads
 
+    # The parent decides when this process ends (`TrainerProcess.close`), or dies and takes it along:
+    # a Ctrl-C reaches the whole terminal's process group, and would only print a second traceback here.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    exit_with_parent()
     set_threads(len(cpus) if cpus else 1)
     pin(cpus)
     # A step allocates and frees the same activations every time; handed back to the kernel
@@ -165,6 +173,7 @@ class TrainerProcess:
         with child_environment(OMP_WAIT_POLICY="PASSIVE"):
             self.proc.start()
         child.close()  # the child's end lives in the child alone, so its death reads as EOF here, not a hang
+        self._in_call: str | None = None  # the call whose reply this process waits for
         self.origin_url = pickle.loads(self._recv())
         self.version = 0
         self.reply_bytes: Counter = Counter()  # call -> bytes that came back over the pipe
@@ -179,8 +188,10 @@ class TrainerProcess:
             ) from None
 
     def _call(self, call: str, *args):
+        self._in_call = call
         _send(self.conn, (call, args))
         data = self._recv()
+        self._in_call = None
         self.reply_bytes[call] += len(data)
         result, self.version = pickle.loads(data)
         return result
@@ -207,5 +218,19 @@ class TrainerProcess:
         return self._call("sync_stats")
 
     def close(self) -> None:
-        _send(self.conn, None)
-        self.proc.join(timeout=30)
+        """End the child: after its loop's last message, or at once when a call was cut short (a
+        signal or an error while this process waited for the reply; its result would be thrown away,
+        and a step can take minutes). Killed if it has not exited `STOP_GRACE_S` later."""
+        if self._in_call is None:
+            try:
+                _send(self.conn, None)
+            except OSError:
+                pass  # it has exited already
+            self.proc.join(STOP_GRACE_S)
+        if self.proc.exitcode is None:
+            self.proc.terminate()  # checkpoints are written atomically: one cut short is simply absent
+            self.proc.join(STOP_GRACE_S)
+        if self.proc.exitcode is None:
+            self.proc.kill()
+            self.proc.join()
+        self.conn.close()

@@ -159,9 +159,12 @@ def leave() -> None:
 
 
 def _rank_main(rank: int, size: int, address: str, threads: int, target: Callable, args: tuple) -> None:
-    """A worker rank: `threads` torch threads, the process group, then `target(ranks, *args)`."""
+    """A worker rank: `threads` torch threads, the process group, then `target(ranks, *args)`; it ends
+    with the process that started it."""
+    from strop.lifetime import exit_with_parent
     from strop.threads import set_threads
 
+    exit_with_parent()
     set_threads(threads)
     ranks = join(rank, size, address)
     try:
