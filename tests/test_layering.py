@@ -16,6 +16,7 @@ FOUNDATION = {
     "outputs",
     "threads",
     "memory",
+    "lifetime",
     "native",
     "config",
     "report",
