@@ -58,6 +58,16 @@ def test_the_test_runner_is_installed_with_its_bytecode(sb):
     assert sb.exec(["python", "-c", code]).stdout.strip() == "True"
 
 
+def test_an_edit_within_the_same_second_is_what_runs_next(sb):
+    """Python trusts a cached .pyc whose source kept its size and mtime (whole seconds): an agent's
+    same-length edit right after an import ran the old code, so an episode's test output depended
+    on the machine's speed. Sandboxes write no bytecode of their own."""
+    run = ["python", "-c", "from pkg.mod import f; print(f())"]
+    assert sb.exec(run).stdout.strip() == "1"
+    sb.exec("t=$(stat -c %Y pkg/mod.py); sed -i 's/return 1/return 2/' pkg/mod.py; touch -d @$t pkg/mod.py")
+    assert sb.exec(run).stdout.strip() == "2"
+
+
 def test_no_network(sb):
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))

@@ -155,6 +155,10 @@ def static_argv(shared: ImageRoot, limits: Limits) -> tuple[str, ...]:
         "LOGNAME": USER,
         "SHELL": "/bin/bash",
         "LANG": os.environ.get("LANG", "C.UTF-8"),
+        # Python trusts a cached .pyc whose source has the same size and mtime (1 s): an edit made
+        # within a second of the last import, same length, ran the old code, so the same episode's
+        # test output depended on the machine's speed
+        "PYTHONDONTWRITEBYTECODE": "1",
     }
     for k, v in env.items():
         a += ["--setenv", k, v]
