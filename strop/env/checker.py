@@ -183,8 +183,8 @@ def _run(task: Task, kept: dict, tests: dict[str, str], n_tests: int, mode: Mode
         junit = f"/tmp/strop-junit-{secrets.token_hex(8)}.xml"
         cmd = [a.replace("$STROP_JUNIT", junit) for a in task.test_command] + sorted(tests)
         # no third-party pytest plugins: hidden tests need none, and loading them (anyio's, from
-        # strop's own environment) was a third of every check's time
-        env = {"STROP_JUNIT": junit, "PYTHONDONTWRITEBYTECODE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+        # strop's own environment) was a third of every check's time; no bytecode is the sandbox's own setting
+        env = {"STROP_JUNIT": junit, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
         result = sandbox.exec(cmd, timeout=timeout, env=env)
         if result.timed_out:
             return Score(0.0, reason=f"timeout after {timeout:.0f} s", exit_code=result.exit_code, outcome="not scored")
