@@ -37,6 +37,7 @@ demo: setup
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet  # a broken link or stale reference fails
 	$(BIN)/python -m pytest
 
 test-slow: setup

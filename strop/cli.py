@@ -16,6 +16,10 @@ from strop.outputs import check_output_file
 # command words -> (module, one-line help). Add a row to add a command.
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("demo",): ("strop.commands.demo", "run the tiny end-to-end pipeline on this machine"),
+    ("config", "schema"): (
+        "strop.commands.config_schema",
+        "every config key: type, default, bounds, help (Markdown or JSON Schema)",
+    ),
     ("midtrain",): ("strop.commands.midtrain", "continue pretraining a policy on code tokens"),
     ("sft",): ("strop.commands.sft", "SFT warm start on the oracle's demonstration episodes (early stopping)"),
     ("eval", "midtrain"): ("strop.commands.eval_midtrain", "held-out bits per byte vs gzip -9 and zstd -19"),

@@ -27,9 +27,12 @@ def opt(
     le: float | None = None,
     gt: float | None = None,
     nonempty: bool = False,
+    advanced: bool = False,
 ) -> Any:
-    """A config field with help text and optional numeric bounds; `nonempty` refuses an empty list."""
-    meta = {"help": help, "ge": ge, "le": le, "gt": gt, "nonempty": nonempty}
+    """A config field with help text and optional numeric bounds; `nonempty` refuses an empty list.
+    `advanced` marks a knob for experiments (controls, the demonstrator mixture's internals, shaping
+    the README's sweeps used) that a user's run leaves at its default; the reference lists it apart."""
+    meta = {"help": help, "ge": ge, "le": le, "gt": gt, "nonempty": nonempty, "advanced": advanced}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
