@@ -279,8 +279,19 @@ ENGINE_BACKENDS = ("strop", "vllm")  # rollout.engine's names; anything else mus
 
 @dataclass
 class RolloutSection:
-    suite: str = opt("synthetic", "task suite: RL samples its train split, evaluation its eval split")
-    difficulties: list[int] = opt([1], "task difficulties RL trains on", nonempty=True)
+    suite: str = opt(
+        "synthetic",
+        "task suite: RL samples its train split, evaluation its eval split. A built-in or installed "
+        "suite's name (`strop tasks list`), a task file as jsonl:PATH, or a dotted path package.module",
+    )
+    image: str = opt(
+        "",
+        "OS image of the tasks that name none: a root directory, an OCI image layout (directory or "
+        "tar) or a `docker save` archive; empty = the host's root",
+    )
+    difficulties: list[int] = opt(
+        [1], "task difficulties RL trains on (a suite whose tasks have no difficulty is drawn once)", nonempty=True
+    )
     train_tasks: int = opt(500, "train tasks per difficulty", ge=1)
     train_start: int = opt(
         0,

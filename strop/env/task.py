@@ -8,8 +8,15 @@ from typing import Literal
 class Task:
     """One coding task.
 
-    `files` is the repository exactly as the agent sees it at the start (relative path -> text).
-    `hidden_tests` are copied in by the checker only, into a fresh sandbox, after the agent is gone.
+    The world the agent starts in: the OS `image` (a root directory, an OCI image layout or a
+    `docker save` archive, see `strop.env.image`; "" = the host's root) and the repository at
+    WORKDIR: `repo` (a git repository, bundle or URL checked out at `base_commit`, a directory or
+    a tarball; see `strop.env.repo`) with `files` (relative path -> text) written over it, or
+    `files` alone. `gold_patch` is a reference solution as a unified diff, where known.
+    `hidden_tests` are copied in by the checker only, into a fresh sandbox, after the agent is gone;
+    `test_patch` (a unified diff, SWE-bench's field) adds hidden tests the same way. When
+    `fail_to_pass` / `pass_to_pass` name test ids, the checker runs exactly those (reward 1 when
+    all pass); else it runs the hidden test files.
     `test_command` runs the hidden tests (the checker appends their paths) and writes JUnit XML to
     `$STROP_JUNIT`; the checker replaces that literal in each argument by a path the agent never had.
     `protected` are glob patterns of paths whose edits the checker drops (tests, runner config).
@@ -25,8 +32,8 @@ class Task:
     suite: str
     split: Literal["train", "eval"]
     instruction: str
-    files: dict[str, str]
-    hidden_tests: dict[str, str]
+    files: dict[str, str] = field(default_factory=dict)
+    hidden_tests: dict[str, str] = field(default_factory=dict)
     test_command: list[str] = field(
         default_factory=lambda: ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml=$STROP_JUNIT"]
     )
@@ -46,6 +53,13 @@ class Task:
     metadata: dict = field(default_factory=dict)  # family, difficulty (int), source, reference_edits
     perturbed_tests: dict[str, str] = field(default_factory=dict)
     grader: Literal["pytest", "values"] = "pytest"
+    image: str = ""
+    repo: str = ""
+    base_commit: str = ""
+    test_patch: str = ""
+    fail_to_pass: list[str] = field(default_factory=list)
+    pass_to_pass: list[str] = field(default_factory=list)
+    gold_patch: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -47,11 +47,10 @@ class GateSettings:
 
 
 def suite_tasks(name: str, n: int) -> list:
-    from strop.env.suites import load_suite
+    """The first `n` held-out tasks of difficulty 1 (or of any, for a suite without difficulties)."""
+    from strop.env.suites import draw_tasks
 
-    if name == "synthetic":
-        return load_suite("synthetic", "eval", difficulty=1, limit=n)
-    return load_suite(name, "eval")[:n]
+    return draw_tasks(name, "eval", [1], n)
 
 
 def probe_replies(policy_dir: str, s: GateSettings) -> tuple[list, list]:

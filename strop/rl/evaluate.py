@@ -23,8 +23,9 @@ from strop.engine.policy_client import EnginePolicy
 from strop.env.behaviour import summarize
 from strop.env.context import context_figures
 from strop.env.harness import Harness, harness_config
-from strop.env.suites import load_suite
+from strop.env.suites import draw_tasks, with_default_image
 from strop.env.task import Task
+from strop.errors import UserError
 from strop.rl.rollout import WorkItem, rollout, sandbox_limits
 from strop.rl.trajectory import Trajectory
 
@@ -55,8 +56,12 @@ def paired_change(before: dict[str, bool], after: dict[str, bool]) -> dict:
 
 
 def eval_tasks(cfg: Config) -> list[Task]:
+    """`rollout.eval_episodes` held-out tasks of `rollout.suite` per evaluated difficulty."""
     r = cfg.rollout
-    return [t for d in r.eval_difficulties for t in load_suite(r.suite, "eval", difficulty=d, limit=r.eval_episodes)]
+    tasks = draw_tasks(r.suite, "eval", r.eval_difficulties, r.eval_episodes)
+    if not tasks:
+        raise UserError(f"no eval tasks in suite {r.suite!r} for rollout.eval_difficulties = {r.eval_difficulties}")
+    return with_default_image(tasks, r.image)
 
 
 def rate_figures(solved: list[bool]) -> dict:

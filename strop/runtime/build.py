@@ -22,18 +22,17 @@ from strop.outputs import claim_dir, write_atomic
 
 def train_tasks(cfg: Config) -> list:
     """The tasks a run trains on: `rollout.train_tasks` of the train split of `rollout.suite` per
-    difficulty, from index `rollout.train_start` on."""
-    from strop.env.suites import load_suite
+    difficulty, from index `rollout.train_start` on (`strop.env.suites.draw_tasks`)."""
+    from strop.env.suites import draw_tasks, with_default_image
 
-    r, tasks = cfg.rollout, []
-    for d in r.difficulties:
-        drawn = load_suite(r.suite, "train", difficulty=d, limit=r.train_start + r.train_tasks)[r.train_start :]
-        if not drawn:
-            raise UserError(
-                f"rollout.train_start = {r.train_start} leaves no train tasks of suite {r.suite!r} at difficulty {d}"
-            )
-        tasks += drawn
-    return tasks
+    r = cfg.rollout
+    tasks = draw_tasks(r.suite, "train", r.difficulties, r.train_tasks, r.train_start)
+    if not tasks:
+        raise UserError(
+            f"no train tasks in suite {r.suite!r} for rollout.difficulties = {r.difficulties} "
+            f"from rollout.train_start = {r.train_start}"
+        )
+    return with_default_image(tasks, r.image)
 
 
 def _store_url(cfg: Config, out: Path) -> str:

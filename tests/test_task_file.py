@@ -1,0 +1,107 @@
+"""Task files (`jsonl:PATH`) and suites as plugins: one contract for every suite, bad lines refused
+with the file, line and field."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from strop.env.suites import draw_tasks, get_task, list_suites, load_suite
+from strop.env.task_file import TaskFileSuite, task_from_record, task_record
+from strop.errors import UserError
+
+ADD = {"m.py": "def add(a, b):\n    return a - b\n"}
+TEST = {"tests/test_m.py": "from m import add\n\n\ndef test_add():\n    assert add(1, 2) == 3\n"}
+
+
+def write(path, *records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return f"jsonl:{path}"
+
+
+def record(i, **extra):
+    return {"instance_id": f"t-{i}", "problem_statement": "make add add", "files": ADD, "hidden_tests": TEST, **extra}
+
+
+def test_builtins_are_entry_points_like_a_users():
+    assert set(list_suites()) >= {"synthetic", "humaneval", "mutated", "chain"}
+    assert load_suite("strop.env.suites.chain", "eval", difficulty=1, limit=2) == load_suite(
+        "chain", "eval", difficulty=1, limit=2
+    )
+
+
+def test_a_task_without_split_is_in_both(tmp_path):
+    suite = write(tmp_path / "t.jsonl", record(1, split="train"), record(2), record(3, split="eval"))
+    assert [t.id for t in load_suite(suite, "train")] == ["t-1", "t-2"]
+    assert [t.id for t in load_suite(suite, "eval")] == ["t-2", "t-3"]
+    assert get_task(suite, "t-3").split == "eval"
+
+
+def test_every_suite_draws_through_one_contract(tmp_path):
+    # humaneval's load takes no difficulty or limit: strop applies them (it used to refuse them)
+    assert len(draw_tasks("humaneval", "train", [1], 10)) == 10
+    assert len(draw_tasks("synthetic", "train", [1, 2], 3, start=1)) == 6
+    suite = write(tmp_path / "t.jsonl", *(record(i, difficulty=1 + i % 2) for i in range(6)))
+    assert [t.id for t in draw_tasks(suite, "eval", [2], 2, start=1)] == ["t-3", "t-5"]
+    plain = write(tmp_path / "p.jsonl", *(record(i) for i in range(5)))
+    assert [t.id for t in draw_tasks(plain, "train", [1, 2], 2, start=1)] == ["t-1", "t-2"]  # drawn once
+
+
+def test_round_trip_and_swe_bench_fields(tmp_path):
+    rec = record(
+        1,
+        FAIL_TO_PASS=json.dumps(["tests/test_m.py::test_add"]),
+        PASS_TO_PASS="[]",
+        patch="--- a/m.py\n",
+        version="1.2",
+        difficulty=2,
+    )
+    task, named = task_from_record(rec, "f:1", tmp_path, "jsonl:f")
+    assert not named and task.fail_to_pass == ["tests/test_m.py::test_add"] and task.gold_patch == "--- a/m.py\n"
+    assert task.metadata == {"version": "1.2", "difficulty": 2, "n_tests": 1}
+    again, _ = task_from_record(task_record(task), "f:1", tmp_path, "jsonl:f")
+    assert again == task
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"problem_statement": "x", "files": ADD, "hidden_tests": TEST}, "missing field 'instance_id'"),
+        (record(1, FAIL_TO_PASS=3), "field 'FAIL_TO_PASS' must be a list of strings"),
+        (record(1, FAIL_TO_PASS="[nope"), "field 'FAIL_TO_PASS' must be a list of strings"),
+        (record(1, split="test"), 'field \'split\' must be "train" or "eval"'),
+        (record(1, difficulty=True), "field 'difficulty' must be an integer"),
+        (record(1, fail_to_pass=[]), "unknown field 'fail_to_pass' (did you mean 'FAIL_TO_PASS'?)"),
+        (record(1, repo="no/such/dir"), "field 'repo': no repository at"),
+        ({"instance_id": "x", "problem_statement": "x", "hidden_tests": TEST}, "a task needs a starting repository"),
+        ({"instance_id": "x", "problem_statement": "x", "files": ADD}, "a task needs hidden tests"),
+        ([1, 2], "a task is a JSON object"),
+    ],
+)
+def test_bad_lines_name_the_line_and_the_field(tmp_path, bad, message):
+    suite = write(tmp_path / "t.jsonl", record(0), bad)
+    with pytest.raises(UserError, match=r"t\.jsonl:2: " + re.escape(message)):
+        load_suite(suite)
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        TaskFileSuite(str(tmp_path / "none.jsonl")).load()
+    (tmp_path / "dup.jsonl").write_text(json.dumps(record(1)) + "\n" + json.dumps(record(1)) + "\n")
+    with pytest.raises(UserError, match="dup.jsonl:2: instance_id 't-1' appears twice"):
+        load_suite(f"jsonl:{tmp_path / 'dup.jsonl'}")
+    (tmp_path / "j.jsonl").write_text("{nope\n")
+    with pytest.raises(UserError, match="j.jsonl:1: not valid JSON"):
+        load_suite(f"jsonl:{tmp_path / 'j.jsonl'}")
+
+
+def test_cli_refuses_a_bad_task_file_in_one_line(tmp_path):
+    suite = write(tmp_path / "t.jsonl", record(1, FAIL_TO_PASS=[1]))
+    run = subprocess.run([sys.executable, "-m", "strop.cli", "tasks", "list", "--suite", suite], capture_output=True)
+    assert run.returncode == 2 and run.stderr.decode().count("\n") == 1, run.stderr
+    assert b"t.jsonl:1: field 'FAIL_TO_PASS'" in run.stderr
+    for name, why in (("nope.mod", b"cannot be imported"), ("nosuch", b"unknown suite")):
+        run = subprocess.run([sys.executable, "-m", "strop.cli", "tasks", "list", "--suite", name], capture_output=True)
+        assert run.returncode == 2 and why in run.stderr, run.stderr
