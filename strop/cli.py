@@ -20,6 +20,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "strop.commands.config_schema",
         "every config key: type, default, bounds, help (Markdown or JSON Schema)",
     ),
+    ("runs",): ("strop.commands.runs", "a run's kept trajectories, readably: runs show RUN [--step N] [--task ID]"),
     ("midtrain",): ("strop.commands.midtrain", "continue pretraining a policy on code tokens"),
     ("sft",): ("strop.commands.sft", "SFT warm start on the oracle's demonstration episodes (early stopping)"),
     ("eval", "midtrain"): ("strop.commands.eval_midtrain", "held-out bits per byte vs gzip -9 and zstd -19"),

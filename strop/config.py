@@ -389,6 +389,39 @@ class TrainerSection:
 
 
 @dataclass
+class LogSection:
+    """Where every stage's metrics go besides its own `metrics.jsonl` and plots, and which rollouts are
+    kept. The trackers are optional extras (`pip install 'strop[wandb]'`, `[tensorboard]`, `[mlflow]`)."""
+
+    wandb: bool = opt(
+        False, "send every stage's metrics to Weights & Biases (one W&B run per stage, grouped by run.name)"
+    )
+    wandb_project: str = opt("strop", "W&B project")
+    wandb_entity: str = opt("", "W&B entity (team or user); empty = your default entity")
+    wandb_mode: Literal["online", "offline"] = opt(
+        "online", "offline writes the W&B run under the run directory (`wandb sync` uploads it later)"
+    )
+    trajectories_every: int = opt(
+        10, "W&B: a table of RL trajectories (each step's best and worst) every N steps; 0 = none", ge=0
+    )
+    tensorboard: bool = opt(False, "write TensorBoard event files to <run dir>/tensorboard/<stage>")
+    mlflow: bool = opt(False, "log every stage's metrics to MLflow (one MLflow run per stage)")
+    mlflow_uri: str = opt(
+        "", "MLflow tracking URI (http://..., sqlite:///...); empty = a file store in <run dir>/mlruns"
+    )
+    rollouts: bool = opt(
+        True,
+        "keep RL's and evaluation's trajectories (messages, tool calls, rewards, hack flags, versions) as "
+        "gzipped JSONL in the stage's rollouts/ directory; `strop runs show` prints them",
+    )
+    rollouts_max_mb: float = opt(
+        200.0,
+        "size cap of one rollouts/ directory: past it a step keeps only its best and worst trajectory, then nothing",
+        gt=0,
+    )
+
+
+@dataclass
 class Config:
     run: RunSection = field(default_factory=RunSection)
     model: ModelSection = field(default_factory=ModelSection)
@@ -399,6 +432,7 @@ class Config:
     rollout: RolloutSection = field(default_factory=RolloutSection)
     sync: SyncSection = field(default_factory=SyncSection)
     trainer: TrainerSection = field(default_factory=TrainerSection)
+    log: LogSection = field(default_factory=LogSection)
 
     @property
     def run_dir(self) -> Path:

@@ -4,13 +4,16 @@ import json
 from pathlib import Path
 
 from strop.outputs import write_atomic
+from strop.tracking import NullTracker, Tracker
 
 
 class MetricsLog:
-    """Append-only JSONL metrics file that a resumed run trims back to its checkpoint step."""
+    """Append-only JSONL metrics file that a resumed run trims back to its checkpoint step. Each row
+    also goes to `tracker` (W&B, TensorBoard, MLflow: `strop.tracking.open_tracker`)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, tracker: Tracker | None = None):
         self.path = Path(path)
+        self.tracker = tracker or NullTracker()
 
     def reset(self) -> None:
         self.path.write_text("")
@@ -18,6 +21,11 @@ class MetricsLog:
     def write(self, row: dict) -> None:
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
+        self.tracker.log(row, int(row.get("step", 0)))
+
+    def close(self) -> None:
+        """Ends the tracker's runs (the JSONL needs no closing)."""
+        self.tracker.close()
 
     def read(self) -> list[dict]:
         if not self.path.is_file():

@@ -20,6 +20,7 @@ FOUNDATION = {
     "native",
     "config",
     "report",
+    "tracking",
     "checkpoint",
     "kernels",
     "policy_api",

@@ -37,11 +37,13 @@ def _held_out(cfg: Config, model_dir: Path) -> dict:
     """The held-out evaluation of a stage's policy, kept beside it (`eval.json`) so that a rerun
     after an interruption does not evaluate it again."""
     from strop.rl.evaluate import evaluate
+    from strop.rl.rollout_log import RolloutLog
 
     path = model_dir.parent / "eval.json"
     if path.is_file():
         return json.loads(path.read_text())
-    figures = evaluate(cfg, str(model_dir), progress=True, samples=cfg.rollout.eval_samples)
+    kept = RolloutLog(model_dir.parent / "rollouts", cfg.log.rollouts_max_mb) if cfg.log.rollouts else None
+    figures = evaluate(cfg, str(model_dir), progress=True, samples=cfg.rollout.eval_samples, rollouts=kept)
     write_atomic(path, json.dumps(figures, indent=2))
     return figures
 

@@ -26,7 +26,7 @@ GRACEFUL_S = 5
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", required=True, help="model directory (config.json, *.safetensors, tokenizer)")
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     parser.add_argument("--name", help="served model name (default: the directory name)")
     parser.add_argument("--max-batch", type=int, default=64, help="concurrent sequences (KV-cache slots)")
     parser.add_argument(

@@ -12,22 +12,27 @@ from strop.outputs import write_atomic
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="action", required=True)
+    sub = parser.add_subparsers(dest="action", required=True, help="what to do with the suite")
     p = sub.add_parser("list", help="task ids, split, family and difficulty")
-    p.add_argument("--suite", required=True)
-    p.add_argument("--split", choices=["train", "eval"])
+    p.add_argument("--suite", required=True, help="task suite, e.g. synthetic/parse, humaneval, chain")
+    p.add_argument("--split", choices=["train", "eval"], help="only this split (default: both)")
     p = sub.add_parser("export", help="write exactly what the agent sees at the start")
-    p.add_argument("--suite", required=True)
-    p.add_argument("id")
-    p.add_argument("dir")
+    p.add_argument("--suite", required=True, help="task suite, e.g. synthetic/parse, humaneval, chain")
+    p.add_argument("id", help="task id (`strop tasks list`)")
+    p.add_argument("dir", help="directory to write the task's starting files into")
     p = sub.add_parser("check", help="score DIR as the agent's final workspace")
-    p.add_argument("--suite", required=True)
-    p.add_argument("id")
-    p.add_argument("dir")
+    p.add_argument("--suite", required=True, help="task suite, e.g. synthetic/parse, humaneval, chain")
+    p.add_argument("id", help="task id (`strop tasks list`)")
+    p.add_argument("dir", help="the workspace to score, as the agent left it")
     p.add_argument("--json", help="also write the result to this JSON file")
-    p.add_argument("--mode", choices=["binary", "fraction"], default="binary")
+    p.add_argument(
+        "--mode",
+        choices=["binary", "fraction"],
+        default="binary",
+        help="reward: 1 only if every check passes, or the passed share",
+    )
     p = sub.add_parser("build", help="build and cache a suite that needs it (mutated)")
-    p.add_argument("--suite", required=True)
+    p.add_argument("--suite", required=True, help="task suite, e.g. synthetic/parse, humaneval, chain")
     p.add_argument("--target", type=int, default=240, help="tasks to keep")
 
 

@@ -27,6 +27,7 @@ from strop.env.suites import draw_tasks, with_default_image
 from strop.env.task import Task
 from strop.errors import UserError
 from strop.rl.rollout import WorkItem, rollout, sandbox_limits
+from strop.rl.rollout_log import RolloutLog, record
 from strop.rl.trajectory import Trajectory
 
 Z95 = 1.959964
@@ -149,7 +150,12 @@ def _run(
 
 
 def evaluate(
-    cfg: Config, policy_dir: str, tasks: list[Task] | None = None, progress: bool = False, samples: int = 0
+    cfg: Config,
+    policy_dir: str,
+    tasks: list[Task] | None = None,
+    progress: bool = False,
+    samples: int = 0,
+    rollouts: RolloutLog | None = None,
 ) -> dict:
     """{solve_rate, solve_rate_ci95, eval_episodes, reward_mean, reward_ci95 (`reward_figures`),
     by_difficulty: {d: solve figures}, hacked, stop_reasons, outcomes (see `outcome`), behaviour
@@ -157,7 +163,8 @@ def evaluate(
     (`strop.env.context.context_figures`) and `episodes` (task id -> {solved, reward, stop_reason,
     summaries: those its episode wrote ("summarize" only), facts_shown: per reset, the needed facts
     shown before it}); with `samples` K > 0 also `sampled`: {temperature, samples, pass@1, pass@k
-    (k = K) with intervals, by_difficulty, behaviour}."""
+    (k = K) with intervals, by_difficulty, behaviour}. With `rollouts`, the episodes are kept there
+    (`eval_greedy`, `eval_sampled`: `strop runs show`)."""
     from strop.engine.engine import Engine
 
     tasks = eval_tasks(cfg) if tasks is None else tasks
@@ -197,6 +204,10 @@ def evaluate(
     finally:
         for e in engines:
             e.stop()
+    if rollouts is not None:
+        rollouts.write("eval_greedy", [record(t) for t in trajs])
+        if sampled:
+            rollouts.write("eval_sampled", [record(t) for t in sampled])
     by_d: dict[int, list[bool]] = {}
     for d, traj in zip(difficulty, trajs):
         by_d.setdefault(d, []).append(counts_as_solved(traj))

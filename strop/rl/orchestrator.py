@@ -46,7 +46,9 @@ from strop.report import MetricsLog
 from strop.rl.advantages import Sample, make_samples
 from strop.rl.buffer import StalenessBuffer
 from strop.rl.rollout import WorkItem
+from strop.rl.rollout_log import RolloutLog, record
 from strop.rl.trajectory import Trajectory, TrajectoryGroup
+from strop.tracking import open_tracker
 
 Mode = Literal["sync", "async"]
 _STATE = "run.json"  # the checkpoint's state file (strop.checkpoint)
@@ -136,7 +138,9 @@ class Orchestrator:
         self.step = 0
         self.elapsed_s = 0.0  # wall time of previous sessions of this run (resume)
         self.trainer_s = 0.0
-        self.metrics = MetricsLog(self.out_dir / "metrics.jsonl")
+        self.metrics = MetricsLog(self.out_dir / "metrics.jsonl", open_tracker(cfg, "rl"))
+        # what the policy did each step, for `strop runs show` and the report (cfg.log.rollouts)
+        self.rollouts = RolloutLog(self.out_dir / "rollouts", cfg.log.rollouts_max_mb, self.metrics.tracker)
         self.ckpt_dir = self.out_dir / "checkpoint"
 
     # ---- launching and collecting ----------------------------------------------------------
@@ -243,6 +247,8 @@ class Orchestrator:
             "wall_s": wall,
         }
         self.metrics.write(row)
+        if self.cfg.log.rollouts:
+            self.rollouts.write_step(self.step, [record(s.trajectory, s.advantage, self.step) for s in samples])
         self.log(row)
         if self.step % self.cfg.rollout.ckpt_every == 0 or self.step == rl.steps:
             self.save(wall)
@@ -258,6 +264,7 @@ class Orchestrator:
             groups = self._ready_groups()
             if groups:
                 t_last = self._train(groups, t_run, t_last)
+        self.metrics.close()
         return {
             "steps": self.step,
             "wall_s": self.elapsed_s + time.perf_counter() - t_run,
@@ -301,6 +308,7 @@ class Orchestrator:
         self.counts = Counter(state["counts"])
         # metrics rows past the checkpoint belong to steps that will be redone
         self.metrics.truncate_after(self.step)
+        self.rollouts.truncate_after(self.step)
         for d in state["inflight"]:
             item = WorkItem(**{**d, "version": self.runtime.version})
             assert self.buffer.admit(item.version, 1), "no room to relaunch in-flight work on resume"

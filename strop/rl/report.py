@@ -165,6 +165,45 @@ def solve_rate_gains(evals: dict[str, dict]) -> dict[str, float]:
     return {k: round(v, 4) for k, v in gain.items()}
 
 
+def _shown_path(path: Path) -> str:
+    """Relative to the working directory when under it (`runs/demo`), else absolute."""
+    import os
+
+    rel = os.path.relpath(path)
+    return str(path.resolve()) if rel.startswith("..") else rel
+
+
+def _rollouts_section(out_dir: Path, rollouts: Path, rows: int = 20) -> list[str]:
+    """A table of kept steps (up to `rows`, evenly spaced, first and last included): each step's best
+    and worst trajectory, linked to its file, with the command that prints them."""
+    import os
+
+    from strop.rl.rollout_log import RolloutLog, best_and_worst, read
+
+    steps = RolloutLog(rollouts, 1).steps()
+    if not steps:
+        return []
+    ns = list(steps)
+    count = min(rows, len(ns))
+    shown = sorted({ns[round(i * (len(ns) - 1) / max(1, count - 1))] for i in range(count)})
+    run = rollouts.parent.parent if rollouts.parent.name == "rl" else rollouts.parent
+    lines = [
+        "## Rollouts",
+        "",
+        f"{len(ns)} steps kept in `{_shown_path(rollouts)}`; each step's best and worst trajectory "
+        f"(`strop runs show {_shown_path(run)} --step N` prints them in full).",
+        "",
+        "| step | best: task, reward | worst: task, reward | file |",
+        "|---|---|---|---|",
+    ]
+    for n in shown:
+        ends = best_and_worst(read(steps[n]))
+        cells = [f"`{r['task_id']}` {r['reward']:.2f}" for r in ends] + [""] * (2 - len(ends))
+        link = os.path.relpath(steps[n], out_dir)
+        lines.append(f"| {n} | {cells[0]} | {cells[1]} | [{steps[n].name}]({link}) |")
+    return lines + [""]
+
+
 def write_report(out_dir: Path, metrics_path: Path, evals: dict[str, dict]) -> Path:
     """Write `out_dir/report.md` and its plots; `evals` maps a stage name ("sft", "rl") to its
     held-out evaluation (`strop.rl.evaluate.evaluate`)."""
@@ -259,6 +298,7 @@ def write_report(out_dir: Path, metrics_path: Path, evals: dict[str, dict]) -> P
         ]
     for title, name in plots:
         lines += [f"### {title}", "", f"![{title}]({name})", ""]
+    lines += _rollouts_section(out_dir, metrics_path.parent / "rollouts")
     path = out_dir / "report.md"
     path.write_text("\n".join(lines))
     return path

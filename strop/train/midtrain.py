@@ -127,6 +127,7 @@ def fit(ranks, cfg: Config, tokenizer, val_tokens, stop_after: int | None, threa
     from strop.data.packing import PackedBatches
     from strop.model.policy import build_model, load_model, save_model
     from strop.report import MetricsLog, plot_metrics
+    from strop.tracking import open_tracker
     from strop.train.parallel import shard_model, whole
     from strop.train.shard_load import load_policy
     from strop.train.sharded_checkpoint import load_training, save_training
@@ -159,7 +160,7 @@ def fit(ranks, cfg: Config, tokenizer, val_tokens, stop_after: int | None, threa
 
     ckpt = run_dir / "ckpt"
     step, elapsed_before = 0, 0.0
-    log = MetricsLog(run_dir / "metrics.jsonl")
+    log = MetricsLog(run_dir / "metrics.jsonl", open_tracker(cfg, "midtrain"))
     found = ranks.broadcast(find_checkpoint(ckpt))  # rank 0's finding: a checkpoint being replaced is not seen twice
     if found is not None:
         state = load_training(found, model, optimizer, scheduler, ranks)
@@ -236,6 +237,7 @@ def fit(ranks, cfg: Config, tokenizer, val_tokens, stop_after: int | None, threa
                 ranks,
             )
     bar.close()
+    log.close()
 
     whole_state = {k: whole(v) for k, v in model.state_dict().items()}  # every rank: a collective
     if not main:

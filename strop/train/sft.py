@@ -174,6 +174,7 @@ def fit(ranks, cfg: Config, base_dir: str) -> dict:
     from strop.data.tokenizer import load_tokenizer
     from strop.model.policy import load_model, save_model
     from strop.report import MetricsLog, plot_metrics
+    from strop.tracking import open_tracker
     from strop.train.parallel import whole
     from strop.train.shard_load import load_policy
 
@@ -194,7 +195,7 @@ def fit(ranks, cfg: Config, base_dir: str) -> dict:
     warmup = max(1, s.warmup_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(warmup, lambda: s.max_steps, s.min_lr_ratio))
     rng = np.random.default_rng(cfg.run.seed)
-    log = MetricsLog(out / "metrics.jsonl")
+    log = MetricsLog(out / "metrics.jsonl", open_tracker(cfg, "sft"))
     if main:
         log.reset()
 
@@ -260,6 +261,7 @@ def fit(ranks, cfg: Config, base_dir: str) -> dict:
         if bad_evals >= s.patience:
             break
     bar.close()
+    log.close()
     model.load_state_dict(best_state)
     model.eval()
     result = {
