@@ -10,7 +10,7 @@ import signal
 import sys
 import threading
 
-from strop.errors import UserError
+from strop.errors import RunStopped, UserError
 from strop.outputs import check_output_file
 
 # command words -> (module, one-line help). Add a row to add a command.
@@ -139,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"strop: error: {e}", file=sys.stderr)
         return 2
+    except RunStopped as e:
+        print(f"strop: run stopped: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("strop: interrupted", file=sys.stderr)
         return 130

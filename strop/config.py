@@ -376,8 +376,8 @@ class ParallelSection:
     fsdp: int = opt(
         1,
         "trainer ranks the model, its gradients and its optimizer state are sharded over (torch FSDP2, "
-        "gloo on CPU, NCCL on GPUs); each rank trains on its share of every step's micro-batches; "
-        "1 = one process holding the whole model",
+        "gloo on CPU, NCCL on GPUs: one GPU a rank); each rank trains on its share of every step's "
+        "micro-batches; 1 = one process holding the whole model",
         ge=1,
         le=256,
     )
@@ -386,6 +386,21 @@ class ParallelSection:
 @dataclass
 class TrainerSection:
     parallel: ParallelSection = field(default_factory=ParallelSection)
+    device: Literal["auto", "cpu", "cuda"] = opt(
+        "auto",
+        "where every trainer role (mid-training, SFT, RL) computes: auto = CUDA when torch finds a GPU "
+        "(on Ray: when the trainer nodes have one GPU per rank), else the CPU; cuda where there is none is an error",
+    )
+    precision: Literal["auto", "fp32", "bf16"] = opt(
+        "auto",
+        "trainer compute precision: bf16 = matmuls under bf16 autocast, with fp32 master weights, gradients "
+        "and optimizer state; fp32 = everything in fp32; auto = bf16 on CUDA, fp32 on the CPU",
+    )
+    activation_checkpointing: bool = opt(
+        False,
+        "recompute each decoder layer's activations in the backward pass instead of keeping them: "
+        "less memory for about one more forward pass per step",
+    )
 
 
 @dataclass

@@ -32,7 +32,7 @@ BASE = [
 def _engines_match_trainer(rt) -> bool:
     import ray
 
-    want = ray.get(rt.trainer.weights_crc32.remote())
+    want = rt.trainer.weights_crc32()  # the gathered bf16 snapshot, from every rank
     return all(ray.get(e.weights_crc32.remote()) == want for e in rt.engines.values())
 
 

@@ -4,9 +4,10 @@ tensors on disk), buffers come out as a whole build makes them, the head stays t
 
 import torch
 
+from strop.model.meta import parameters_on_meta
 from strop.model.policy import load_model
 from strop.train.parallel import Ranks, local, start_ranks, stop_ranks, whole
-from strop.train.shard_load import load_sharded_model, parameters_on_meta, rows_of
+from strop.train.shard_load import load_sharded_model, rows_of
 
 
 def gathered(ranks, path: str) -> tuple[dict, dict, int, bool]:

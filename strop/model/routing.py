@@ -111,7 +111,9 @@ def replay_routing(model, routing: torch.Tensor):
     of the next forward; a position whose ids are negative has nothing recorded (a prompt or tool
     output token the engine did not sample) and takes the router's own choice in this same forward,
     so partial replay needs no second pass. Each layer must consume its slice exactly once: a second
-    forward inside the context, or leaving it without one, is an error. A gate with a
+    forward inside the context, or leaving it without one, is an error; a recomputation of the
+    forward in the backward pass (activation checkpointing, with the backward run inside the context)
+    replays the same experts again. A gate with a
     `route_at(x, ids) -> (logits, weights)` attribute (set by
     `strop.model.deterministic.deterministic_mode`) computes the replayed weights with it; the
     gate's forward in place before is back on exit.
@@ -127,8 +129,11 @@ def replay_routing(model, routing: torch.Tensor):
         at = getattr(gate, "route_at", None)
 
         def forward(hidden_states):
-            assert used[i] == 0, f"MoE layer {i}: recorded routing consumed twice (one forward per replay context)"
-            used[i] += 1
+            recomputed = torch._C._current_autograd_node() is not None  # called from the backward pass
+            assert used[i] == 0 or recomputed, (
+                f"MoE layer {i}: recorded routing consumed twice (one forward per replay context)"
+            )
+            used[i] += not recomputed
             x = hidden_states.reshape(-1, gate.hidden_dim)
             ids = flat[:, i]
             assert ids.shape[0] == x.shape[0], f"MoE layer {i}: {ids.shape[0]} recorded tokens for {x.shape[0]} tokens"

@@ -96,7 +96,7 @@ def router_replay(model, batch) -> ContextManager:
         recorded = [t for t, r in enumerate(row) if r is not None]
         if recorded:
             ids[b, recorded] = torch.tensor([row[t] for t in recorded], dtype=torch.long)
-    return replay_routing(model, ids)
+    return replay_routing(model, ids.to(batch.input_ids_BT.device))  # the batch's device: the trainer's
 
 
 class TaskSampler:

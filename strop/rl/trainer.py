@@ -1,6 +1,8 @@
 """The RL trainer: owns the policy (fp32 master weights, AdamW), turns `Sample`s into padded
 token batches, recomputes the policy's logprobs of the sampled tokens, runs the loss, steps, and
-publishes the new version as a bf16 snapshot. Samples whose advantage is 0 contribute exactly
+publishes the new version as a bf16 snapshot. It computes on its rank's device (`ranks.device`:
+the CPU or a GPU), in fp32 or under bf16 autocast (`precision`, `strop.train.device`); what it
+publishes and returns is on the host. Samples whose advantage is 0 contribute exactly
 nothing to the update (without a KL term), so they run forward-only, for the step's metrics.
 
 It is algorithm-blind: advantages and per-token weights come in with the samples
@@ -26,6 +28,7 @@ taken at one rank count loads at any other.
 """
 
 import contextlib
+import dataclasses
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -41,6 +44,7 @@ from strop.model.mismatch import mismatch_metrics
 from strop.model.policy import logits_at
 from strop.rl.advantages import Sample
 from strop.rl.loss import policy_loss
+from strop.train.device import Precision, peak_memory_mib
 from strop.train.parallel import Ranks, local, shard_offset, whole
 from strop.train.sharded_checkpoint import load_sharded, save_sharded
 
@@ -59,6 +63,11 @@ class TrainBatch:
     lengths_B: torch.Tensor  # long: unpadded input length of each row
     temperature_B: torch.Tensor  # float32: the temperature each row was sampled at (logits are divided by it)
     routing: list[list]  # per row, per input position: the experts it was routed through (None where not recorded)
+
+    def to(self, device: torch.device) -> "TrainBatch":
+        """The batch with its tensors on `device` (routing stays host data)."""
+        moved = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return TrainBatch(**{k: v.to(device) if torch.is_tensor(v) else v for k, v in moved.items()})
 
 
 ReplayContext = Callable[[Any, TrainBatch], ContextManager]
@@ -111,7 +120,7 @@ def token_logprobs(model, batch: TrainBatch) -> torch.Tensor:
     temperature = batch.temperature_B[:, None].expand(mask.shape)[mask]
     logits = logits_at(model, batch.input_ids_BT, mask) / temperature[:, None]
     lp = -F.cross_entropy(logits, batch.targets_BT[mask], reduction="none")
-    return torch.zeros(mask.shape, dtype=lp.dtype).masked_scatter(mask, lp)
+    return torch.zeros(mask.shape, dtype=lp.dtype, device=lp.device).masked_scatter(mask, lp)
 
 
 class RLTrainer:
@@ -128,15 +137,21 @@ class RLTrainer:
         version: int = 0,
         ranks: Ranks | None = None,
         reference=None,
+        precision: Precision = Precision(),
     ):
-        """`ranks`: the rank group `model` is already sharded over (`strop.train.parallel`); None =
-        this process alone. `reference`: the frozen policy `rl.ref_kl_coef` anchors to, sharded
-        like `model` (needed exactly when the coefficient is > 0)."""
+        """`ranks`: the rank group `model` is already sharded over (`strop.train.parallel`), and its
+        device; None = this process alone, on the CPU. A model of one process is moved to the
+        device; a sharded one is already there. `reference`: the frozen policy `rl.ref_kl_coef`
+        anchors to, sharded and placed like `model` (needed exactly when the coefficient is > 0).
+        `precision`: fp32, or bf16 autocast over the fp32 master weights."""
         if (rl.ref_kl_coef > 0) != (reference is not None):
             raise ValueError("a reference policy is needed exactly when rl.ref_kl_coef > 0")
+        self.ranks = ranks or Ranks()
+        self.device, self.precision = self.ranks.device, precision
+        if self.ranks.size == 1:
+            model, reference = model.to(self.device), reference.to(self.device) if reference is not None else None
         self.model = model.float().train()  # fp32 master weights; engines get bf16 copies
         self.reference = reference.float().eval().requires_grad_(False) if reference is not None else None
-        self.ranks = ranks or Ranks()
         self.rl = rl
         self.pad_id = pad_id
         self.publish = publish
@@ -182,26 +197,29 @@ class RLTrainer:
             for chunk, counted in self.ranks.share([part[i : i + mb] for i in range(0, len(part), mb)], weightless)
         ]
         for learn, chunk, counted in chunks:
-            batch = build_batch(chunk, self.pad_id)
+            batch = build_batch(chunk, self.pad_id).to(self.device)
             with self.replay_ctx(self.model, batch), torch.set_grad_enabled(learn):
-                logprobs = token_logprobs(self.model, batch)
-                loss, m = policy_loss(
-                    logprobs,
-                    batch.behavior_BT,
-                    batch.advantages_BT,
-                    batch.weights_BT,
-                    batch.mask_BT,
-                    self.rl,
-                    self._reference_logprobs(batch),
-                )
-            if learn:
-                loss.backward()  # weights carry the normalisation: micro-batch losses add up to the batch loss
-                learned.append((batch, logprobs.detach(), counted))
+                with self.precision.autocast(self.device):
+                    logprobs = token_logprobs(self.model, batch)
+                    loss, m = policy_loss(
+                        logprobs,
+                        batch.behavior_BT,
+                        batch.advantages_BT,
+                        batch.weights_BT,
+                        batch.mask_BT,
+                        self.rl,
+                        self._reference_logprobs(batch),
+                    )
+                if learn:
+                    # weights carry the normalisation: micro-batch losses add up to the batch loss. Inside
+                    # the replay context: activation checkpointing recomputes the forward here.
+                    loss.backward()
+                    learned.append((batch, logprobs.detach(), counted))
             if not counted:
                 continue
             loss_total += loss.item() if learn else 0.0
-            behavior_lp.append(batch.behavior_BT[batch.mask_BT])
-            trainer_lp.append(logprobs.detach()[batch.mask_BT])
+            behavior_lp.append(batch.behavior_BT[batch.mask_BT].cpu())  # host tensors: gathered as objects
+            trainer_lp.append(logprobs.detach()[batch.mask_BT].cpu())
             tokens += int(batch.lengths_B.sum())
             for k, v in m.items():
                 sums[k] += v * m["tokens"] if k != "tokens" else v
@@ -245,6 +263,7 @@ class RLTrainer:
             "staleness_hist": {str(k): staleness[k] for k in sorted(staleness)},
             "step_s": seconds,
             "publish_s": publish_s,
+            "peak_mem_mib": peak_memory_mib(self.device),  # rank 0's: GPU memory allocated, or the process's RSS
         }
         self.log(row)
         return row
@@ -254,7 +273,7 @@ class RLTrainer:
         """The reference policy's logprobs of the batch's targets (None without a reference)."""
         if self.reference is None:
             return None
-        with self.replay_ctx(self.reference, batch):
+        with self.replay_ctx(self.reference, batch), self.precision.autocast(self.device):
             return token_logprobs(self.reference, batch)
 
     @torch.no_grad()
@@ -272,15 +291,15 @@ class RLTrainer:
         moved = {"pos": [], "neg": []}
         gain = 0.0
         for batch, old_lp, counted in learned:
-            with self.replay_ctx(self.model, batch):
+            with self.replay_ctx(self.model, batch), self.precision.autocast(self.device):
                 new_lp = token_logprobs(self.model, batch)
             if not counted:
                 continue
             diff = (new_lp - old_lp)[batch.mask_BT]
             adv = batch.advantages_BT[batch.mask_BT]
             gain += float((diff * adv * batch.weights_BT[batch.mask_BT]).double().sum())
-            moved["pos"].append(diff[adv > 0])
-            moved["neg"].append(diff[adv < 0])
+            moved["pos"].append(diff[adv > 0].cpu())
+            moved["neg"].append(diff[adv < 0].cpu())
         parts = self.ranks.gather((delta, norm, moved, gain))
         delta, norm = sum(p[0] for p in parts), sum(p[1] for p in parts)
         out = {"update_rel": (delta / max(norm, 1e-30)) ** 0.5, "objective_gain": sum(p[3] for p in parts)}
@@ -290,16 +309,19 @@ class RLTrainer:
         return out
 
     def memory(self) -> list[dict]:
-        """Per rank, in rank order: MiB of the parameters and AdamW state it holds (its shards), and
-        its process's peak resident memory in MiB."""
-        import resource
-
+        """Per rank, in rank order: MiB of the parameters and AdamW state it holds (its shards), its
+        process's peak resident memory in MiB and, on a GPU, the peak GPU memory it allocated."""
         held = [local(p) for p in self.model.parameters()]
         held += [local(v) for s in self.optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
         state_mib = sum(t.numel() * t.element_size() for t in held) / 2**20
-        return self.ranks.gather(
-            {"state_mib": state_mib, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-        )
+        mine = {
+            "state_mib": state_mib,
+            "peak_rss_mib": peak_memory_mib(torch.device("cpu")),
+            "device": str(self.device),
+        }
+        if self.device.type == "cuda":
+            mine["peak_gpu_mib"] = peak_memory_mib(self.device)
+        return self.ranks.gather(mine)
 
     def publish_version(self) -> None:
         """Hand the current version to `publish` (the whole bf16 state dict), or to `publish_shards`
@@ -317,30 +339,35 @@ class RLTrainer:
         for k, v in self.model.state_dict().items():
             shard = local(v)
             if shard.numel() and (shard is not v or self.ranks.rank == 0):
-                out[k] = (tuple(v.shape), shard_offset(v), shard.detach().to(torch.bfloat16))
+                out[k] = (tuple(v.shape), shard_offset(v), shard.detach().to(torch.bfloat16).cpu())
         return out
 
     def bf16_state_dict(self) -> dict[str, torch.Tensor]:
-        """The whole model in bf16 (gathered from the shards on every rank when sharded)."""
-        return {k: whole(v).detach().to(torch.bfloat16) for k, v in self.model.state_dict().items()}
+        """The whole model in bf16 on the host (gathered from the shards on every rank when sharded)."""
+        return {k: whole(v).detach().to(torch.bfloat16).cpu() for k, v in self.model.state_dict().items()}
 
     def state_dict(self) -> dict:
-        """The model's whole tensors (gathered on every rank when sharded, a copy: later steps do not
-        change it) and the version: for the final model and for comparisons. Checkpoints are `save`."""
+        """The model's whole tensors on the host (gathered on every rank when sharded, a copy: later
+        steps do not change it) and the version: for the final model and for comparisons. Checkpoints
+        are `save`."""
         return {
-            "model": {k: whole(v).detach().clone() for k, v in self.model.state_dict().items()},
+            "model": {k: whole(v).detach().cpu().clone() for k, v in self.model.state_dict().items()},
             "version": self.version,
         }
 
     def save(self, path: Path) -> None:
         """Every rank: its shards of the model and the optimizer, the version and torch's RNG, into
         the directory `path` (`strop.train.sharded_checkpoint.save_sharded`), without gathering the model."""
-        save_sharded(
-            path, self.model, self.optimizer, self.ranks, {"version": self.version, "rng": torch.get_rng_state()}
-        )
+        extra = {"version": self.version, "rng": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            extra["cuda_rng"] = torch.cuda.get_rng_state(self.device)
+        save_sharded(path, self.model, self.optimizer, self.ranks, extra)
 
     def load(self, path: Path) -> None:
-        """Every rank: load what `save` wrote in `path`, at this or any other number of ranks."""
+        """Every rank: load what `save` wrote in `path`, at this or any other number of ranks (and
+        on another device: a CPU checkpoint resumes on a GPU)."""
         extra = load_sharded(path, self.model, self.optimizer, self.ranks)
         self.version = extra["version"]
         torch.set_rng_state(extra["rng"])
+        if self.device.type == "cuda" and "cuda_rng" in extra:
+            torch.cuda.set_rng_state(extra["cuda_rng"], self.device)

@@ -7,7 +7,8 @@ Starts from `policy_dir` (default `<run_dir>/sft/model`), trains on the train sp
 `rollout.suite`, and writes `<run_dir>/rl/`: `metrics.jsonl` (one row per step), `report.md` with
 plots, `checkpoint/` (the whole run, every `rollout.ckpt_every` steps), `model/` (the final policy),
 `weights/` (the versioned weight store the engines sync from, unless `sync.store` puts it elsewhere),
-`snapshots/` (the last two versions) and `result.json`.
+`snapshots/` (the last two versions), `placement.json` (on Ray: where each actor landed) and
+`result.json`.
 Rerunning the same call resumes from the checkpoint; a finished run only reports.
 """
 
@@ -60,24 +61,18 @@ def _start_runtime(
     from strop.rl.trainer import no_replay
     from strop.runtime.engines import check_engine_available
 
-    if runtime == "ray" and cfg.rollout.engine != "strop":
-        raise UserError(
-            f"rollout.engine = {cfg.rollout.engine!r} runs on the inline runtime only (Ray engine actors "
-            "hold strop's engine)"
-        )
     check_engine_available(cfg.rollout.engine)  # before any model loads
     replay = router_replay if is_moe(load_model_config(policy_dir)) else no_replay
     transformers.logging.set_verbosity_error()
     if runtime == "inline":
         from strop.runtime.inline import start_inline
+        from strop.train.device import device_type
+
+        device_type(cfg.trainer)  # cuda where there is none: one line here, not an error in the trainer's process
 
         return start_inline(cfg, policy_dir, tasks, replay, cpus=cpus, trainer_process=trainer_process, store_url=store)
     from strop.runtime.ray_runtime import start_ray
 
-    if cfg.trainer.parallel.fsdp > 1:
-        raise UserError(
-            "config key 'trainer.parallel.fsdp' > 1 runs on the inline runtime only (the Ray trainer is one actor)"
-        )
     if ray_address and isinstance(fsspec.core.url_to_fs(store)[0], LocalFileSystem):
         print(
             f"[rl] warning: the weight store {store!r} is a local directory: engines on other machines receive "
@@ -130,6 +125,8 @@ def train_rl(
         orch = Orchestrator(cfg, rt, list(tasks), mode, out, log=(lambda row: None) if quiet else _print_row)
         if orch.resume():
             print(f"[rl] resumed at step {orch.step} (version {rt.version})", flush=True)
+        if runtime == "ray":  # where Ray placed the trainer's ranks, the relays and the engines
+            write_atomic(out / "placement.json", json.dumps(rt.placement(), indent=2))
         result = orch.run()
         _save_last_versions(store, out / "snapshots")  # for `strop bench sync --demo-run`
         model = load_model(policy_dir)

@@ -10,14 +10,19 @@
   own it.
 
 Every kind hands rollouts the same `PolicyClient` (token ids in; logprobs, versions and routed
-experts out), follows the same relay, and reports its busy seconds.
+experts out), follows the same relay, and reports its busy seconds. Each starts from the policy
+directory on this machine, or, on a node without one (a Ray engine actor), from the weight store
+(`strop.engine.bootstrap`).
 """
 
 import os
 import warnings
+from pathlib import Path
 from typing import Protocol
 
 from strop.config import Config
+from strop.data.tokenizer import load_tokenizer
+from strop.engine.bootstrap import checkpoint_from_store, latest_weights, policy_files, zero_policy
 from strop.errors import UserError
 from strop.policy_api import PolicyClient
 from strop.sync.apply import EngineSync
@@ -60,22 +65,30 @@ def check_engine_available(engine: str) -> None:
 def start_engine(
     cfg: Config,
     index: int,
-    policy_dir: str,
+    policy_dir: str | None,
     tokenizer,
     store_url: str,
     relay: RelayLink,
     origin_url: str,
     cpus: frozenset[int] | None = None,
+    workdir: Path | None = None,
 ) -> RunEngine:
-    """Engine `index` of the run, started and following `relay`."""
+    """Engine `index` of the run, started and following `relay`. Its starting weights: the policy
+    in `policy_dir` (on this machine: the inline runtime), or with `policy_dir` None the weight
+    store's (`strop.engine.bootstrap`: an engine on a node that has no copy of the policy, whose
+    files it writes into `workdir`; `tokenizer` None: the store's)."""
     r = cfg.rollout
+    if policy_dir is None:
+        assert workdir is not None, "an engine that starts from the store needs a directory of its own"
+        from_store = policy_files(store_url, workdir / "policy")
+        tokenizer = tokenizer or load_tokenizer(from_store)
     if r.engine == "strop":
         from strop.model.policy import load_model
         from strop.runtime.inline import TimedEngine
         from strop.runtime.weights import SyncedEngine
 
         engine = TimedEngine(
-            load_model(policy_dir),
+            load_model(policy_dir) if policy_dir else zero_policy(from_store),
             tokenizer,
             max_batch=r.engine_batch,
             max_len=r.max_context,
@@ -90,6 +103,14 @@ def start_engine(
     from strop.model.policy import load_model
     from strop.runtime.served import ServedEngine
 
+    version = -1  # the served weights are not yet a published version: the first sync checks every tensor
+    if policy_dir is not None:
+        initial = load_model(policy_dir).state_dict()
+    elif r.engine == "vllm":  # it starts from a checkpoint directory: the store's latest version, written here
+        version, initial = checkpoint_from_store(store_url, workdir / "checkpoint")
+        policy_dir = str(workdir / "checkpoint")
+    else:  # a running server at a URL holds weights of its own; the host copy starts from the store's
+        initial = latest_weights(store_url)[1]
     if r.engine == "vllm":
         from strop.engine.server_process import ServerProcess
         from strop.engine.vllm_server import VllmWeights, returns_routed_experts, vllm_argv, vllm_env
@@ -118,11 +139,12 @@ def start_engine(
             return ServedEngine(
                 EndpointClient(server.url, model="strop"),
                 VllmWeights(server.url),
-                load_model(policy_dir).state_dict(),
+                initial,
                 store_url,
                 relay,
                 origin_url,
                 owned=server,
+                version=version,
             )
         except BaseException:
             server.close()
@@ -132,9 +154,7 @@ def start_engine(
         client.connect()
     except ConnectionError as e:
         raise UserError(f"config key 'rollout.engine': {e}") from None
-    return ServedEngine(
-        client, StoreVersionLoader(client), load_model(policy_dir).state_dict(), store_url, relay, origin_url
-    )
+    return ServedEngine(client, StoreVersionLoader(client), initial, store_url, relay, origin_url)
 
 
 class StoreVersionLoader:

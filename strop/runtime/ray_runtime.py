@@ -1,166 +1,118 @@
-"""The `ray` runtime: the trainer, one relay per inference cluster, the engines and the rollout
-workers as Ray actors, placed by node label.
+"""The `ray` runtime: the trainer's ranks, one relay per inference cluster, the engines and the
+rollout workers as Ray actors, placed by node label (`strop.runtime.ray_placement`).
 
     trainer nodes (strop-role=trainer)          inference cluster "a" (strop-cluster=a)
     ┌──────────────────────────────┐  delta    ┌──────────────────────────────────────────┐
-    │ TrainerActor: RLTrainer,     │──once────►│ RelayActor ──► EngineActor ×N (+ replica) │
-    │ TrainerSync (encode, store,  │  per      └──────────────────────────────────────────┘
-    │ origin)                      │  cluster  ┌ cluster "b" ┐ ...
+    │ TrainerRankActor ×fsdp:      │──once────►│ RelayActor ──► EngineActor ×N (+ replica) │
+    │ RLTrainer shards, TrainerSync│  per      └──────────────────────────────────────────┘
+    │ (rank 0 serves the origin)   │  cluster  ┌ cluster "b" ┐ ...
     └──────────────▲───────────────┘──────────►└─────────────┘
                    │ step(samples) → metrics          ▲ generate(ids)
     driver (orchestrator main loop) ── run(item) ──► RolloutActor ×2
 
-Placement: the trainer goes to a node labelled `strop-role=trainer` when there is one; each
-distinct value of the `strop-cluster` label is an inference cluster, which gets one relay and
-a share of the engines (round robin), each placed by label selector on that cluster's nodes.
-Without labels (a local Ray instance, which starts by itself: 2 CPUs, no dashboard) everything
-is one cluster on any node. Actors ask for no CPUs from Ray's scheduler (their threads are
-pinned by `cpus`, when given, as in the inline runtime), so a small machine can hold them all.
-Every actor process calls `set_threads` first.
+Placement: the trainer's `trainer.parallel.fsdp` ranks are reserved together in a placement group
+on the nodes labelled `strop-role=trainer` (a GPU each where those nodes have them;
+`strop.runtime.ray_trainer`); each distinct value of the `strop-cluster` label is an inference
+cluster, which gets one relay and a share of the engines (round robin), each placed by label
+selector on that cluster's nodes. Without labels (a local Ray instance, which starts by itself:
+2 CPUs, no dashboard) everything is one cluster on any node. Actors ask for no CPUs from Ray's
+scheduler (their threads are pinned by `cpus`, when given, as in the inline runtime), so a small
+machine can hold them all. Every actor process calls `set_threads` first.
 
-Weights take the one transport of `strop.sync`: the trainer actor encodes each version's delta
-and publishes it to the store (`store_url`, which every inference node must be able to read: a
-shared directory, or object storage on a real cluster) and its origin; each relay pulls it once
-and serves its cluster; each engine's sync thread verifies it and patches the engine in place.
-Nothing but metrics comes back from a step. `bytes_synced` is the origin's egress.
+Only the trainer nodes read the policy directory (and the run directory, for checkpoints). Every
+other actor starts from the weight store: the trainer puts the policy's config and tokenizer
+there beside the weights, and an engine — strop's, or a vLLM server it starts on its node —
+builds the policy from those and fetches the weights (`strop.engine.bootstrap`).
 
-Engines may join (`add_engine`: it fetches from the store only what differs from its own
-weights, then the chain, and takes work once current) and leave (`remove_engine`, or die) while
-the run goes on. Work on a lost engine or worker comes back as lost (`results`); the
-orchestrator relaunches it under the same key and `submit` sends it to a live engine — a dead
-rollout worker is replaced.
+Weights take the one transport of `strop.sync`: each trainer rank encodes the delta of its shards
+of each version and publishes it to the store (`store_url`, which every inference node must be
+able to read: a shared directory, or object storage on a real cluster), rank 0's origin announces
+it; each relay pulls it once and serves its cluster; each engine's sync thread verifies it and
+patches the engine in place. Nothing but metrics comes back from a step. `bytes_synced` is the
+origin's egress.
+
+Engines may join (`add_engine`: it fetches from the store what it needs, then the chain, and takes
+work once current) and leave (`remove_engine`, or die) while the run goes on. Work on a lost
+engine or worker comes back as lost (`results`); the orchestrator relaunches it under the same key
+and `submit` sends it to a live engine — a dead rollout worker is replaced. A lost trainer rank
+stops the run (`strop.errors.RunStopped`); its last checkpoint resumes it.
 """
 
 import os
+import shutil
 import tempfile
 import time
+from pathlib import Path
 
 import ray
 
 from strop.config import Config, RolloutSection
+from strop.env.harness import HarnessConfig, harness_config
 from strop.env.task import Task
 from strop.policy_api import Generation, SamplingParams
 from strop.rl.advantages import Sample
 from strop.rl.rollout import RolloutLost, WorkItem
 from strop.rl.trajectory import Trajectory
 from strop.runtime.inline import SYNC_TIMEOUT_S, CpuSplit
+from strop.runtime.ray_placement import cluster_layout, on_cluster, start_actor_process
 from strop.runtime.ray_relay import RelayActor
+from strop.runtime.ray_trainer import RayTrainer
 from strop.runtime.weights import relay_keep
 
 ROLLOUT_ACTORS = 2  # rollout processes; each runs ceil(workers / ROLLOUT_ACTORS) episodes on threads
 LOST = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
-ROLE_LABEL, TRAINER_ROLE = "strop-role", "trainer"
-CLUSTER_LABEL = "strop-cluster"
-UNLABELLED = "default"  # the one inference cluster of a cluster without strop-cluster labels
-
-
-def _start_process(cpus: frozenset[int] | None) -> None:
-    from strop.threads import set_threads
-
-    set_threads(1)
-    if cpus:
-        os.sched_setaffinity(0, cpus)  # the actor's main thread; threads it starts inherit it
-
-
-@ray.remote(num_cpus=0)
-class TrainerActor:
-    def __init__(
-        self, cfg: Config, policy_dir: str, replay_ctx, pad_id: int, cpus: frozenset[int] | None, store_url: str
-    ):
-        _start_process(cpus)
-        from strop.model.policy import load_model
-        from strop.rl.trainer import RLTrainer
-        from strop.runtime.trainers import LocalTrainer, trainer_sync
-
-        sync = trainer_sync(cfg, store_url, host=ray.util.get_node_ip_address())
-        reference = load_model(policy_dir) if cfg.rl.ref_kl_coef > 0 else None
-        trainer = RLTrainer(load_model(policy_dir), cfg.rl, pad_id=pad_id, replay_ctx=replay_ctx, reference=reference)
-        self.local = LocalTrainer(trainer, sync)
-        self.local.publish()  # version 0: the store's snapshot
-
-    def origin_url(self) -> str:
-        return self.local.origin_url
-
-    def step(self, samples: list[Sample]) -> dict:
-        return self.local.step(samples)
-
-    def version(self) -> int:
-        return self.local.version
-
-    def state_dict(self) -> dict:
-        return self.local.state_dict()
-
-    def save(self, path) -> None:
-        self.local.save(path)
-
-    def load(self, path) -> None:
-        self.local.load(path)
-
-    def sync_stats(self) -> dict:
-        return self.local.sync_stats()
-
-    def weights_crc32(self) -> dict[str, int]:
-        """CRC-32C of each tensor of the last published bf16 snapshot, widened to fp32 (exact), to
-        compare with the engines' live weights bit for bit."""
-        from strop.sync.apply import bits_view
-
-        return {k: bits_view(v.float()).crc32() for k, v in self.local.bf16_state_dict().items()}
+CLOSE_TIMEOUT_S = 60.0  # an engine that has not stopped its server by then is killed with it
 
 
 @ray.remote(num_cpus=0, max_concurrency=64)
 class EngineActor:
-    """One engine and its sync thread; its loop thread batches the turns of every rollout thread
-    calling `generate`."""
+    """One engine (`rollout.engine`: strop's, with its loop thread batching the turns of every
+    rollout thread calling `generate`; or a vLLM server it starts on this node) and its sync
+    thread. It starts from the weight store alone: this node needs no copy of the policy."""
 
     def __init__(
         self,
-        r: RolloutSection,
-        policy_dir: str,
+        cfg: Config,
+        index: int,
         label: str,
-        seed: int,
         cpus: frozenset[int] | None,
         store_url: str,
         relay_url: str,
         origin_url: str,
     ):
-        _start_process(cpus)
-        from strop.data.tokenizer import load_tokenizer
-        from strop.model.policy import load_model
-        from strop.runtime.inline import TimedEngine
-        from strop.runtime.weights import SyncedEngine
+        start_actor_process(cpus)
+        from strop.runtime.engines import start_engine
         from strop.sync.relay import http_link
 
         self.label = label
-        self.engine = TimedEngine(
-            load_model(policy_dir),
-            load_tokenizer(policy_dir),
-            max_batch=r.engine_batch,
-            max_len=r.max_context,
-            seed=seed,
-            cpus=cpus,
+        self.workdir = Path(tempfile.mkdtemp(prefix="strop-engine-"))  # the policy's files, fetched from the store
+        self.engine = start_engine(
+            cfg, index, None, None, store_url, http_link(relay_url), origin_url, cpus, workdir=self.workdir
         )
-        self.synced = SyncedEngine(self.engine, store_url, http_link(relay_url), origin_url)
-        self.engine.start()
 
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        from strop.engine.policy_client import EnginePolicy
-
-        return EnginePolicy(self.engine).generate(prompt_ids, params)
+        return self.engine.policy().generate(prompt_ids, params)
 
     def wait_version(self, version: int, timeout: float = SYNC_TIMEOUT_S) -> bool:
-        return self.synced.wait_version(version, timeout)
+        return self.engine.wait_version(version, timeout)
 
     def info(self) -> dict:
-        s = self.synced.sync
+        s = self.engine.sync
         with s.cond:  # swaps: (version, pause seconds, time.time() it went live), the first one the bootstrap
             swaps = [(v, pause, at) for (v, at), pause in zip(s.swapped_at.items(), s.pauses)]
+            first = s.reports[0] if s.reports else None
         return {
             "label": self.label,
-            "version": self.engine.version,
+            "version": s.version,
             "busy_s": self.engine.busy_s,
             "pid": os.getpid(),
             "node": ray.get_runtime_context().get_node_id(),
             "swaps": swaps,
+            # what its first sync fetched whole: the weights it did not start with
+            "bootstrap": {
+                "fetched": len(first.repaired) if first else 0,
+                "bytes": first.repaired_bytes if first else 0,
+            },
             "repaired": [x for rep in s.reports for x in rep.repaired],
             "repaired_bytes": sum(rep.repaired_bytes for rep in s.reports),
         }
@@ -170,7 +122,12 @@ class EngineActor:
         live weight that is not exactly the trainer's bf16 value shows."""
         from strop.sync.apply import bits_view
 
-        return {k: bits_view(t.detach().float()).crc32() for k, t in self.synced.sync.live.items()}
+        return {k: bits_view(t.detach().float()).crc32() for k, t in self.engine.sync.live.items()}
+
+    def close(self) -> None:
+        """Stop following the relay and stop the engine (and the server it started)."""
+        self.engine.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 class RayPolicy:
@@ -185,13 +142,16 @@ class RayPolicy:
 
 @ray.remote(num_cpus=0, max_concurrency=64)
 class RolloutActor:
-    def __init__(self, r: RolloutSection, policy_dir: str, cpus: frozenset[int] | None):
-        _start_process(cpus)
+    def __init__(self, r: RolloutSection, harness: HarnessConfig, store_url: str, cpus: frozenset[int] | None):
+        start_actor_process(cpus)
         from strop.data.tokenizer import load_tokenizer
-        from strop.env.harness import Harness, harness_config
+        from strop.engine.bootstrap import policy_files
+        from strop.env.harness import Harness
         from strop.rl.rollout import sandbox_limits
 
-        self.harness = Harness(load_tokenizer(policy_dir), harness_config(r))
+        with tempfile.TemporaryDirectory(prefix="strop-rollout-") as tmp:  # the tokenizer, from the store
+            tokenizer = load_tokenizer(policy_files(store_url, Path(tmp)))
+        self.harness = Harness(tokenizer, harness)
         self.limits = sandbox_limits(r)
 
     def run(self, item: WorkItem, task: Task, engine) -> tuple[Trajectory | None, str | None]:
@@ -204,20 +164,6 @@ class RolloutActor:
 
     def pid(self) -> int:
         return os.getpid()
-
-
-def cluster_layout() -> tuple[bool, list[str]]:
-    """(whether a node is labelled as a trainer node, the inference clusters by label) of the
-    connected Ray cluster's live nodes; no cluster labels: one unlabelled cluster."""
-    nodes = [n for n in ray.nodes() if n["Alive"]]
-    trainer = any(n.get("Labels", {}).get(ROLE_LABEL) == TRAINER_ROLE for n in nodes)
-    clusters = sorted({n["Labels"][CLUSTER_LABEL] for n in nodes if CLUSTER_LABEL in n.get("Labels", {})})
-    return trainer, clusters or [UNLABELLED]
-
-
-def _on(label: str) -> dict:
-    """Actor options that place it on the nodes of inference cluster `label`."""
-    return {} if label == UNLABELLED else {"label_selector": {CLUSTER_LABEL: label}}
 
 
 class RayRuntime:
@@ -239,20 +185,20 @@ class RayRuntime:
         self.tokenizer = load_tokenizer(policy_dir)
         self._tmp = None if store_url else tempfile.TemporaryDirectory(prefix="strop-weights-")
         self.store_url = store_url or self._tmp.name
-        has_trainer_node, self.clusters = cluster_layout()
-        placed = {"label_selector": {ROLE_LABEL: TRAINER_ROLE}} if has_trainer_node else {}
-        self.trainer = TrainerActor.options(**placed).remote(
+        _, self.clusters = cluster_layout()
+        self.trainer = RayTrainer(
             cfg,
             policy_dir,
             replay_ctx,
             self.tokenizer.pad_token_id or 0,
-            cpus.trainer if cpus else None,
             self.store_url,
+            cpus.trainer if cpus else None,
         )
-        self.origin_url = ray.get(self.trainer.origin_url.remote())
+        self.trainer.publish()  # version 0: the store's snapshot (and the policy's files beside it)
+        self.origin_url = self.trainer.origin_url
         lan = cfg.sync.lan_mb_s * 1e6 or None
         self.relays = {
-            c: RelayActor.options(**_on(c)).remote(self.origin_url, lan, relay_keep(cfg)) for c in self.clusters
+            c: RelayActor.options(**on_cluster(c)).remote(self.origin_url, lan, relay_keep(cfg)) for c in self.clusters
         }
         self.relay_urls = {c: ray.get(a.url.remote()) for c, a in self.relays.items()}
         self._version = 0
@@ -271,7 +217,10 @@ class RayRuntime:
 
     def _new_worker(self, concurrency: int):
         return RolloutActor.options(max_concurrency=concurrency).remote(
-            self.cfg.rollout, self.policy_dir, self.cpus.rollout if self.cpus else None
+            self.cfg.rollout,
+            harness_config(self.cfg.rollout, self.cfg.harness),
+            self.store_url,
+            self.cpus.rollout if self.cpus else None,
         )
 
     # ---- engines joining and leaving -------------------------------------------------------
@@ -281,11 +230,10 @@ class RayRuntime:
         takes work from the next `submit` on."""
         name = f"engine-{self._engine_seq}"
         self._engine_seq += 1
-        engine = EngineActor.options(**_on(cluster)).remote(
-            self.cfg.rollout,
-            self.policy_dir,
+        engine = EngineActor.options(**on_cluster(cluster)).remote(
+            self.cfg,
+            self._engine_seq,
             cluster,
-            self.cfg.run.seed + self._engine_seq,
             self.cpus.rollout if self.cpus else None,
             self.store_url,
             self.relay_urls[cluster],
@@ -346,7 +294,7 @@ class RayRuntime:
 
     def train(self, samples: list[Sample]) -> dict:
         """One trainer step; the trainer actor publishes the new version itself."""
-        row = ray.get(self.trainer.step.remote(samples))
+        row = self.trainer.step(samples)
         self._version = row["version"]
         return row
 
@@ -361,7 +309,7 @@ class RayRuntime:
                 pass  # an engine that left needs no weights
 
     def sync_stats(self) -> dict:
-        return ray.get(self.trainer.sync_stats.remote())
+        return self.trainer.sync_stats()
 
     @property
     def bytes_synced(self) -> int:
@@ -373,16 +321,16 @@ class RayRuntime:
         return self._version
 
     def state_dict(self) -> dict:
-        return ray.get(self.trainer.state_dict.remote())
+        return self.trainer.state_dict()
 
     def save(self, path) -> None:
-        """The trainer actor writes its checkpoint files into `path` itself: a directory its node
+        """Every trainer rank writes its shards into `path` itself: a directory every trainer node
         reaches (the local node here; a shared file system across nodes)."""
-        ray.get(self.trainer.save.remote(path))
+        self.trainer.save(path)
 
     def load(self, path) -> None:
-        ray.get(self.trainer.load.remote(path))  # published as a new chain
-        self._version = ray.get(self.trainer.version.remote())
+        self.trainer.load(path)  # published as a new chain
+        self._version = self.trainer.version
         self.wait_synced()
 
     def engine_busy_s(self) -> float:
@@ -394,9 +342,24 @@ class RayRuntime:
         # engines that left keep their busy seconds; divided by the configured engine count
         return (sum(self._last_busy.values()) + self._busy_lost) / self.cfg.rollout.engines
 
+    def placement(self) -> dict:
+        """Where Ray placed the run's actors (node ids from each actor's own runtime context): the
+        trainer ranks (with their devices), each cluster's relay, and each live engine with what its
+        first sync fetched from the store."""
+        relays = {c: ray.get(a.stats.remote())["node"] for c, a in self.relays.items()}
+        engines = {}
+        for name, e in sorted(self.engines.items()):
+            info = ray.get(e.info.remote(), timeout=30)
+            engines[name] = {"cluster": info["label"], "node": info["node"], "bootstrap": info["bootstrap"]}
+        return {"trainer_ranks": self.trainer.placement, "relays": relays, "engines": engines}
+
     def close(self) -> None:
-        for actor in [*self.engines.values(), *self.workers, *self.relays.values(), self.trainer]:
+        # engines first, each stopping the server it may have started (a killed actor leaves it behind)
+        refs = [e.close.remote() for e in self.engines.values()]
+        ray.wait(refs, num_returns=len(refs), timeout=CLOSE_TIMEOUT_S)
+        for actor in [*self.engines.values(), *self.workers, *self.relays.values()]:
             ray.kill(actor)
+        self.trainer.close()
         if self._tmp is not None:
             self._tmp.cleanup()
 

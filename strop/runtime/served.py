@@ -92,8 +92,10 @@ class ServingGate:
 
 class ServedEngine:
     """`client`: the server's `PolicyClient` (token ids in); `loader`: its weight updates.
-    `initial`: the policy's tensors by the trainer's names (rounded to bf16 here). `owned`: the
-    server process this engine started, stopped by `close`."""
+    `initial`: the policy's tensors by the trainer's names (rounded to bf16 here), which the server
+    serves now: `version` when they are a published version the server started from (an engine
+    bootstrapped from the store), else -1. `owned`: the server process this engine started,
+    stopped by `close`."""
 
     def __init__(
         self,
@@ -104,6 +106,7 @@ class ServedEngine:
         relay: RelayLink,
         origin_url: str,
         owned: ServerProcess | None = None,
+        version: int = -1,
     ):
         self.client, self.loader, self.owned = client, loader, owned
         self.gate = ServingGate()
@@ -114,8 +117,8 @@ class ServedEngine:
         if missing:
             raise ValueError(f"the served model has no tensors {missing[:3]}: it is not the trainer's policy")
         live = {n: initial[n].detach().to(torch.bfloat16).clone() for n in names}
-        self.version = -1  # the server's own weights, not yet the published bf16 snapshot
-        self.sync = EngineSync(live, version=-1, swap=self._swap)
+        self.version = version  # -1: the server's own weights, not yet the published bf16 snapshot
+        self.sync = EngineSync(live, version=version, swap=self._swap)
         self.stop = threading.Event()
         self.thread = threading.Thread(
             target=self.sync.follow, args=(store, relay, origin_url, self.stop), name="strop-served-sync", daemon=True

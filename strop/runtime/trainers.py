@@ -42,30 +42,49 @@ def trainer_sync(cfg: Config, store_url: str, host: str = "127.0.0.1", ranks=Non
     )
 
 
-def rank_trainer(ranks, cfg: Config, policy_dir: str, replay_ctx, pad_id: int, store_url: str) -> "LocalTrainer":
-    """This rank's trainer: the policy, sharded over `ranks` when there are several, each rank
-    publishing its shards (rank 0 serves them)."""
+def rank_trainer(
+    ranks, cfg: Config, policy_dir: str, replay_ctx, pad_id: int, store_url: str, host: str = "127.0.0.1"
+) -> "LocalTrainer":
+    """This rank's trainer on its device (`ranks.device`): the policy, sharded over `ranks` when
+    there are several, each rank publishing its shards (rank 0 serves them, at `host`); rank 0 also
+    puts the policy's config and tokenizer into the store, for engines that start without the policy."""
+    from strop.engine.bootstrap import publish_policy_files
+    from strop.train.device import Precision
     from strop.train.shard_load import load_policy
 
-    model = load_policy(policy_dir, ranks).float()  # sharded: built on meta, each rank reads its shards
+    checkpointing = cfg.trainer.activation_checkpointing
+    model = load_policy(policy_dir, ranks, checkpointing).float()  # sharded: built on meta, each rank reads its shards
     # The reference is the warm start on a resumed run too: `policy_dir` stays the run's `--policy`.
     reference = load_policy(policy_dir, ranks) if cfg.rl.ref_kl_coef > 0 else None
-    sync = trainer_sync(cfg, store_url, ranks=ranks if ranks.size > 1 else None)
-    trainer = RLTrainer(model, cfg.rl, pad_id=pad_id, replay_ctx=replay_ctx, ranks=ranks, reference=reference)
+    sync = trainer_sync(cfg, store_url, host, ranks=ranks if ranks.size > 1 else None)
+    if ranks.rank == 0:
+        publish_policy_files(sync.publisher.store, policy_dir)
+    trainer = RLTrainer(
+        model,
+        cfg.rl,
+        pad_id=pad_id,
+        replay_ctx=replay_ctx,
+        ranks=ranks,
+        reference=reference,
+        precision=Precision.of(cfg.trainer, ranks.device.type),
+    )
     return LocalTrainer(trainer, sync)
 
 
 def start_trainer(cfg: Config, policy_dir: str, replay_ctx, pad_id: int, store_url: str):
     """The trainer in this process: a `LocalTrainer`, or rank 0 of `trainer.parallel.fsdp` ranks
-    (a `RankedTrainer` with the same calls; the others run in worker processes, one thread each)."""
+    (a `RankedTrainer` with the same calls; the others run in worker processes, one thread each),
+    on the device `trainer.device` picks (one GPU a rank)."""
     from strop.runtime.ranks import RankedTrainer, follow_calls
+    from strop.train.device import device_type, rank_device
     from strop.train.parallel import Ranks, start_ranks
 
     args = (cfg, policy_dir, replay_ctx, pad_id, store_url)
+    kind = device_type(cfg.trainer)
     n = cfg.trainer.parallel.fsdp
     if n == 1:
-        return rank_trainer(Ranks(), *args)
-    ranks, procs = start_ranks(n, follow_calls, (rank_trainer, args))
+        return rank_trainer(Ranks(device=rank_device(kind)), *args)
+    ranks, procs = start_ranks(n, follow_calls, (rank_trainer, args), kind=kind)
     return RankedTrainer(rank_trainer(ranks, *args), ranks, procs)
 
 

@@ -9,6 +9,8 @@ Layout under the root (a local directory, or any `fsspec` URL such as `s3://buck
     manifests/00000007.json        version, base version, bytes, per-tensor [dtype, shape, crc32]
     deltas/00000007.p1.delta       a sharded trainer's version: rank 1's piece (`pieces`); the
     snapshots/00000000.p1.safetensors  manifest counts them, and holds the whole tensors' crcs
+    files/INDEX.json, files/<name> small files that go with the weights (a policy's config and
+                                   tokenizer, for engines that start from the store): bytes as put
 
 The trainer side is `Publisher.publish(state, version)`. A receiver at version u reaches v with
 `advance`, applying deltas u+1..v. A damaged piece never costs a whole model: a delta that
@@ -29,6 +31,8 @@ import numpy as np
 
 from strop.sync import codec, pieces
 from strop.sync.tensors import StateDict, Tensor, bits_dtype, from_bytes, to_bytes
+
+FILE_INDEX = "INDEX.json"  # under files/: the names `put_files` kept
 
 
 class MissingPiece(LookupError):
@@ -291,6 +295,19 @@ class Store:
         for part in ("HEAD.json", "snapshots", "deltas", "manifests"):
             if self.fs.exists(self._path(part)):
                 self.fs.rm(self._path(part), recursive=True)
+
+    def put_files(self, files: dict[str, bytes]) -> None:
+        """Keep small files beside the weights (names without '/'); the index is written last, so a
+        reader sees the whole set or none. A new chain (`clear`) leaves them."""
+        for name, data in files.items():
+            assert "/" not in name and name != FILE_INDEX, f"not a plain file name: {name!r}"
+            self._write(self._path("files", name), data)
+        self._write(self._path("files", FILE_INDEX), json.dumps(sorted(files)).encode())
+
+    def files(self) -> dict[str, bytes]:
+        """The files `put_files` kept, by name; MissingPiece when there are none."""
+        names = json.loads(self._read(self._path("files", FILE_INDEX)))
+        return {name: self._read(self._path("files", name)) for name in names}
 
     def set_head(self, latest: int, snapshot: int) -> None:
         self._write(self._path("HEAD.json"), json.dumps({"latest": latest, "snapshot": snapshot}).encode())

@@ -10,6 +10,9 @@ computes its rows' part of every batch's loss, the load-balancing term's expert 
 over the ranks, so the ranks' gradients add up to one process's (float rounding aside); each
 rank writes its own shards of a checkpoint, and a checkpoint resumes at any rank count.
 
+It computes where `[trainer]` says (`strop.train.device`): on the CPU or a GPU per rank, in fp32 or
+under bf16 autocast over fp32 master weights, with activation checkpointing as an option.
+
 Outputs in the run directory: `tokenizer/`, `tokens.npy` (cached train stream), `ckpt/`
 (resumable, `strop.checkpoint`), `model/` (final, HF format), `metrics.jsonl`, `loss.png`, `config.toml`.
 """
@@ -80,8 +83,10 @@ def midtrain(cfg: Config, stop_after: int | None = None) -> dict:
     from strop.data.packing import tokenize_documents
     from strop.errors import UserError
     from strop.threads import set_threads
+    from strop.train.device import device_type, rank_device
     from strop.train.parallel import Ranks, start_ranks, stop_ranks
 
+    kind = device_type(cfg.trainer)  # before any work: cuda where there is none is the user's to fix
     n = cfg.trainer.parallel.fsdp
     m = cfg.midtrain
     if m.batch_size < n:
@@ -107,8 +112,8 @@ def midtrain(cfg: Config, stop_after: int | None = None) -> dict:
     val_tokens = tokenize_documents(tokenizer, corpus.val)
     args = (cfg, tokenizer, val_tokens, stop_after, threads)
     if n == 1:
-        return fit(Ranks(), *args)
-    ranks, procs = start_ranks(n, fit, args, threads)
+        return fit(Ranks(device=rank_device(kind)), *args)
+    ranks, procs = start_ranks(n, fit, args, threads, kind)
     try:
         return fit(ranks, *args)
     finally:
@@ -128,6 +133,7 @@ def fit(ranks, cfg: Config, tokenizer, val_tokens, stop_after: int | None, threa
     from strop.model.policy import build_model, load_model, save_model
     from strop.report import MetricsLog, plot_metrics
     from strop.tracking import open_tracker
+    from strop.train.device import Precision, checkpoint_activations
     from strop.train.parallel import shard_model, whole
     from strop.train.shard_load import load_policy
     from strop.train.sharded_checkpoint import load_training, save_training
@@ -140,12 +146,15 @@ def fit(ranks, cfg: Config, tokenizer, val_tokens, stop_after: int | None, threa
     val = PackedBatches(val_tokens, cfg.data.seq_len, m.batch_size, cfg.run.seed)
 
     if cfg.model.path:  # sharded: built on meta, each rank reads its shards
-        model = load_policy(cfg.model.path, ranks)
+        model = load_policy(cfg.model.path, ranks, cfg.trainer.activation_checkpointing)
     else:  # a new model: built whole on every rank (the same seed), then sharded
-        model = build_model(cfg.model, tokenizer, cfg.run.seed)
+        model = build_model(cfg.model, tokenizer, cfg.run.seed).to(ranks.device)
+        if cfg.trainer.activation_checkpointing:
+            checkpoint_activations(model)
         if ranks.size > 1:
             shard_model(model, ranks.mesh)
     model.train()
+    precision = Precision.of(cfg.trainer, ranks.device.type)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW(
@@ -177,7 +186,11 @@ def fit(ranks, cfg: Config, tokenizer, val_tokens, stop_after: int | None, threa
         """Held-out loss; every rank runs every batch whole (a sharded forward is a collective)."""
         model.eval()
         with torch.no_grad():
-            losses = [lm_loss(model, torch.from_numpy(val.batch_at(i)), 0.0)[0].item() for i in range(m.eval_batches)]
+            with precision.autocast(ranks.device):
+                losses = [
+                    lm_loss(model, torch.from_numpy(val.batch_at(i)).to(ranks.device), 0.0)[0].item()
+                    for i in range(m.eval_batches)
+                ]
         model.train()
         return ranks.broadcast(float(np.mean(losses)))
 
@@ -188,8 +201,9 @@ def fit(ranks, cfg: Config, tokenizer, val_tokens, stop_after: int | None, threa
             bar.close()
             return {"stopped_at": step}
         t0 = time.perf_counter()
-        batch = torch.from_numpy(data.batch_at(step))
-        ce, aux = lm_loss(model, batch, cfg.model.router_aux_loss_coef, ranks)
+        batch = torch.from_numpy(data.batch_at(step)).to(ranks.device)
+        with precision.autocast(ranks.device):
+            ce, aux = lm_loss(model, batch, cfg.model.router_aux_loss_coef, ranks)
         loss = ce + cfg.model.router_aux_loss_coef * aux
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -254,9 +268,11 @@ def fit(ranks, cfg: Config, tokenizer, val_tokens, stop_after: int | None, threa
         "tok_s": float(np.median([r["tok_s"] for r in rows])) if rows else None,
         "threads": threads,
         "ranks": ranks.size,
+        "device": ranks.device.type,
+        "precision": "bf16" if precision.bf16 else "fp32",
         "params": sum(p.numel() for p in model.parameters()),  # whole sizes, sharded or not
     }
-    plain = model
+    plain = model.cpu() if ranks.size == 1 else model  # saved from the host
     if ranks.size > 1:  # an unsharded copy holding the gathered weights, to save in HF format
         plain = load_model(cfg.model.path) if cfg.model.path else build_model(cfg.model, tokenizer, cfg.run.seed)
         plain.load_state_dict(whole_state)

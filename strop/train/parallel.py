@@ -9,6 +9,11 @@ A trainer (`strop.rl.trainer.RLTrainer`) runs the same code on every rank; what 
   `mesh` by `shard_model`, so each rank holds 1/N of the parameters, gradients and AdamW state,
   and each step's micro-batches are dealt out between the ranks (`share`).
 
+Each rank computes on its `device` (`strop.train.device`: the CPU, or a GPU of its own), and the
+process group's backend follows it: gloo for CPU ranks, NCCL (with gloo for pickled objects) for
+GPU ranks. The ranks are local processes (`start_ranks`) or Ray actors on trainer nodes
+(`strop.runtime.ray_trainer`); either way they rendezvous with `join`.
+
 The maths is the single-process trainer's: the micro-batches are the same, a micro-batch's loss
 already carries the batch's normalisation (losses add up), and FSDP sums the ranks' gradients
 (divide factor 1) where one process accumulates them. Only the order of those additions and of
@@ -35,9 +40,10 @@ T = TypeVar("T")
 class Ranks:
     """This process's place in the trainer's rank group, and the collectives a step needs."""
 
-    def __init__(self, rank: int = 0, size: int = 1, mesh=None):
+    def __init__(self, rank: int = 0, size: int = 1, mesh=None, device: torch.device | str = "cpu"):
         assert 0 <= rank < size and (size == 1 or mesh is not None), "a rank group of several needs a device mesh"
         self.rank, self.size, self.mesh = rank, size, mesh
+        self.device = torch.device(device)  # where this rank's model and batches live
 
     def share(self, chunks: list[T], null: Callable[[T], T]) -> list[tuple[T, bool]]:
         """This rank's chunks (every size-th, from its rank on) as (chunk, counted) pairs, padded
@@ -65,7 +71,7 @@ class Ranks:
         return box[0]
 
     def all_sum(self, t: torch.Tensor) -> torch.Tensor:
-        """`t` summed over the ranks (a new tensor, no gradient), on every rank."""
+        """`t` (on this rank's device) summed over the ranks (a new tensor, no gradient), on every rank."""
         if self.size == 1:
             return t.detach()
         out = t.detach().clone()
@@ -133,23 +139,25 @@ def shard_model(model, mesh) -> None:
             module.set_force_sum_reduction_for_comms(True)  # gloo has no pre-multiplied sum
 
 
-def free_port() -> int:
-    """A TCP port nothing listens on now (for the process group's rendezvous)."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now at `host` (for the process group's rendezvous)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
-def join(rank: int, size: int, address: str) -> Ranks:
-    """Join the trainer's process group as `rank` of `size` (rendezvous at `address`, host:port)
-    and build its 1-D device mesh. CPU ranks over gloo: the trainer's models live on the CPU
-    (NCCL with a GPU per rank would be the same calls once the trainer places models on GPUs)."""
+def join(rank: int, size: int, address: str, kind: str = "cpu") -> Ranks:
+    """Join the trainer's process group as `rank` of `size` (rendezvous at `address`, host:port) on
+    `kind` devices ("cpu": gloo; "cuda": a GPU of this machine, NCCL) and build its 1-D device mesh."""
     from torch.distributed.device_mesh import init_device_mesh
 
+    from strop.train.device import backend, rank_device
+
+    device = rank_device(kind, rank)
     host, port = address.rsplit(":", 1)
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = host, port
-    dist.init_process_group("gloo", rank=rank, world_size=size)
-    return Ranks(rank, size, init_device_mesh("cpu", (size,)))
+    dist.init_process_group(backend(kind), rank=rank, world_size=size)
+    return Ranks(rank, size, init_device_mesh(kind, (size,)), device)
 
 
 def leave() -> None:
@@ -158,7 +166,7 @@ def leave() -> None:
         dist.destroy_process_group()
 
 
-def _rank_main(rank: int, size: int, address: str, threads: int, target: Callable, args: tuple) -> None:
+def _rank_main(rank: int, size: int, address: str, kind: str, threads: int, target: Callable, args: tuple) -> None:
     """A worker rank: `threads` torch threads, the process group, then `target(ranks, *args)`; it ends
     with the process that started it."""
     from strop.lifetime import exit_with_parent
@@ -166,27 +174,31 @@ def _rank_main(rank: int, size: int, address: str, threads: int, target: Callabl
 
     exit_with_parent()
     set_threads(threads)
-    ranks = join(rank, size, address)
+    ranks = join(rank, size, address, kind)
     try:
         target(ranks, *args)
     finally:
         leave()
 
 
-def start_ranks(size: int, target: Callable, args: tuple, threads: int = 1) -> tuple[Ranks, list]:
+def start_ranks(size: int, target: Callable, args: tuple, threads: int = 1, kind: str = "cpu") -> tuple[Ranks, list]:
     """Spawn ranks 1..size-1 (each sets `threads` torch threads and runs `target(ranks, *args)`),
-    join as rank 0; returns rank 0's group and the worker processes."""
+    join as rank 0; every rank on a `kind` device ("cuda": rank r on this machine's GPU r).
+    Returns rank 0's group and the worker processes."""
     address = f"127.0.0.1:{free_port()}"
     ctx = multiprocessing.get_context("spawn")  # never fork a process that runs torch threads
     procs = [
         ctx.Process(
-            target=_rank_main, args=(r, size, address, threads, target, args), name=f"strop-rank-{r}", daemon=True
+            target=_rank_main,
+            args=(r, size, address, kind, threads, target, args),
+            name=f"strop-rank-{r}",
+            daemon=True,
         )
         for r in range(1, size)
     ]
     for p in procs:
         p.start()
-    return join(0, size, address), procs
+    return join(0, size, address, kind), procs
 
 
 def stop_ranks(procs: list) -> None:

@@ -115,7 +115,7 @@ def masked_nll(model, segments: list, pad_id: int):
 
     from strop.model.policy import logits_at
 
-    inputs, targets, mask = pad_batch(segments, pad_id)
+    inputs, targets, mask = (t.to(model.device) for t in pad_batch(segments, pad_id))
     n = int(mask.sum())
     if not n:
         return torch.zeros((), requires_grad=True), 0
@@ -130,19 +130,22 @@ def summed_nll(model, segments: list, counted: list[bool], pad_id: int):
 
     from strop.model.policy import logits_at
 
-    inputs, targets, mask = pad_batch(segments, pad_id)
+    inputs, targets, mask = (t.to(model.device) for t in pad_batch(segments, pad_id))
     nll = F.cross_entropy(logits_at(model, inputs, mask), targets[mask], reduction="none")
-    weight = torch.tensor(counted, dtype=nll.dtype)[:, None].expand(mask.shape)[mask]
+    weight = torch.tensor(counted, dtype=nll.dtype, device=nll.device)[:, None].expand(mask.shape)[mask]
     return (nll * weight).sum()
 
 
 def sft(cfg: Config, base: str | None = None) -> dict:
     """Run (or report) SFT; with `trainer.parallel.fsdp = N > 1` this process is rank 0 of N ranks
-    that train one model sharded between them (the others are worker processes it starts)."""
+    that train one model sharded between them (the others are worker processes it starts). Every
+    rank computes where `[trainer]` says (`strop.train.device`)."""
     from strop.data.tokenizer import load_tokenizer
     from strop.threads import set_threads
+    from strop.train.device import device_type, rank_device
     from strop.train.parallel import Ranks, start_ranks, stop_ranks
 
+    kind = device_type(cfg.trainer)  # before any work: cuda where there is none is the user's to fix
     n = cfg.trainer.parallel.fsdp
     threads = set_threads(max(1, set_threads(cfg.run.threads or None) // n))  # the cores split between the ranks
     base_dir = Path(base) if base else cfg.run_dir / "midtrain" / "model"
@@ -152,8 +155,8 @@ def sft(cfg: Config, base: str | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     load_demonstrations(cfg, load_tokenizer(base_dir), out / "demos.jsonl")  # cached before other ranks read it
     if n == 1:
-        return fit(Ranks(), cfg, str(base_dir))
-    ranks, procs = start_ranks(n, fit, (cfg, str(base_dir)), threads)
+        return fit(Ranks(device=rank_device(kind)), cfg, str(base_dir))
+    ranks, procs = start_ranks(n, fit, (cfg, str(base_dir)), threads, kind)
     try:
         return fit(ranks, cfg, str(base_dir))
     finally:
@@ -175,13 +178,16 @@ def fit(ranks, cfg: Config, base_dir: str) -> dict:
     from strop.model.policy import load_model, save_model
     from strop.report import MetricsLog, plot_metrics
     from strop.tracking import open_tracker
+    from strop.train.device import Precision
     from strop.train.parallel import whole
     from strop.train.shard_load import load_policy
 
     s = cfg.sft
     out = cfg.run_dir / "sft"
     main = ranks.rank == 0
-    model = load_policy(base_dir, ranks)  # sharded: built on meta, each rank reads its shards
+    # sharded: built on meta, each rank reads its shards; on the ranks' device either way
+    model = load_policy(base_dir, ranks, cfg.trainer.activation_checkpointing)
+    precision = Precision.of(cfg.trainer, ranks.device.type)
     tokenizer = load_tokenizer(base_dir)
     pad_id = tokenizer.pad_token_id
     episodes = load_demonstrations(cfg, tokenizer, out / "demos.jsonl")
@@ -205,7 +211,8 @@ def fit(ranks, cfg: Config, base_dir: str) -> dict:
         total, count = 0.0, 0
         with torch.no_grad():
             for i in range(0, len(val), s.batch_size):
-                loss, n = masked_nll(model, val[i : i + s.batch_size], pad_id)
+                with precision.autocast(ranks.device):
+                    loss, n = masked_nll(model, val[i : i + s.batch_size], pad_id)
                 total, count = total + loss.item() * n, count + n
         model.train()
         return ranks.broadcast(total / max(1, count))
@@ -219,7 +226,7 @@ def fit(ranks, cfg: Config, base_dir: str) -> dict:
         if not main:
             return
         plain = model
-        if ranks.size > 1:
+        if ranks.size > 1 or ranks.device.type != "cpu":  # saved from an unsharded host copy
             plain = load_model(base_dir)
             plain.load_state_dict(whole_state)
         save_model(plain, tokenizer, out / "model", extra=extra)
@@ -237,7 +244,8 @@ def fit(ranks, cfg: Config, base_dir: str) -> dict:
         batch = [train[i] for i in order.pop()]
         mine = ranks.share(batch, lambda seg: seg)
         n_tokens = sum(sum(seg.loss_mask[1:]) for seg in batch)
-        loss = summed_nll(model, [seg for seg, _ in mine], [counted for _, counted in mine], pad_id) / n_tokens
+        with precision.autocast(ranks.device):
+            loss = summed_nll(model, [seg for seg, _ in mine], [counted for _, counted in mine], pad_id) / n_tokens
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if s.grad_clip > 0:
@@ -274,6 +282,7 @@ def fit(ranks, cfg: Config, base_dir: str) -> dict:
         "val_loss": best_loss,
         "val_ppl": math.exp(best_loss),
         "ranks": ranks.size,
+        "device": ranks.device.type,
     }
     save({"config": to_dict(cfg), "sft": result})
     if main:

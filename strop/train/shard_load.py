@@ -1,7 +1,7 @@
 """A policy loaded straight into its shards: built on the meta device, sharded over the ranks
 (`strop.train.parallel.shard_model`), then each rank reads from the safetensors files only the
 rows of each tensor that it holds. No rank ever holds the whole model (torchtitan's order: build
-on meta, parallelize, materialise, load).
+on meta, parallelize, materialise, load), and each rank's rows go straight to its device.
 
 FSDP2 shards every parameter along its first dimension in `torch.chunk` pieces, so rank r of N
 holds rows [r * c, (r + 1) * c) of a tensor of n rows, c = ceil(n / N). A fused expert tensor
@@ -17,26 +17,8 @@ from pathlib import Path
 import torch
 
 from strop.model.checkpoint_names import PROJECTIONS
-from strop.model.policy import experts_implementation
+from strop.model.meta import build_on_meta, materialize
 from strop.train.parallel import Ranks, local, shard_model
-
-
-@contextlib.contextmanager
-def parameters_on_meta():
-    """Modules built inside it get their parameters on the meta device (no memory, no init cost)
-    and their buffers on the CPU, as usual."""
-    register = torch.nn.Module.register_parameter
-
-    def on_meta(module, name, param):
-        register(module, name, param)
-        if param is not None and not param.is_meta:  # one already there is kept: ties stay ties
-            module._parameters[name] = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
-
-    torch.nn.Module.register_parameter = on_meta
-    try:
-        yield
-    finally:
-        torch.nn.Module.register_parameter = register
 
 
 def rows_of(n: int, ranks: Ranks) -> tuple[int, int]:
@@ -83,21 +65,20 @@ class CheckpointRows:
         return torch.stack([torch.cat([expert(e, p) for p in projs]) for e in range(start, stop)]).float()
 
 
-def load_sharded_model(path: str | Path, ranks: Ranks):
+def load_sharded_model(path: str | Path, ranks: Ranks, checkpointing: bool = False):
     """The policy saved in `path` (a Hugging Face model directory), sharded over `ranks` (several),
-    each rank's parameters read from disk directly into its shards; fp32."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    each rank's parameters read from disk directly into its shards on its device; fp32.
+    `checkpointing`: activation checkpointing, applied before sharding."""
+    from transformers import AutoConfig
 
-    with parameters_on_meta():
-        model = AutoModelForCausalLM.from_config(
-            AutoConfig.from_pretrained(str(path)), dtype=torch.float32, experts_implementation=experts_implementation()
-        )
-    buffers = {name: b.clone() for name, b in model.named_buffers()}
+    from strop.train.device import checkpoint_activations
+
+    model = build_on_meta(AutoConfig.from_pretrained(str(path)))
+    if checkpointing:
+        checkpoint_activations(model)
     shard_model(model, ranks.mesh)
-    model.to_empty(device="cpu")  # the shards' storage, uninitialised (buffers too: restored next)
+    materialize(model, ranks.device)  # the shards' storage, uninitialised: filled next
     with torch.no_grad(), contextlib.ExitStack() as stack:
-        for name, b in model.named_buffers():
-            b.copy_(buffers[name])
         rows = CheckpointRows(Path(path), stack)
         for name, p in model.named_parameters():  # a tied head is the embedding's parameter: read once
             shard = local(p)
@@ -109,8 +90,15 @@ def load_sharded_model(path: str | Path, ranks: Ranks):
     return model
 
 
-def load_policy(path: str | Path, ranks: Ranks):
-    """The policy in `path` as a trainer on `ranks` holds it: whole in one process, else in its shards."""
+def load_policy(path: str | Path, ranks: Ranks, checkpointing: bool = False):
+    """The policy in `path` as a trainer on `ranks` holds it, on the ranks' device: whole in one
+    process, else in its shards. `checkpointing`: with activation checkpointing."""
     from strop.model.policy import load_model
+    from strop.train.device import checkpoint_activations
 
-    return load_model(path) if ranks.size == 1 else load_sharded_model(path, ranks)
+    if ranks.size > 1:
+        return load_sharded_model(path, ranks, checkpointing)
+    model = load_model(path).to(ranks.device)
+    if checkpointing:
+        checkpoint_activations(model)
+    return model
