@@ -6,6 +6,8 @@ Each command module exposes `add_arguments(parser)` and `run(args) -> int`.
 
 import argparse
 import importlib
+import os
+import select
 import signal
 import sys
 import threading
@@ -134,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         if getattr(args, "json", None):  # every command's --json report: refused before the work, not after it
-            check_output_file(args.json, make_parents=True)
+            check_output_file(args.json)
         return int(module.run(args) or 0)
     except UserError as e:
         print(f"strop: error: {e}", file=sys.stderr)
@@ -145,9 +147,28 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("strop: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        if not _stdout_closed():  # a pipe of strop's own: a bug, shown as one
+            raise
+        # `strop tasks list | head`: stdout's reader left. Point stdout at /dev/null, so that the
+        # interpreter's last flush cannot fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print("strop: error: the output was closed before all of it was written (broken pipe)", file=sys.stderr)
+        return 2
     finally:
         if handle_sigterm:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reader has gone (poll reports an error on its write end)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):  # not a file (a test's StringIO): it cannot break
+        return False
+    poll = select.poll()
+    poll.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poll.poll(0))
 
 
 def _exit_on_sigterm(signum: int, frame) -> None:

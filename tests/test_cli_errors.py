@@ -96,7 +96,7 @@ def files(tmp_path_factory):
         (["tasks", "export", "--suite", "synthetic", "synthetic-d1-eval-0000", "{d}/a_file"], "not a directory"),
         (
             ["tasks", "check", "--suite", "synthetic", "synthetic-d1-eval-0000", "{d}", "--json", "{d}/a_file/x.json"],
-            "cannot create",
+            "does not exist",
         ),
         (["eval", "policy", "--policy", "{d}/policy", "--set", "rollout.eval_episodes=1"], "cannot load"),
         (
@@ -122,14 +122,12 @@ def test_reported_tracebacks_are_one_line_exit_2(files, args, needle):
     assert len([line for line in out.stderr.splitlines() if line.startswith("strop: error")]) == 1
 
 
-def test_tasks_check_json_into_a_new_directory_is_written(files, tmp_path):
-    """`tasks check ... --json missing/dir/x.json` raised after the check had run; its parents are
-    made up front instead, as every --json report's are."""
-    import json
-
+def test_json_into_a_missing_directory_is_refused_before_the_work(files, tmp_path):
+    """`--json missing/dir/x.json` made every missing folder on the way (even at `/`), while `sync -o`
+    refused a missing folder: both now refuse it, up front, as one line."""
     repo = tmp_path / "repo"
     assert run_cli("tasks", "export", "--suite", "synthetic", "synthetic-d1-eval-0000", str(repo)).returncode == 0
     out = tmp_path / "missing" / "dir" / "x.json"
     res = run_cli("tasks", "check", "--suite", "synthetic", "synthetic-d1-eval-0000", str(repo), "--json", str(out))
-    assert res.returncode == 0, res.stderr
-    assert json.loads(out.read_text())["reward"] == 0.0  # the bug is still there
+    assert res.returncode == 2 and "does not exist" in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert not (tmp_path / "missing").exists()

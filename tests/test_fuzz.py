@@ -287,28 +287,30 @@ def test_fuzz_command_lines_long(inputs, monkeypatch):
 
 def fuzz_remove_run_dir(n: int, seed: int, tmp: Path) -> None:
     """`demo --fresh`'s deletion with hostile out_dir and run.name: it removes out_dir/name when that
-    is a run directory the demo made, and nothing else, ever."""
-    from strop.outputs import remove_run_dir
+    is a run directory the demo made (its marker inside, not reached through a link), and nothing
+    else, ever."""
+    from strop.outputs import OUTPUT_MARKER, remove_output
 
     rng = random.Random(seed)
     for i in range(n):
         root = tmp / f"case{i}"
         (root / "runs" / "real").mkdir(parents=True)
-        (root / "runs" / "real" / "summary.json").write_text("{}")
+        (root / "runs" / "real" / OUTPUT_MARKER).write_text("demo\n")
         (root / "runs" / "plain").mkdir()
+        (root / "runs" / "plain" / "summary.json").write_text("{}")  # the old marker: a user could write it
         (root / "keep.txt").write_text("x")
-        (root / "runs" / "link").symlink_to(root)
-        out = root / rng.choice(["runs", "runs/real", ".", "runs/../runs", "missing"])
+        (root / "runs" / "link").symlink_to(root / "runs" / "real")
+        out = root / rng.choice(["runs", "runs/real", ".", "runs/../runs", "missing", "runs/link"])
         name = rng.choice(WORDS + ["real", "plain", "link"])
         try:
             cfg = load_config(None, [f"run.out_dir={out}", f"run.name={name}"])
-            remove_run_dir(cfg.run_dir, Path(cfg.run.out_dir))
+            remove_output(cfg.run_dir, "demo")
         except UserError:
             pass
-        gone = not (root / "runs" / "real").exists()
+        gone = not (root / "runs" / "real").exists() or not (root / "runs" / "real" / OUTPUT_MARKER).exists()
         assert (
             (root / "keep.txt").exists()
-            and (root / "runs" / "plain").exists()
+            and (root / "runs" / "plain" / "summary.json").exists()
             and (root / "runs" / "link").is_symlink()
         )
         assert not gone or (out.resolve() == (root / "runs").resolve() and name == "real")

@@ -1,4 +1,5 @@
-"""Output paths: `strop demo --fresh` deletes only a run directory it made; files later steps trust
+"""Output paths: a command deletes or overwrites only a directory a strop command made (its marker
+inside, reached without following a link), never a folder of the user's; files later steps trust
 are written whole or not at all."""
 
 import os
@@ -12,7 +13,7 @@ import pytest
 
 from strop.config import load_config
 from strop.errors import UserError
-from strop.outputs import check_output_file, claim_dir, remove_run_dir, write_atomic
+from strop.outputs import OUTPUT_MARKER, check_output_file, claim_dir, claiming, remove_output, write_atomic
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,30 +51,97 @@ def test_demo_fresh_refuses_a_folder_it_did_not_make(tmp_path):
     (out / "mine").mkdir(parents=True)
     (out / "mine" / "thesis.tex").write_text("years of work")
     res = demo("--fresh", "--set", f"run.out_dir={out}", "--set", "run.name=mine")
-    assert res.returncode == 2 and "not a strop run directory" in res.stderr, res.stderr
+    assert res.returncode == 2 and "not made by `strop demo`" in res.stderr, res.stderr
     assert (out / "mine" / "thesis.tex").is_file()
 
 
-def test_remove_run_dir_guards(tmp_path, monkeypatch):
+def test_demo_never_adopts_a_users_folder_so_fresh_cannot_delete_it(tmp_path):
+    """The issue's reproduction: `strop demo` on an existing folder of the user's took it as a run
+    (wrote summary.json into it); a later `strop demo --fresh` deleted the user's files."""
+    home = tmp_path / "home"
+    (home / "myproj").mkdir(parents=True)
+    (home / "myproj" / "notes.txt").write_text("mine")
+    for fresh in ([], ["--fresh"]):
+        res = demo(*fresh, "--set", f"run.out_dir={home}", "--set", "run.name=myproj")
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1 and "not made by `strop demo`" in res.stderr
+        assert sorted(os.listdir(home / "myproj")) == ["notes.txt"]
+
+
+def test_demo_fresh_through_a_linked_out_dir_removes_only_its_run(tmp_path):
+    """out_dir reached through a symlink: --fresh removes the demo's own run in the folder the link
+    names (nothing else there), then starts again; it used to end in a FileExistsError traceback.
+    The corpus is empty so that the new run stops at once, with one line."""
+    real = tmp_path / "real"
+    (real / "demo").mkdir(parents=True)
+    (real / "demo" / OUTPUT_MARKER).write_text("demo\n")
+    (real / "demo" / "summary.json").write_text("{}")
+    (real / "keep.txt").write_text("x")
+    (tmp_path / "link").symlink_to(real)
+    res = demo("--fresh", "--set", f"run.out_dir={tmp_path / 'link'}", "--set", "data.stdlib=false")
+    assert res.returncode == 2 and "Traceback" not in res.stderr and "corpus is empty" in res.stderr, res.stderr
+    assert (real / "keep.txt").is_file() and not (real / "demo" / "summary.json").exists()
+    assert (real / "demo" / OUTPUT_MARKER).read_text() == "demo\n"  # the new run's
+
+
+@pytest.mark.parametrize(
+    "summary", ["{not json", '{"midtrain": {"loss": 1}}', '{"midtrain": 3}', "[]", '{"sft": {"wall_s": "x"}}']
+)
+def test_demo_with_a_damaged_summary_says_so_in_one_line(tmp_path, summary):
+    run = tmp_path / "runs" / "demo"
+    run.mkdir(parents=True)
+    (run / OUTPUT_MARKER).write_text("demo\n")
+    (run / "summary.json").write_text(summary)
+    res = demo("--set", f"run.out_dir={tmp_path / 'runs'}")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert "damaged" in res.stderr and "--fresh" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_remove_output_guards(tmp_path, monkeypatch):
     out = tmp_path / "runs"
     run = out / "r"
     run.mkdir(parents=True)
-    (run / "summary.json").write_text("{}")
+    (run / OUTPUT_MARKER).write_text("demo\n")
     (run / "midtrain").mkdir()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    (elsewhere / "summary.json").write_text("{}")
+    (elsewhere / OUTPUT_MARKER).write_text("demo\n")
+    (elsewhere / "precious").write_text("x")
     (out / "link").symlink_to(elsewhere)
+    (run / "inner-link").symlink_to(elsewhere)  # inside the run: removed itself, never followed
     with pytest.raises(UserError, match="symbolic link"):
-        remove_run_dir(out / "link", out)
-    assert (elsewhere / "summary.json").is_file()
+        remove_output(out / "link", "demo")
+    with pytest.raises(UserError, match="not made by `strop train`"):
+        remove_output(run, "train")
+    fake = out / "fake"
+    fake.mkdir()
+    (fake / OUTPUT_MARKER).symlink_to(elsewhere / OUTPUT_MARKER)  # a link named like the marker is no marker
+    with pytest.raises(UserError, match="not made by"):
+        remove_output(fake, "demo")
+    with pytest.raises(UserError, match="names no directory"):
+        remove_output(out / "..", "demo")
     monkeypatch.chdir(run / "midtrain")
     with pytest.raises(UserError, match="working directory"):
-        remove_run_dir(run, out)
+        remove_output(run, "demo")
     monkeypatch.chdir(tmp_path)
-    remove_run_dir(run, out)  # a run directory the demo made: removed
-    assert not run.exists() and out.is_dir()
-    remove_run_dir(run, out)  # nothing there: nothing to do
+    remove_output(run, "demo")  # a run directory the demo made: removed
+    assert not run.exists() and out.is_dir() and (elsewhere / "precious").is_file()
+    remove_output(run, "demo")  # nothing there: nothing to do
+
+
+def test_claiming_removes_only_what_it_made_when_the_setup_fails(tmp_path):
+    new = tmp_path / "a" / "b" / "rl"
+    with pytest.raises(UserError, match="refused"):
+        with claiming(new, "train"):
+            (new / "config.json").write_text("{}")
+            raise UserError("refused")
+    assert not (tmp_path / "a").exists()
+    own = claim_dir(tmp_path / "own", "train")
+    (own / "checkpoint").mkdir()
+    with pytest.raises(UserError):
+        with claiming(own, "train"):
+            raise UserError("refused")
+    assert (own / "checkpoint").is_dir()  # there before: left as it was
 
 
 def test_claim_dir_never_takes_a_folder_it_did_not_make(tmp_path):
@@ -89,8 +157,11 @@ def test_claim_dir_never_takes_a_folder_it_did_not_make(tmp_path):
         claim_dir(tmp_path / "new" / "rl", "bench async")
     (tmp_path / "empty").mkdir()
     claim_dir(tmp_path / "empty", "train")
-    with pytest.raises(UserError, match="is a file"):
+    with pytest.raises(UserError, match="not a directory"):
         claim_dir(model / "config.json", "train")
+    (tmp_path / "linked").symlink_to(tmp_path / "empty")
+    with pytest.raises(UserError, match="symbolic link"):
+        claim_dir(tmp_path / "linked", "train")
 
 
 def test_check_output_file(tmp_path):

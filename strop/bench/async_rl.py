@@ -25,7 +25,6 @@ long as training). Both modes train on the same tokens (`trained_tokens` in the 
 
 import argparse
 import os
-import shutil
 import statistics
 import time
 from dataclasses import replace
@@ -94,10 +93,11 @@ def tiny_policy(out: Path) -> Path:
 
 def train_once(cfg, mode: str, policy: Path, out: Path, cpus) -> dict:
     """One RL run in `mode` from `policy`; its loop figures (model loading excluded)."""
+    from strop.outputs import remove_output
     from strop.report import MetricsLog
     from strop.runtime.build import train_rl
 
-    shutil.rmtree(out / mode, ignore_errors=True)
+    remove_output(out / mode, "train")  # the previous repeat's run
     r = train_rl(cfg, mode=mode, policy_dir=policy, out_dir=out / mode, cpus=cpus, trainer_process=True, quiet=True)
     rows = MetricsLog(out / mode / "metrics.jsonl").read()
     return {
@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     from strop.bench.table import format_table, write_json
     from strop.config import load_config
     from strop.errors import UserError
-    from strop.outputs import claim_dir
+    from strop.outputs import claim_dir, remove_output
 
     def given(value: int | None, quick: int, full: int) -> int:
         return (quick if args.quick else full) if value is None else value
@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
         trainer_process=True,
         quiet=True,
     )
-    shutil.rmtree(out / "warm-up", ignore_errors=True)
+    remove_output(out / "warm-up", "train")
     # Interleaved pairs: a shared VM's speed drifts by tens of percent within minutes, and a pair
     # run back to back sees nearly the same machine; the median pair is robust to one bad stretch.
     runs: dict[str, list[dict]] = {"sync": [], "async": []}

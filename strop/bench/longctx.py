@@ -238,7 +238,7 @@ def _before(args: argparse.Namespace, chosen: list[str]) -> dict | None:
         return None
     if not (args.policy and args.before and "learned" in chosen):
         raise UserError("--report needs --policy, --before (a --policy run's JSON) and the 'learned' strategy")
-    check_output_file(args.report, make_parents=True)
+    check_output_file(args.report)
     try:
         before = json.loads(Path(args.before).read_text())
         before["strategies"]["learned"]["episodes"]

@@ -151,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
     from strop.bench.table import format_table, write_json
     from strop.config import load_config
     from strop.errors import UserError
+    from strop.outputs import claim_dir
     from strop.runtime.local_cluster import local_cluster
 
     steps = args.steps if args.steps is not None else (4 if args.quick else 8)
@@ -160,8 +161,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.wan_mb_s <= 0:
         raise UserError("bench scaleout: --wan-mb-s must be > 0")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = claim_dir(Path(args.out), "bench scaleout")  # it writes its runs' stores and metrics in there
     policy = Path(args.policy) if args.policy else demo_size_policy(out)
     t0 = time.perf_counter()
     runs = {}

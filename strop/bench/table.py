@@ -19,6 +19,6 @@ def format_table(rows: list[dict], columns: list[str]) -> str:
 
 
 def write_json(path: str | None, payload: dict) -> None:
-    """`payload` as indented JSON at `path` (parents created), written whole or not at all."""
+    """`payload` as indented JSON at `path` (in a directory that exists), written whole or not at all."""
     if path:
-        write_atomic(check_output_file(path, make_parents=True), json.dumps(payload, indent=2))
+        write_atomic(check_output_file(path), json.dumps(payload, indent=2))

@@ -13,7 +13,7 @@ from typing import Callable
 
 from strop.config import Config, add_config_arguments, load_config
 from strop.errors import UserError
-from strop.outputs import remove_run_dir, write_atomic
+from strop.outputs import claim_dir, remove_output, write_atomic
 
 DEFAULT_CONFIG = "examples/demo.toml"
 
@@ -28,6 +28,7 @@ def stage_midtrain(cfg: Config) -> dict:
     from strop.train.eval_midtrain import evaluate
     from strop.train.midtrain import midtrain
 
+    claim_dir(cfg.run_dir / "midtrain", "midtrain")
     trained = midtrain(cfg)
     figures = evaluate(cfg.run_dir / "midtrain" / "model")
     return {**trained, **figures}
@@ -52,6 +53,7 @@ def stage_sft(cfg: Config) -> dict:
     """SFT warm start on oracle demonstrations (early-stopped), then its held-out solve rate."""
     from strop.train.sft import sft
 
+    claim_dir(cfg.run_dir / "sft", "sft")
     trained = sft(cfg)
     return {**_held_out(cfg, cfg.run_dir / "sft" / "model"), "train": trained}
 
@@ -84,6 +86,23 @@ STAGES: list[tuple[str, Callable[[Config], dict]]] = [
 ]
 
 
+def read_summary(path: Path) -> dict:
+    """The stages a previous demo run finished (empty for a new run), or UserError when the file is
+    damaged: its stages cannot be trusted as cached."""
+    if not path.is_file():
+        return {}
+    try:
+        summary = json.loads(path.read_text())
+        stages = [summary[name] for name, _ in STAGES if name in summary] if isinstance(summary, dict) else [None]
+        if not all(isinstance(s, dict) and isinstance(s.get("wall_s"), (int, float)) for s in stages):
+            raise ValueError("not a summary of stages")
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise UserError(
+            f"{str(path)!r} is damaged ({type(e).__name__}); `strop demo --fresh` runs every stage again"
+        ) from None
+    return summary
+
+
 def run(args: argparse.Namespace) -> int:
     from strop.threads import set_threads
 
@@ -93,10 +112,9 @@ def run(args: argparse.Namespace) -> int:
     set_threads(cfg.run.threads or None)
     summary_path = cfg.run_dir / "summary.json"
     if args.fresh:  # stages also keep their own results (models, eval.json): start clean
-        remove_run_dir(cfg.run_dir, Path(cfg.run.out_dir))  # only a run directory the demo made
-    cfg.run_dir.mkdir(parents=True, exist_ok=True)
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-    write_atomic(summary_path, json.dumps(summary, indent=2))  # marks the directory as a demo run's (see strop.outputs)
+        remove_output(cfg.run_dir, "demo")  # only a run directory the demo made
+    claim_dir(cfg.run_dir, "demo")  # new, empty or the demo's own: never a folder of the user's
+    summary = read_summary(summary_path)
     t_demo = time.perf_counter()
     for name, fn in STAGES:
         if name in summary:

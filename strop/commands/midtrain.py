@@ -5,6 +5,7 @@ import argparse
 import json
 
 from strop.config import add_config_arguments, config_from_args
+from strop.outputs import claim_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -15,6 +16,7 @@ def run(args: argparse.Namespace) -> int:
     from strop.train.midtrain import midtrain
 
     cfg = config_from_args(args)
+    claim_dir(cfg.run_dir / "midtrain", "midtrain")  # it overwrites model/ and its caches in there
     result = midtrain(cfg)
     print(json.dumps(result, indent=2))
     return 0

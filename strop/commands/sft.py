@@ -5,6 +5,7 @@ import argparse
 import json
 
 from strop.config import add_config_arguments, config_from_args
+from strop.outputs import claim_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,5 +17,6 @@ def run(args: argparse.Namespace) -> int:
     from strop.train.sft import sft
 
     cfg = config_from_args(args)
+    claim_dir(cfg.run_dir / "sft", "sft")  # it overwrites model/ and its caches in there
     print(json.dumps(sft(cfg, args.base), indent=2))
     return 0

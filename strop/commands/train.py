@@ -1,7 +1,9 @@
 """`strop train --config F [--mode sync|async] [--runtime inline|ray]`: RL from a warm-started policy.
 
 Parses the command line and hands the run to `strop.runtime.build.train_rl`, which builds and runs
-(or resumes) it; prints the run's figures as JSON.
+(or resumes) it; prints the run's figures as JSON. Rerun on the same output directory with the same
+config it resumes (or, finished, reports); with another config it is refused with what changed,
+unless `--resume` or `--force` says what to do.
 """
 
 import argparse
@@ -28,6 +30,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ray-address", help="join this Ray cluster (default: start a local Ray instance)")
     parser.add_argument("--policy", help="model directory to start from (default: <run_dir>/sft/model)")
     parser.add_argument("--out", help="output directory (default: <run_dir>/rl)")
+    rerun = parser.add_mutually_exclusive_group()
+    rerun.add_argument(
+        "--resume",
+        action="store_true",
+        help="when --out holds a run made with another config: go on from its last checkpoint under this "
+        "one (a finished run trains on to the new rl.steps); not for another model, mode or policy",
+    )
+    rerun.add_argument(
+        "--force",
+        action="store_true",
+        help="when --out holds a run (made by `strop train`): delete it and start again",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         ray_address=args.ray_address,
         cpus=cpus,
         trainer_process=cpus is not None,
+        on_change="resume" if args.resume else "force" if args.force else "refuse",
     )
     print(json.dumps(result, indent=2))
     return 0

@@ -295,7 +295,9 @@ class Orchestrator:
     def resume(self) -> bool:
         """Load the last checkpoint if there is one (relaunching the work that was in flight)."""
         ckpt = find_checkpoint(self.ckpt_dir, _STATE)
-        if ckpt is None:
+        if ckpt is None:  # a run killed before its first checkpoint starts again: so do its rows
+            self.metrics.truncate_after(0)
+            self.rollouts.truncate_after(0)
             return False
         state = load_state(ckpt, _STATE)
         assert state["mode"] == self.mode, f"checkpoint is of a {state['mode']} run, not {self.mode}"

@@ -13,12 +13,22 @@ Rerunning the same call resumes from the checkpoint; a finished run only reports
 """
 
 import json
+import os
 import sys
 from pathlib import Path
+from typing import Literal
 
 from strop.config import Config, to_dict
 from strop.errors import UserError
-from strop.outputs import claim_dir, write_atomic
+from strop.outputs import (
+    claiming,
+    config_changes,
+    describe_changes,
+    record_config,
+    recorded_config,
+    remove_output,
+    write_atomic,
+)
 
 
 def train_tasks(cfg: Config) -> list:
@@ -83,6 +93,11 @@ def _start_runtime(
     return start_ray(cfg, policy_dir, tasks, replay, address=ray_address, cpus=cpus, store_url=store)
 
 
+RERUN_IGNORED = ("run.name", "run.out_dir", "run.threads", "log")  # where and how a run is seen, not what it computes
+RESUME_FIXED = ("mode", "policy", "model")  # what a checkpoint is of: no resuming it under another
+RERUN_HINT = "--resume continues it under the new config, --force deletes it and starts again"
+
+
 def train_rl(
     cfg: Config,
     *,
@@ -94,9 +109,16 @@ def train_rl(
     cpus=None,
     trainer_process: bool = False,
     quiet: bool = False,
+    on_change: Literal["refuse", "resume", "force"] = "refuse",
+    hint: str = RERUN_HINT,
 ) -> dict:
     """Run (or resume) RL; returns the run's figures and writes `out_dir/model` at the end. `cpus` and
-    `trainer_process` place the inline runtime (see `strop.runtime.inline`)."""
+    `trainer_process` place the inline runtime (see `strop.runtime.inline`).
+
+    The output directory records the run's config (mode, policy and config); a rerun whose record
+    differs is refused with what changed and `hint` (`on_change="refuse"`), continues from the last
+    checkpoint under the new config (`"resume"`, not for another model, mode or policy), or deletes
+    the run and starts again (`"force"`). A refusal leaves nothing behind."""
     from strop.model.policy import is_model_dir, load_model, save_model
     from strop.rl.orchestrator import Orchestrator
     from strop.rl.report import write_report
@@ -105,23 +127,39 @@ def train_rl(
     out = Path(out_dir or cfg.run_dir / "rl")
     if not is_model_dir(policy_dir):
         raise UserError(f"no policy at {str(policy_dir)!r}; run `strop sft` first or pass --policy DIR")
-    claim_dir(out, "train")  # it overwrites config.json, checkpoint/, model/ in there
-    if (out / "result.json").is_file():
-        return json.loads((out / "result.json").read_text())
-    (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
     tasks = {t.id: t for t in train_tasks(cfg)}
-    store = _store_url(cfg, out)
-    rt = _start_runtime(
-        cfg,
-        runtime,
-        str(policy_dir),
-        tasks,
-        store=store,
-        ray_address=ray_address,
-        cpus=cpus,
-        trainer_process=trainer_process,
-    )
+    record = {"mode": mode, "policy": os.path.realpath(policy_dir), **to_dict(cfg)}
+    if on_change == "force":
+        remove_output(out, "train")
+    with claiming(out, "train"):  # it overwrites config.json, checkpoint/, model/ in there
+        old = recorded_config(out)
+        changes = config_changes(old, record, RERUN_IGNORED) if old is not None else {}
+        if changes and on_change == "refuse":
+            raise UserError(f"{str(out)!r} holds a run made with another config ({describe_changes(changes)}); {hint}")
+        if changes:
+            fixed = {k: v for k, v in changes.items() if k.split(".")[0] in RESUME_FIXED}
+            if fixed:
+                raise UserError(
+                    f"{str(out)!r} cannot be resumed under another model, mode or policy "
+                    f"({describe_changes(fixed)}); --force deletes it and starts again"
+                )
+            print(f"[rl] resuming {out} under a changed config: {describe_changes(changes)}", flush=True)
+        elif (out / "result.json").is_file():
+            return json.loads((out / "result.json").read_text())
+        store = _store_url(cfg, out)
+        rt = _start_runtime(
+            cfg,
+            runtime,
+            str(policy_dir),
+            tasks,
+            store=store,
+            ray_address=ray_address,
+            cpus=cpus,
+            trainer_process=trainer_process,
+        )
     try:
+        (out / "result.json").unlink(missing_ok=True)  # resumed under a changed config: a finished run goes on
+        record_config(out, record)  # only now: a run refused above keeps the record it had
         orch = Orchestrator(cfg, rt, list(tasks), mode, out, log=(lambda row: None) if quiet else _print_row)
         if orch.resume():
             print(f"[rl] resumed at step {orch.step} (version {rt.version})", flush=True)
