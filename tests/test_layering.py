@@ -14,6 +14,7 @@ FOUNDATION = {
     "strop",
     "errors",
     "outputs",
+    "beneath",
     "threads",
     "memory",
     "lifetime",

@@ -15,9 +15,11 @@ ratings the online cycle learns from (`strop online`).
 import argparse
 import difflib
 import json
+import math
 import sys
 from pathlib import Path
 
+from strop.beneath import apply_changes, read_beneath
 from strop.env.context import STRATEGIES
 from strop.errors import UserError
 from strop.outputs import write_atomic
@@ -94,27 +96,13 @@ def _show(message: dict) -> None:
 
 
 def _unified(world: Path, path: str, new: bytes | None) -> str:
-    old_path = world / path
-    old = old_path.read_bytes() if old_path.is_file() else b""
+    old = read_beneath(world, path)  # never through a link: a file outside DIR is not shown
     try:
-        a, b = old.decode().splitlines(keepends=True), (new or b"").decode().splitlines(keepends=True)
+        a, b = (old or b"").decode().splitlines(keepends=True), (new or b"").decode().splitlines(keepends=True)
     except UnicodeDecodeError:
         return f"Binary file {path} {'deleted' if new is None else 'differs'}\n"
-    src = f"a/{path}" if old_path.is_file() else "/dev/null"
+    src = f"a/{path}" if old is not None else "/dev/null"
     return "".join(difflib.unified_diff(a, b, src, "/dev/null" if new is None else f"b/{path}"))
-
-
-def _apply(world: Path, changes: dict[str, bytes | None]) -> None:
-    root = world.resolve()
-    for path, data in changes.items():
-        target = (root / path).resolve()
-        assert target.is_relative_to(root), f"change outside the world: {path}"
-        if data is None:
-            if target.is_file() or target.is_symlink():
-                target.unlink()
-        else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
 
 
 def report_edits(policy, kept: bool) -> None:
@@ -149,6 +137,13 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--world {args.world!r} is not a directory")
     if args.max_resets < 0:
         raise UserError(f"--max-resets must be >= 0, got {args.max_resets}")
+    for flag, value, low in (("--max-turns", args.max_turns, 1), ("--max-context", args.max_context, 64)):
+        if value < low:
+            raise UserError(f"{flag} must be at least {low}, got {value}")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise UserError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        raise UserError(f"--temperature must be a number >= 0, got {args.temperature}")
     policy, tokenizer, max_len = _policy(args)
     config = HarnessConfig(
         max_turns=args.max_turns,
@@ -179,7 +174,10 @@ def run(args: argparse.Namespace) -> int:
         if not apply and sys.stdin.isatty():
             apply = input(f"apply {len(changes)} changed file(s) to {world}? [y/N] ").strip().lower() == "y"
         if apply:
-            _apply(world, changes)
+            try:
+                apply_changes(world, changes)  # all or nothing, never through a link out of DIR
+            except UserError as e:
+                raise UserError(f"nothing applied to {world}: {e}") from None
             print(f"applied {len(changes)} file(s) to {world}")
         else:
             print(f"not applied (rerun with --apply to write them to {world})")

@@ -4,9 +4,11 @@ audit the checker with a hand-made solution or a hack."""
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
+from strop.beneath import parts_of
 from strop.errors import UserError
 from strop.outputs import write_atomic
 
@@ -73,16 +75,21 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(
                 f"{root} is {'not empty' if root.is_dir() else 'not a directory'}; export writes a new or empty one"
             )
-        if note.exists():
+        if os.path.lexists(note):
             raise UserError(f"{note} exists; export does not overwrite it")
+        for rel in task.files:
+            parts_of(rel)  # every path inside DIR (new or empty: no link to follow), before anything is written
         from strop.env.checker import materialize
 
         try:
             root.mkdir(parents=True, exist_ok=True)
+            # beside DIR: made new, never through a link (O_EXCL), so nothing of the user's is overwritten
+            fd = os.open(note, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except OSError as e:
-            raise UserError(f"cannot create {root}: {e.strerror}") from None
+            raise UserError(f"cannot create {e.filename}: {e.strerror}") from None
+        with os.fdopen(fd, "w") as f:
+            f.write(task.instruction + "\n")
         materialize(task, root)
-        note.write_text(task.instruction + "\n")
         print(task.instruction)
         print(f"wrote {len(task.files)} files to {root} (instruction also in {root.name}.instruction.txt beside it)")
         return 0
