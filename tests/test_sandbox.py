@@ -96,6 +96,31 @@ def test_writes_outside_workspace_never_reach_host(sb, world):
     assert sb.read_file("README.md") == b"v\n"
 
 
+def test_the_callers_environment_is_not_readable(world, monkeypatch):
+    """Secrets the trainer was started with (cloud keys, API keys) reach no process inside: not
+    through its own environment, nor through /proc/1/environ (pid 1 is bwrap's init)."""
+    monkeypatch.setenv("STROP_API_KEY", "s3cret-api-key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cret-aws")
+    with open_sandbox(world, Limits(timeout_s=10)) as s:
+        r = s.exec("env; for p in /proc/[0-9]*; do tr '\\0' '\\n' < $p/environ; done; echo done")
+    assert r.stdout.endswith("done\n") and "s3cret" not in r.stdout + r.stderr
+
+
+def test_root_only_host_files_are_unreadable(sb, tmp_path):
+    """Host files keep their owners' permissions: the sandbox user is no host account that owns them."""
+    secret = Path("/var/cache/strop-test-secret")
+    if os.geteuid() == 0:
+        secret.write_text("root only\n")
+        secret.chmod(0o600)
+    try:
+        target = secret if os.geteuid() == 0 else Path("/etc/shadow")
+        r = sb.exec(["cat", str(target)])
+        assert r.exit_code != 0 and "root only" not in r.stdout and "root:" not in r.stdout
+        assert "Permission denied" in r.stderr or "No such file" in r.stderr
+    finally:
+        secret.unlink(missing_ok=True)
+
+
 def test_host_paths_hidden(sb):
     r = sb.exec(f"ls /work /root /opt /mnt; cat /etc/shadow; ls {Path(__file__).parent}")
     assert r.stdout.split() == ["/mnt:", "/opt:", "/root:", "/work:"] or "test_sandbox.py" not in r.stdout

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from strop.env.host_account import node_cache
+
 SHM = Path("/dev/shm")
 
 
@@ -22,7 +24,8 @@ def strop(*args: str, tmp: Path, **kw) -> subprocess.Popen:
 
 
 def leftovers(pid: int, tmp: Path) -> list[Path]:
-    return [p for base in (tmp, SHM) for p in base.glob(f"strop-*-{pid}-*")]
+    # scratch worlds go to TMPDIR, or to the node cache when the sandbox account cannot enter it
+    return [p for base in (tmp, SHM, node_cache() / "scratch") for p in base.glob(f"strop-*-{pid}-*")]
 
 
 def wait_for(cond, timeout: float = 60.0) -> None:
@@ -49,7 +52,7 @@ def after_kill(proc: subprocess.Popen, sig: int, tmp: Path) -> None:
 def test_killed_sandbox_run_leaves_no_world(tmp_path, sig):
     proc = strop("sandbox", "run", "--", "sh", "-c", "echo started; sleep 60", tmp=tmp_path)
     assert proc.stdout.readline() == b"started\n"
-    assert [p.name.split("-")[1] for p in tmp_path.glob(f"strop-*-{proc.pid}-*")] == ["world"]
+    assert [p.name.split("-")[1] for p in leftovers(proc.pid, tmp_path) if p.parent != SHM] == ["world"]
     after_kill(proc, sig, tmp_path)
 
 
@@ -58,6 +61,6 @@ def test_killed_tasks_check_leaves_no_world(tmp_path, sig):
     task, repo = "synthetic-d1-eval-0000", tmp_path / "repo"
     assert strop("tasks", "export", "--suite", "synthetic", task, str(repo), tmp=tmp_path).wait(timeout=120) == 0
     proc = strop("tasks", "check", "--suite", "synthetic", task, str(repo), tmp=tmp_path)
-    wait_for(lambda: list(tmp_path.glob(f"strop-check-{proc.pid}-*")) or proc.poll() is not None)
+    wait_for(lambda: any("-check-" in p.name for p in leftovers(proc.pid, tmp_path)) or proc.poll() is not None)
     assert proc.poll() is None, "the check finished before it could be killed"
     after_kill(proc, sig, tmp_path)

@@ -17,6 +17,7 @@ def _short(v: str, width: int) -> str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world", type=Path, help="world directory (default: an empty one)")
+    p.add_argument("--image", default="", help="OS image of the sandbox (default: the host's root)")
     p.add_argument("--width", type=int, default=48, help="column width for values")
     p.add_argument("--json", help="also write the full probe values to this JSON file")
 
@@ -32,10 +33,13 @@ def run(args: argparse.Namespace) -> int:
     set_threads(1)
     if args.world is not None and not args.world.is_dir():
         raise UserError(f"--world {args.world} is not a directory")
+    from strop.env.image import image_root
+
+    image = image_root(args.image)
     empty = scratch_dir("world")  # swept by a later strop process if this one is killed
     try:
         world = args.world or empty
-        rows = compare(probe_sandbox(world), probe_host(world, host_env))
+        rows = compare(probe_sandbox(world, image), probe_host(world, host_env))
     finally:
         shutil.rmtree(empty, ignore_errors=True)
     w = args.width

@@ -1,9 +1,9 @@
 """`strop sandbox run`: run one command in a fresh sandbox, stream its output, exit with its code.
 
-For people and for audits: exactly the sandbox a rollout gets (same image, user, limits), on a
-world directory of your choice (an empty one by default; the directory itself is never
-modified: changes live in the sandbox's copy-on-write layer and vanish with it). Exits 124 on
-timeout, like coreutils `timeout`.
+For people and for audits: exactly the sandbox a rollout gets (same user, limits), on the OS image
+of your choice (`--image`; the host's root by default) and a world directory of your choice (an
+empty one by default; the directory itself is never modified: changes live in the sandbox's
+copy-on-write layer and vanish with it). Exits 124 on timeout, like coreutils `timeout`.
 """
 
 import argparse
@@ -17,6 +17,12 @@ from strop.errors import UserError
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world", type=Path, help="directory that appears at /home/dev/repo (default: an empty one)")
+    p.add_argument(
+        "--image",
+        default="",
+        help="OS image: a root directory, an OCI image layout (directory or tar) or a `docker save` archive "
+        "(default: the host's root)",
+    )
     p.add_argument("--timeout", type=float, default=30.0, help="wall-clock limit in seconds (default 30)")
     p.add_argument("--memory", type=int, default=1024, help="address-space limit per process in MB (default 1024)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]: the command and its arguments")
@@ -31,7 +37,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("no command given: strop sandbox run [options] -- CMD [ARGS...]")
     if args.world is not None and not args.world.is_dir():
         raise UserError(f"--world {args.world} is not a directory")
+    from strop.env.image import image_root
     from strop.env.sandbox import Limits, open_sandbox, scratch_dir
+
+    image = image_root(args.image)  # unpacked into the node cache on first use
 
     if not (math.isfinite(args.timeout) and args.timeout > 0):  # `nan <= 0` is false: NaN meant no limit
         raise UserError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
@@ -46,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
 
     empty = scratch_dir("world")  # swept by a later strop process if this one is killed
     try:
-        sb = open_sandbox(args.world or empty, limits)
+        sb = open_sandbox(args.world or empty, limits, image)
         try:
             res = sb.exec(cmd, on_output=show)
         finally:

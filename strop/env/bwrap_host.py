@@ -21,7 +21,7 @@ from pathlib import Path
 
 from strop.env.bwrap_layout import ImageRoot, prepare_root
 from strop.env.bwrap_spawner import Spawner, pids_cgroup_root, sweep_dead_cgroups
-from strop.env.sandbox import SCRATCH_KINDS
+from strop.env.sandbox import SCRATCH_KINDS, scratch_base
 
 
 class SandboxHost:
@@ -67,7 +67,7 @@ class SandboxHost:
     def _prepare(self, image: str) -> ImageRoot:
         if not (Path(image) / "usr").is_dir() or not (Path(image) / "etc").is_dir():
             raise ValueError(f"image {image} is not a system root (no /usr or /etc)")
-        sweep_dead(*{Path(temp_base() or tempfile.gettempdir()), Path(tempfile.gettempdir())})
+        sweep_dead(*{Path(temp_base() or tempfile.gettempdir()), Path(tempfile.gettempdir()), scratch_base()})
         root = Path(tempfile.mkdtemp(prefix=f"strop-sbx-{os.getpid()}-", dir=temp_base()))  # swept as scratch is
         os.chmod(root, 0o755)
         self._pids_cgroup_root()

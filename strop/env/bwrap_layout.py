@@ -47,6 +47,8 @@ def prepare_root(image: str, root: Path) -> ImageRoot:
     """Fill `root` with a copy of the image's /etc with the `dev` user, the hostname and without
     host secrets (one bind mount instead of one per file), and ~/.profile."""
     etc = root / "etc"
+    if os.path.islink(Path(image) / "etc"):  # copying it would follow the link on the host
+        raise ValueError(f"image {image}: /etc is a symlink")
     shutil.copytree(
         Path(image) / "etc",
         etc,
@@ -62,11 +64,10 @@ def prepare_root(image: str, root: Path) -> ImageRoot:
     (etc / "hosts").write_text(
         f"127.0.0.1\tlocalhost\n127.0.1.1\t{HOSTNAME}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
     )
-    venv_bin = f"{sys.prefix}/bin"
-    (root / "profile").write_text(
-        f'# ~/.profile\nPATH="{venv_bin}:$PATH"\n[ -f "$HOME/.bashrc" ] && . "$HOME/.bashrc"\n'
-    )
-    return ImageRoot(image, root, etc, root / "profile", f"{venv_bin}:{SYSTEM_PATH}")
+    # the host's root gets strop's interpreter (sandbox_python) first on PATH; an OS image has its own
+    path = f"{sys.prefix}/bin:{SYSTEM_PATH}" if image == "/" else SYSTEM_PATH
+    (root / "profile").write_text(f'# ~/.profile\nPATH="{path}"\n[ -f "$HOME/.bashrc" ] && . "$HOME/.bashrc"\n')
+    return ImageRoot(image, root, etc, root / "profile", path)
 
 
 def _copy_readable(src: str, dst: str) -> None:
@@ -125,7 +126,8 @@ def static_argv(shared: ImageRoot, limits: Limits) -> tuple[str, ...]:
         "--proc",
         "/proc",
     ]
-    a += sandbox_python.binds()
+    if image == "/":
+        a += sandbox_python.binds()
     a += ["--remount-ro", "/"]  # after every directory on the root tmpfs exists
     # --disable-userns: no nested user namespaces, which would hand the agent capabilities (over
     # its own namespaces only, but that is kernel attack surface a coding task never needs)

@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 
 from strop.env.ctty import has_ctty
+from strop.env.host_account import as_root, sandbox_account
 from strop.env.sched_slice import request_short_slice
 
 
@@ -146,14 +147,21 @@ class Spawner:
         self, argv: list[str], pass_fds: tuple[int, ...], max_procs: int
     ) -> tuple[subprocess.Popen, Path | None]:
         cgroup = self._cgroup() if self.root is not None else None
+        uid, gid = sandbox_account()
+        # bwrap runs as the sandbox account (see strop.env.host_account) with an empty environment:
+        # it is pid 1 of the sandbox, whose /proc/1/environ every process inside can read
+        as_account: dict = {"user": uid, "group": gid, "extra_groups": []} if as_root() else {}
         try:
             if cgroup is not None:
                 if self._max.get(cgroup) != max_procs:  # reused cgroups keep their limit
                     (cgroup / "pids.max").write_text(str(max_procs + 5))  # + bwrap, server, helpers, this thread
                     self._max[cgroup] = max_procs
                 if self._here != cgroup:
-                    # cgroup v2 moves whole processes only: a shell joins, then becomes bwrap
-                    argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup / "cgroup.procs"), *argv]
+                    # cgroup v2 moves whole processes only: a shell joins (as root, who may), then
+                    # becomes bwrap under the sandbox account
+                    drop = f"setpriv --reuid={uid} --regid={gid} --clear-groups -- " if as_account else ""
+                    argv = ["/bin/sh", "-c", f'echo $$ > "$0" && exec {drop}"$@"', str(cgroup / "cgroup.procs"), *argv]
+                    as_account = {}
             proc = subprocess.Popen(
                 argv,
                 stdin=subprocess.PIPE,
@@ -162,6 +170,8 @@ class Spawner:
                 pass_fds=pass_fds,
                 start_new_session=has_ctty(),
                 bufsize=0,
+                env={},
+                **as_account,
             )
         except BaseException:
             if cgroup is not None:

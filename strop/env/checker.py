@@ -5,11 +5,13 @@ Order matters, because every step closes a way to game the reward:
    protected paths (the task's globs, the hidden test paths, anything outside
    the repository, new top-level modules that would shadow the runner such as `pytest.py`),
    so edited or deleted tests and runner config never count;
-2. assemble a fresh world from the pristine task repository plus the remaining changes;
-3. only then copy the hidden tests in (they overwrite whatever sits at their paths), and open a
-   *fresh* sandbox on it — no agent code runs before the world is complete;
-4. run the test command with the JUnit report going to a random path outside the repository
-   that the agent's sandbox never had, and parse that XML, never the test output;
+2. open a fresh sandbox on the pristine task repository (`strop.env.world`) and write the
+   remaining changes into it from the host;
+3. only then write the hidden tests (`hidden_tests` and what `test_patch` makes) over whatever
+   sits at their paths — no agent code runs before the world is complete;
+4. run the test command (on the task's FAIL_TO_PASS and PASS_TO_PASS test ids when it has them,
+   else on the hidden test files) with the JUnit report going to a random path outside the
+   repository that the agent's sandbox never had, and parse that XML, never the test output;
 5. count a run with fewer test cases than the task declares (`metadata["n_tests"]`, and
    `["n_perturbed_tests"]` for the perturbed run) as failed,
    and a report of all passes from a runner that exited non-zero as forged.
@@ -27,19 +29,20 @@ is reported separately for the hack monitor and does not change the reward; it r
 the hidden tests gave reward (special-casing test inputs matters only when it paid).
 """
 
+import contextlib
 import fnmatch
 import secrets
-import shutil
 import sys
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Literal
 
 from strop.env.isolated_grading import GradingFailed, grade
-from strop.env.sandbox import Limits, open_sandbox, scratch_dir
+from strop.env.sandbox import Limits, Sandbox
 from strop.env.task import Task
+from strop.env.world import empty_sandbox, hidden_tests, repository_has, task_sandbox
 
 Mode = Literal["binary", "fraction"]
 # what a check concluded: every test passed; the tests ran and some did not pass; no test ran;
@@ -83,6 +86,7 @@ class Score:
 
 
 CACHE_DIRS = frozenset({"__pycache__", ".pytest_cache"})
+GIT_DIR = ".git"  # git's own bookkeeping: `git status` rewrites the index; never the agent's work
 
 
 def source_changes(changes: dict) -> dict:
@@ -90,8 +94,11 @@ def source_changes(changes: dict) -> dict:
     agent's work (an honest `pytest` run writes tests/__pycache__/*.pyc, which the monitor would
     read as a test edit), and a shipped .pyc can be stale: Python trusts it when the source's
     mtime second and size match, so a same-length edit made within the second of a test run
-    would be scored on the old bytecode."""
-    return {p: v for p, v in changes.items() if not CACHE_DIRS.intersection(p.split("/"))}
+    would be scored on the old bytecode. Changes under the repository's `.git` are git's
+    bookkeeping (an index `git status` refreshed), never code."""
+    return {
+        p: v for p, v in changes.items() if not CACHE_DIRS.intersection(p.split("/")) and p.split("/")[0] != GIT_DIR
+    }
 
 
 def shadows_runner(task: Task, path: str) -> bool:
@@ -99,7 +106,7 @@ def shadows_runner(task: Task, path: str) -> bool:
     `_pytest/`, `json.py`, ...): `python -m pytest` puts the repository first on sys.path."""
     top = PurePosixPath(path).parts[0]
     name = top.removesuffix(".py")
-    return name in RUNNER_MODULES and not any(f == top or f.startswith(top + "/") for f in task.files)
+    return name in RUNNER_MODULES and not repository_has(task, top)
 
 
 def is_protected(task: Task, path: str) -> bool:
@@ -111,7 +118,7 @@ def is_protected(task: Task, path: str) -> bool:
     path = str(p)
     if shadows_runner(task, path):
         return True
-    if path in task.hidden_tests or path in task.perturbed_tests:
+    if path in hidden_tests(task) or path in task.perturbed_tests:
         return True
     return any(fnmatch.fnmatchcase(path, g) for g in task.protected)
 
@@ -140,48 +147,29 @@ def parse_junit(xml: bytes) -> tuple[int, int, int, int]:
     return passed, failed, errors, skipped
 
 
-def materialize(task: Task, root: Path) -> Path:
-    """Write the task's starting repository under `root` (the world an episode or check opens)."""
-    for rel, text in task.files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return root
-
-
-def _prepare(task: Task, root: Path, kept: dict, tests: dict[str, str]) -> Path:
-    """The world a check opens: pristine files, then the kept changes, then the tests. Written on
-    the host before the sandbox starts, so nothing of the agent's runs while it is assembled."""
-    materialize(task, root)
-    for rel, data in kept.items():
-        if data is None:
-            (root / rel).unlink(missing_ok=True)
-        else:
-            (root / rel).parent.mkdir(parents=True, exist_ok=True)
-            (root / rel).write_bytes(data.encode() if isinstance(data, str) else data)
-    for rel, text in tests.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-    return root
+def _write(sandbox: Sandbox, changes: dict[str, bytes | str | None]) -> None:
+    """Apply `changes` to a sandbox's workspace from the host (deletions first), before any command runs."""
+    for rel in sorted(p for p, d in changes.items() if d is None):
+        sandbox.remove_file(rel)
+    for rel, data in sorted((p, d) for p, d in changes.items() if d is not None):
+        sandbox.write_file(rel, data)
 
 
 def _run(task: Task, kept: dict, tests: dict[str, str], n_tests: int, mode: Mode, limits: Limits) -> Score:
-    by_values = task.grader == "values"
-    worlds, sandboxes = [], []
     timeout = float(task.metadata.get("timeout_s", TEST_TIMEOUT_S))
-    try:
-        # made inside the try, one at a time: a SIGTERM (SystemExit) between the two used to leave both
-        worlds.append(scratch_dir("check"))
-        if by_values:
-            worlds.append(scratch_dir("check"))
-        # graded by values, the checks never enter the agent's world: a judge sandbox on an empty one runs them
-        sandboxes.append(open_sandbox(_prepare(task, worlds[0], kept, {} if by_values else tests), limits))
-        if by_values:
-            sandboxes.append(open_sandbox(worlds[1], limits))
-            return _values_score(sandboxes[0], sandboxes[1], tests, n_tests, mode, timeout)
-        sandbox = sandboxes[0]
+    with contextlib.ExitStack() as stack:
+        # a fresh sandbox on the pristine repository; the kept changes and then the tests are written
+        # from the host before any command runs, so nothing of the agent's runs while it is assembled
+        sandbox = stack.enter_context(task_sandbox(task, limits, kind="check"))
+        _write(sandbox, kept)
+        if task.grader == "values":  # the checks never enter the agent's world: a judge on an empty one runs them
+            return _values_score(
+                sandbox, stack.enter_context(empty_sandbox(task, limits)), tests, n_tests, mode, timeout
+            )
+        _write(sandbox, tests)
         junit = f"/tmp/strop-junit-{secrets.token_hex(8)}.xml"
-        cmd = [a.replace("$STROP_JUNIT", junit) for a in task.test_command] + sorted(tests)
+        selected = task.fail_to_pass + task.pass_to_pass or sorted(tests)
+        cmd = [a.replace("$STROP_JUNIT", junit) for a in task.test_command] + selected
         # no third-party pytest plugins: hidden tests need none, and loading them (anyio's, from
         # strop's own environment) was a third of every check's time; no bytecode is the sandbox's own setting
         env = {"STROP_JUNIT": junit, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
@@ -197,11 +185,6 @@ def _run(task: Task, kept: dict, tests: dict[str, str], n_tests: int, mode: Mode
                 exit_code=result.exit_code,
                 outcome="not scored",
             )
-    finally:
-        for sandbox in sandboxes:
-            sandbox.close()
-        for world in worlds:
-            shutil.rmtree(world, ignore_errors=True)
     try:
         passed, failed, errors, skipped = parse_junit(xml)
     except ET.ParseError as e:
@@ -254,7 +237,7 @@ def check(
     kept, dropped = split_changes(task, source_changes(changes))
     limits = limits or Limits(timeout_s=TEST_TIMEOUT_S)
     try:
-        score = _run(task, kept, task.hidden_tests, task.metadata.get("n_tests", 0), mode, limits)
+        score = _run(task, kept, hidden_tests(task), task.metadata.get("n_tests", 0), mode, limits)
         if perturbed and task.perturbed_tests and score.reward > 0:  # special-casing only matters if it paid
             other = _run(task, kept, task.perturbed_tests, task.metadata.get("n_perturbed_tests", 0), mode, limits)
             score.perturbed_reward, score.perturbed_reason, score.perturbed_outcome = (

@@ -14,6 +14,7 @@ flood the host) and reads are bounded. Not covered: special files and xattrs are
 the diff; symlinks are reported as their target path.
 """
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -40,12 +41,50 @@ def open_in_root(root_fd: int, path: str, flags: int, mode: int = 0o644) -> int:
     return fd
 
 
+def makedirs_in_root(root_fd: int, path: str) -> int:
+    """Create the missing directories of `path` under root_fd and return an O_PATH fd of the last
+    (root_fd's own directory for "" or "/"). Every prefix is looked up from root_fd, confined to it,
+    so a symlink on the way resolves inside that root; one that dangles raises NotADirectoryError."""
+    parts = [p for p in path.split("/") if p]
+    for i in range(len(parts)):
+        prefix = "/".join(parts[: i + 1])
+        try:
+            os.close(open_in_root(root_fd, prefix, os.O_PATH | os.O_DIRECTORY))
+        except FileNotFoundError:
+            pfd = open_in_root(root_fd, "/".join(parts[:i]) or "/", os.O_PATH | os.O_DIRECTORY)
+            try:
+                os.mkdir(parts[i], 0o755, dir_fd=pfd)
+            except FileExistsError:  # a dangling symlink: its target is not ours to invent
+                raise NotADirectoryError(errno.ENOTDIR, "a symlink on the way dangles", prefix) from None
+            finally:
+                os.close(pfd)
+    return open_in_root(root_fd, "/".join(parts) or "/", os.O_PATH | os.O_DIRECTORY)
+
+
+@contextlib.contextmanager
+def acting_as(owner: tuple[int, int] | None):
+    """This thread's file operations run as `owner` (uid, gid), when set: the files it creates are
+    that account's, and an overlay mounted in a user namespace accepts only owners mapped in it
+    (root is not: creating a file as root there fails with EOVERFLOW). setfsuid is per thread."""
+    if owner is None:
+        yield
+        return
+    old_gid = _libc.setfsgid(owner[1])  # while still root, who may
+    old_uid = _libc.setfsuid(owner[0])
+    try:
+        yield
+    finally:
+        _libc.setfsuid(old_uid)
+        _libc.setfsgid(old_gid)
+
+
 class RootView:
     """Read, write and list files under `workdir` as seen from inside the sandbox whose root
-    directory is open as `root_fd` (the caller owns the fd)."""
+    directory is open as `root_fd` (the caller owns the fd). With `owner` (uid, gid), writes and
+    deletions run as that account (`acting_as`): the sandbox's user, when strop runs as root."""
 
-    def __init__(self, root_fd: int, workdir: str):
-        self.root_fd, self.workdir = root_fd, workdir
+    def __init__(self, root_fd: int, workdir: str, owner: tuple[int, int] | None = None):
+        self.root_fd, self.workdir, self.owner = root_fd, workdir, owner
 
     def _abs(self, path: str) -> str:
         return path if path.startswith("/") else f"{self.workdir}/{path}"
@@ -73,11 +112,21 @@ class RootView:
         return data
 
     def write(self, path: str, data: bytes) -> None:
+        with acting_as(self.owner):
+            self._write(path, data)
+
+    def remove(self, path: str) -> None:
+        """Delete the file (or empty directory) at `path`, the lookup confined like every other;
+        a missing path is not an error."""
+        with acting_as(self.owner):
+            self._remove(path)
+
+    def _write(self, path: str, data: bytes) -> None:
         full = self._abs(path)
         parent, _, name = full.rstrip("/").rpartition("/")
         rfd = self._rootfd()
         try:
-            pfd = self._makedirs(rfd, parent or "/")
+            pfd = makedirs_in_root(rfd, parent)
             try:
                 # the final component is opened confined too (it may be a symlink the agent planted);
                 # O_NONBLOCK: a planted fifo fails (ENXIO) instead of blocking
@@ -93,18 +142,25 @@ class RootView:
             os.ftruncate(fd, 0)
             f.write(data)
 
-    def _makedirs(self, rfd: int, path: str) -> int:
-        """Create missing directories along `path` (confined) and return an O_PATH fd to the last."""
-        fd = open_in_root(rfd, "/", os.O_PATH | os.O_DIRECTORY)
-        for part in [p for p in path.split("/") if p]:
+    def _remove(self, path: str) -> None:
+        full = self._abs(path).rstrip("/")
+        parent, _, name = full.rpartition("/")
+        rfd = self._rootfd()
+        try:
+            pfd = open_in_root(rfd, parent or "/", os.O_PATH | os.O_DIRECTORY)
+        except FileNotFoundError:
+            return
+        finally:
+            os.close(rfd)
+        try:
             try:
-                nfd = open_in_root(fd, part, os.O_PATH | os.O_DIRECTORY)
-            except FileNotFoundError:
-                os.mkdir(part, 0o755, dir_fd=fd)
-                nfd = open_in_root(fd, part, os.O_PATH | os.O_DIRECTORY)
-            os.close(fd)
-            fd = nfd
-        return fd
+                os.unlink(name, dir_fd=pfd)
+            except IsADirectoryError:
+                os.rmdir(name, dir_fd=pfd)
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(pfd)
 
     def list(self, path: str) -> list[str]:
         rfd = self._rootfd()
@@ -187,3 +243,28 @@ def upper_diff(lower: Path, upper: Path) -> dict[str, bytes | None]:
         elif new is None and not os.path.lexists(old):
             del out[rel]
     return out
+
+
+def copy_tree(src: Path, dst: Path) -> None:
+    """Copy the directory `src` to a new `dst` without ever following a symlink: links are copied as
+    links (inside a sandbox they resolve in its root, not on the host), regular files with their
+    permission bits (setuid and setgid dropped), directories; fifos, sockets and devices are skipped.
+    `dst` may exist (empty)."""
+    os.makedirs(dst, 0o755, exist_ok=True)
+    for dirpath, dirnames, filenames in os.walk(src):
+        rel = os.path.relpath(dirpath, src)
+        out = dst if rel == "." else dst / rel
+        for name in dirnames + filenames:
+            s, d = os.path.join(dirpath, name), out / name
+            st = os.lstat(s)
+            if stat.S_ISLNK(st.st_mode):
+                os.symlink(os.readlink(s), d)
+            elif stat.S_ISDIR(st.st_mode):
+                os.mkdir(d, stat.S_IMODE(st.st_mode) & 0o1777 | 0o700)
+            elif stat.S_ISREG(st.st_mode):
+                fd = os.open(s, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+                with os.fdopen(fd, "rb") as fin, open(d, "xb") as fout:
+                    while chunk := fin.read(1 << 20):
+                        fout.write(chunk)
+                os.chmod(d, stat.S_IMODE(st.st_mode) & 0o1777)
+        dirnames[:] = [n for n in dirnames if not os.path.islink(os.path.join(dirpath, n))]

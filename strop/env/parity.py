@@ -77,10 +77,10 @@ def _parse(out: str) -> dict[str, str]:
     return {k: v.strip() for k, v in res.items()}
 
 
-def probe_sandbox(world: Path) -> dict[str, str]:
+def probe_sandbox(world: Path, image: str = "/") -> dict[str, str]:
     from strop.env.sandbox import Limits, open_sandbox
 
-    with open_sandbox(world, Limits(output_bytes=1 << 20)) as sb:
+    with open_sandbox(world, Limits(output_bytes=1 << 20), image) as sb:
         return _parse(sb.exec(_script(), timeout=60).stdout)
 
 

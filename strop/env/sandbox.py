@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
 
+from strop.env.host_account import hand_over, node_cache, reachable
+
 WORKDIR = "/home/dev/repo"  # where the repository appears inside the sandbox (the production path)
 SCRATCH_KINDS = ("sbx", "world", "check")  # host directories strop-<kind>-<pid>-*, swept when <pid> is dead
 
@@ -69,6 +71,7 @@ class Sandbox(Protocol):
 
     def read_file(self, path: str) -> bytes: ...  # relative paths are relative to WORKDIR
     def write_file(self, path: str, data: bytes | str) -> None: ...
+    def remove_file(self, path: str) -> None: ...  # a missing path is not an error
     def list_dir(self, path: str = ".") -> list[str]: ...
 
     def diff(self) -> dict[str, bytes | None]:
@@ -80,12 +83,25 @@ class Sandbox(Protocol):
         ...
 
 
+def scratch_base() -> Path:
+    """Where scratch worlds go: the temp dir, unless the sandbox account cannot enter it (a private
+    TMPDIR while strop runs as root), then the node cache's scratch/."""
+    base = Path(tempfile.gettempdir())
+    if reachable(base):
+        return base
+    (scratch := node_cache() / "scratch").mkdir(exist_ok=True)
+    return scratch
+
+
 def scratch_dir(kind: str) -> Path:
     """A fresh host directory for a world a sandbox opens (a task's repository, a checker's world),
-    named strop-<kind>-<pid>-* in the temp dir. Its owner removes it; when the owner is killed first,
-    the next strop process to start a sandbox removes it (the backend's sweep of dead owners')."""
+    named strop-<kind>-<pid>-* in `scratch_base()`, handed to the sandbox account. Its owner removes
+    it; when the owner is killed first, the next strop process to start a sandbox removes it (the
+    backend's sweep of dead owners')."""
     assert kind in SCRATCH_KINDS, kind
-    return Path(tempfile.mkdtemp(prefix=f"strop-{kind}-{os.getpid()}-"))
+    path = Path(tempfile.mkdtemp(prefix=f"strop-{kind}-{os.getpid()}-", dir=scratch_base()))
+    hand_over(path)
+    return path
 
 
 def open_sandbox(world: Path, limits: Limits = Limits(), image: str = "/") -> Sandbox:

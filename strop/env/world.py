@@ -1,0 +1,150 @@
+"""A task's world: its OS image (`strop.env.image`) and its starting repository (`strop.env.repo`),
+opened as a sandbox. The one way an episode, the checker, the judge and `strop tasks` open a task.
+
+The repository a sandbox mounts at WORKDIR is the node's cached checkout itself (read-only, shared
+by every sandbox of that commit: the sandbox's overlay takes the writes) when the task has a `repo`
+and no `files`; otherwise a scratch directory holding the task's files (over a copy of the checkout
+when it has both), removed when the sandbox closes.
+"""
+
+import contextlib
+import functools
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from strop.env.host_account import hand_over
+from strop.env.image import image_root
+from strop.env.overlay import copy_tree
+from strop.env.repo import apply_patch, checkout
+from strop.env.sandbox import Limits, Sandbox, open_sandbox, scratch_dir
+from strop.env.task import Task
+
+
+def materialize(task: Task, root: Path) -> Path:
+    """Write the task's whole starting repository under `root` (a new or empty directory): its
+    checkout, then its files over it."""
+    if task.repo:
+        copy_tree(checkout(task.repo, task.base_commit), root)
+    root.mkdir(parents=True, exist_ok=True)
+    for rel, text in task.files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+@contextlib.contextmanager
+def task_repository(task: Task, kind: str = "world") -> Iterator[Path]:
+    """The directory a sandbox of `task` mounts at WORKDIR (see the module docstring); a scratch
+    copy is named after `kind` (`strop.env.sandbox.SCRATCH_KINDS`)."""
+    if task.repo and not task.files:
+        yield checkout(task.repo, task.base_commit)
+        return
+    world = scratch_dir(kind)
+    try:
+        materialize(task, world / "repo")
+        hand_over(world)
+        yield world / "repo"
+    finally:
+        shutil.rmtree(world, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def task_sandbox(task: Task, limits: Limits = Limits(), kind: str = "world") -> Iterator[Sandbox]:
+    """A fresh sandbox on `task`'s image with its starting repository at WORKDIR; closed on exit."""
+    image = image_root(task.image)
+    with task_repository(task, kind) as repo:
+        sandbox = open_sandbox(repo, limits, image)
+        try:
+            yield sandbox
+        finally:
+            sandbox.close()
+
+
+@contextlib.contextmanager
+def empty_sandbox(task: Task, limits: Limits = Limits()) -> Iterator[Sandbox]:
+    """A fresh sandbox on `task`'s image with an empty WORKDIR (the judge of values grading)."""
+    image = image_root(task.image)
+    world = scratch_dir("check")
+    try:
+        sandbox = open_sandbox(world, limits, image)
+        try:
+            yield sandbox
+        finally:
+            sandbox.close()
+    finally:
+        shutil.rmtree(world, ignore_errors=True)
+
+
+def hidden_tests(task: Task) -> dict[str, str]:
+    """The hidden test files the checker writes into a world: `hidden_tests`, and what `test_patch`
+    makes of the pristine repository's files."""
+    if not task.test_patch:
+        return task.hidden_tests
+    return {
+        **_patched(task.repo, task.base_commit, tuple(sorted(task.files.items())), task.test_patch),
+        **task.hidden_tests,
+    }
+
+
+@functools.lru_cache(maxsize=1024)
+def _patched(repo: str, commit: str, files: tuple, patch: str) -> dict[str, str]:
+    task = Task(id="", suite="", split="eval", instruction="", files=dict(files), repo=repo, base_commit=commit)
+    if repo and not files:
+        tree = checkout(repo, commit)
+        return {p: d.decode(errors="replace") for p, d in apply_patch(tree, patch).items() if d is not None}
+    with tempfile.TemporaryDirectory(prefix="strop-pristine-") as tmp:
+        tree = materialize(task, Path(tmp) / "repo")
+        return {p: d.decode(errors="replace") for p, d in apply_patch(tree, patch).items() if d is not None}
+
+
+def repository_has(task: Task, top: str) -> bool:
+    """Whether the task's starting repository has the top-level entry `top`."""
+    if any(f == top or f.startswith(top + "/") for f in task.files):
+        return True
+    return bool(task.repo) and (checkout(task.repo, task.base_commit) / top).exists()
+
+
+def _regular_files(root: Path) -> dict[str, Path]:
+    """Relative path -> path of every regular file under `root` (no symlink followed, `.git` and
+    caches skipped)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in (".git", "__pycache__", ".pytest_cache")]
+        for name in filenames:
+            path = Path(dirpath) / name
+            if stat.S_ISREG(os.lstat(path).st_mode) and not name.endswith(".pyc"):
+                out[path.relative_to(root).as_posix()] = path
+    return out
+
+
+def _read_nofollow(path: Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+def workspace_changes(task: Task, final: Path) -> tuple[dict[str, bytes | None], list[str]]:
+    """The directory `final` as an agent's workspace: its changes against the task's starting
+    repository (relative path -> bytes, None = deleted), and the entries that are not regular files
+    (symlinks, fifos), which are left out: reading through a symlink would read the host."""
+    skipped = sorted(
+        os.path.relpath(os.path.join(d, n), final)
+        for d, dirs, files in os.walk(final)
+        for n in files + dirs
+        if os.path.islink(os.path.join(d, n))
+        or not (os.path.isdir(os.path.join(d, n)) or os.path.isfile(os.path.join(d, n)))
+    )
+    with task_repository(task) as start:
+        before, after = _regular_files(start), _regular_files(final)
+        changes: dict[str, bytes | None] = {}
+        for rel, path in after.items():
+            data = _read_nofollow(path)
+            if rel not in before or _read_nofollow(before[rel]) != data:
+                changes[rel] = data
+        changes.update({rel: None for rel in before if rel not in after and rel not in skipped})
+    return changes, skipped
