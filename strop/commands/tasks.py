@@ -38,19 +38,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--target", type=int, default=240, help="tasks to keep")
 
 
-def _workspace_changes(files: dict[str, str], root: Path) -> dict[str, bytes | None]:
-    """DIR against the task's starting files: changed or new files, and deletions (None)."""
-    changes: dict[str, bytes | None] = {}
-    for f in sorted(root.rglob("*")):
-        rel = f.relative_to(root).as_posix()
-        if f.is_file() and "__pycache__" not in f.parts and ".git" not in f.parts and not rel.endswith(".pyc"):
-            data = f.read_bytes()
-            if files.get(rel, "").encode() != data or rel not in files:
-                changes[rel] = data
-    changes.update({rel: None for rel in files if not (root / rel).is_file()})
-    return changes
-
-
 def run(args: argparse.Namespace) -> int:
     from strop.env.suites import get_task, load_suite
     from strop.threads import set_threads
@@ -79,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"{note} exists; export does not overwrite it")
         for rel in task.files:
             parts_of(rel)  # every path inside DIR (new or empty: no link to follow), before anything is written
-        from strop.env.checker import materialize
+        from strop.env.world import materialize
 
         try:
             root.mkdir(parents=True, exist_ok=True)
@@ -97,8 +84,11 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"{root} is not a directory")
     from strop.env.checker import check
     from strop.env.hacks import detect
+    from strop.env.world import workspace_changes
 
-    changes = _workspace_changes(task.files, root)
+    changes, skipped = workspace_changes(task, root)
+    if skipped:  # a symlink in DIR may point anywhere on this host: its target is not the agent's code
+        print(f"left out (not regular files): {', '.join(skipped)}")
     score = check(task, changes, mode=args.mode)
     flags = detect(task, changes, [], score)
     result = {"task": task.id, "changed": sorted(changes), **score.to_dict(), "flags": [f.to_dict() for f in flags]}
