@@ -528,8 +528,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
         p = Path(path)
         if p.is_dir():
             raise UserError(f"config file {str(p)!r} is a directory; pass a .toml file")
-        if not p.is_file():
+        if not p.exists():
             raise UserError(f"config file {str(p)!r} does not exist")
+        if not p.is_file():  # a device or fifo: read without end, or blocking
+            raise UserError(f"config file {str(p)!r} is not a regular file")
         try:
             data = tomllib.loads(p.read_text(encoding="utf-8"))
         except OSError as e:

@@ -131,3 +131,63 @@ def test_json_into_a_missing_directory_is_refused_before_the_work(files, tmp_pat
     res = run_cli("tasks", "check", "--suite", "synthetic", "synthetic-d1-eval-0000", str(repo), "--json", str(out))
     assert res.returncode == 2 and "does not exist" in res.stderr and "Traceback" not in res.stderr, res.stderr
     assert not (tmp_path / "missing").exists()
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["serve", "key", "--keys", "{d}/nodir/keys.json", "--name", "a", "--scopes", "infer"], "does not exist"),
+        (["serve", "key", "--keys", "/dev/zero", "--name", "a", "--scopes", "infer"], "not a regular file"),
+        (["serve", "key", "--keys", "{d}/k.json", "--name", "a", "--scopes", "infer", "--rate", "inf"], "finite"),
+        (["serve", "key", "--keys", "{d}/k.json", "--name", "a\nb", "--scopes", "infer"], "one line"),
+        (
+            ["serve", "--checkpoint", "{d}/policy", "--keys", "{d}/k.json", "--weights-store", "/nonexistent"],
+            "--weights",
+        ),
+        (["midtrain", "--config", "/dev/zero"], "not a regular file"),
+        (
+            [
+                "sync",
+                "encode",
+                "--base",
+                "{d}/base.safetensors",
+                "--new",
+                "{d}/new.safetensors",
+                "-o",
+                "{d}/x",
+                "--version",
+                "-5",
+            ],
+            "--version",
+        ),
+        (["sync", "decode", "--base", "{d}/base.safetensors", "{d}/trailing.bin", "-o", "{d}/x"], "past its"),
+        # refused before the model in --checkpoint (which cannot load) is touched
+        (["agent", "--world", "{d}", "--checkpoint", "{d}/policy", "--timeout", "nan", "hi"], "--timeout"),
+        (["agent", "--world", "{d}", "--checkpoint", "{d}/policy", "--temperature", "nan", "hi"], "--temperature"),
+        (["agent", "--world", "{d}", "--checkpoint", "{d}/policy", "--max-turns", "-1", "hi"], "--max-turns"),
+        (["agent", "--world", "{d}", "--checkpoint", "{d}/policy", "--max-context", "0", "hi"], "--max-context"),
+    ],
+)
+def test_issue_45_silences_and_tracebacks_are_one_line_exit_2(files, args, needle):
+    """Item 8 of issue 45, case by case (the damaged demo summary is in test_outputs)."""
+    (files / "trailing.bin").write_bytes((files / "delta.bin").read_bytes() + b"xx")
+    out = run_cli(*[a.replace("{d}", str(files)) for a in args])
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert needle in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert not (files / "k.json").exists() and not (files / "x").exists()
+
+
+def test_a_closed_stdout_is_one_line_not_a_traceback():
+    """`strop tasks list ... | head`: a BrokenPipeError traceback."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "strop.cli", "tasks", "list", "--suite", "synthetic"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline()
+    proc.stdout.close()  # as `head -1` does
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 2 and "Traceback" not in err and "broken pipe" in err, err
+    assert len(err.strip().splitlines()) == 1

@@ -119,6 +119,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--threads must be at least 1, got {args.threads}")
     if not args.keys and not is_loopback(args.host):
         raise UserError(f"--host {args.host} is not loopback: serving beyond this machine needs --keys")
+    if args.weights_store and "://" not in args.weights_store and not Path(args.weights_store).is_dir():
+        raise UserError(f"--weights-store {args.weights_store!r} is not a directory (a run's weight store)")
     if args.weights_store and not args.keys:
         print(
             "strop serve: --weights-store has no effect without --keys (weight routes need an admin key)",

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from strop.errors import UserError
 from strop.online.auth import SCOPES, KeyFile
+from strop.outputs import check_output_file
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,6 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output_file(args.keys)  # before the key is made: it is shown once, and only if it is saved
     try:
         keys = KeyFile.load(args.keys) if Path(args.keys).exists() else KeyFile()
         key = keys.add(args.name, [s.strip() for s in args.scopes.split(",") if s.strip()], args.rate, args.burst)

@@ -23,6 +23,9 @@ def run(args: argparse.Namespace) -> int:
     from strop.sync import codec, tensors
 
     check_output_file(args.output)  # before the work: a bad -o is a user mistake, not a traceback after it
+    base_version = args.version - 1 if args.base_version is None else args.base_version
+    if not 0 <= base_version < args.version:
+        raise UserError(f"versions must satisfy 0 <= --base-version < --version, got {base_version} and {args.version}")
     states = []
     for path in (args.base, args.new):
         if not os.path.isfile(path):
@@ -31,7 +34,6 @@ def run(args: argparse.Namespace) -> int:
             states.append(tensors.load(path))
         except ValueError as e:
             raise UserError(f"{path}: {e}") from None
-    base_version = args.version - 1 if args.base_version is None else args.base_version
     t = time.perf_counter()
     blob = codec.encode(states[0], states[1], version=args.version, base_version=base_version)
     dt = time.perf_counter() - t

@@ -59,11 +59,14 @@ class KeyFile:
     @classmethod
     def load(cls, path: str | Path) -> "KeyFile":
         """Raises ValueError naming what is wrong (missing file, bad JSON, a bad entry)."""
+        p = Path(path)
+        if p.exists() and not p.is_file():  # a device or fifo would be read without end
+            raise ValueError(f"key file {path} is not a regular file")
         try:
-            raw = json.loads(Path(path).read_text())
+            raw = json.loads(p.read_text())
         except OSError as e:
             raise ValueError(f"cannot read key file {path}: {e.strerror or e}") from None
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ValueError(f"key file {path} is not JSON: {e}") from None
         try:
             keys = [KeyEntry(**k) for k in raw["keys"]]
@@ -95,12 +98,15 @@ class KeyFile:
 def check_entry(k: KeyEntry) -> None:
     if not k.name or not isinstance(k.name, str):
         raise ValueError("a key needs a name")
+    if not k.name.isprintable() or len(k.name) > 200:  # it is logged with every request: one line
+        raise ValueError(f"key name {k.name[:200]!r} must be printable text on one line, at most 200 characters")
     if not k.scopes or any(s not in SCOPES for s in k.scopes):
         raise ValueError(f"key {k.name!r}: scopes must be some of {', '.join(SCOPES)}, got {k.scopes}")
     if not (isinstance(k.sha256, str) and len(k.sha256) == 64):
         raise ValueError(f"key {k.name!r}: sha256 must be 64 hex digits")
-    if not (k.rate_per_s > 0 and k.burst >= 1):
-        raise ValueError(f"key {k.name!r}: rate_per_s must be > 0 and burst >= 1")
+    rate_ok = isinstance(k.rate_per_s, (int, float)) and math.isfinite(k.rate_per_s) and k.rate_per_s > 0
+    if not (rate_ok and isinstance(k.burst, int) and k.burst >= 1):  # (JSON has no infinity: the file must load)
+        raise ValueError(f"key {k.name!r}: rate_per_s must be a finite number > 0 and burst an integer >= 1")
 
 
 class TokenBucket:

@@ -235,6 +235,8 @@ def read_header(blob: bytes | memoryview, *, with_payloads: bool = True) -> Head
     entries = [Entry(n, m, d, tuple(s), o, ln, pc, bc, c, p) for n, m, d, s, o, ln, pc, bc, c, p in head["tensors"]]
     h = Header(head["version"], head["base_version"], head["payload_bytes"], entries)
     have = len(blob) - _PREFIX.size - hlen
+    if with_payloads and have > h.payload_bytes:
+        raise DeltaError(f"delta has {have - h.payload_bytes} bytes past its {h.payload_bytes} payload bytes (damaged)")
     if with_payloads and have != h.payload_bytes:
         missing = [e.name for e in entries if e.length and e.offset + e.length > have]
         raise DeltaError(
