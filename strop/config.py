@@ -114,12 +114,15 @@ class SFTSection:
     suite: str = opt("synthetic", "task suite whose oracle demonstrations are the warm-start data")
     episodes: int = opt(400, "oracle demonstration episodes (the last val_fraction are held out)", ge=2)
     demo_tests: bool = opt(
-        True, "careful demonstrators run the visible tests before submitting (one pytest run per episode)"
+        True,
+        "careful demonstrators run the visible tests before submitting (one pytest run per episode)",
+        advanced=True,
     )
     demo_check: bool = opt(
         True,
         "keep only demonstrations the checker scores 1.0 (else: every one that submitted, "
         "as unfiltered logs hold them: a careless demonstrator's failures included)",
+        advanced=True,
     )
     careful: float = opt(
         1.0,
@@ -128,6 +131,7 @@ class SFTSection:
         "rest summarize only the last stages' keys and submit what they kept (strop.env.chain_oracle)",
         ge=0,
         le=1,
+        advanced=True,
     )
     suspects: float = opt(
         0.0,
@@ -135,6 +139,7 @@ class SFTSection:
         "known bugs in the usual order, so attempts ahead of the injected one are rejected",
         ge=0,
         le=1,
+        advanced=True,
     )
     misremember: float = opt(
         0.0,
@@ -142,12 +147,14 @@ class SFTSection:
         "rejects that attempt and shows the closest text",
         ge=0,
         le=1,
+        advanced=True,
     )
     max_wrong: int = opt(
         2,
         "most rejected attempts a careful demonstrator makes before the right edit (keep it below "
         "rollout.max_invalid_turns: that many rejected turns in a row end an episode)",
         ge=1,
+        advanced=True,
     )
     demo_workers: int = opt(4, "oracle episodes run at once while producing demonstrations", ge=1)
     difficulties: list[int] = opt([], "task difficulties the demonstrations cover (e.g. those RL trains on); [] = all")
@@ -233,18 +240,21 @@ class RLSection:
         "a control run: each trajectory's training reward is seeded uniform noise, so the updates keep "
         "their structure (episodes, segments, one advantage over every token) and lose the reward's "
         "signal; what such a run does to held-out quality is what the updates' noise alone does",
+        advanced=True,
     )
     reward_power: float = opt(
         1.0,
         "the training reward is the checker's raised to this power (before any penalty): above 1, a "
         "partial-credit reward pays the last checks more than the first, closer to paying for the solve",
         gt=0,
+        advanced=True,
     )
     solve_bonus: float = opt(
         0.0,
         "added to the training reward of a solved trajectory (every check passed): with partial credit, "
         "a group's solve then outranks its near misses by more than the one check they lack",
         ge=0,
+        advanced=True,
     )
     negative_weight: float = opt(
         1.0,
@@ -253,6 +263,7 @@ class RLSection:
         "down with its wrong ones",
         ge=0,
         le=1,
+        advanced=True,
     )
     hack_penalty: float = opt(1.0, "subtracted from the reward of a trajectory flagged with a hack", ge=0)
     degenerate_penalty: float = opt(
@@ -367,8 +378,11 @@ class SyncSection:
         "bandwidth of each trainer-to-cluster link in MB/s, a token bucket that makes links on "
         "one machine stand for WAN links (tests, benchmarks); 0 = unshaped",
         ge=0,
+        advanced=True,
     )
-    lan_mb_s: float = opt(0.0, "bandwidth of each relay-to-engine link in MB/s (token bucket); 0 = unshaped", ge=0)
+    lan_mb_s: float = opt(
+        0.0, "bandwidth of each relay-to-engine link in MB/s (token bucket); 0 = unshaped", ge=0, advanced=True
+    )
 
 
 @dataclass

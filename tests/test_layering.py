@@ -22,6 +22,7 @@ FOUNDATION = {
     "config",
     "report",
     "tracking",
+    "run_files",
     "checkpoint",
     "kernels",
     "policy_api",

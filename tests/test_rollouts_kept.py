@@ -55,6 +55,13 @@ def rl_run(tiny_policy_dir, tmp_path_factory) -> Path:
     return out / "demo"
 
 
+def test_every_metric_an_rl_run_writes_is_in_the_reference(rl_run):
+    from strop.run_files import undocumented
+
+    rows = [json.loads(line) for line in (rl_run / "rl" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == STEPS and undocumented("rl", rows) == []
+
+
 def test_every_step_keeps_its_trajectories(rl_run):
     steps = RolloutLog(rl_run / "rl" / "rollouts", 1).steps()
     assert list(steps) == list(range(1, STEPS + 1))

@@ -71,6 +71,9 @@ def logged(run_dir: Path) -> dict[str, dict[int, float]]:
             if k != "step":
                 out.setdefault(k, {})[r["step"]] = float(v)
     assert {"loss", "val_loss", "lr", "tok_s"} <= out.keys()
+    from strop.run_files import undocumented
+
+    assert undocumented("midtrain", rows) == []  # the run-directory reference names every key
     return out
 
 

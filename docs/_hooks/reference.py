@@ -2,6 +2,8 @@
 
     reference/config.md        every config key (`strop config schema`)
     reference/commands.md      every command's arguments (strop.cli.COMMANDS and each add_arguments)
+    reference/http.md          the HTTP APIs' OpenAPI (the FastAPI apps, built around a real tiny engine)
+    reference/run-directory.md the run directory's files and every metric (strop.run_files)
 
 `tests/test_docs.py` imports this file to check that every key and command is covered and has help.
 """
@@ -94,13 +96,135 @@ def config_markdown() -> str:
     return markdown()
 
 
-PAGES = {
-    "reference/config.md": config_markdown,
-    "reference/commands.md": commands_markdown,
+def openapi_specs() -> dict[str, dict]:
+    """The OpenAPI documents of strop's two HTTP apps, built as `strop serve` and an RL run build them,
+    around a real engine on a tiny model (a tokenizer trained on one stdlib package; no request served)."""
+    import json as json_module
+    import tempfile
+    from pathlib import Path
+
+    from strop.config import DataSection, ModelSection
+    from strop.data.corpus import load_corpus, stdlib_dir
+    from strop.data.tokenizer import train_tokenizer
+    from strop.engine.engine import Engine
+    from strop.engine.server import create_app
+    from strop.model.policy import build_model
+    from strop.online.app import create_serving_app
+    from strop.online.auth import KeyFile
+    from strop.online.store import Store
+    from strop.online.versions import Versions
+
+    corpus = load_corpus(DataSection(stdlib=False, dirs=[str(stdlib_dir() / "json")], val_files=1))
+    tokenizer = train_tokenizer(corpus.train, vocab_size=300, sample_bytes=100_000)
+    section = ModelSection(
+        hidden_size=16, num_layers=1, num_heads=1, num_kv_heads=1, head_dim=16, num_experts=2, experts_per_token=1
+    )
+    engine = Engine(build_model(section, tokenizer, seed=0), tokenizer, max_batch=1, max_len=64)
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "keys.json").write_text(json_module.dumps({"keys": []}))
+        store = Store(str(Path(d) / "feedback.db"))
+        serving = create_serving_app(
+            engine, "MODEL", KeyFile.load(Path(d) / "keys.json"), store, Versions(str(Path(d) / "weights"))
+        )
+        specs = {"serve": serving.openapi(), "engine": create_app(engine, "MODEL", path_updates=True).openapi()}
+        store.close()
+    return specs
+
+
+APPS = {
+    "serve": (
+        "strop serve",
+        "The server users call (`strop serve --keys K --store DB --weights-store W`): the OpenAI-compatible "
+        "API with token ids, logprobs and routed experts, ratings, and weight changes from the run's store "
+        "only. Every route needs an API key with the route's scope (`infer`, `feedback`, `admin`; "
+        "`strop serve key`) sent as `Authorization: Bearer KEY`; the weight routes exist only with "
+        "`--keys` and `--weights-store`, `/v1/feedback` only with `--store`.",
+    ),
+    "engine": (
+        "The engine server of an RL run",
+        "The same engine API as an RL run's engines serve it to rollout workers, with weight updates from a "
+        "path (`strop.engine.server`, `path_updates=True`); never exposed to users.",
+    ),
 }
 
 
+def _schema_fields(spec: dict, schema: dict) -> list[str]:
+    if "$ref" in schema:
+        schema = spec["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]]
+    rows = []
+    required = set(schema.get("required", []))
+    for name, prop in schema.get("properties", {}).items():
+        kind = prop.get("type") or " \\| ".join(
+            p.get("type", p.get("$ref", "").rsplit("/", 1)[-1]) for p in prop.get("anyOf", [])
+        )
+        doc = (prop.get("description") or "").replace("|", "\\|").replace("\n", " ")
+        rows.append(f"| `{name}` | {kind} | {'yes' if name in required else ''} | {doc} |")
+    return rows
+
+
+def http_markdown(specs: dict[str, dict]) -> str:
+    lines = [
+        "# HTTP reference",
+        "",
+        "Generated at every docs build from the FastAPI apps themselves (their OpenAPI documents, also here "
+        "as JSON: [strop serve](openapi-serve.json), [engine server](openapi-engine.json)); do not edit by hand.",
+        'Errors are JSON `{"error": {"message": ...}}` with status 400 (bad request), 401/403 (key, '
+        "scope), 404, 409, 413 (too long for the context), 429 (rate limit, with `Retry-After`) or 503.",
+        "",
+    ]
+    for name, spec in specs.items():
+        title, intro = APPS[name]
+        lines += [f"## {title}", "", intro, "", "| method | path | summary |", "|---|---|---|"]
+        for path, ops in sorted(spec["paths"].items()):
+            for method, op in ops.items():
+                lines.append(f"| {method.upper()} | `{path}` | {op.get('summary', '')} |")
+        lines.append("")
+        for path, ops in sorted(spec["paths"].items()):
+            for method, op in ops.items():
+                body = op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema")
+                if body:
+                    lines += [f"### {method.upper()} {path} ({title})", "", "Request body:", ""]
+                    lines += ["| field | type | required | description |", "|---|---|---|---|"]
+                    lines += _schema_fields(spec, body) + [""]
+    return "\n".join(lines)
+
+
+def run_directory_markdown() -> str:
+    from strop.run_files import METRICS, RUN_FILES
+
+    lines = [
+        "# Run directory and metrics",
+        "",
+        "Generated from `strop/run_files.py`, which the tests hold to what real runs write; do not edit by hand.",
+        "A run's outputs live in `run.out_dir/run.name` (`runs/demo` for the demo). Each stage's "
+        "`metrics.jsonl` has one JSON object a step; `[log]` sends the same rows to W&B, TensorBoard or "
+        "MLflow ([Tracking experiments and rollouts](../guides/tracking.md)).",
+        "",
+        "## Files",
+        "",
+        "| path | written by | holds |",
+        "|---|---|---|",
+        *[f"| `{path}` | {who} | {what} |" for path, who, what in RUN_FILES],
+        "",
+    ]
+    for stage, metrics in METRICS.items():
+        lines += [f"## Metrics: {stage}", "", "| key | meaning |", "|---|---|"]
+        lines += [f"| `{k}` | {v} |" for k, v in metrics.items()] + [""]
+    return "\n".join(lines)
+
+
 def on_files(files: Files, config) -> Files:
-    for path, render in PAGES.items():
-        files.append(File.generated(config, path, content=render()))
+    import json
+
+    pages = {
+        "reference/config.md": config_markdown(),
+        "reference/commands.md": commands_markdown(),
+        "reference/run-directory.md": run_directory_markdown(),
+    }
+    specs = openapi_specs()
+    pages["reference/http.md"] = http_markdown(specs)
+    for name, spec in specs.items():
+        pages[f"reference/openapi-{name}.json"] = json.dumps(spec, indent=2)
+    for path, text in pages.items():
+        files.append(File.generated(config, path, content=text))
     return files
