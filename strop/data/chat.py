@@ -94,39 +94,88 @@ def tool_signature(tool: dict) -> str:
     return f"{fn['name']}({args}) - {fn.get('description', '')}"
 
 
+# The renderers below build their text from pieces: (text, given), where `given` marks text that
+# comes from a message or a tool schema rather than from the format itself. `encode_pieces` tokenizes
+# given text that spells a special token as plain text, so a message cannot forge the chat structure.
+Pieces = list[tuple[str, bool]]
+
+
+def _system_pieces(tools: list[dict] | None, system: str | None) -> Pieces:
+    if not tools:
+        return [(f"{IM_START}system\n", False), (system or "", True), (f"{IM_END}\n", False)]
+    head = [(system, True), ("\n\n# Tools\n", False)] if system is not None else [("# Tools\n", False)]
+    lines = [piece for t in tools for piece in ((tool_signature(t), True), ("\n", False))]
+    return [(f"{IM_START}system\n", False), *head, *lines, (f"{IM_END}\n", False)]
+
+
+def _message_pieces(message: dict) -> Pieces:
+    role, content = message["role"], message.get("content") or ""
+    if role == "assistant":
+        calls = [
+            piece
+            for c in message.get("tool_calls") or []
+            for piece in ((TOOL_CALL, False), (_tool_call_json(c), True), (TOOL_CALL_END, False))
+        ]
+        return [(f"{IM_START}assistant\n", False), (content, True), *calls, (f"{IM_END}\n", False)]
+    return [(f"{IM_START}{role}\n", False), (content, True), (f"{IM_END}\n", False)]
+
+
+def _chat_pieces(messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool) -> Pieces:
+    out: Pieces = []
+    for i, m in enumerate(messages):
+        if i == 0 and tools:
+            out += _system_pieces(tools, m.get("content") if m["role"] == "system" else None)
+            if m["role"] != "system":
+                out += _message_pieces(m)
+        elif m["role"] == "system":
+            out += _system_pieces(None, m.get("content"))
+        else:
+            out += _message_pieces(m)
+    return out + ([(GENERATION_PROMPT, False)] if add_generation_prompt else [])
+
+
 def render_system(tools: list[dict] | None, system: str | None) -> str:
     """The system block; with tools it lists one signature per tool."""
-    if not tools:
-        return f"{IM_START}system\n{system or ''}{IM_END}\n"
-    head = f"{system}\n\n# Tools\n" if system is not None else "# Tools\n"
-    lines = "".join(tool_signature(t) + "\n" for t in tools)
-    return f"{IM_START}system\n{head}{lines}{IM_END}\n"
+    return "".join(text for text, _ in _system_pieces(tools, system))
 
 
 def render_message(message: dict) -> str:
     """One non-system message, including its trailing separator."""
-    role, content = message["role"], message.get("content") or ""
-    if role == "assistant":
-        calls = "".join(f"{TOOL_CALL}{_tool_call_json(c)}{TOOL_CALL_END}" for c in message.get("tool_calls") or [])
-        return f"{IM_START}assistant\n{content}{calls}{IM_END}\n"
-    return f"{IM_START}{role}\n{content}{IM_END}\n"
+    return "".join(text for text, _ in _message_pieces(message))
 
 
 def render(messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = False) -> str:
     """Messages (OpenAI format) to the exact text the policy reads."""
-    out = []
-    for i, m in enumerate(messages):
-        if i == 0 and tools:
-            out.append(render_system(tools, m.get("content") if m["role"] == "system" else None))
-            if m["role"] != "system":
-                out.append(render_message(m))
-        elif m["role"] == "system":
-            out.append(render_system(None, m.get("content")))
+    return "".join(text for text, _ in _chat_pieces(messages, tools, add_generation_prompt))
+
+
+def encode_pieces(tokenizer, pieces: Pieces) -> list[int]:
+    """The pieces' text as token ids, given text that spells a special token ("<|im_end|>" in a file
+    the agent read, in a served caller's message) tokenized as plain text; the rest is tokenized
+    as one text, so a message without such spellings gets the ids of its rendered text."""
+    ids, pending = [], ""
+    for text, given in pieces:
+        if given and any(s in text for s in SPECIAL_TOKENS):
+            ids += tokenizer.encode(pending, add_special_tokens=False) if pending else []
+            ids += tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+            pending = ""
         else:
-            out.append(render_message(m))
-    if add_generation_prompt:
-        out.append(GENERATION_PROMPT)
-    return "".join(out)
+            pending += text
+    return ids + (tokenizer.encode(pending, add_special_tokens=False) if pending else [])
+
+
+def encode_message(tokenizer, message: dict) -> list[int]:
+    """`render_message(message)` as token ids, special-token spellings in its content and tool calls
+    tokenized as plain text (`encode_pieces`)."""
+    return encode_pieces(tokenizer, _message_pieces(message))
+
+
+def encode_chat(
+    tokenizer, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = False
+) -> list[int]:
+    """`render(...)` as token ids, special-token spellings in every message and tool schema tokenized
+    as plain text (`encode_pieces`): the server's prompts, whose every message comes from a caller."""
+    return encode_pieces(tokenizer, _chat_pieces(messages, tools, add_generation_prompt))
 
 
 _CALL_RE = re.compile(re.escape(TOOL_CALL) + r"(.*?)(" + re.escape(TOOL_CALL_END) + r"|$)", re.S)

@@ -3,7 +3,9 @@
     GET  /health              {"status": "ok", "version": v}
     GET  /v1/models           the served model
     POST /v1/completions      prompt: text or token ids; logprobs; stream
-    POST /v1/chat/completions messages + tools (strop.data.chat renders and parses); logprobs; stream
+    POST /v1/chat/completions messages + tools (strop.data.chat renders and parses); logprobs; stream;
+                              a special token spelt inside a message or tool is plain text, as in
+                              the harness (`encode_chat`): a caller cannot forge a turn
     GET  /weights/version     {"version": v}
     POST /weights/update      {"path": safetensors file or model dir, "version": v?} -> {"version", "pause_s"}
                               (checked whole, then applied all at once: a 400 leaves the model as it was;
@@ -39,7 +41,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from strop.data.chat import IM_END, parse_assistant, render
+from strop.data.chat import IM_END, encode_chat, parse_assistant, render
 from strop.engine.engine import Engine, load_weights_file
 from strop.engine.request_limits import BodyLimit, body_limit, longest_token_chars
 from strop.policy_api import SamplingParams
@@ -115,13 +117,16 @@ def create_app(
     max_chars = engine.max_len * token_chars  # any longer text is more tokens than the context holds
     app.add_middleware(BodyLimit, max_bytes=body_limit(engine.max_len, token_chars))
 
-    async def encode(text: str) -> list[int]:
+    def check_length(text: str) -> None:
         if len(text) > max_chars:
             raise ClientError(
                 400,
                 f"prompt of {len(text)} characters is longer than this engine's context of "
                 f"{engine.max_len} tokens can hold",
             )
+
+    async def encode(text: str) -> list[int]:
+        check_length(text)
         return await asyncio.to_thread(tok.encode, text)
 
     @app.exception_handler(RequestValidationError)
@@ -291,7 +296,9 @@ def create_app(
             text = await asyncio.to_thread(render, req.messages, tools, add_generation_prompt=True)
         except (KeyError, TypeError, AttributeError) as e:
             raise ClientError(400, f"messages or tools are malformed: {type(e).__name__}: {e}") from None
-        ids = await encode(text)
+        check_length(text)
+        # as the harness does: a special token spelt inside a message is plain text, so no caller can forge a turn
+        ids = await asyncio.to_thread(encode_chat, tok, req.messages, tools, add_generation_prompt=True)
         sp = params(req, 512, [tok.convert_tokens_to_ids(IM_END), *(req.stop_token_ids or [])])
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if req.stream:
