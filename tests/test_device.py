@@ -111,3 +111,12 @@ def test_midtrain_in_bf16_and_with_activation_checkpointing(tmp_path):
     fp32 = midtrain(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, name="fp32"), trainer=TrainerSection()))
     assert fp32["precision"] == "fp32" and fp32["train_loss"] != result["train_loss"]
     assert abs(fp32["train_loss"] - result["train_loss"]) < 0.05
+
+
+def test_the_c_kernels_never_take_a_model_off_the_cpu(tiny_moe):
+    """Deterministic mode (and the engine's kernel path, which asks the same question) refuses a
+    model whose tensors are not on the CPU: on a GPU the engine computes with torch."""
+    from strop.model.deterministic import unsupported
+
+    assert unsupported(tiny_moe) is None
+    assert "CPU tensors only (the model is on meta)" in unsupported(tiny_moe.to("meta"))

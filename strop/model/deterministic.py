@@ -43,6 +43,9 @@ _tables: dict[int, tuple] = {}  # id(rotary module) -> (weakref, cos [P, d], sin
 def unsupported(model) -> str | None:
     """Why deterministic mode cannot run this model here, or None when it can."""
     cfg = model.config
+    device = next(model.parameters()).device
+    if device.type != "cpu":  # never hand a GPU tensor to C code: the engine takes its torch path there
+        return f"deterministic mode runs on strop's C kernels, which take CPU tensors only (the model is on {device})"
     if cfg.model_type not in ARCHITECTURES:
         return f"deterministic mode does not implement the {cfg.model_type} architecture"
     if cfg.hidden_act != "silu":
