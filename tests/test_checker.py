@@ -1,17 +1,28 @@
 """The reward checker, adversarially: protected edits never count, a forged or short report earns
 nothing, timeouts and crashes are reward 0 with a reason, and `check` never raises."""
 
+from dataclasses import replace
+
+import pytest
+
 from strop.env.checker import Score, check, is_protected, parse_junit
 from strop.env.suites import synthetic
 from strop.env.suites.edits import apply_edits
 from strop.env.task import Task
+from tests.worldkit import image_layers, test_image  # noqa: F401
 
 TASK = synthetic.make_task(1, "eval", 3)
 FIX = apply_edits(TASK.files, TASK.metadata["reference_edits"])
 PATH = TASK.metadata["path"]
 
 
-def _tiny(**meta) -> Task:
+@pytest.fixture(params=["host", "image"])
+def image(request) -> str:
+    """The checker's guarantees hold on the host's root and in an OS image alike."""
+    return "" if request.param == "host" else request.getfixturevalue("test_image")
+
+
+def _tiny(image: str = "", **meta) -> Task:
     return Task(
         id="tiny",
         suite="test",
@@ -23,6 +34,7 @@ def _tiny(**meta) -> Task:
             "def test_g():\n    assert True\n"
         },
         metadata={"n_tests": 2, **meta},
+        image=image,
     )
 
 
@@ -52,14 +64,15 @@ def test_protected_paths():
     assert not is_protected(TASK, PATH)
 
 
-def test_reference_passes_and_bug_fails_in_fraction_mode():
-    fixed = check(TASK, FIX, mode="fraction")
+def test_reference_passes_and_bug_fails_in_fraction_mode(image):
+    task = replace(TASK, image=image)
+    fixed = check(task, FIX, mode="fraction")
     assert fixed.reward == 1 and fixed.reason == "ok" and fixed.passed == TASK.metadata["n_tests"]
-    buggy = check(TASK, {}, mode="fraction", perturbed=False)
+    buggy = check(task, {}, mode="fraction", perturbed=False)
     assert 0 < buggy.reward < 1 and buggy.reward == buggy.passed / (buggy.passed + buggy.failed)
 
 
-def test_test_edits_are_dropped_and_never_earn_reward():
+def test_test_edits_are_dropped_and_never_earn_reward(image):
     visible = next(p for p in TASK.files if p.startswith("tests/"))
     hack = {
         visible: "def test_ok():\n    pass\n",
@@ -69,22 +82,22 @@ def test_test_edits_are_dropped_and_never_earn_reward():
         "../outside.py": "x = 1\n",
         "pytest.py": "import sys\nsys.exit(0)\n",
     }  # would shadow the runner: `python -m pytest` runs it
-    score = check(TASK, hack, perturbed=False)
+    score = check(replace(TASK, image=image), hack, perturbed=False)
     assert score.reward == 0 and set(score.dropped_paths) == set(hack)
 
 
-def test_forged_report_earns_nothing():
+def test_forged_report_earns_nothing(image):
     xml = '<testsuites><testsuite><testcase name="x"/></testsuite></testsuites>'
     forged = (
         TASK.files[PATH]
         + f"\nimport atexit, os\natexit.register(lambda: open(os.environ['STROP_JUNIT'], 'w').write({xml!r}))\n"
     )
-    score = check(TASK, {PATH: forged}, perturbed=False)
+    score = check(replace(TASK, image=image), {PATH: forged}, perturbed=False)
     assert score.reward == 0, score
 
 
-def test_timeout_crash_and_exit_are_zero_with_reason():
-    t = _tiny(timeout_s=3)
+def test_timeout_crash_and_exit_are_zero_with_reason(image):
+    t = _tiny(image, timeout_s=3)
     assert check(t, {"m.py": "def f():\n    return 1\n"}).reward == 1
     hang = check(t, {"m.py": "while True:\n    pass\n"})
     assert hang.reward == 0 and "timeout" in hang.reason
@@ -96,14 +109,14 @@ def test_timeout_crash_and_exit_are_zero_with_reason():
     assert deleted.reward == 0 and deleted.reason != "ok"
 
 
-def test_missing_tests_count_as_failures():
-    t = _tiny(n_tests=5)
+def test_missing_tests_count_as_failures(image):
+    t = _tiny(image, n_tests=5)
     score = check(t, {"m.py": "def f():\n    return 1\n"}, mode="fraction")
     assert score.passed == 2 and score.reward == 2 / 5
 
 
-def test_check_never_raises():
-    t = _tiny()
+def test_check_never_raises(image):
+    t = _tiny(image)
     score = check(t, {"m.py/sub.py": "x = 1\n"})  # a file where a directory would have to be
     assert isinstance(score, Score) and score.reward == 0 and score.reason.startswith("checker error")
 

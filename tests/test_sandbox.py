@@ -11,8 +11,10 @@ import pytest
 
 from strop.cli import main
 from strop.env import bwrap_host, sched_slice
+from strop.env.image import image_root
 from strop.env.pool import SandboxPool
 from strop.env.sandbox import WORKDIR, Limits, open_sandbox
+from tests.worldkit import image_layers, test_image  # noqa: F401
 
 
 @pytest.fixture
@@ -26,9 +28,15 @@ def world(tmp_path: Path) -> Path:
     return w
 
 
+@pytest.fixture(params=["host", "image"])
+def root(request) -> str:
+    """The escape tests hold on both kinds of world: the host's root and an OS image."""
+    return "/" if request.param == "host" else image_root(request.getfixturevalue("test_image"))
+
+
 @pytest.fixture
-def sb(world: Path):
-    s = open_sandbox(world, Limits(timeout_s=10))
+def sb(world: Path, root: str):
+    s = open_sandbox(world, Limits(timeout_s=10), root)
     yield s
     s.close()
 
@@ -51,11 +59,12 @@ def test_identity_matches_production(sb):
     assert out.split() == ["dev", "1000", "devbox", "/home/dev", "pytest"]
 
 
-def test_the_test_runner_is_installed_with_its_bytecode(sb):
-    """As an installed package: `python -m pytest` in a sandbox loads pytest's bytecode instead of
-    compiling it again on every run (the site-packages is read-only there)."""
+def test_the_test_runner_is_installed_with_its_bytecode(world):
+    """As an installed package: `python -m pytest` in a host-root sandbox loads pytest's bytecode
+    instead of compiling it again on every run (the site-packages is read-only there)."""
     code = "import importlib.util as u, os, _pytest.python as m; print(os.path.exists(u.cache_from_source(m.__file__)))"
-    assert sb.exec(["python", "-c", code]).stdout.strip() == "True"
+    with open_sandbox(world, Limits(timeout_s=10)) as sb:
+        assert sb.exec(["python", "-c", code]).stdout.strip() == "True"
 
 
 def test_an_edit_within_the_same_second_is_what_runs_next(sb):
@@ -96,12 +105,12 @@ def test_writes_outside_workspace_never_reach_host(sb, world):
     assert sb.read_file("README.md") == b"v\n"
 
 
-def test_the_callers_environment_is_not_readable(world, monkeypatch):
+def test_the_callers_environment_is_not_readable(world, root, monkeypatch):
     """Secrets the trainer was started with (cloud keys, API keys) reach no process inside: not
     through its own environment, nor through /proc/1/environ (pid 1 is bwrap's init)."""
     monkeypatch.setenv("STROP_API_KEY", "s3cret-api-key")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cret-aws")
-    with open_sandbox(world, Limits(timeout_s=10)) as s:
+    with open_sandbox(world, Limits(timeout_s=10), root) as s:
         r = s.exec("env; for p in /proc/[0-9]*; do tr '\\0' '\\n' < $p/environ; done; echo done")
     assert r.stdout.endswith("done\n") and "s3cret" not in r.stdout + r.stderr
 
@@ -140,8 +149,8 @@ def test_host_processes_invisible_and_unkillable(sb):
         victim.wait()
 
 
-def test_fork_bomb_is_bounded(world):
-    with open_sandbox(world, Limits(max_procs=32, timeout_s=3)) as s:
+def test_fork_bomb_is_bounded(world, root):
+    with open_sandbox(world, Limits(max_procs=32, timeout_s=3), root) as s:
         t = time.monotonic()
         r = s.exec("bomb() { bomb | bomb & }; bomb; sleep 1; ps -e --no-headers | wc -l", timeout=3)
         assert time.monotonic() - t < 10
@@ -149,8 +158,8 @@ def test_fork_bomb_is_bounded(world):
         assert s.exec("echo ok").stdout == "ok\n"  # usable again afterwards
 
 
-def test_memory_hog_is_stopped(world):
-    with open_sandbox(world, Limits(memory_mb=256)) as s:
+def test_memory_hog_is_stopped(world, root):
+    with open_sandbox(world, Limits(memory_mb=256), root) as s:
         r = s.exec(["python", "-c", "x = bytearray(1 << 30); print('allocated')"])
         assert r.exit_code != 0 and "MemoryError" in r.stderr and "allocated" not in r.stdout
 
@@ -171,8 +180,8 @@ def test_a_timeout_that_would_mean_no_limit_is_refused(sb, timeout):
         Limits(timeout_s=timeout)
 
 
-def test_cpu_limit_kills_busy_loop(world):
-    with open_sandbox(world, Limits(cpu_s=1)) as s:
+def test_cpu_limit_kills_busy_loop(world, root):
+    with open_sandbox(world, Limits(cpu_s=1), root) as s:
         r = s.exec("while :; do :; done", timeout=20)  # wall time >> 1 s only on a very busy machine
         assert not r.timed_out and r.exit_code in (128 + 9, 128 + 24)  # SIGKILL / SIGXCPU
 
@@ -190,8 +199,8 @@ def test_background_processes_do_not_outlive_their_command(sb):
     assert "sleep" not in sb.exec("ps -e -o comm=").stdout
 
 
-def test_output_flood_is_capped(world):
-    with open_sandbox(world, Limits(output_bytes=1000)) as s:
+def test_output_flood_is_capped(world, root):
+    with open_sandbox(world, Limits(output_bytes=1000), root) as s:
         r = s.exec("yes", timeout=1)
         assert r.timed_out and r.stdout_truncated and len(r.stdout) == 1000 and r.stdout.startswith("y\ny\n")
         r = s.exec("head -c 100000 /dev/zero | tr '\\0' x; echo done >&2")
@@ -199,11 +208,11 @@ def test_output_flood_is_capped(world):
         assert not s.exec("echo hi").stdout_truncated
 
 
-def test_disk_fill_is_stopped(world):
-    with open_sandbox(world, Limits(file_size_mb=1)) as s:
+def test_disk_fill_is_stopped(world, root):
+    with open_sandbox(world, Limits(file_size_mb=1), root) as s:
         r = s.exec("head -c 2000000 /dev/zero > big")
         assert r.exit_code == 128 + 25  # SIGXFSZ: the file-size limit
-    with open_sandbox(world, Limits(workspace_mb=4)) as s:
+    with open_sandbox(world, Limits(workspace_mb=4), root) as s:
         for d in ("/tmp", "/var/tmp", "/dev/shm", "~"):  # bounded tmpfs
             r = s.exec(f"head -c 8000000 /dev/zero > {d}/fill")
             assert "No space left" in r.stderr, d
@@ -211,8 +220,8 @@ def test_disk_fill_is_stopped(world):
         assert r.workspace_exceeded  # the copy-on-write layer is bounded too
 
 
-def test_nothing_left_running_after_close(world):
-    s = open_sandbox(world)
+def test_nothing_left_running_after_close(world, root):
+    s = open_sandbox(world, Limits(), root)
     s.exec("echo warm")
     init = s._init_pid()
     pidns = os.readlink(f"/proc/{init}/ns/pid")
