@@ -3,12 +3,13 @@ a one-line error and exit 2 (or a 4xx), nothing written outside the directory th
 process or folder left behind, the served model unchanged.
 
 Doors: config values (`--set`), command-line arguments of the commands that read files, bind
-ports or open sandboxes, HTTP bodies and headers of the server, damaged safetensors and delta
-files, answers of the code under test to the isolated grader's judge, the run directory
-`demo --fresh` deletes. Each test draws its cases from a seeded generator: the fast suite runs
-`FAST` of them (well under a minute in all), `-m slow` runs `SLOW` times as many from other seeds.
-One file past 500 lines: every door's cases come from the same seeded generators and meet the same
-invariant checks, which live here.
+ports or open sandboxes, the whole argument space of `agent`, `serve key`, `sync` and `tasks`,
+HTTP bodies and headers of the server, damaged safetensors and delta files, answers of the code
+under test to the isolated grader's judge, the run directory `demo --fresh` deletes. Each test
+draws its cases from a seeded generator: the fast suite runs `FAST` of them (well under a minute
+in all), `-m slow` runs `SLOW` times as many from other seeds. One file past 500 lines: every
+door's cases come from the same seeded generators and meet the same invariant checks, which live
+here.
 """
 
 import contextlib
@@ -283,6 +284,105 @@ def test_fuzz_command_lines(inputs, monkeypatch):
 def test_fuzz_command_lines_long(inputs, monkeypatch):
     monkeypatch.chdir(inputs)
     fuzz_cli(40 * SLOW, 1, inputs)
+
+
+# ---- argument spaces ---------------------------------------------------------------------------
+
+
+def argument_space(rng: random.Random, d: Path) -> dict[tuple[str, ...], dict]:
+    """Per command: its flags (and positionals, keyed by position) -> a draw of a value for it."""
+    p, out = (lambda: rng.choice(paths(d))), (lambda: str(d / "out" / f"o{rng.randrange(10**6)}"))
+    num, word = (lambda: rng.choice(NUMBERS)), (lambda: rng.choice(WORDS))
+    file_or_out = lambda: rng.choice([out(), p(), str(d / "out")])  # noqa: E731
+    suite = lambda: rng.choice(["synthetic", "chain", "humaneval", "nope", "jsonl:" + p(), "", "a.b.c"])  # noqa: E731
+    task = lambda: rng.choice(["synthetic-d1-eval-0000", "chain-d1-eval-0000", "x", "", "../../etc"])  # noqa: E731
+    return {
+        ("agent",): {
+            0: word,  # the instruction
+            "--world": p,
+            # never a policy that answers: an unreachable endpoint, or a checkpoint that does not load
+            "--endpoint": lambda: rng.choice(["http://127.0.0.1:9", "nonsense", "ftp://x", ""]),
+            "--checkpoint": lambda: rng.choice([str(d / "model"), p()]),
+            "--tokenizer": p,
+            "--model": word,
+            "--max-turns": num,
+            "--max-context": num,
+            "--context-strategy": lambda: rng.choice(["none", "summarize", "truncation", "masking", "x"]),
+            "--max-resets": num,
+            "--temperature": num,
+            "--timeout": num,
+            "--apply": None,
+            "--json": file_or_out,
+        },
+        ("serve", "key"): {
+            "--keys": file_or_out,
+            "--name": word,
+            "--scopes": lambda: rng.choice(["infer", "infer,feedback", "admin,", ",", "", "root", "infer,infer"]),
+            "--rate": num,
+            "--burst": num,
+        },
+        ("sync", "encode"): {
+            "--base": p,
+            "--new": p,
+            "-o": file_or_out,
+            "--version": num,
+            "--base-version": num,
+        },
+        ("sync", "decode"): {"--base": p, 0: p, "-o": file_or_out},
+        ("tasks", "list"): {"--suite": suite, "--split": lambda: rng.choice(["train", "eval", "test", ""])},
+        ("tasks", "export"): {"--suite": suite, 0: task, 1: lambda: rng.choice([out(), p()])},
+        ("tasks", "check"): {
+            "--suite": suite,
+            0: task,
+            1: lambda: rng.choice([str(d / "dir"), p()]),
+            "--json": file_or_out,
+            "--mode": lambda: rng.choice(["binary", "fraction", "all"]),
+        },
+        # (never the mutated suite: a valid --target would build it)
+        ("tasks", "build"): {"--suite": lambda: rng.choice(["synthetic", "nope", ""]), "--target": num},
+    }
+
+
+def draw_arguments(rng: random.Random, d: Path) -> list[str]:
+    """A command line from one command's argument space: a random subset of its flags (a required one
+    may be missing), values drawn per flag, positionals in order, now and then a flag twice, an
+    unknown flag or a stray word."""
+    spaces = argument_space(rng, d)
+    words = rng.choice(sorted(spaces))
+    space = spaces[words]
+    argv = list(words)
+    flags = [f for f in space if isinstance(f, str)]
+    for flag in rng.sample(flags, rng.randint(0, len(flags))) + ([rng.choice(flags)] if rng.random() < 0.1 else []):
+        argv += [flag] if space[flag] is None else [flag, space[flag]()]
+    argv += [space[i]() for i in sorted(k for k in space if isinstance(k, int)) if rng.random() < 0.9]
+    if rng.random() < 0.1:
+        argv.insert(rng.randrange(len(words), len(argv) + 1), rng.choice(["--nosuch", "-x", hostile(rng)]))
+    return argv
+
+
+def fuzz_arguments(n: int, seed: int, d: Path) -> None:
+    """Every command line exits 0 or 2 with one error line, never a traceback; nothing is written
+    outside the fuzz directory, no process or scratch folder is left behind."""
+    rng = random.Random(seed)
+    before, stray = repo_state(), leftovers()
+    for _ in range(n):
+        argv = draw_arguments(rng, d)
+        code, err = cli(*argv)
+        one_line_error(code, err, argv)
+        assert (d / "base.safetensors").stat().st_size > 0
+    assert repo_state() == before
+    assert leftovers() <= stray
+
+
+def test_fuzz_argument_spaces(inputs, monkeypatch):
+    monkeypatch.chdir(inputs)
+    fuzz_arguments(60 * FAST, 0, inputs)
+
+
+@pytest.mark.slow
+def test_fuzz_argument_spaces_long(inputs, monkeypatch):
+    monkeypatch.chdir(inputs)
+    fuzz_arguments(60 * SLOW, 1, inputs)
 
 
 def fuzz_remove_run_dir(n: int, seed: int, tmp: Path) -> None:
