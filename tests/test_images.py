@@ -11,6 +11,7 @@ import sys
 import tarfile
 from pathlib import Path
 
+import fsspec
 import pytest
 
 from strop.env.host_account import node_cache
@@ -36,6 +37,9 @@ def test_every_kind_of_image_unpacks_to_the_same_root_once(image_layers, test_im
     assert image_root(str(tmp_path / "oci.tar")) == oci
     docker = image_root(str(docker_archive(tmp_path / "saved.tar", image_layers)))
     assert docker != oci and tree(docker) == tree(oci)
+    with fsspec.open("memory://strop-test/saved.tar", "wb") as f:  # any fsspec URL: how every Ray node finds it
+        f.write((tmp_path / "saved.tar").read_bytes())
+    assert image_root("memory://strop-test/saved.tar") == docker
     rootfs = image_root(str(image_layers[0]))  # a root file system tarball: the base layer alone
     assert (Path(rootfs) / "etc/to-delete").exists() and not (Path(rootfs) / MARKER).exists()
     # whiteouts: the top layer deletes a file and hides a directory's old content

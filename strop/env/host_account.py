@@ -86,3 +86,29 @@ def node_cache() -> Path:
             "set STROP_CACHE to a directory others may enter"
         )
     return path
+
+
+def fetched(url: str) -> Path:
+    """The file at an fsspec URL (s3://, gs://, http://, memory://...), fetched once into the node
+    cache's downloads/: how every node of a cluster materialises images and repositories from one place."""
+    import hashlib
+    import shutil
+
+    import fsspec
+
+    downloads = node_cache() / "downloads"
+    downloads.mkdir(exist_ok=True)
+    os.chmod(downloads, 0o755)
+    dest = downloads / (hashlib.sha256(url.encode()).hexdigest()[:24] + "-" + os.path.basename(url.rstrip("/")))
+    if not dest.exists():
+        tmp = dest.with_name(dest.name + f".part-{os.getpid()}")
+        try:
+            with fsspec.open(url, "rb") as f, open(tmp, "wb") as out:
+                shutil.copyfileobj(f, out, 1 << 20)
+        except Exception as e:  # any fsspec backend's error: one line for the user
+            tmp.unlink(missing_ok=True)
+            raise UserError(
+                f"{url!r} cannot be fetched: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+            ) from None
+        os.rename(tmp, dest)
+    return dest

@@ -2,6 +2,7 @@
 names into a root directory:
 
 - "" or "/": the host's root;
+- an fsspec URL (s3://..., http://...) of an archive below: fetched into the node cache first;
 - a directory holding `usr` and `etc`: that root, as it is;
 - an OCI image layout (a directory with `oci-layout` and `index.json`, or a tar of one), a
   `docker save` archive (a tar with `manifest.json`), or a root filesystem tarball (e.g.
@@ -30,7 +31,7 @@ import tempfile
 from pathlib import Path
 from typing import IO, Callable, Iterator
 
-from strop.env.host_account import node_cache, reachable
+from strop.env.host_account import fetched, node_cache, reachable
 from strop.env.layers import LayerError, extract_layer
 from strop.errors import UserError
 
@@ -192,7 +193,7 @@ def image_root(spec: str) -> str:
     """The root directory sandboxes of image `spec` run on (see the module docstring)."""
     if spec in ("", HOST_ROOT):
         return HOST_ROOT
-    path = Path(spec).expanduser()
+    path = fetched(spec) if "://" in spec else Path(spec).expanduser()
     if not path.exists():
         raise UserError(f"image {spec!r} does not exist")
     path = path.resolve()

@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from strop.env.host_account import hand_over, node_cache
+from strop.env.host_account import fetched, hand_over, node_cache
 from strop.env.layers import LayerError, extract_layer
 from strop.env.overlay import copy_tree
 from strop.errors import UserError
@@ -92,19 +92,7 @@ def _local(source: str) -> str:
         return str(path.resolve())
     if not source.endswith(_FETCHED):
         return source
-    import fsspec
-
-    dest = _cache("downloads") / (_key(source) + "-" + os.path.basename(source))
-    if not dest.exists():
-        tmp = dest.with_name(dest.name + f".part-{os.getpid()}")
-        try:
-            with fsspec.open(source, "rb") as f, open(tmp, "wb") as out:
-                shutil.copyfileobj(f, out, 1 << 20)
-        except Exception as e:  # any fsspec backend's error: one line for the user
-            tmp.unlink(missing_ok=True)
-            raise UserError(f"repository {source!r} cannot be fetched: {str(e).splitlines()[0]}") from None
-        os.rename(tmp, dest)
-    return str(dest)
+    return str(fetched(source))
 
 
 def _is_git(where: str) -> bool:
