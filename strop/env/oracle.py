@@ -1,6 +1,7 @@
 """The scripted demonstrator: a `PolicyClient` that works a task through the real harness and
-tools with the task's reference solution (`metadata["reference_edits"]`), with a configurable
-share of the mistakes real logged traces have.
+tools with the task's reference solution (`metadata["reference_edits"]`, or the edits of its gold
+patch: `strop.env.world.reference_edits`), with a configurable share of the mistakes real logged
+traces have.
 
 At its best (the default `DemoStyle`) it behaves like a careful agent — locate the code (read the
 named file; or grep for the function that the instruction, or the failing tests it names, point
@@ -47,6 +48,7 @@ from strop.env.sandbox import Limits
 from strop.env.segment import Episode
 from strop.env.task import Task
 from strop.env.tools import closest_lines
+from strop.env.world import reference_edits, starting_text
 from strop.policy_api import Generation, SamplingParams
 
 CONTEXT_LINES = 4  # lines read around an edit, each side, in a file too long to read whole
@@ -122,8 +124,8 @@ def _slips(old: str, rng: Random) -> list[str]:
 def misremembered(task: Task, rng: Random) -> dict | None:
     """The first reference edit with its old text misremembered so that `edit_file` rejects it and
     shows the right lines as the closest text; None when no slip does both."""
-    edit = task.metadata["reference_edits"][0]
-    text = task.files.get(edit["path"], "")
+    edit = reference_edits(task)[0]
+    text = starting_text(task, edit["path"])
     slips = _slips(edit["old"], rng)
     rng.shuffle(slips)
     want = edit["old"].strip("\n").splitlines()
@@ -136,8 +138,8 @@ def misremembered(task: Task, rng: Random) -> dict | None:
 
 def plan(task: Task, style: DemoStyle = DemoStyle()) -> list[dict]:
     """The demonstrator's assistant messages for `task` in `style`, in order."""
-    edits = task.metadata.get("reference_edits")
-    assert edits, f"task {task.id} has no reference_edits"
+    edits = reference_edits(task)
+    assert edits, f"task {task.id} has no reference solution (reference_edits or a gold patch)"
     turns = []
     first = edits[0]["path"]
     function = task.metadata.get("function")
@@ -155,9 +157,12 @@ def plan(task: Task, style: DemoStyle = DemoStyle()) -> list[dict]:
             turns.append(_call(f"Let me find `{function}`.", "grep", pattern=f"def {function}\\("))
         else:
             turns.append(_call("Let me look at the repository.", "list_dir", path="."))
-    files = dict(task.files)
+    files = {e["path"]: starting_text(task, e["path"]) for e in edits}
     for i, edit in enumerate(edits):
-        path, text = edit["path"], files.get(edit["path"], "")
+        path, text = edit["path"], files[edit["path"]]
+        if not edit["old"]:  # a new file
+            turns.append(_call(f"I'll write `{path}`.", "write_file", path=path, content=edit["new"]))
+            continue
         if i == 0 or path != edits[i - 1]["path"]:
             if text.count("\n") <= WHOLE_FILE_LINES:  # what an agent can do without knowing where the bug is
                 turns.append(_call(f"I'll read `{path}`.", "read_file", path=path))

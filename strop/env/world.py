@@ -21,6 +21,7 @@ from strop.env.image import image_root
 from strop.env.overlay import copy_tree
 from strop.env.repo import apply_patch, checkout
 from strop.env.sandbox import Limits, Sandbox, open_sandbox, scratch_dir
+from strop.env.suites.edits import reference_edit
 from strop.env.task import Task
 
 
@@ -148,3 +149,38 @@ def workspace_changes(task: Task, final: Path) -> tuple[dict[str, bytes | None],
                 changes[rel] = data
         changes.update({rel: None for rel in before if rel not in after and rel not in skipped})
     return changes, skipped
+
+
+def starting_text(task: Task, path: str) -> str:
+    """The text of `path` in the task's starting repository ("" when it has no such file)."""
+    if path in task.files:
+        return task.files[path]
+    if task.repo:
+        file = checkout(task.repo, task.base_commit) / path
+        if file.is_file() and not file.is_symlink():
+            return file.read_text(errors="replace")
+    return ""
+
+
+def reference_edits(task: Task) -> list[dict]:
+    """The task's reference solution as exact search/replace edits ({"path", "old", "new"}; an empty
+    `old` writes a new file): the metadata's, else one per file its gold patch changes (deletions
+    left out). What the demonstrator plays."""
+    if task.metadata.get("reference_edits"):
+        return task.metadata["reference_edits"]
+    if not task.gold_patch:
+        return []
+    with task_repository(task) as tree:
+        after = apply_patch(tree, task.gold_patch)
+    edits = []
+    for path, new in sorted(after.items()):
+        old = starting_text(task, path)
+        if new is None:
+            continue
+        new_text = new.decode(errors="replace")
+        if not old:
+            edits.append({"path": path, "old": "", "new": new_text})
+        elif old != new_text:
+            a, b = reference_edit(old, new_text)
+            edits.append({"path": path, "old": a, "new": b})
+    return edits
