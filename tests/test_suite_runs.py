@@ -77,3 +77,17 @@ def test_train_and_eval_on_any_suite(suite, task_file, tiny_policy_dir, tmp_path
     assert result["eval_episodes"] == 2 and "solve_rate" in out
     lo, hi = result["solve_rate_ci95"]
     assert 0.0 <= lo <= result["solve_rate"] <= hi <= 1.0
+
+
+def test_the_demonstrator_solves_a_task_at_a_commit_from_its_gold_patch(task_file, tiny_tokenizer):
+    """SFT demonstrations for any task with a gold patch (a mined task's code part): the
+    demonstrator plays its edits through the real harness, and the checker passes them."""
+    from strop.env.checker import check
+    from strop.env.harness import HarnessConfig
+    from strop.env.oracle import oracle_episode
+    from strop.env.suites import load_suite
+
+    for task in load_suite(task_file, "train"):
+        episode, changes = oracle_episode(task, tiny_tokenizer, HarnessConfig(max_context=4096))
+        assert episode.stop_reason == "submitted", episode.detail
+        assert check(task, changes).reward == 1.0, task.id
