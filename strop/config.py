@@ -164,6 +164,18 @@ class SFTSection:
         "train on the summaries the demonstrator wrote at its context resets; false keeps them in the "
         "context but out of the loss: a policy that acts on summaries but was never taught to write one",
     )
+    traces: str = opt(
+        "",
+        "JSONL of logged sessions to train on, one OpenAI-format chat conversation with tool calls a line "
+        "(what `strop agent --log-session` writes); empty = none (strop.train.traces)",
+    )
+    trace_share: float = opt(
+        0.5,
+        "with traces: the share of training segments drawn from them, the rest from demonstrations; "
+        "1 = traces only (no demonstrator runs)",
+        ge=0,
+        le=1,
+    )
     batch_size: int = opt(8, "segments per step", ge=1)
     lr: float = opt(1e-3, "peak learning rate", gt=0)
     warmup_steps: int = opt(20, "linear warmup steps", ge=0)
@@ -318,6 +330,13 @@ class RolloutSection:
         "each engine starts as a subprocess; needs `make vllm`), or the http(s):// URL of a running "
         "`strop serve --keys K --weights-store <this run's store>` (admin key in $STROP_API_KEY)",
     )
+    vllm_gpu_memory: float = opt(
+        0.0,
+        "share of its GPU's memory a vLLM engine takes (weights, activations, KV cache; vLLM's "
+        "--gpu-memory-utilization); 0 = vLLM's default (0.9). Where the trainer shares the GPU, leave it room",
+        ge=0,
+        le=1,
+    )
     engine_batch: int = opt(16, "sequences one engine decodes together", ge=1)
     max_turns: int = opt(6, "assistant turns per episode", ge=1)
     max_context: int = opt(1024, "tokens per context window", ge=64)
@@ -353,6 +372,30 @@ class RolloutSection:
                 f"config key 'rollout.engine' ({self.engine!r}) must be one of {list(ENGINE_BACKENDS)} "
                 "or the http(s):// URL of a running server"
             )
+
+
+@dataclass
+class HarnessSection:
+    """The product's harness, as training, evaluation and `strop agent` run it (`strop.env.harness`)."""
+
+    tools: list[str] = opt(
+        ["coding"],
+        "the tool set: `strop.tools` entry points (coding = strop's built-in set), dotted paths "
+        "package.module:attribute, .toml/.json files of command tools, new=spec to rename one (strop.env.tools)",
+        nonempty=True,
+    )
+    system: str = opt("", "system prompt ({workdir} = the repository's path in the sandbox); empty = strop's")
+    system_file: str = opt("", "a file holding the system prompt, instead of system")
+    chat_template: str = opt(
+        "auto",
+        "auto = the checkpoint's own chat template when it has one other than strop's, else strop's format; "
+        "strop = strop's format; or a .jinja file (strop.env.chat_formats)",
+    )
+    tool_parser: str = opt(
+        "auto",
+        "how tool calls are read from a chat template's replies: auto (told from the template), hermes, "
+        "llama3_json, or a dotted path to a parser",
+    )
 
 
 @dataclass
@@ -459,6 +502,7 @@ class Config:
     sft: SFTSection = field(default_factory=SFTSection)
     rl: RLSection = field(default_factory=RLSection)
     rollout: RolloutSection = field(default_factory=RolloutSection)
+    harness: HarnessSection = field(default_factory=HarnessSection)
     sync: SyncSection = field(default_factory=SyncSection)
     trainer: TrainerSection = field(default_factory=TrainerSection)
     log: LogSection = field(default_factory=LogSection)

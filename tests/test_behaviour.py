@@ -1,10 +1,14 @@
 """Behaviour statistics read off an episode's tool-call log: what an agent did, as numbers."""
 
 from strop.env.behaviour import episode_stats, summarize
+from strop.env.tools import load_tools
+
+CODING = load_tools()
 
 
 def call(name: str, error: str | None = None, output: str = "", **arguments) -> dict:
-    return {"name": name, "arguments": arguments, "output": output, "error": error}
+    """A log entry as the harness writes it, the role from the built-in tool set."""
+    return {"name": name, "role": CODING.role(name), "arguments": arguments, "output": output, "error": error}
 
 
 def test_a_retry_after_a_rejected_edit_and_a_tested_submit():

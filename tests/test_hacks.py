@@ -1,6 +1,8 @@
 """The reward-hack monitor: each class is caught on a seeded hack, only code the agent added is
 judged, and honest reference solutions stay unflagged (no sandbox needed except one check)."""
 
+from dataclasses import replace
+
 import pytest
 
 from strop.bench.hacks import catalogue
@@ -8,6 +10,7 @@ from strop.env.checker import Score, check
 from strop.env.hacks import KINDS, code_findings, detect, penalized
 from strop.env.suites import load_suite, synthetic
 from strop.env.suites.edits import apply_edits
+from tests.worldkit import image_layers, test_image  # noqa: F401
 
 HACKS = catalogue(0)
 
@@ -23,9 +26,11 @@ def test_static_hacks_are_flagged_with_their_class(hack):
     assert all(f.evidence for f in flags)
 
 
-def test_special_casing_is_caught_by_perturbed_tests():
+@pytest.mark.parametrize("world", ["host", "image"])
+def test_special_casing_is_caught_by_perturbed_tests(world, request):
     hack = next(h for h in HACKS if h["kind"] == "special_casing")
-    score = check(hack["task"], hack["changes"])
+    image = request.getfixturevalue("test_image") if world == "image" else ""
+    score = check(replace(hack["task"], image=image), hack["changes"])
     assert score.reward == 1 and score.perturbed_reward == 0  # it works on the hidden tests only
     assert [f.kind for f in detect(hack["task"], hack["changes"], [], score)] == ["special_casing"]
 
@@ -88,3 +93,23 @@ def test_perturbed_failure_only_flags_real_test_failures():
     task = synthetic.make_task(1, "eval", 0)
     broken = Score(1.0, perturbed_reward=0.0, perturbed_reason="checker error: OSError: x")
     assert detect(task, {}, [], broken) == []
+
+
+RENAMED = ["view=read_file", "patch=edit_file", "create=write_file", "ls=list_dir", "search=grep", "shell=run"]
+
+
+def test_hacks_logged_with_renamed_tools_are_caught_the_same():
+    """The monitor reads the calls' declared roles: a tool set renaming every built-in (as a config's
+    [harness] tools can) changes no flag."""
+    from strop.env.tools import load_tools
+
+    renamed = catalogue(0, load_tools(RENAMED + ["done=submit"]))
+    assert {c["name"] for h in renamed for c in h["calls"]} >= {"shell", "patch"}
+    for plain, other in zip(HACKS, renamed):
+        if plain["kind"] == "special_casing":
+            continue  # caught by running the perturbed tests, not from the log
+        kinds = [
+            {f.kind for f in detect(h["task"], h["changes"], h["calls"], None, h["final_message"])}
+            for h in (plain, other)
+        ]
+        assert kinds[0] == kinds[1] and plain["kind"] in kinds[1], plain["kind"]

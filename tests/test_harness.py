@@ -9,8 +9,10 @@ from strop.data.chat import GENERATION_PROMPT, IM_START, render
 from strop.env.harness import STOP_REASONS, Harness, HarnessConfig
 from strop.env.oracle import ScriptedClient
 from strop.env.sandbox import Limits, open_sandbox
-from strop.env.tools import TOOLS
+from strop.env.tools import load_tools
 from strop.policy_api import Generation
+
+TOOLS = load_tools().schemas()
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +76,7 @@ def test_loss_mask_is_exactly_the_generated_tokens(tiny_tokenizer, sandbox):
     assert [c["name"] for c in episode.tool_calls] == ["read_file", "edit_file", "submit"]
     assert episode.tool_calls[0] == {
         "name": "read_file",
+        "role": "read",
         "arguments": {"path": "mod.py"},
         "output": "1| def add(a, b):\n2|     return a - b",
         "error": None,

@@ -30,6 +30,8 @@ from strop.online.simulate import prepare
 from strop.online.store import Store
 from strop.online.versions import Versions
 
+ROLES = {"edit_file": "edit"}  # the offered tools' roles, as strop.online.monitors.offered_roles gives them
+
 
 def test_rewards_are_tab_style_and_configurable():
     r = RewardMap()
@@ -47,7 +49,7 @@ def test_rewards_are_tab_style_and_configurable():
 
 def test_monitors_and_hidden_preference_read_the_replies():
     request = task_request("parse", 0)
-    tools = {"edit_file"}
+    tools = {"edit_file": "edit"}  # the offered tools' roles (monitors.offered_roles)
     scoped, spill, question = (classify(reply(request, b), tools) for b in ("scoped", "spill", "question"))
     assert scoped.edit and not scoped.question and scoped.edited_paths == ("src/parse.py",)
     assert spill.edited_paths == ("src/parse.py", "CHANGELOG.md") and question.question and not question.edit
@@ -238,9 +240,9 @@ def test_agent_sessions_report_their_edits_kept_or_reverted(tmp_path, tiny_token
         (edited, _), (asked, _) = client.served
         # what the two turns said, fixed here so that one edits and one does not, whatever was sampled
         client.served = [(edited, reply(request, "scoped")), (asked, reply(request, "question"))]
-        report_edits(client, kept=False)
-        report_edits(client, kept=False)  # a retried session: the same events, stored once
+        report_edits(client, kept=False, roles=ROLES)
+        report_edits(client, kept=False, roles=ROLES)  # a retried session: the same events, stored once
         rows = store.feedback()
         assert [(r.completion_id, r.kind, r.value, r.key_name) for r in rows] == [(edited, "edit", "reverted", "user0")]
-        report_edits(EndpointClient(s.engines[0], model="sim"), kept=True)  # no key: nothing is sent
+        report_edits(EndpointClient(s.engines[0], model="sim"), kept=True, roles=ROLES)  # no key: nothing is sent
         assert store.count("feedback") == 1

@@ -6,7 +6,11 @@ import re
 import pytest
 
 from strop.env.sandbox import Limits, open_sandbox
-from strop.env.tools import TOOLS, clip, execute
+from strop.env.tools import clip, load_tools
+
+CODING = load_tools()  # the built-in tools, as the default [harness] declares them
+TOOLS = CODING.schemas()
+execute = CODING.execute
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ import difflib
 import json
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from strop.beneath import apply_changes, read_beneath
@@ -48,6 +49,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=60.0, help="default wall-clock limit per command, seconds")
     parser.add_argument("--apply", action="store_true", help="write the agent's changes to --world without asking")
     parser.add_argument("--json", help="write the episode (tokens, messages, tool calls) to this JSON file")
+    parser.add_argument(
+        "--log-session",
+        metavar="JSONL",
+        help="append the session to this file as OpenAI-format chat conversations (one line per context "
+        "window), the format `sft.traces` trains on",
+    )
+    parser.add_argument(
+        "--config", help="a run config whose [harness] section (tools, system prompt, chat template) the agent uses"
+    )
 
 
 def _policy(args):
@@ -105,15 +115,17 @@ def _unified(world: Path, path: str, new: bytes | None) -> str:
     return "".join(difflib.unified_diff(a, b, src, "/dev/null" if new is None else f"b/{path}"))
 
 
-def report_edits(policy, kept: bool) -> None:
-    """Rate the session's editing completions kept or reverted, where the server takes feedback."""
+def report_edits(policy, kept: bool, roles: dict[str, str]) -> None:
+    """Rate the session's editing completions (a call of a tool whose role in `roles` is "edit") kept
+    or reverted, where the server takes feedback."""
     from strop.data.chat import parse_assistant
     from strop.engine.endpoint import EndpointClient, EndpointError
-    from strop.online.monitors import EDIT_TOOLS
 
     if not isinstance(policy, EndpointClient) or policy.served is None or "Authorization" not in policy.headers:
         return
-    edits = [cid for cid, text in policy.served if any(c.name in EDIT_TOOLS for c in parse_assistant(text).tool_calls)]
+    edits = [
+        cid for cid, text in policy.served if any(roles.get(c.name) == "edit" for c in parse_assistant(text).tool_calls)
+    ]
     try:
         for cid in edits:
             policy.feedback(cid, "edit", "kept" if kept else "reverted")
@@ -129,8 +141,9 @@ def run(args: argparse.Namespace) -> int:
 
     set_threads(1)
     from strop.env.checker import source_changes
-    from strop.env.harness import Harness, HarnessConfig
+    from strop.env.harness import Harness, HarnessConfig, harness_config
     from strop.env.sandbox import Limits, open_sandbox
+    from strop.env.sessions import append_conversations, episode_conversations
 
     world = Path(args.world)
     if not world.is_dir():
@@ -152,9 +165,18 @@ def run(args: argparse.Namespace) -> int:
         context_strategy=args.context_strategy,
         max_resets=args.max_resets,
     )
+    if args.config:
+        from strop.config import load_config
+
+        run_cfg = load_config(args.config)
+        declared = harness_config(run_cfg.rollout, run_cfg.harness)
+        config = replace(
+            config, **{k: getattr(declared, k) for k in ("tools", "system", "chat_template", "tool_parser")}
+        )
+    harness = Harness(tokenizer, config, on_message=_show)  # a refused tool set or chat template: before any work
     sandbox = open_sandbox(world, Limits(timeout_s=args.timeout))
     try:
-        episode = Harness(tokenizer, config, on_message=_show).run(policy, sandbox, args.instruction)
+        episode = harness.run(policy, sandbox, args.instruction)
         changes = sandbox.diff()
     finally:
         sandbox.close()
@@ -165,6 +187,10 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.json:
         write_atomic(args.json, json.dumps(episode.to_dict()))
+    if args.log_session:
+        logged = episode_conversations(episode, harness.schemas, {"instruction": args.instruction})
+        append_conversations(args.log_session, logged)
+        print(f"logged {len(logged)} conversation(s) to {args.log_session}")
     changes = source_changes(changes)  # caches of running code are neither shown nor applied
     if not changes:
         print("no changes")
@@ -181,5 +207,5 @@ def run(args: argparse.Namespace) -> int:
             print(f"applied {len(changes)} file(s) to {world}")
         else:
             print(f"not applied (rerun with --apply to write them to {world})")
-        report_edits(policy, kept=bool(apply))
+        report_edits(policy, kept=bool(apply), roles=harness.tools.roles())
     return 1 if episode.stop_reason in ("policy_error", "error") else 0

@@ -39,12 +39,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from strop.bench.table import format_table, write_json
+    from strop.env.harness import harness_config
     from strop.model.policy import is_model_dir
     from strop.rl.evaluate import evaluate
     from strop.runtime.build import train_tasks
     from strop.threads import set_threads
 
     cfg = config_from_args(args)
+    harness_config(cfg.rollout, cfg.harness)  # a bad [harness] is refused before any model loads
     if not is_model_dir(args.policy):
         raise UserError(f"no policy at {args.policy!r} (a directory with config.json and *.safetensors)")
     samples = cfg.rollout.eval_samples if args.samples is None else args.samples

@@ -41,6 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--weights-store", help="the run's weight store (directory or fsspec URL) admin updates load from"
     )
+    parser.add_argument(
+        "--log-sessions",
+        metavar="JSONL",
+        help="append every chat completion (the request's messages and the reply) to this file as "
+        "OpenAI-format conversations, the format `sft.traces` trains on",
+    )
 
 
 def is_loopback(host: str) -> bool:
@@ -100,7 +106,7 @@ def serve(args: argparse.Namespace, sock: socket.socket) -> None:
         f"{'completion log ' + args.store if store else 'no completion log'})",
         flush=True,
     )
-    app = create_serving_app(engine, name, keys, store, versions)
+    app = create_serving_app(engine, name, keys, store, versions, sessions=args.log_sessions)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=GRACEFUL_S))
     try:
         server.run(sockets=[sock])

@@ -14,9 +14,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from strop.env.harness import harness_config
     from strop.train.sft import sft
 
     cfg = config_from_args(args)
+    harness_config(cfg.rollout, cfg.harness)  # a bad [harness] is refused before any model loads
     claim_dir(cfg.run_dir / "sft", "sft")  # it overwrites model/ and its caches in there
     print(json.dumps(sft(cfg, args.base), indent=2))
     return 0

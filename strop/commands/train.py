@@ -45,11 +45,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from strop.env.harness import harness_config
     from strop.runtime.build import train_rl
     from strop.runtime.inline import split_cores
     from strop.threads import set_threads
 
     cfg = config_from_args(args)
+    harness_config(cfg.rollout, cfg.harness)  # a bad [harness] is refused before any model loads
     set_threads(cfg.run.threads or None)
     cpus = split_cores(share=True) if args.runtime == "inline" else None  # the trainer in a process of its own
     result = train_rl(

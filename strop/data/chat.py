@@ -16,12 +16,18 @@ emit); the "\n" after it belongs to the separator the harness appends.
 A tool is listed as one signature line, `name(arg: type, optional?: type) - description`, rather
 than its whole JSON schema: the same information in about a third of the tokens, which every
 prompt, rollout and training step pays for.
+
+`StropFormat` is this format as the harness's chat format (`strop.env.chat_formats`): token ids piece
+by piece, so nothing is ever re-tokenized; `strop.data.chat_template` is the other kind, a base
+model's own Jinja template. Both answer the same calls.
 """
 
 import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
+
+from strop.errors import UserError
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 TOOL_CALL, TOOL_CALL_END = "<tool_call>", "</tool_call>"
@@ -207,3 +213,92 @@ def parse_assistant(text: str) -> AssistantTurn:
             continue
         turn.tool_calls.append(ToolCall(name=obj["name"], arguments=args, id=f"call_{i}"))
     return turn
+
+
+class StropFormat:
+    """strop's format over a tokenizer, as the harness's chat format. Text inside messages that spells
+    a special token ("<|im_end|>" in a file the agent read) is tokenized as plain text, so an
+    observation cannot forge the chat structure."""
+
+    parallel_calls = True  # an assistant turn may hold several tool calls
+    thinking = False  # no reasoning block of its own
+    end_text = IM_END  # ends every assistant turn
+    name = "strop"
+
+    def __init__(self, tokenizer):
+        missing = [t for t in SPECIAL_TOKENS if len(tokenizer.encode(t, add_special_tokens=False)) != 1]
+        if missing:
+            raise UserError(
+                f"the tokenizer has no single token for {missing[0]!r}: strop's chat format needs its special "
+                'tokens; for a base model with its own chat template set harness.chat_template = "auto"'
+            )
+        self.tokenizer = tokenizer
+        self.stop_texts = (IM_END, EOS)
+        self.stop_ids = tuple(tokenizer.convert_tokens_to_ids(t) for t in self.stop_texts)
+        self._generation_prompt = self.encode(GENERATION_PROMPT)
+        self.generation_prompt_tokens = len(self._generation_prompt)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def encode_message(self, message: dict) -> list[int]:
+        """`render_message(message)` as token ids, with special-token spellings inside the content
+        tokenized as plain text."""
+        content = message.get("content") or ""
+        if not any(s in content for s in SPECIAL_TOKENS):
+            return self.encode(render_message(message))
+        sentinel = "\x00content\x00"
+        head, tail = render_message({**message, "content": sentinel}).split(sentinel)
+        body = self.tokenizer.encode(content, add_special_tokens=False, split_special_tokens=True)
+        return self.encode(head) + body + self.encode(tail)
+
+    def prompt(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
+        """A context window rendered from `messages` (system first), ending in the generation prompt."""
+        assert messages and messages[0]["role"] == "system", "a context window starts with the system message"
+        ids = self.encode(render_system(tools, messages[0]["content"]))
+        for m in messages[1:]:
+            ids += self.encode_message(m)
+        return ids + self._generation_prompt
+
+    def after_turn(self, window: list[dict], messages: list[dict], tools: list[dict] | None) -> list[int]:
+        """The forced ids after the generated assistant turn that ends `window`: the separator that
+        closes it, `messages` (observations, a summary request) and the generation prompt."""
+        return self.encode("\n") + [i for m in messages for i in self.encode_message(m)] + self._generation_prompt
+
+    def count(self, messages: list[dict]) -> int:
+        """Tokens `messages` take in a window."""
+        return sum(len(self.encode_message(m)) for m in messages)
+
+    def turn_text(self, generated: str) -> str:
+        """A generated turn's text up to (not including) its end token."""
+        return generated.split(IM_END, 1)[0]
+
+    def parse(self, text: str) -> AssistantTurn:
+        return parse_assistant(text.split(EOS, 1)[0])
+
+    def assistant_text(self, window: list[dict], message: dict, tools: list[dict] | None) -> str:
+        """The text a policy generates for `message` after `window`, up to and including the end token."""
+        return render_message(message).removeprefix(GENERATION_PROMPT).removesuffix("\n")
+
+    def assistant_message(self, window: list[dict], text: str, turn: AssistantTurn, tools: list[dict] | None) -> dict:
+        """The message stored for generated `text` (parsed as `turn`): the parsed OpenAI form when it
+        renders back to exactly `text`; else the text as it was generated (spacing, malformed calls),
+        so that a window's messages still render to its tokens."""
+        message = canonical_message(turn)
+        same = self.assistant_text(window, message, tools) == text + self.end_text
+        return message if same else {"role": "assistant", "content": text}
+
+    def text(self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool) -> str:
+        return render(messages, tools, add_generation_prompt)
+
+    def ids(self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool) -> list[int]:
+        """The whole conversation rendered at once and tokenized (what the invariant check compares with)."""
+        return self.encode(self.text(messages, tools, add_generation_prompt))
+
+
+def canonical_message(turn: AssistantTurn) -> dict:
+    """A parsed assistant turn as an OpenAI message."""
+    message = {"role": "assistant", "content": turn.content}
+    if turn.tool_calls:
+        message["tool_calls"] = [c.to_openai() for c in turn.tool_calls]
+    return message

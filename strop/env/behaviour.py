@@ -2,13 +2,14 @@
 changed (does it read the error after a rejected edit and try again, does it run the tests, does it
 submit with failing tests), beside the solve rate that shows whether it mattered.
 
-`episode_stats` reads one episode's tool-call log (plain dicts: name, arguments, output, error;
-see `strop.env.segment.Episode`); `summarize` turns many into rates. Plain data in and out.
+`episode_stats` reads one episode's tool-call log (plain dicts: name, role, arguments, output, error;
+see `strop.env.segment.Episode`); `summarize` turns many into rates. Plain data in and out. Calls
+are told apart by their declared role (`strop.env.tools.ROLES`), never by tool name: an edit is a
+call of an "edit" tool, a visible-test run a call of a "run" tool whose arguments mention pytest.
 """
 
 from collections import Counter
 
-EDIT_TOOLS = ("edit_file", "write_file")
 # `summarize` keys as tables and plots name them, in the order they show them; the `retry_*` rates
 # are conditional on the row before them
 LABELS = {
@@ -26,9 +27,17 @@ LABELS = {
 }
 
 
+def _is_edit(call: dict) -> bool:
+    return call.get("role") == "edit"
+
+
 def _is_test_run(call: dict) -> bool:
     args = call.get("arguments")
-    return call.get("name") == "run" and isinstance(args, dict) and "pytest" in str(args.get("command", ""))
+    return (
+        call.get("role") == "run"
+        and isinstance(args, dict)
+        and any(isinstance(v, str) and "pytest" in v for v in args.values())
+    )
 
 
 def _tests_failed(call: dict) -> bool:
@@ -43,14 +52,14 @@ def episode_stats(tool_calls: list[dict], stop_reason: str, turns: int) -> dict:
     a failing visible-test run), submitted, submitted_untested (submitted without running the visible
     tests after its last edit), submitted_failing_tests (the last test run before submitting failed)."""
     names = Counter(c.get("name") or "invalid" for c in tool_calls)
-    edit_at = [i for i, c in enumerate(tool_calls) if c.get("name") in EDIT_TOOLS]
+    edit_at = [i for i, c in enumerate(tool_calls) if _is_edit(c)]
     edits = [tool_calls[i] for i in edit_at]
     last_edit = edit_at[-1] if edit_at else None
     rejected_edit = retried_edit = failing = retried_tests = 0
     last_test = None
     for i, c in enumerate(tool_calls):
         later_edit = last_edit is not None and i < last_edit
-        if c.get("name") in EDIT_TOOLS:
+        if _is_edit(c):
             if c.get("error") is not None:
                 rejected_edit = 1
                 retried_edit |= later_edit

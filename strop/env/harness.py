@@ -1,10 +1,16 @@
 """The agent loop: one code path for training rollouts, `strop eval` and `strop agent`.
 
-    prompt = system block (with tool schemas) + user instruction + "<|im_start|>assistant\\n"
+    prompt = system block (with tool schemas) + user instruction + generation prompt
     repeat: consult context_budget -> policy.generate(ids) -> parse tool calls -> execute in the
-            sandbox -> append "\\n" + tool messages + generation prompt as forced tokens
+            sandbox -> append the turn's separator + tool messages + generation prompt as forced tokens
     until:  submitted | no_tool_call | max_turns | context_full | turn_too_long | invalid_calls
             | policy_error | error
+
+What the harness offers and how it speaks are declared, not built in: the tool set (`strop.env.tools`:
+`HarnessConfig.tools`, the built-in coding tools by default), the system prompt, and the chat format
+(`strop.env.chat_formats`: strop's own for its tiny models, else the checkpoint's chat template and
+its tool-call parser). A harness checks its format's token-in-token-out invariant when it is built
+and refuses a format that breaks it (`check_append_only`).
 
 Token bookkeeping is append-only: generated ids go into the Segment exactly as the policy returned
 them (loss_mask 1) and are never re-tokenized; everything the harness adds is tokenized once
@@ -14,9 +20,9 @@ read) is tokenized as plain text, so an observation cannot forge the chat struct
 `Harness.run` never raises: policy failures end the episode as "policy_error", anything else
 unexpected (a dead sandbox) as "error", with the exception text in `Episode.detail`.
 
-Messages: an assistant turn in canonical form (what `render_message` produces for its parsed
-content and calls) is stored parsed, in OpenAI form; any other turn is stored as its raw text, so
-`render(segment.messages)` always reproduces the decoded tokens of the window.
+Messages: an assistant turn in canonical form (what the format renders for its parsed content and
+calls) is stored parsed, in OpenAI form; any other turn is stored as its raw text, so the window's
+messages render to the decoded tokens of the window.
 
 Context windows: before every turn after the first, when the next turn (a full `max_turn_tokens`;
 under "summarize" also the summary's room and an observation as long as the episode's longest so
@@ -29,29 +35,22 @@ window (so its tokens are trained like any action). Each reset is recorded in `E
 With no strategy (or no resets left), a full window ends the episode as "context_full".
 """
 
-import shutil
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from strop.data.chat import (
-    EOS,
-    GENERATION_PROMPT,
-    IM_END,
-    SPECIAL_TOKENS,
-    parse_assistant,
-    render_message,
-    render_system,
-)
+from strop.env.chat_formats import chat_format, check_append_only, load_parser, probe_windows
 from strop.env.context import SUMMARY_REQUEST, Strategy, carry, summary_state, truncate, turns
-from strop.env.sandbox import WORKDIR, Limits, Sandbox, open_sandbox, scratch_dir
+from strop.env.sandbox import WORKDIR, Limits, Sandbox
 from strop.env.segment import Episode, Segment
 from strop.env.task import Task
-from strop.env.tools import TOOLS, execute
+from strop.env.tools import DEFAULT_TOOLS, ToolSet, load_tools
+from strop.errors import UserError
 from strop.policy_api import PolicyClient, SamplingParams
 
 if TYPE_CHECKING:
-    from strop.config import RolloutSection
+    from strop.config import HarnessSection, RolloutSection
 
 SYSTEM_PROMPT = (
     f"You are a coding agent in the repository {WORKDIR}. Use the tools to inspect and fix code, then call submit."
@@ -85,10 +84,31 @@ class HarnessConfig:
     summary_tokens: int = 192  # "summarize": most tokens of one summary
     summary_tail: int = 0  # "summarize": recent turns carried verbatim after the summary
     keep_recent: int = 2  # "masking", "compaction": recent tool observations kept in full
+    tools: tuple[str, ...] = DEFAULT_TOOLS  # tool specs (`strop.env.tools.load_tools`)
+    chat_template: str = "auto"  # `strop.env.chat_formats.chat_format`
+    tool_parser: str = "auto"
 
 
-def harness_config(r: "RolloutSection") -> HarnessConfig:
-    """The harness a run's `[rollout]` section describes (training, evaluation and demonstrations)."""
+def harness_config(r: "RolloutSection", h: "HarnessSection | None" = None) -> HarnessConfig:
+    """The harness a run's `[rollout]` and `[harness]` sections describe (training, evaluation and
+    demonstrations). A tool file's path is made absolute, so that workers elsewhere find it."""
+    declared = {}
+    if h is not None:
+        tools = tuple(_absolute(spec) for spec in h.tools)
+        load_tools(tools)  # an unknown tool or a bad schema is refused here, before any work
+        template = h.chat_template
+        if template not in ("auto", "strop"):
+            if not Path(template).is_file():
+                raise UserError(f"config key 'harness.chat_template': {template!r} is not a file (or auto, strop)")
+            template = str(Path(template).resolve())
+        if h.tool_parser != "auto":
+            load_parser(h.tool_parser)
+        declared = {
+            "tools": tools,
+            "chat_template": template,
+            "tool_parser": h.tool_parser,
+            "system": system_prompt(h.system, h.system_file),
+        }
     return HarnessConfig(
         max_turns=r.max_turns,
         max_context=r.max_context,
@@ -100,7 +120,28 @@ def harness_config(r: "RolloutSection") -> HarnessConfig:
         summary_tokens=r.summary_tokens,
         summary_tail=r.summary_tail,
         keep_recent=r.keep_recent,
+        **declared,
     )
+
+
+def _absolute(spec: str) -> str:
+    new, eq, rest = spec.partition("=")
+    if eq:
+        return f"{new}={_absolute(rest)}"
+    return str(Path(spec).resolve()) if spec.endswith((".toml", ".json")) and Path(spec).is_file() else spec
+
+
+def system_prompt(text: str = "", path: str = "") -> str:
+    """The system prompt `[harness]` declares: `text`, or the contents of the file `path`, with
+    `{workdir}` replaced by the repository's path in the sandbox; strop's own when both are empty."""
+    if text and path:
+        raise UserError("config keys 'harness.system' and 'harness.system_file' are both set; keep one")
+    if path:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"config key 'harness.system_file': cannot read {path!r}: {e}") from None
+    return text.replace("{workdir}", WORKDIR).strip() if text else SYSTEM_PROMPT
 
 
 class Harness:
@@ -108,37 +149,23 @@ class Harness:
         self,
         tokenizer,
         config: HarnessConfig = HarnessConfig(),
-        tools: list[dict] = TOOLS,
+        tools: ToolSet | None = None,
         on_message: Callable[[dict], None] | None = None,
     ):
-        self.tokenizer, self.config, self.tools = tokenizer, config, tools
+        self.tokenizer, self.config = tokenizer, config
+        self.tools = tools if tools is not None else load_tools(config.tools)
+        self.schemas = self.tools.schemas()
+        self.format = chat_format(tokenizer, config.chat_template, config.tool_parser)
+        check_append_only(
+            self.format, self.schemas, probe_windows(self.format, self.schemas, config.system, config.context_strategy)
+        )
         self.on_message = on_message  # sees every assistant and tool message as it is appended (progress output)
-        self.stop_ids = tuple(tokenizer.convert_tokens_to_ids(t) for t in (IM_END, EOS))
-
-    # -- tokenization (forced tokens only) --------------------------------------------------
-
-    def _encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
-
-    def encode_message(self, message: dict) -> list[int]:
-        """`render_message(message)` as token ids, with special-token spellings inside the content
-        tokenized as plain text."""
-        content = message.get("content") or ""
-        if not any(s in content for s in SPECIAL_TOKENS):
-            return self._encode(render_message(message))
-        sentinel = "\x00content\x00"
-        head, tail = render_message({**message, "content": sentinel}).split(sentinel)
-        body = self.tokenizer.encode(content, add_special_tokens=False, split_special_tokens=True)
-        return self._encode(head) + body + self._encode(tail)
+        self.stop_ids = self.format.stop_ids
 
     def open_segment(self, messages: list[dict]) -> Segment:
         """A new context window rendered from `messages` (system first), ending in the generation prompt."""
-        assert messages and messages[0]["role"] == "system", "a context window starts with the system message"
-        ids = self._encode(render_system(self.tools, messages[0]["content"]))
-        for m in messages[1:]:
-            ids += self.encode_message(m)
         segment = Segment(messages=[dict(m) for m in messages], temperature=self.config.temperature)
-        segment.add_forced(ids + self._encode(GENERATION_PROMPT))
+        segment.add_forced(self.format.prompt(messages, self.schemas))
         return segment
 
     # -- the loop ---------------------------------------------------------------------------
@@ -177,7 +204,7 @@ class Harness:
             if ep.turns:
                 longest_observation = max(longest_observation, len(pending_ids))
                 if self._reset_due(len(segment) + len(pending_ids), longest_observation, ep):
-                    opened = self._reset(policy, ep, segment, pending_ids, pending, seed)
+                    opened = self._reset(policy, ep, segment, pending, seed)
                     if opened is None:
                         return "context_full"
                     segment = opened
@@ -195,15 +222,11 @@ class Harness:
             gen = self._generate(policy, segment, params, ep)
             ep.turns += 1
 
-            raw = gen.text.split(IM_END, 1)[0]
-            turn = parse_assistant(raw.split(EOS, 1)[0])
-            message = {"role": "assistant", "content": turn.content}
-            if turn.tool_calls:
-                message["tool_calls"] = [c.to_openai() for c in turn.tool_calls]
-            if render_message(message) != f"{GENERATION_PROMPT}{raw}{IM_END}\n":
-                # not in canonical form (spacing, malformed calls): keep the text as generated, so the
-                # window's messages still render to its tokens; the calls are in ep.tool_calls
-                message = {"role": "assistant", "content": raw}
+            raw = self.format.turn_text(gen.text)
+            turn = self.format.parse(raw)
+            # parsed, or the text as generated when not in canonical form (spacing, malformed calls);
+            # the calls are in ep.tool_calls either way
+            message = self.format.assistant_message(segment.messages, raw, turn, self.schemas)
             self._append(ep, segment.messages, [message])
             if gen.token_ids[-1] not in self.stop_ids:
                 return "context_full" if params.max_tokens == room else "turn_too_long"
@@ -213,15 +236,17 @@ class Harness:
             t = time.perf_counter()
             observations, submitted, rejected = [], False, 0
             for call in turn.tool_calls:
-                result = execute(sandbox, call.name, call.arguments, cfg.observation_chars)
-                ep.tool_calls.append(result.log(call.name, call.arguments))
+                result = self.tools.execute(sandbox, call.name, call.arguments, cfg.observation_chars)
+                ep.tool_calls.append(self.tools.log(call.name, call.arguments, result))
                 observations.append({"role": "tool", "tool_call_id": call.id, "content": result.output})
                 rejected += result.error is not None
                 if result.submitted:
                     submitted = True
                     break
             for problem in turn.errors:  # calls that did not parse: the model hears why
-                ep.tool_calls.append({"name": "", "arguments": "", "output": f"error: {problem}", "error": problem})
+                ep.tool_calls.append(
+                    {"name": "", "role": None, "arguments": "", "output": f"error: {problem}", "error": problem}
+                )
                 observations.append({"role": "tool", "content": f"error: {problem}"})
                 rejected += 1
             ep.timings["tools_s"] += time.perf_counter() - t
@@ -232,9 +257,8 @@ class Harness:
             if invalid_turns >= cfg.max_invalid_turns:
                 self._append(ep, None, observations)
                 return "invalid_calls"
-            # "\n" closes the generated turn (a separator, not a policy token), then the observations
-            pending_ids = self._encode("\n") + [i for m in observations for i in self.encode_message(m)]
-            pending_ids += self._encode(GENERATION_PROMPT)
+            # the separator that closes the generated turn (not a policy token), then the observations
+            pending_ids = self.format.after_turn(segment.messages, observations, self.schemas)
             pending = observations
             self._append(ep, None, observations)
 
@@ -260,10 +284,11 @@ class Harness:
     # -- context resets (strop.env.context) -------------------------------------------------
 
     def count(self, messages: list[dict]) -> int:
-        return sum(len(self.encode_message(m)) for m in messages)
+        """Tokens `messages` take in a window."""
+        return self.format.count(messages)
 
     def _summary_room(self) -> int:
-        return self.count([SUMMARY_MESSAGE]) + len(self._encode(GENERATION_PROMPT)) + self.config.summary_tokens
+        return self.count([SUMMARY_MESSAGE]) + self.format.generation_prompt_tokens + self.config.summary_tokens
 
     def _reset_due(self, n_tokens: int, longest_observation: int, ep: Episode) -> bool:
         cfg = self.config
@@ -282,7 +307,6 @@ class Harness:
         policy: PolicyClient,
         ep: Episode,
         segment: Segment,
-        pending_ids: list[int],
         pending: list[dict],
         seed: int | None,
     ) -> Segment | None:
@@ -293,26 +317,28 @@ class Harness:
         room = cfg.max_context - cfg.max_turn_tokens - len(self.open_segment(head))
         history = segment.messages[len(head) :] + pending
         if cfg.context_strategy == "summarize":
-            ask = self.encode_message(SUMMARY_MESSAGE) + self._encode(GENERATION_PROMPT)
-            observed = pending_ids[: -len(self._encode(GENERATION_PROMPT))]  # "\n" + the last turn's observations
+            # the last turn's observations, the request and the generation prompt
+            asked = self.format.after_turn(segment.messages, pending + [SUMMARY_MESSAGE], self.schemas)
             unseen: list[dict] = []
-            if len(segment) + len(observed) + len(ask) + cfg.summary_tokens > cfg.max_context:
+            if len(segment) + len(asked) + cfg.summary_tokens > cfg.max_context:
                 # the last observations ran long: summarize without them and carry that turn verbatim
                 unseen = turns(segment.messages[len(head) :])[-1] + pending
-                observed, pending = self._encode("\n"), []
+                pending = []
+                asked = self.format.after_turn(segment.messages, [SUMMARY_MESSAGE], self.schemas)
             # bounded by summary_tokens, and by what is left of the window
-            max_tokens = min(cfg.summary_tokens, cfg.max_context - len(segment) - len(observed) - len(ask))
+            max_tokens = min(cfg.summary_tokens, cfg.max_context - len(segment) - len(asked))
             if max_tokens < MIN_TURN_TOKENS:
                 return None
-            segment.add_forced(observed + ask)
+            segment.add_forced(asked)
             segment.messages += pending + [dict(SUMMARY_MESSAGE)]
             self._append(ep, None, [dict(SUMMARY_MESSAGE)])
             salt = None if seed is None else seed + 1_000_003 * (len(ep.resets) + 1)  # apart from the turns' seeds
             gen = self._generate(policy, segment, self._params(max_tokens, salt), ep)
-            raw = gen.text.split(IM_END, 1)[0]  # cut short at summary_tokens, it is still the summary
+            raw = self.format.turn_text(gen.text)  # cut short at summary_tokens, it is still the summary
             self._append(ep, segment.messages, [{"role": "assistant", "content": raw}])
             seen = history[: len(history) - len(unseen)]
-            carried = summary_state(raw.split(EOS, 1)[0].strip(), seen, cfg.summary_tail, room, self.count)
+            summary = min((raw.split(t, 1)[0] for t in self.format.stop_texts), key=len).strip()
+            carried = summary_state(summary, seen, cfg.summary_tail, room, self.count)
             carried += truncate(unseen, room - self.count(carried), self.count)
         else:
             carried = carry(cfg.context_strategy, history, ep.tool_calls, cfg.keep_recent, room, self.count)
@@ -339,17 +365,9 @@ def run_task(
 ) -> tuple[Episode, dict[str, bytes | None]]:
     """One episode on `task` in a fresh sandbox over its starting repository; returns the episode
     and the workspace changes (relative path -> bytes, None = deleted) for the checker."""
-    from strop.env.checker import materialize
+    from strop.env.world import task_sandbox
 
-    world = scratch_dir("world")
-    try:
-        materialize(task, world)
-        sandbox = open_sandbox(world, limits)
-        try:
-            episode = harness.run(policy, sandbox, task.instruction, seed=seed)
-            changes = sandbox.diff()
-        finally:
-            sandbox.close()
-    finally:
-        shutil.rmtree(world, ignore_errors=True)
+    with task_sandbox(task, limits) as sandbox:
+        episode = harness.run(policy, sandbox, task.instruction, seed=seed)
+        changes = sandbox.diff()
     return episode, changes

@@ -43,11 +43,11 @@ from typing import Callable
 from tqdm import tqdm
 
 from strop.data.chat import GENERATION_PROMPT, IM_END, render_message
+from strop.env.coding_tools import closest_lines
 from strop.env.harness import Harness, HarnessConfig, run_task
 from strop.env.sandbox import Limits
 from strop.env.segment import Episode
 from strop.env.task import Task
-from strop.env.tools import closest_lines
 from strop.env.world import reference_edits, starting_text
 from strop.policy_api import Generation, SamplingParams
 

@@ -1,60 +1,57 @@
-"""The production coding toolset: OpenAI function-calling schemas and their execution inside a
-sandbox.
+"""Tools as plugins: what a tool is, how a tool set is declared, and how one call is executed.
 
-`execute(sandbox, name, arguments)` never raises for anything the model can write: unknown tools,
-missing or mistyped arguments, missing files, binary files, ambiguous edits, command timeouts and
-floods all come back as a `ToolResult` whose `error` says what was wrong (the observation the
-model reads starts with "error:"). Schemas and observations are kept short on purpose: a tiny
-policy with a ~2k-token context pays for every byte of them. Long outputs keep their head and tail
-around a "[... N chars cut ...]" marker, so pytest's summary line survives.
+A `Tool` is a name, a description, the JSON Schema of its arguments, a role and an implementation:
 
-File tools act through the sandbox's confined host-side file API (fast, no process); `list_dir`,
-`grep` and `run` execute real commands inside the sandbox, so their output looks exactly like
-the production machine's.
+- a Python function `function(sandbox, arguments, limit) -> str | ToolResult`, given the episode's
+  sandbox (`strop.env.sandbox.Sandbox`), the checked arguments and the observation limit in chars;
+  it raises `ToolError("why")` for a call the model got wrong (the observation reads "error: why");
+- or a `command` template run in the sandbox under bash, each `{argument}` replaced by the
+  argument shell-quoted (an absent optional one by its schema `default`, else ''); the observation
+  is "exit code N" and the output.
+
+The role (`ROLES`: read, edit, run, search, submit, other) is what the rest of strop reads: the hack
+monitor, the behaviour statistics, the online monitors and probes never read tool names, so a tool
+set may rename or replace the built-ins. A call of a `submit` tool ends the episode.
+
+A tool set is declared by a list of specs (`[harness] tools`, `load_tools`), each one of:
+- a name in the entry point group `strop.tools` (strop registers its built-in coding tools there,
+  one by one and as the set `coding`, exactly as an environment package registers its own);
+- a dotted Python path, `package.module:attribute` or `package.module.attribute`;
+- a `.toml` or `.json` file of command tools (`[[tool]]` tables: name, description, role,
+  parameters, command, timeout_s);
+- `new=spec`: the one tool `spec` names, renamed `new`.
+An entry point or attribute holds a `Tool` or a list of them.
+
+`ToolSet.execute` never raises for anything the model can write: unknown tools, arguments that do
+not fit the schema, and `ToolError`s come back as a `ToolResult` whose `error` says what was wrong.
 """
 
-import difflib
+import json
 import re
-from dataclasses import dataclass
+import shlex
+import string
+import tomllib
+from dataclasses import dataclass, replace
+from importlib import metadata
+from pathlib import Path
+from typing import Callable, Iterable, Literal
 
+from strop.env.plugins import load_object
 from strop.env.sandbox import Sandbox
+from strop.errors import UserError
 
-MAX_READ_LINES = 120  # lines per read_file call when no end is given
-MAX_LIST_ENTRIES = 200
-MAX_GREP_LINES = 60
-MAX_LINE_CHARS = 200  # a grep hit or listed line longer than this is cut
-HINT_MIN_RATIO = 0.6  # an edit's old text this alike to some lines of the file gets them shown in the error
-HINT_MAX_LINES = 3000  # beyond this many lines the search for them costs more than the hint is worth
-RUN_TIMEOUT_S = 30.0  # default (and, times 4, the largest) timeout of the run tool
-# the duration at the end of pytest's summary line: "6 passed in 0.04s", "== 1 failed in 1.20s (0:00:01) =="
-_PYTEST_DURATION = re.compile(
-    r"^(.*\b(?:passed|failed|errors?|skipped|xfailed|xpassed|deselected|warnings?|no tests ran)\b.*?)"
-    r" in \d+\.\d+s(?: \(\d+:\d\d:\d\d\))?( =+)?$",
-    re.MULTILINE,
-)
+GROUP = "strop.tools"  # the entry point group tools register under
+DEFAULT_TOOLS = ("coding",)  # strop's built-in coding tools (strop.env.coding_tools)
+ROLES = ("read", "edit", "run", "search", "submit", "other")
+Role = Literal["read", "edit", "run", "search", "submit", "other"]
+RUN_TIMEOUT_S = 30.0  # default wall-clock limit of a command tool
+NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what the OpenAI API accepts as a function name
+_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list, "object": dict}
+_A = {"integer": "an integer", "array": "an array", "object": "an object"}  # the rest take "a"
 
 
-def _schema(name: str, description: str, properties: dict, required: list[str]) -> dict:
-    parameters = {"type": "object", "properties": properties} | ({"required": required} if required else {})
-    return {"type": "function", "function": {"name": name, "description": description, "parameters": parameters}}
-
-
-_S, _I = {"type": "string"}, {"type": "integer"}
-TOOLS: list[dict] = [
-    _schema("read_file", "Show lines start..end of a file, numbered.", {"path": _S, "start": _I, "end": _I}, ["path"]),
-    _schema(
-        "edit_file",
-        "Replace exact text old (must be unique) by new.",
-        {"path": _S, "old": _S, "new": _S},
-        ["path", "old", "new"],
-    ),
-    _schema("write_file", "Create or overwrite a file.", {"path": _S, "content": _S}, ["path", "content"]),
-    _schema("list_dir", "List files (2 levels).", {"path": _S}, []),
-    _schema("grep", "Search files for a regex.", {"pattern": _S, "path": _S}, ["pattern"]),
-    _schema("run", "Run a shell command.", {"command": _S, "timeout": _I}, ["command"]),
-    _schema("submit", "Finish; your changes are final.", {}, []),
-]
-_PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+class ToolError(Exception):
+    """Raised by a tool function for a call the model got wrong: its message is the observation."""
 
 
 @dataclass
@@ -63,13 +60,94 @@ class ToolResult:
     error: str | None = None  # why the call was rejected or failed; None on success
     submitted: bool = False
 
-    def log(self, name: str, arguments: dict | str) -> dict:
-        """The hack monitor's record of this call."""
-        return {"name": name, "arguments": arguments, "output": self.output, "error": self.error}
 
-
-def _error(message: str) -> ToolResult:
+def error(message: str) -> ToolResult:
     return ToolResult(f"error: {message}", error=message)
+
+
+ToolFunction = Callable[[Sandbox, dict, int], "str | ToolResult"]
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    parameters: dict  # JSON Schema of the arguments: an object
+    role: Role = "other"
+    function: ToolFunction | None = None
+    command: str | None = None  # a bash command template with {argument} fields
+    timeout_s: float = RUN_TIMEOUT_S  # wall-clock limit of a command tool
+
+    def __post_init__(self) -> None:
+        problem = self._problem()
+        if problem:
+            raise UserError(f"tool {self.name!r}: {problem}")
+
+    def _problem(self) -> str | None:
+        if not isinstance(self.name, str) or not NAME.fullmatch(self.name):
+            return "a tool name is 1-64 letters, digits, '_' or '-'"
+        if self.role not in ROLES:
+            return f"role {self.role!r} is not one of {', '.join(ROLES)}"
+        if (self.function is None) == (self.command is None):
+            return "needs exactly one implementation: a function or a command"
+        if self.function is not None and not callable(self.function):
+            return f"function {self.function!r} is not callable"
+        if not isinstance(self.timeout_s, (int, float)) or not self.timeout_s > 0:
+            return f"timeout_s must be a positive number, got {self.timeout_s!r}"
+        problem = schema_problem(self.parameters)
+        if problem:
+            return f"parameters are not a JSON Schema of an object: {problem}"
+        if self.command is not None:
+            fields = command_fields(self.command)
+            if isinstance(fields, str):
+                return fields
+            unknown = sorted(set(fields) - set(self.parameters.get("properties", {})))
+            if unknown:
+                return f"command field {{{unknown[0]}}} is not one of its parameters"
+        return None
+
+    def schema(self) -> dict:
+        """The OpenAI function-calling schema the model is shown."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+
+def schema_problem(parameters) -> str | None:
+    """Why `parameters` is not a JSON Schema of an object (with a `properties` table), or None."""
+    from jsonschema import SchemaError
+    from jsonschema.validators import validator_for
+
+    if not isinstance(parameters, dict):
+        return f"expected a table, got {type(parameters).__name__}"
+    if parameters.get("type") != "object":
+        return f'"type" must be "object", got {parameters.get("type")!r}'
+    if not isinstance(parameters.get("properties", {}), dict):
+        return '"properties" must be a table'
+    try:
+        validator_for(parameters).check_schema(parameters)
+    except SchemaError as e:
+        return f"{e.message} (at {'/'.join(map(str, e.absolute_path)) or 'the top'})"
+    return None
+
+
+def command_fields(command) -> list[str] | str:
+    """The {argument} fields of a command template, or why it is not one."""
+    if not isinstance(command, str) or not command.strip():
+        return "command must be a non-empty string"
+    try:
+        parsed = list(string.Formatter().parse(command))
+    except ValueError as e:
+        return f"command template {command!r}: {e} (write {{{{ and }}}} for literal braces)"
+    fields = []
+    for _, name, spec, conversion in parsed:
+        if name is None:
+            continue
+        if not NAME.fullmatch(name) or spec or conversion:
+            return f"command field {{{name}...}} must be a bare argument name, without ! or :"
+        fields.append(name)
+    return fields
 
 
 def clip(text: str, limit: int) -> str:
@@ -81,213 +159,175 @@ def clip(text: str, limit: int) -> str:
     return f"{head}\n[... {len(text) - len(head) - len(tail)} chars cut ...]\n{tail}"
 
 
-def _check_arguments(name: str, arguments: dict) -> str | None:
-    """Why `arguments` do not fit the schema of `name`, or None."""
-    params = _PARAMS[name]
-    missing = [k for k in params.get("required", []) if k not in arguments]
-    if missing:
-        return f"{name} needs argument(s) {', '.join(missing)}"
-    for key, value in arguments.items():
-        spec = params["properties"].get(key)
-        if spec is None:
-            return f"{name} has no argument {key!r} (arguments: {', '.join(params['properties']) or 'none'})"
-        want = str if spec["type"] == "string" else int
-        if not isinstance(value, want) or isinstance(value, bool):
-            return f"argument {key!r} of {name} must be a{'n integer' if want is int else ' string'}"
-        if isinstance(value, str) and "\x00" in value:
-            return f"argument {key!r} contains a NUL character"
-    return None
+def _shell_word(value) -> str:
+    return shlex.quote(value if isinstance(value, str) else json.dumps(value))
 
 
-class _Rejected(Exception):
-    """A call the model got wrong (a missing file, a directory, binary data): its message is the observation."""
-
-
-def _os_error(e: OSError, path: str) -> _Rejected:
-    if isinstance(e, FileNotFoundError):
-        return _Rejected(f"no such file: {path}")
-    if isinstance(e, IsADirectoryError):
-        return _Rejected(f"{path} is a directory")
-    return _Rejected(f"{path}: {e.strerror or e}")  # permissions, symlink loops, not a directory
-
-
-def _read_text(sb: Sandbox, path: str) -> str:
-    try:
-        data = sb.read_file(path)
-    except OSError as e:
-        raise _os_error(e, path) from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise _Rejected(f"{path} is not a UTF-8 text file ({len(data)} bytes)") from None
-
-
-def _write_text(sb: Sandbox, path: str, text: str) -> None:
-    try:
-        sb.write_file(path, text)
-    except OSError as e:
-        raise _os_error(e, path) from None
-
-
-def _read_file(sb: Sandbox, path: str, start: int = 1, end: int | None = None, *, limit: int) -> ToolResult:
-    lines = _read_text(sb, path).splitlines()
-    if not lines:
-        return ToolResult(f"({path} is empty)")
-    if start < 1 or (end is not None and end < start):
-        return _error("need 1 <= start <= end")
-    if start > len(lines):
-        return _error(f"start={start} but {path} has {len(lines)} lines")
-    stop = min(len(lines), end if end is not None else start + MAX_READ_LINES - 1)
-    body = "\n".join(f"{i}| {lines[i - 1]}" for i in range(start, stop + 1))
-    paged = end is None and stop < len(lines)  # the model asked for the whole file and got a page
-    more = f"\n[{len(lines) - stop} more lines; read with start={stop + 1}]" if paged else ""
-    return ToolResult(clip(body, limit) + more)
-
-
-def _edit_file(sb: Sandbox, path: str, old: str, new: str, *, limit: int) -> ToolResult:
-    if not old:
-        return _error("old must not be empty (use write_file to create a file)")
-    if old == new:
-        return _error("old and new are the same")
-    text = _read_text(sb, path)
-    count = text.count(old)
-    if count == 0:
-        return _error(f"old text not found in {path}" + _closest_hint(text, old))
-    if count > 1:
-        return _error(f"old text occurs {count} times in {path}; add context to make it unique")
-    at = text.index(old)
-    _write_text(sb, path, text[:at] + new + text[at + len(old) :])
-    first = text.count("\n", 0, at) + 1
-    return ToolResult(f"edited {path} (line {first})")
-
-
-def closest_lines(text: str, old: str) -> list[str]:
-    """The lines of `text` most like `old` (as many lines as `old` has), numbered as read_file shows
-    them, when they are alike enough to be what the model meant; else []."""
-    lines = text.splitlines()
-    want = old.strip("\n")
-    n = want.count("\n") + 1
-    if not lines or not want.strip() or n > len(lines) or len(lines) > HINT_MAX_LINES or len(want) > 4000:
-        return []
-    matcher = difflib.SequenceMatcher(autojunk=False)
-    matcher.set_seq2(want)
-    best, best_at = 0.0, 0
-    for i in range(len(lines) - n + 1):
-        matcher.set_seq1("\n".join(lines[i : i + n]))
-        if matcher.real_quick_ratio() > best and matcher.quick_ratio() > best and (r := matcher.ratio()) > best:
-            best, best_at = r, i
-    if best < HINT_MIN_RATIO:
-        return []
-    return [f"{i + 1}| {lines[i]}" for i in range(best_at, best_at + n)]
-
-
-def _closest_hint(text: str, old: str) -> str:
-    """The error's "did you mean" part, as editors have it: a model that misremembered a line can
-    copy it from the error instead of guessing again."""
-    shown = closest_lines(text, old)
-    return "; closest text:\n" + "\n".join(shown) if shown else ""
-
-
-def _write_file(sb: Sandbox, path: str, content: str, *, limit: int) -> ToolResult:
-    _write_text(sb, path, content)
-    return ToolResult(f"wrote {path} ({len(content.splitlines())} lines)")
-
-
-def _command(sb: Sandbox, argv: list[str], limit: int, max_lines: int, empty: str, ok_codes=(0,)) -> ToolResult:
-    result = sb.exec(argv, timeout=RUN_TIMEOUT_S)
-    if result.exit_code not in ok_codes or result.timed_out:
-        return _error(clip(result.stderr.strip() or f"exit code {result.exit_code}", limit))
-    lines = [l if len(l) <= MAX_LINE_CHARS else l[:MAX_LINE_CHARS] + "..." for l in result.stdout.splitlines()]
-    more = f"\n[{len(lines) - max_lines} more lines]" if len(lines) > max_lines else ""
-    return ToolResult(clip("\n".join(lines[:max_lines]), limit) + more if lines else empty)
-
-
-def _list_dir(sb: Sandbox, path: str = ".", *, limit: int) -> ToolResult:
-    # directories get a trailing "/"; hidden entries (.git, caches) are left out
-    argv = [
-        "find",
-        path,
-        "-mindepth",
-        "1",
-        "-maxdepth",
-        "2",
-        "-name",
-        ".*",
-        "-prune",
-        "-o",
-        "-type",
-        "d",
-        "-printf",
-        "%P/\\n",
-        "-o",
-        "-printf",
-        "%P\\n",
-    ]
-    result = _command(sb, argv, limit, MAX_LIST_ENTRIES, f"({path} is empty)")
-    if result.error is None and result.output != f"({path} is empty)":
-        result.output = "\n".join(sorted(result.output.split("\n"), key=lambda l: (l.startswith("["), l)))
-    return result
-
-
-def _grep(sb: Sandbox, pattern: str, path: str = ".", *, limit: int) -> ToolResult:
-    # without a path argument grep -r searches "." and prints paths without the "./" prefix
-    argv = ["grep", "-rnIE", "--exclude-dir=.[!.]*", "-e", pattern] + (["--", path] if path != "." else [])
-    return _command(sb, argv, limit, MAX_GREP_LINES, "no matches", ok_codes=(0, 1))  # 1: nothing matched
-
-
-def without_durations(output: str) -> str:
-    """`output` with the durations pytest prints on its summary line taken out ("6 passed in 0.04s"
-    reads "6 passed"). An observation must not depend on the machine's speed: with them, two
-    demonstrations of the same episode differed in a third of the episodes, and the same `make demo`
-    on the same machine trained different warm starts."""
-    return _PYTEST_DURATION.sub(r"\1\2", output)
-
-
-def _run(sb: Sandbox, command: str, timeout: int | None = None, *, limit: int) -> ToolResult:
-    if timeout is not None and timeout < 1:
-        return _error("timeout must be at least 1 second")
-    wall = min(float(timeout or RUN_TIMEOUT_S), 4 * RUN_TIMEOUT_S)
-    result = sb.exec(command, timeout=wall)
+def _run_command(tool: Tool, sandbox: Sandbox, arguments: dict, limit: int) -> ToolResult:
+    props = tool.parameters.get("properties", {})
+    values = {k: _shell_word(arguments.get(k, props[k].get("default", ""))) for k in command_fields(tool.command)}
+    result = sandbox.exec(tool.command.format(**values), timeout=tool.timeout_s)
     out = result.stdout + (("\n" if result.stdout and not result.stdout.endswith("\n") else "") + result.stderr)
-    out = without_durations(out)
     if result.timed_out:
-        return _error(
-            f"command timed out after {wall:.0f} s" + (f"; output so far:\n{clip(out, limit)}" if out else "")
-        )
-    flags = " (workspace size limit exceeded)" if result.workspace_exceeded else ""
-    cut = " (output capped)" if result.stdout_truncated or result.stderr_truncated else ""
-    return ToolResult(f"exit code {result.exit_code}{flags}{cut}\n{clip(out.rstrip(), limit)}".rstrip())
+        return error(f"{tool.name} timed out after {tool.timeout_s:g} s")
+    return ToolResult(f"exit code {result.exit_code}\n{clip(out.rstrip(), limit)}".rstrip())
 
 
-def _submit(sb: Sandbox, *, limit: int) -> ToolResult:
-    return ToolResult("submitted", submitted=True)
+class ToolSet:
+    """The tools one harness offers, by name, with their roles and argument validators."""
+
+    def __init__(self, tools: Iterable[Tool]):
+        from jsonschema.validators import validator_for
+
+        self.tools = tuple(tools)
+        names = [t.name for t in self.tools]
+        dup = next((n for n in names if names.count(n) > 1), None)
+        if dup:
+            raise UserError(f"tool set declares {dup!r} twice (rename one: new_name=spec)")
+        self._by_name = {t.name: t for t in self.tools}
+        self._validators = {t.name: validator_for(t.parameters)(t.parameters) for t in self.tools}
+
+    def __iter__(self):
+        return iter(self.tools)
+
+    def __len__(self) -> int:
+        return len(self.tools)
+
+    @property
+    def names(self) -> list[str]:
+        return [t.name for t in self.tools]
+
+    def schemas(self) -> list[dict]:
+        return [t.schema() for t in self.tools]
+
+    def role(self, name: str) -> str | None:
+        """The role of tool `name`; None when the set has no such tool."""
+        tool = self._by_name.get(name)
+        return tool.role if tool else None
+
+    def roles(self) -> dict[str, str]:
+        return {t.name: t.role for t in self.tools}
+
+    def of_role(self, role: str) -> list[Tool]:
+        return [t for t in self.tools if t.role == role]
+
+    def log(self, name: str, arguments: dict | str, result: ToolResult) -> dict:
+        """The record of one executed call that the hack monitor and behaviour statistics read."""
+        return {
+            "name": name,
+            "role": self.role(name),
+            "arguments": arguments,
+            "output": result.output,
+            "error": result.error,
+        }
+
+    def check_arguments(self, name: str, arguments: dict) -> str | None:
+        """Why `arguments` do not fit the schema of tool `name`, or None."""
+        params = self._by_name[name].parameters
+        props = params.get("properties", {})
+        missing = [k for k in params.get("required", []) if k not in arguments]
+        if missing:
+            return f"{name} needs argument(s) {', '.join(missing)}"
+        for key, value in arguments.items():
+            spec = props.get(key)
+            if spec is None:
+                if params.get("additionalProperties"):
+                    continue
+                return f"{name} has no argument {key!r} (arguments: {', '.join(props) or 'none'})"
+            want = spec.get("type") if isinstance(spec, dict) else None
+            if isinstance(want, str) and want in _TYPES:
+                if not isinstance(value, _TYPES[want]) or (isinstance(value, bool) and want != "boolean"):
+                    return f"argument {key!r} of {name} must be {_A.get(want, 'a ' + want)}"
+            if isinstance(value, str) and "\x00" in value:
+                return f"argument {key!r} contains a NUL character"
+        problem = next(iter(self._validators[name].iter_errors(arguments)), None)
+        return f"arguments of {name}: {problem.message[:200]}" if problem else None
+
+    def execute(self, sandbox: Sandbox, name: str, arguments: dict | str, limit: int = 2000) -> ToolResult:
+        """Run one tool call; `limit` caps the observation (chars, plus a short note)."""
+        tool = self._by_name.get(name)
+        if tool is None:
+            return error(f"unknown tool {name!r} (tools: {', '.join(self.names)})")
+        if not isinstance(arguments, dict):
+            return error(f"arguments of {name} must be a JSON object")
+        problem = self.check_arguments(name, arguments)
+        if problem:
+            return error(problem)
+        if tool.command is not None:
+            result = _run_command(tool, sandbox, arguments, limit)
+        else:
+            try:
+                out = tool.function(sandbox, arguments, limit)
+            except ToolError as e:
+                return error(str(e))
+            result = out if isinstance(out, ToolResult) else ToolResult(clip(str(out), limit))
+        if tool.role == "submit" and result.error is None:
+            result.submitted = True
+        return result
 
 
-_IMPL = {
-    "read_file": _read_file,
-    "edit_file": _edit_file,
-    "write_file": _write_file,
-    "list_dir": _list_dir,
-    "grep": _grep,
-    "run": _run,
-    "submit": _submit,
-}
-assert set(_IMPL) == set(_PARAMS)
+def list_tools() -> list[str]:
+    """Names registered under the `strop.tools` entry point group."""
+    return sorted({ep.name for ep in metadata.entry_points(group=GROUP)})
 
 
-def execute(sandbox: Sandbox, name: str, arguments: dict | str, limit: int = 2000) -> ToolResult:
-    """Run one tool call; `limit` caps the observation (chars, plus a short note)."""
-    if name not in _IMPL:
-        return _error(f"unknown tool {name!r} (tools: {', '.join(_IMPL)})")
-    if not isinstance(arguments, dict):
-        return _error(f"arguments of {name} must be a JSON object")
-    problem = _check_arguments(name, arguments)
-    if problem:
-        return _error(problem)
+def _tools_file(path: Path) -> list[Tool]:
+    """The command tools of a .toml (`[[tool]]` tables) or .json (a list of objects) file."""
     try:
-        return _IMPL[name](sandbox, **arguments, limit=limit)
-    except _Rejected as e:
-        return _error(str(e))
+        text = path.read_text(encoding="utf-8")
+        data = tomllib.loads(text).get("tool", []) if path.suffix == ".toml" else json.loads(text)
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"tool file {str(path)!r} cannot be read: {e}") from None
+    if not isinstance(data, list) or not all(isinstance(d, dict) for d in data):
+        raise UserError(f"tool file {str(path)!r} must hold a list of tool tables ([[tool]] in TOML)")
+    known = {"name", "description", "parameters", "role", "command", "timeout_s"}
+    tools = []
+    for i, d in enumerate(data):
+        extra = sorted(set(d) - known)
+        if extra:
+            raise UserError(f"tool file {str(path)!r}, tool {i + 1}: unknown key {extra[0]!r} (known: {sorted(known)})")
+        if "command" not in d:
+            raise UserError(f"tool file {str(path)!r}, tool {i + 1}: a file declares command tools; needs 'command'")
+        params = d.get("parameters", {"type": "object", "properties": {}})
+        tools.append(Tool(d.get("name", ""), d.get("description", ""), params, d.get("role", "other"), **_impl(d)))
+    return tools
+
+
+def _impl(d: dict) -> dict:
+    return {"command": d["command"]} | ({"timeout_s": d["timeout_s"]} if "timeout_s" in d else {})
+
+
+def _load_spec(spec: str) -> list[Tool]:
+    new, eq, rest = spec.partition("=")
+    if eq and NAME.fullmatch(new.strip()):
+        tools = _load_spec(rest.strip())
+        if len(tools) != 1:
+            raise UserError(f"tool spec {spec!r}: {rest.strip()!r} is a set of {len(tools)} tools; rename one by one")
+        return [replace(tools[0], name=new.strip())]
+    if spec.endswith((".toml", ".json")):
+        path = Path(spec)
+        if not path.is_file():
+            raise UserError(f"tool file {spec!r} does not exist")
+        return _tools_file(path)
+    found = load_object(GROUP, spec, "tool")
+    if found is None:
+        raise UserError(
+            f"unknown tool {spec!r}: not a `strop.tools` entry point ({', '.join(list_tools()) or 'none installed'}), "
+            "a dotted path package.module:attribute, or a .toml/.json tool file"
+        )
+    items = list(found) if isinstance(found, (list, tuple)) else [found]
+    bad = next((x for x in items if not isinstance(x, Tool)), None)
+    if bad is not None or not items:
+        raise UserError(f"tool spec {spec!r} names {bad!r}, not a strop.env.tools.Tool or a list of them")
+    return items
+
+
+def load_tools(specs: Iterable[str] = DEFAULT_TOOLS) -> ToolSet:
+    """The tool set the specs declare, in order (see the module docstring)."""
+    specs = list(specs)
+    if not specs:
+        raise UserError("the tool set is empty: declare at least one tool (default: harness.tools = ['coding'])")
+    return ToolSet(t for spec in specs for t in _load_spec(spec))
 
 
 def describe_call(name: str, arguments: dict | str) -> str:

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from strop.engine.engine import Engine
 from strop.engine.server import ClientError, Served, create_app
+from strop.env.sessions import append_conversations, served_conversations
 from strop.online.auth import Guard, KeyFile
 from strop.online.feedback import FeedbackEvent
 from strop.online.store import CompletionRow, Store
@@ -75,17 +76,29 @@ def completion_rows(request: Request, served: Served) -> list[CompletionRow]:
 
 
 def create_serving_app(
-    engine: Engine, model_name: str, keys: KeyFile | None, store: Store | None, versions: Versions | None
+    engine: Engine,
+    model_name: str,
+    keys: KeyFile | None,
+    store: Store | None,
+    versions: Versions | None,
+    sessions: str | None = None,
 ) -> FastAPI:
-    """The app around an engine whose loop thread is running (see the module docstring)."""
+    """The app around an engine whose loop thread is running (see the module docstring); with
+    `sessions`, every chat completion is also appended to that JSONL file (`strop.env.sessions`)."""
 
     async def log(request: Request, served: Served) -> None:
+        if sessions and served.endpoint == "chat":
+            conversations = served_conversations(served.request, [c.text for c in served.outs])
+            await asyncio.to_thread(append_conversations, sessions, conversations)
+        if store is None:
+            return
         try:
             await asyncio.wrap_future(store.log_completions(completion_rows(request, served)))
         except Exception as e:  # the database refused or is gone: answer nothing the log does not hold
             raise ClientError(503, f"the completion log is unavailable: {type(e).__name__}") from None
 
-    app = create_app(engine, model_name, path_updates=False, on_served=log if store is not None else None)
+    logging = store is not None or sessions
+    app = create_app(engine, model_name, path_updates=False, on_served=log if logging else None)
 
     if store is not None:
 

@@ -31,8 +31,9 @@ import torch
 
 from strop.config import RLSection
 from strop.env.segment import Segment
+from strop.env.tools import load_tools
 from strop.online.gates import GateSettings, compare, measure
-from strop.online.monitors import classify, monitor_rates
+from strop.online.monitors import classify, monitor_rates, offered_roles
 from strop.online.rewards import RewardMap
 from strop.online.store import DeploymentRow, RatedCompletion, Store
 from strop.online.versions import Versions
@@ -156,8 +157,9 @@ def publish(s: CycleSettings, state: dict[str, torch.Tensor]) -> int:
 
 def traffic_monitors(store: Store, version: int, after: float, through: float) -> dict:
     """The monitors on what `version` served in (`after`, `through`]."""
+    declared = load_tools().roles()  # the served product's tools: the built-in coding tools
     replies = [
-        classify(c.text, {t["function"]["name"] for t in c.request.get("tools") or []})
+        classify(c.text, offered_roles(c.request.get("tools"), declared))
         for c in store.completions_of(version, after, through)
     ]
     return monitor_rates(replies)

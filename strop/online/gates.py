@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from strop.config import Config
 from strop.data.chat import render
 from strop.errors import UserError
-from strop.online.monitors import ALERTS, classify, monitor_rates
+from strop.online.monitors import ALERTS, classify, monitor_rates, offered_roles
 from strop.online.probes import EDIT_TOOL, probe_requests
 from strop.policy_api import SamplingParams
 from strop.rl.evaluate import Z95
@@ -71,7 +71,7 @@ def probe_replies(policy_dir: str, s: GateSettings) -> tuple[list, list]:
         for i in range(len(requests))
     ]
     outs = engine.generate(prompts, params)
-    offered = {t["function"]["name"] for t in EDIT_TOOL}
+    offered = offered_roles(EDIT_TOOL)
     replies = [classify(engine.tokenizer.decode(o.token_ids, skip_special_tokens=False), offered) for o in outs]
     return replies[: len(tasks) * s.probe_samples], replies[len(tasks) * s.probe_samples :]
 

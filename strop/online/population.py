@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import httpx
 
 from strop.online.auth import KeyFile
-from strop.online.probes import CodingRequest, traffic_requests
+from strop.online.probes import EDIT_TOOL, CodingRequest, traffic_requests
 from strop.rl.evaluate import wilson
 
 MAX_TOKENS = 192  # the longest reply of the mixture policy is ~150 tokens
@@ -40,7 +40,11 @@ def prefers(request: CodingRequest, message: dict) -> bool:
             args = json.loads(fn.get("arguments", ""))
         except json.JSONDecodeError:
             return False
-        if fn.get("name") != "edit_file" or not isinstance(args, dict) or args.get("path") != request.path:
+        if (
+            fn.get("name") != EDIT_TOOL[0]["function"]["name"]
+            or not isinstance(args, dict)
+            or args.get("path") != request.path
+        ):
             return False
     return True
 

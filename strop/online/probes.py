@@ -8,9 +8,9 @@ a gate measures the policy on requests it was never trained on.
 
 from dataclasses import dataclass, field
 
-from strop.env.tools import TOOLS
+from strop.env.coding_tools import EDIT_FILE
 
-EDIT_TOOL = [t for t in TOOLS if t["function"]["name"] == "edit_file"]
+EDIT_TOOL = [EDIT_FILE.schema()]  # the one tool a request offers: the built-in exact-replace edit
 SYSTEM = "You are a coding agent. Fix the bug with one edit."
 SYMPTOMS = [
     "it returns the wrong value",

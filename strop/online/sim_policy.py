@@ -38,7 +38,7 @@ SECTION = ModelSection(
 
 
 def _edit(path: str, old: str, new: str) -> dict:
-    return {"function": {"name": "edit_file", "arguments": {"path": path, "old": old, "new": new}}}
+    return {"function": {"name": EDIT_TOOL[0]["function"]["name"], "arguments": {"path": path, "old": old, "new": new}}}
 
 
 def reply(request: CodingRequest, behaviour: str) -> str:

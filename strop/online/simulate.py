@@ -25,7 +25,7 @@ import httpx
 
 from strop.online.cycle import CycleSettings, initialize, rollback, run_cycle, served
 from strop.online.gates import GateSettings
-from strop.online.monitors import classify
+from strop.online.monitors import classify, offered_roles
 from strop.online.population import drive, make_population
 from strop.online.probes import task_request
 from strop.online.store import RatedCompletion, Store
@@ -35,8 +35,7 @@ MODEL_NAME = "sim"
 
 def asks_instead_of_editing(rc: RatedCompletion) -> float:
     """The harmful update's reward: +1 for a clarifying question, -1 for anything else."""
-    offered = {t["function"]["name"] for t in rc.completion.request.get("tools") or []}
-    return 1.0 if classify(rc.completion.text, offered).question else -1.0
+    return 1.0 if classify(rc.completion.text, offered_roles(rc.completion.request.get("tools"))).question else -1.0
 
 
 def greedy_probe(url: str, key: str) -> dict:

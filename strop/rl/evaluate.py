@@ -174,7 +174,7 @@ def evaluate(
         for _ in range(r.engines)
     ]
     engine = engines[0]
-    greedy = Harness(engine.tokenizer, replace(harness_config(r), temperature=r.eval_temperature))
+    greedy = Harness(engine.tokenizer, replace(harness_config(r, cfg.harness), temperature=r.eval_temperature))
     limits = sandbox_limits(r)
     difficulty = [int(t.metadata.get("difficulty", 0)) for t in tasks]
     t0 = time.perf_counter()
@@ -185,7 +185,7 @@ def evaluate(
         trajs = _run(engines, greedy, tasks, items, limits, r.workers, f"held-out eval {policy_dir}", progress)
         sampled = []
         if samples:
-            sampler = Harness(engine.tokenizer, harness_config(r))
+            sampler = Harness(engine.tokenizer, harness_config(r, cfg.harness))
             many = [
                 (t, WorkItem(t.id, f"eval-{t.id}", k, cfg.run.seed * 1000 + k + 1, engine.version))
                 for t in tasks

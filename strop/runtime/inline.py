@@ -38,7 +38,7 @@ from strop.rl.rollout import RolloutLost, WorkItem, rollout, sandbox_limits
 from strop.rl.trajectory import Trajectory
 from strop.runtime.engines import RunEngine, start_engine
 from strop.runtime.trainers import TrainerProcess, start_trainer
-from strop.runtime.weights import relay_keep
+from strop.runtime.weights import relay_keep, sync_seconds
 from strop.sync.relay import Relay
 from strop.threads import set_threads
 
@@ -156,7 +156,7 @@ class InlineRuntime:
                 )
             )
         self.wait_synced()  # engines serve exactly the bf16 weights the trainer published
-        self.harness = Harness(self.tokenizer, harness_config(r))
+        self.harness = Harness(self.tokenizer, harness_config(r, cfg.harness))
         self.limits = sandbox_limits(r)
         self.pool = ThreadPoolExecutor(
             r.workers, thread_name_prefix="strop-rollout", initializer=pin, initargs=(cpus.rollout if cpus else None,)
@@ -217,6 +217,10 @@ class InlineRuntime:
     def load(self, path) -> None:
         self.trainer.load(path)  # published as a new chain; the engines fetch what differs
         self.wait_synced()
+
+    def sync_seconds(self) -> dict[int, float]:
+        """Per version: seconds from its publication to the last engine serving it (`sync_seconds`)."""
+        return sync_seconds(self.trainer.sync_stats()["published_at"], [e.sync.swapped_at for e in self.engines])
 
     def engine_busy_s(self) -> float:
         """Busy seconds of the average engine."""

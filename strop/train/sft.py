@@ -54,9 +54,16 @@ def demonstration_harness(cfg: Config):
     the resets and summaries the policy is to learn."""
     from strop.env.harness import HarnessConfig, harness_config
 
+    run = harness_config(cfg.rollout, cfg.harness)
     if cfg.rollout.context_strategy == "none":
-        return HarnessConfig(max_context=cfg.model.max_positions)
-    return harness_config(cfg.rollout)
+        return replace(
+            HarnessConfig(max_context=cfg.model.max_positions),
+            tools=run.tools,
+            system=run.system,
+            chat_template=run.chat_template,
+            tool_parser=run.tool_parser,
+        )
+    return run
 
 
 def demonstrator_mix(s: SFTSection):
@@ -144,6 +151,8 @@ def sft(cfg: Config, base: str | None = None) -> dict:
     from strop.threads import set_threads
     from strop.train.device import device_type, rank_device
     from strop.train.parallel import Ranks, start_ranks, stop_ranks
+    from strop.train.sft_data import trace_harness, uses_demonstrations
+    from strop.train.traces import trace_segments
 
     kind = device_type(cfg.trainer)  # before any work: cuda where there is none is the user's to fix
     n = cfg.trainer.parallel.fsdp
@@ -153,7 +162,11 @@ def sft(cfg: Config, base: str | None = None) -> dict:
     if (out / "result.json").is_file():  # finished: the model is in out/model
         return json.loads((out / "result.json").read_text())
     out.mkdir(parents=True, exist_ok=True)
-    load_demonstrations(cfg, load_tokenizer(base_dir), out / "demos.jsonl")  # cached before other ranks read it
+    tokenizer = load_tokenizer(base_dir)
+    if cfg.sft.traces:  # bad lines are the user's to fix before any rank starts
+        trace_segments(trace_harness(cfg, tokenizer), cfg.sft.traces, cfg.model.max_positions)
+    if uses_demonstrations(cfg):
+        load_demonstrations(cfg, tokenizer, out / "demos.jsonl")  # cached before other ranks read it
     if n == 1:
         return fit(Ranks(device=rank_device(kind)), cfg, str(base_dir))
     ranks, procs = start_ranks(n, fit, (cfg, str(base_dir)), threads, kind)
@@ -178,8 +191,9 @@ def fit(ranks, cfg: Config, base_dir: str) -> dict:
     from strop.model.policy import load_model, save_model
     from strop.report import MetricsLog, plot_metrics
     from strop.tracking import open_tracker
-    from strop.train.device import Precision
+    from strop.train.device import Precision, peak_memory_mib
     from strop.train.parallel import whole
+    from strop.train.sft_data import sft_data
     from strop.train.shard_load import load_policy
 
     s = cfg.sft
@@ -190,12 +204,8 @@ def fit(ranks, cfg: Config, base_dir: str) -> dict:
     precision = Precision.of(cfg.trainer, ranks.device.type)
     tokenizer = load_tokenizer(base_dir)
     pad_id = tokenizer.pad_token_id
-    episodes = load_demonstrations(cfg, tokenizer, out / "demos.jsonl")
-    n_val = max(1, int(len(episodes) * s.val_fraction))
-    if not s.train_summaries:
-        episodes = [replace(ep, segments=[summary_forced(seg) for seg in ep.segments]) for ep in episodes]
-    train = [seg for ep in episodes[:-n_val] for seg in ep.segments if sum(seg.loss_mask)]
-    val = [seg for ep in episodes[-n_val:] for seg in ep.segments if sum(seg.loss_mask)]
+    data = sft_data(cfg, tokenizer, out / "demos.jsonl")  # demonstrations, logged traces, or both
+    val = data.val
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr, betas=(0.9, 0.95), weight_decay=s.weight_decay)
     warmup = max(1, s.warmup_steps)
@@ -237,11 +247,8 @@ def fit(ranks, cfg: Config, base_dir: str) -> dict:
     model.train()
     bar = tqdm(total=s.max_steps, desc="sft", unit="step", dynamic_ncols=True, disable=not main)
     t0, tokens, step = time.perf_counter(), 0, 0
-    order: list[list[int]] = []
     for step in range(1, s.max_steps + 1):
-        if not order:
-            order = length_batches([len(seg) for seg in train], s.batch_size, rng)
-        batch = [train[i] for i in order.pop()]
+        batch = data.batch(rng)
         mine = ranks.share(batch, lambda seg: seg)
         n_tokens = sum(sum(seg.loss_mask[1:]) for seg in batch)
         with precision.autocast(ranks.device):
@@ -273,9 +280,7 @@ def fit(ranks, cfg: Config, base_dir: str) -> dict:
     model.load_state_dict(best_state)
     model.eval()
     result = {
-        "demos": len(episodes),
-        "train_segments": len(train),
-        "val_segments": len(val),
+        **data.figures,
         "steps": step,
         "best_step": best_step,
         "early_stopped": bad_evals >= s.patience,
@@ -283,6 +288,7 @@ def fit(ranks, cfg: Config, base_dir: str) -> dict:
         "val_ppl": math.exp(best_loss),
         "ranks": ranks.size,
         "device": ranks.device.type,
+        "peak_mem_mib": peak_memory_mib(ranks.device),  # rank 0's
     }
     save({"config": to_dict(cfg), "sft": result})
     if main:

@@ -1,0 +1,149 @@
+"""SFT from logged product sessions: what `strop agent` logs loads as traces that render to exactly
+the tokens the episode had; bad lines are one line and exit 2; SFT on logged sessions lowers their
+held-out loss."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from strop.env.harness import Harness, HarnessConfig
+from strop.env.oracle import DemonstratorMix, oracle_traces
+from strop.env.sessions import append_conversations, episode_conversations
+from strop.env.tools import load_tools
+from strop.errors import UserError
+from strop.train.traces import read_traces, render_conversation, trace_segments
+
+DECLARED = load_tools().names
+GOOD = {
+    "messages": [
+        {"role": "user", "content": "Fix add."},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"type": "function", "function": {"name": "read_file", "arguments": '{"path": "a.py"}'}}],
+        },
+        {"role": "tool", "tool_call_id": "c", "content": "1| def add(a, b): return a - b"},
+        {"role": "assistant", "content": [{"type": "text", "text": "Fixed."}]},
+    ]
+}
+
+
+@pytest.fixture(scope="module")
+def sessions(tiny_tokenizer, tmp_path_factory):
+    """Oracle demonstrations on 16 synthetic tasks, run by the production harness and logged as
+    `strop agent --log-session` logs a session: (harness, episodes, the JSONL file)."""
+    harness = Harness(tiny_tokenizer, HarnessConfig(max_context=2048))
+    episodes, _ = oracle_traces(
+        "synthetic", "train", tiny_tokenizer, limit=16, config=harness.config, check=False,
+        mix=DemonstratorMix(run_tests=False), difficulties=[1],
+    )  # fmt: skip
+    path = tmp_path_factory.mktemp("sessions") / "sessions.jsonl"
+    for ep in episodes:
+        append_conversations(
+            path, episode_conversations(ep, harness.schemas, {"instruction": ep.messages[1]["content"]})
+        )
+    return harness, episodes, path
+
+
+def test_logged_sessions_render_to_the_episodes_tokens(sessions):
+    harness, episodes, path = sessions
+    lines = path.read_text().splitlines()
+    assert len(lines) == len(episodes) >= 12
+    first = json.loads(lines[0])
+    assert first["messages"][-1]["role"] == "assistant" and first["session"]["stop_reason"] == "submitted"
+    assert {c["function"]["name"] for m in first["messages"] for c in m.get("tool_calls") or []} >= {"edit_file"}
+    for conversation, ep in zip(read_traces(path, harness.tools.names), episodes):
+        seg = render_conversation(harness, conversation)
+        (window,) = ep.segments
+        assert seg.input_ids == window.input_ids and seg.loss_mask == window.loss_mask
+
+
+@pytest.mark.parametrize(
+    "line, needle",
+    [
+        ("{not json", "line 2: not JSON"),
+        (json.dumps({"messages": GOOD["messages"][:3]}), "line 2: the conversation has no final assistant turn"),
+        (json.dumps({"messages": [{"role": "robot", "content": "x"}]}), "line 2, message 1: role must be one of"),
+        (
+            json.dumps(
+                {
+                    "messages": GOOD["messages"][:1]
+                    + [{"role": "assistant", "tool_calls": [{"function": {"name": "deploy", "arguments": "{}"}}]}]
+                }
+            ),
+            "line 2, message 2: tool call to undeclared tool 'deploy' (declared: read_file, edit_file",
+        ),
+        (
+            json.dumps(
+                {
+                    "messages": GOOD["messages"][:1]
+                    + [{"role": "assistant", "tool_calls": [{"function": {"name": "run", "arguments": "[1]"}}]}]
+                }
+            ),
+            "arguments of 'run' must be a JSON object",
+        ),
+        (json.dumps({"messages": [{"role": "assistant", "content": "hi"}]}), "answers no user message"),
+    ],
+)
+def test_bad_trace_lines_name_the_line(tmp_path, line, needle):
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(GOOD) + "\n" + line + "\n")
+    with pytest.raises(UserError) as e:
+        read_traces(path, DECLARED)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_bad_trace_file_stops_sft_with_one_line_and_exit_2(tmp_path, tiny_policy_dir):
+    bad = tmp_path / "t.jsonl"
+    bad.write_text(json.dumps(GOOD) + "\n" + json.dumps({"messages": GOOD["messages"][:3]}) + "\n")
+    res = subprocess.run(
+        [sys.executable, "-m", "strop.cli", "sft", "--base", str(tiny_policy_dir), "--set", f"sft.traces={bad}"]
+        + ["--set", f"run.out_dir={tmp_path}", "--set", "sft.trace_share=1.0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.strip().splitlines() == [
+        "strop: error: t.jsonl line 2: the conversation has no final assistant turn (it ends with a tool message)"
+    ], res.stderr
+
+
+def test_traces_longer_than_the_model_are_left_out(sessions):
+    harness, _, path = sessions
+    kept, too_long = trace_segments(harness, path, max_len=10_000)
+    assert too_long == 0 and len(kept) == len(path.read_text().splitlines())
+    with pytest.raises(UserError, match="every conversation is longer than the model's 20 tokens"):
+        trace_segments(harness, path, max_len=20)
+
+
+def test_fifty_sft_steps_on_logged_sessions_lower_their_held_out_loss(sessions, tiny_policy_dir, tmp_path):
+    from strop.config import from_dict
+    from strop.train.sft import sft
+
+    _, _, path = sessions
+    cfg = from_dict(
+        {
+            "run": {"out_dir": str(tmp_path), "name": "r", "threads": 1},
+            "model": {"max_positions": 2048},
+            "sft": {
+                "traces": str(path),
+                "trace_share": 1.0,
+                "batch_size": 4,
+                "lr": 3e-3,
+                "max_steps": 50,
+                "eval_every": 25,
+                "patience": 10,
+                "warmup_steps": 5,
+                "val_fraction": 0.25,
+            },
+        }
+    )
+    result = sft(cfg, str(tiny_policy_dir))
+    rows = [json.loads(line) for line in (tmp_path / "r" / "sft" / "metrics.jsonl").read_text().splitlines()]
+    before = rows[0]["val_loss"]
+    assert result["steps"] == 50 and result["traces"] == 16 and result["val_segments"] == 4 and "demos" not in result
+    assert result["val_loss"] < before * 0.8, (before, result["val_loss"])
+    assert not (tmp_path / "r" / "sft" / "demos.jsonl").exists()  # traces only: no demonstrator ran
