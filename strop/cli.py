@@ -66,7 +66,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "what an agent can probe inside a sandbox vs on the host, and what differs",
     ),
     ("bench", "sandbox"): ("strop.bench.sandbox", "sandbox start/exec latency, idle footprint, max concurrent"),
-    ("tasks",): ("strop.commands.tasks", "task suites: list, export a task's repo, check a workspace, build mutated"),
+    ("tasks",): (
+        "strop.commands.tasks",
+        "task suites: list, export a task's repo, check a workspace, build mutated; mine a repo's history, validate",
+    ),
     ("bench", "hacks"): (
         "strop.bench.hacks",
         "hack monitor: seeded hack catalogue detected, honest references flagged",

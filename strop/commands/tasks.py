@@ -1,6 +1,7 @@
-"""`strop tasks list|export|check|build`: look at task suites, write a task's starting repository,
-and score a directory as an agent's final workspace (reward, breakdown, hack flags), so anyone can
-audit the checker with a hand-made solution or a hack."""
+"""`strop tasks list|export|check|build|mine|validate`: look at task suites, write a task's starting
+repository, and score a directory as an agent's final workspace (reward, breakdown, hack flags), so
+anyone can audit the checker with a hand-made solution or a hack; mine a task file from a
+repository's history and validate any task file (`strop.env.mine`)."""
 
 import argparse
 import json
@@ -36,6 +37,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("build", help="build and cache a suite that needs it (mutated)")
     p.add_argument("--suite", required=True, help="task suite, e.g. synthetic/parse, humaneval, chain")
     p.add_argument("--target", type=int, default=240, help="tasks to keep")
+    p = sub.add_parser("mine", help="a task file from a repository's history: commits that fix code and test it")
+    p.add_argument("--repo", required=True, help="a git repository: a working copy, bare repository or bundle")
+    p.add_argument("--image", default="", help="OS image to run the tests in (default: the host's root)")
+    p.add_argument("--out", required=True, help="task file to write (JSONL); its yield report goes beside it")
+    p.add_argument("--rev", default="HEAD", help="whose history to walk (default HEAD)")
+    p.add_argument("--max-commits", type=int, help="walk only the newest N non-merge commits")
+    p.add_argument("--jobs", type=int, default=1, help="commits mined at once (default 1)")
+    p.add_argument("--eval-fraction", type=float, default=0.2, help="the newest share of kept tasks held out (0.2)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds one test run may take (default 300)")
+    p.add_argument("--memory-mb", type=int, default=4096, help="address space of a test run (default 4096)")
+    p = sub.add_parser("validate", help="check every task of a task file: gold passes, the start fails FAIL_TO_PASS")
+    p.add_argument("file", help="the task file (JSONL)")
+    p.add_argument("--image", default="", help="OS image of the tasks that name none (default: the host's root)")
+    p.add_argument("--jobs", type=int, default=1, help="tasks validated at once (default 1)")
+    p.add_argument("--json", help="also write the verdicts to this JSON file")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,6 +59,10 @@ def run(args: argparse.Namespace) -> int:
     from strop.threads import set_threads
 
     set_threads(1)
+    if args.action == "mine":
+        return _mine(args)
+    if args.action == "validate":
+        return _validate(args)
     if args.action == "list":
         for t in load_suite(args.suite, args.split):
             print(f"{t.id}\t{t.split}\t{t.metadata.get('family', '')}\t{t.metadata.get('difficulty', '')}")
@@ -107,3 +127,76 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         write_atomic(args.json, json.dumps(result, indent=2))
     return 0
+
+
+def _at_least_one(name: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise UserError(f"{name} must be at least 1, got {value}")
+
+
+def _mine(args: argparse.Namespace) -> int:
+    from strop.bench.table import format_table
+    from strop.env.mine import DROPS, mine, report_path
+    from strop.outputs import check_output_file
+
+    _at_least_one("--max-commits", args.max_commits)
+    _at_least_one("--jobs", args.jobs)
+    _at_least_one("--memory-mb", args.memory_mb)
+    if not 0.0 <= args.eval_fraction <= 1.0:
+        raise UserError(f"--eval-fraction must be between 0 and 1, got {args.eval_fraction}")
+    if not args.timeout > 0:
+        raise UserError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    out = check_output_file(args.out)
+    report = mine(
+        args.repo,
+        out,
+        image=args.image,
+        rev=args.rev,
+        max_commits=args.max_commits,
+        jobs=args.jobs,
+        eval_fraction=args.eval_fraction,
+        timeout_s=args.timeout,
+        memory_mb=args.memory_mb,
+    )
+    rows = [{"outcome": "kept", "commits": report["kept"]}]
+    rows += [{"outcome": f"dropped: {reason}", "commits": report["dropped"][reason]} for reason in DROPS]
+    print(
+        f"{report['candidates']} candidates (commits changing code and tests) among {report['commits_walked']} "
+        f"commits of {args.repo} at {report['rev'][:12]}"
+    )
+    print(format_table(rows, ["outcome", "commits"]))
+    print(f"wrote {report['kept']} tasks ({report['train']} train, {report['eval']} eval) to {out}")
+    print(f"yield report: {report_path(out)}")
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tqdm import tqdm
+
+    from strop.bench.table import format_table
+    from strop.env.image import image_root
+    from strop.env.mine import validate
+    from strop.env.repo import resolve_commit
+    from strop.env.suites import with_default_image
+    from strop.env.task_file import read_tasks
+    from strop.outputs import check_output_file
+
+    _at_least_one("--jobs", args.jobs)
+    if args.json:
+        check_output_file(args.json)
+    tasks = with_default_image([t for t, _ in read_tasks(args.file)], args.image)
+    for task in tasks:  # bad input is refused before anything runs: a missing image, repository or commit
+        image_root(task.image)
+        if task.repo and task.base_commit:
+            resolve_commit(task.repo, task.base_commit)
+    with ThreadPoolExecutor(args.jobs) as pool:
+        verdicts = list(tqdm(pool.map(validate, tasks), total=len(tasks), desc="validating", unit="task"))
+    rows = [{"task": v.task, "valid": "yes" if v.ok else "NO", "gold patch": v.gold, "start": v.base} for v in verdicts]
+    print(format_table(rows, ["task", "valid", "gold patch", "start"]))
+    bad = [v for v in verdicts if not v.ok]
+    print(f"{len(verdicts) - len(bad)} of {len(verdicts)} tasks valid")
+    if args.json:
+        write_atomic(args.json, json.dumps([v.__dict__ for v in verdicts], indent=2))
+    return 1 if bad else 0

@@ -29,7 +29,6 @@ is reported separately for the hack monitor and does not change the reward; it r
 the hidden tests gave reward (special-casing test inputs matters only when it paid).
 """
 
-import contextlib
 import fnmatch
 import secrets
 import sys
@@ -147,6 +146,37 @@ def parse_junit(xml: bytes) -> tuple[int, int, int, int]:
     return passed, failed, errors, skipped
 
 
+_WORST = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
+
+
+def junit_outcomes(xml: bytes) -> dict[str, str]:
+    """Test id (pytest's node id, as FAIL_TO_PASS names tests) -> "passed", "failed", "error" or
+    "skipped", from a JUnit report in the xunit1 family (whose testcases carry their `file`). A test
+    reported twice (a failed call, then an error at teardown) keeps its worst outcome; a module that
+    failed to import is reported under its file's path."""
+    cases = list(ET.fromstring(xml).iter("testcase"))
+    # the classname is the test's module path, dotted, then its classes: the module is the longest
+    # prefix naming a file of the report (a method inherited from another module carries that one's file)
+    files = {c.get("file", "") for c in cases}
+    out: dict[str, str] = {}
+    for case in cases:
+        tags = {child.tag for child in case}
+        kind = next(
+            (k for t, k in (("error", "error"), ("failure", "failed"), ("skipped", "skipped")) if t in tags), "passed"
+        )
+        classname, name, file = case.get("classname", ""), case.get("name", ""), case.get("file", "")
+        if not classname:  # a collection error: the name is the module, dotted
+            test_id = file or name.replace(".", "/") + ".py"
+        else:
+            parts = classname.split(".")
+            k = next((k for k in range(len(parts), 0, -1) if "/".join(parts[:k]) + ".py" in files), 0)
+            module, classes = ("/".join(parts[:k]) + ".py", parts[k:]) if k else (file, [])
+            test_id = "::".join([module, *classes, name])
+        if _WORST[kind] >= _WORST.get(out.get(test_id, "passed"), 0):
+            out[test_id] = kind
+    return out
+
+
 def _write(sandbox: Sandbox, changes: dict[str, bytes | str | None]) -> None:
     """Apply `changes` to a sandbox's workspace from the host (deletions first), before any command runs."""
     for rel in sorted(p for p, d in changes.items() if d is None):
@@ -155,46 +185,65 @@ def _write(sandbox: Sandbox, changes: dict[str, bytes | str | None]) -> None:
         sandbox.write_file(rel, data)
 
 
-def _run(task: Task, kept: dict, tests: dict[str, str], n_tests: int, mode: Mode, limits: Limits) -> Score:
+@dataclass
+class CheckRun:
+    """One run of a task's test command: its exit code, whether it timed out, and the JUnit report
+    it wrote (None when it wrote none)."""
+
+    exit_code: int | None
+    timed_out: bool
+    report: bytes | None
+
+
+def run_tests(
+    task: Task, changes: dict[str, bytes | str | None], tests: dict[str, str], selected: list[str], limits: Limits
+) -> CheckRun:
+    """Run `task`'s test command on `selected` (test ids or files) in a fresh sandbox of its world
+    (steps 2-4 of the module docstring): `changes`, then `tests`, written from the host before any
+    command runs; the report goes to a path the code under test never had and comes back as XML."""
     timeout = float(task.metadata.get("timeout_s", TEST_TIMEOUT_S))
-    with contextlib.ExitStack() as stack:
-        # a fresh sandbox on the pristine repository; the kept changes and then the tests are written
-        # from the host before any command runs, so nothing of the agent's runs while it is assembled
-        sandbox = stack.enter_context(task_sandbox(task, limits, kind="check"))
-        _write(sandbox, kept)
-        if task.grader == "values":  # the checks never enter the agent's world: a judge on an empty one runs them
-            return _values_score(
-                sandbox, stack.enter_context(empty_sandbox(task, limits)), tests, n_tests, mode, timeout
-            )
+    # a fresh sandbox on the pristine repository; the kept changes and then the tests are written
+    # from the host before any command runs, so nothing of the agent's runs while it is assembled
+    with task_sandbox(task, limits, kind="check") as sandbox:
+        _write(sandbox, changes)
         _write(sandbox, tests)
         junit = f"/tmp/strop-junit-{secrets.token_hex(8)}.xml"
-        selected = task.fail_to_pass + task.pass_to_pass or sorted(tests)
         cmd = [a.replace("$STROP_JUNIT", junit) for a in task.test_command] + selected
         # no third-party pytest plugins: hidden tests need none, and loading them (anyio's, from
         # strop's own environment) was a third of every check's time; no bytecode is the sandbox's own setting
         env = {"STROP_JUNIT": junit, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
         result = sandbox.exec(cmd, timeout=timeout, env=env)
         if result.timed_out:
-            return Score(0.0, reason=f"timeout after {timeout:.0f} s", exit_code=result.exit_code, outcome="not scored")
+            return CheckRun(result.exit_code, True, None)
         try:
-            xml = sandbox.read_file(junit)
+            return CheckRun(result.exit_code, False, sandbox.read_file(junit))
         except OSError:
-            return Score(
-                0.0,
-                reason=f"no junit report (exit code {result.exit_code})",
-                exit_code=result.exit_code,
-                outcome="not scored",
-            )
+            return CheckRun(result.exit_code, False, None)
+
+
+def _run(task: Task, kept: dict, tests: dict[str, str], n_tests: int, mode: Mode, limits: Limits) -> Score:
+    timeout = float(task.metadata.get("timeout_s", TEST_TIMEOUT_S))
+    if task.grader == "values":  # the checks never enter the agent's world: a judge on an empty one runs them
+        with task_sandbox(task, limits, kind="check") as sandbox, empty_sandbox(task, limits) as judge:
+            _write(sandbox, kept)
+            return _values_score(sandbox, judge, tests, n_tests, mode, timeout)
+    run = run_tests(task, kept, tests, task.fail_to_pass + task.pass_to_pass or sorted(tests), limits)
+    if run.timed_out:
+        return Score(0.0, reason=f"timeout after {timeout:.0f} s", exit_code=run.exit_code, outcome="not scored")
+    if run.report is None:
+        return Score(
+            0.0, reason=f"no junit report (exit code {run.exit_code})", exit_code=run.exit_code, outcome="not scored"
+        )
     try:
-        passed, failed, errors, skipped = parse_junit(xml)
+        passed, failed, errors, skipped = parse_junit(run.report)
     except ET.ParseError as e:
-        return Score(0.0, reason=f"malformed junit report: {e}", exit_code=result.exit_code, outcome="not scored")
-    score = _tally(Score(0.0, passed, failed, errors, skipped, exit_code=result.exit_code), n_tests, mode)
+        return Score(0.0, reason=f"malformed junit report: {e}", exit_code=run.exit_code, outcome="not scored")
+    score = _tally(Score(0.0, passed, failed, errors, skipped, exit_code=run.exit_code), n_tests, mode)
     if (
-        score.reward == 1.0 and result.exit_code != 0
+        score.reward == 1.0 and run.exit_code != 0
     ):  # a report of all passes from a failed run was written by someone else
         score.reward, score.outcome = 0.0, "not scored"
-        score.reason = f"all {score.passed} tests passed in the report but the runner exited {result.exit_code}"
+        score.reason = f"all {score.passed} tests passed in the report but the runner exited {run.exit_code}"
     return score
 
 
@@ -225,6 +274,14 @@ def _tally(score: Score, n_tests: int, mode: Mode) -> Score:
     return score
 
 
+def task_limits(task: Task) -> Limits:
+    """The limits of a check's sandbox: the defaults, with `cpu_s` and `memory_mb` from the task's
+    metadata where it sets them (a real project's suite may need more than a generated task's: thread
+    stacks count against the address space)."""
+    asked = {k: int(task.metadata[k]) for k in ("cpu_s", "memory_mb") if k in task.metadata}
+    return Limits(timeout_s=float(task.metadata.get("timeout_s", TEST_TIMEOUT_S)), **asked)
+
+
 def check(
     task: Task,
     changes: dict[str, bytes | str | None],
@@ -235,7 +292,7 @@ def check(
     """Score `changes` (relative path -> new content, None = deleted) against `task`'s hidden tests."""
     start = time.perf_counter()
     kept, dropped = split_changes(task, source_changes(changes))
-    limits = limits or Limits(timeout_s=TEST_TIMEOUT_S)
+    limits = limits or task_limits(task)
     try:
         score = _run(task, kept, hidden_tests(task), task.metadata.get("n_tests", 0), mode, limits)
         if perturbed and task.perturbed_tests and score.reward > 0:  # special-casing only matters if it paid

@@ -137,6 +137,31 @@ def resolve_commit(source: str, commit: str) -> str:
     return sha
 
 
+def history(source: str, rev: str = "HEAD") -> tuple[Path, str]:
+    """A git directory holding the history of the git repository `source` (the node's mirror, to read
+    with `git log` and `git diff`), and the full id of `rev` there. A working copy's `rev` is read in
+    the working copy as it is now (the mirror fetches what it lacks)."""
+    where = _local(source)
+    if not _is_git(where):
+        raise UserError(f"repository {source!r} is not a git repository")
+    if Path(where).is_dir():
+        found = git(
+            "-c",
+            "safe.directory=*",
+            "rev-parse",
+            "--verify",
+            "--quiet",
+            f"{rev}^{{commit}}",
+            cwd=Path(where),
+            check=False,
+        )
+        if not found.strip():
+            raise UserError(f"repository {source!r} has no commit {rev!r}")
+        rev = found.strip()
+    sha = resolve_commit(source, rev)
+    return _mirror(where), sha
+
+
 def checkout(source: str, commit: str = "") -> Path:
     """The read-only tree of `source` at `commit` (see the module docstring), built on first use."""
     return _checkout(source, commit, _stamp(source) if not commit else ())
