@@ -1,6 +1,9 @@
 """`strop bench trainer`: the RL trainer sharded over N = 1, 2, 4 ranks (`trainer.parallel.fsdp`,
-local gloo processes, one torch thread each) on the same policy and the same batches: tokens/s,
-memory per rank, publish time per version, and how far N ranks' weights end from one process's.
+one torch thread each) on the same policy and the same batches, placed two ways: as local
+processes (`strop.runtime.trainers.start_trainer`) and as Ray actors in a placement group on a
+local Ray instance (`strop.runtime.ray_trainer.RayTrainer`, what `strop train --runtime ray` runs):
+tokens/s, memory per rank, publish time per version, and how far N ranks' weights end from one
+local process's. The ranks compute where `[trainer]` says (gloo on the CPU here).
 
 The policy is the configured model (the embedded tiny MoE by default), built here and saved to a
 temporary directory; each step's batch is `--rows` segments of random prompt and "generated"
@@ -14,7 +17,8 @@ tokens with advantages +-1 (throughput does not depend on what the tokens say). 
   nothing is gathered; with N = 1, the whole snapshot's delta;
 - `publish_gathered_s`: the same versions published without per-shard deltas, into a second
   store: the bf16 snapshot gathered from the shards, then one delta of it encoded in rank 0's process;
-- `max_abs_weight_diff_vs_single`: max |w_N - w_1| over every weight after the K steps.
+- `max_abs_weight_diff_vs_single`: max |w_N - w_1| over every weight after the K steps, against
+  one local process.
 """
 
 import argparse
@@ -27,6 +31,7 @@ from strop.bench.table import format_table, write_json
 from strop.config import add_config_arguments, config_from_args
 
 RANK_COUNTS = (1, 2, 4)
+PLACEMENTS = ("local", "ray")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
     import dataclasses
     from pathlib import Path
 
+    import ray
+
     from strop.data.tokenizer import load_tokenizer
     from strop.model.policy import build_model, save_model
     from strop.rl.trainer import no_replay
@@ -50,22 +57,24 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     set_threads(1)  # one thread per rank, so N ranks use N cores
     steps, rows = (2, 8) if args.quick else (args.steps, args.rows)
-    results, single = {}, None
+    results, single = [], None
     with tempfile.TemporaryDirectory(prefix="strop-bench-trainer-") as tmp:
         policy = Path(tmp) / "policy"
         tokenizer = demo_tokenizer(cfg, Path(tmp))
         save_model(build_model(cfg.model, tokenizer, cfg.run.seed), tokenizer, policy)
         tokenizer = load_tokenizer(policy)
         batches = synthetic_batches(len(tokenizer), rows, 1 + steps, cfg.run.seed)
-        for n in RANK_COUNTS:
+        for placement, n in [(p, n) for p in PLACEMENTS for n in RANK_COUNTS]:
             run_cfg = dataclasses.replace(
                 cfg,
                 trainer=dataclasses.replace(cfg.trainer, parallel=dataclasses.replace(cfg.trainer.parallel, fsdp=n)),
             )
-            trainer = start_trainer(
-                run_cfg, str(policy), no_replay, tokenizer.pad_token_id, str(Path(tmp) / f"store{n}")
-            )
-            gathered = trainer_sync(run_cfg, str(Path(tmp) / f"gathered{n}"))
+            store = str(Path(tmp) / f"store-{placement}{n}")
+            if placement == "local":
+                trainer = start_trainer(run_cfg, str(policy), no_replay, tokenizer.pad_token_id, store)
+            else:
+                trainer = ray_trainer(run_cfg, str(policy), tokenizer.pad_token_id, store)
+            gathered = trainer_sync(run_cfg, str(Path(tmp) / f"gathered-{placement}{n}"))
             try:
                 trainer.publish()
                 gathered.publish(trainer.version, trainer.bf16_state_dict())
@@ -82,25 +91,32 @@ def run(args: argparse.Namespace) -> int:
                 gathered.close()
                 trainer.close()
             single = single or weights
-            results[n] = {
-                "ranks": n,
-                "tokens_per_s": statistics.median(r["tokens_per_s"] for r in step_rows),
-                "state_mib_per_rank": max(m["state_mib"] for m in memory),
-                "peak_mib_per_rank": max(m["peak_rss_mib"] for m in memory),
-                "publish_s": statistics.median(r["publish_s"] for r in step_rows),
-                "publish_gathered_s": statistics.median(gathered_s),
-                "max_abs_weight_diff_vs_single": max(float((weights[k] - single[k]).abs().max()) for k in single),
-            }
+            results.append(
+                {
+                    "placement": placement,
+                    "ranks": n,
+                    "device": memory[0]["device"],
+                    "tokens_per_s": statistics.median(r["tokens_per_s"] for r in step_rows),
+                    "state_mib_per_rank": max(m["state_mib"] for m in memory),
+                    "peak_mib_per_rank": max(m["peak_rss_mib"] for m in memory),
+                    "publish_s": statistics.median(r["publish_s"] for r in step_rows),
+                    "publish_gathered_s": statistics.median(gathered_s),
+                    "max_abs_weight_diff_vs_single": max(float((weights[k] - single[k]).abs().max()) for k in single),
+                }
+            )
+    ray.shutdown()  # a no-op unless the Ray rows started it
     print(
-        "RL trainer sharded over N local ranks (FSDP2, gloo, 1 thread each), "
+        "RL trainer sharded over N ranks (FSDP2, gloo, 1 thread each), local processes and Ray actors, "
         f"{platform.processor() or platform.machine()}, "
         f"{rows} segments a step, median of {steps} steps after 1 warmup"
     )
     print(
         format_table(
-            list(results.values()),
+            results,
             [
+                "placement",
                 "ranks",
+                "device",
                 "tokens_per_s",
                 "state_mib_per_rank",
                 "peak_mib_per_rank",
@@ -116,11 +132,24 @@ def run(args: argparse.Namespace) -> int:
             "steps": steps,
             "rows": rows,
             "model": dataclasses.asdict(cfg.model),
-            "ranks": {str(n): r for n, r in results.items()},
-            "max_abs_weight_diff_vs_single": max(r["max_abs_weight_diff_vs_single"] for r in results.values()),
+            "ranks": {str(r["ranks"]): r for r in results if r["placement"] == "local"},
+            "ray": {str(r["ranks"]): r for r in results if r["placement"] == "ray"},
+            "max_abs_weight_diff_vs_single": max(r["max_abs_weight_diff_vs_single"] for r in results),
         },
     )
     return 0
+
+
+def ray_trainer(cfg, policy: str, pad_id: int, store: str):
+    """The trainer's ranks as Ray actors on a local Ray instance (started here once: 2 CPUs, no dashboard)."""
+    import ray
+
+    from strop.rl.trainer import no_replay
+    from strop.runtime.ray_trainer import RayTrainer
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    return RayTrainer(cfg, policy, no_replay, pad_id, store)
 
 
 def demo_tokenizer(cfg, tmp):

@@ -98,8 +98,18 @@ def installed() -> bool:
     return interpreter() is not None
 
 
-def vllm_argv(model_dir: str, *, name: str, max_len: int, max_batch: int, seed: int, routed_experts: bool) -> list[str]:
-    """The server command; `{port}` is filled in by `ServerProcess`."""
+def vllm_argv(
+    model_dir: str,
+    *,
+    name: str,
+    max_len: int,
+    max_batch: int,
+    seed: int,
+    routed_experts: bool,
+    gpu_memory: float = 0.0,
+) -> list[str]:
+    """The server command; `{port}` is filled in by `ServerProcess`. `gpu_memory`: the share of the
+    GPU's memory it may take (0: vLLM's default; no effect on CPU)."""
     return [
         interpreter() or sys.executable,
         "-m",
@@ -122,6 +132,7 @@ def vllm_argv(model_dir: str, *, name: str, max_len: int, max_batch: int, seed: 
         "float32",
         "--enforce-eager",
         *(["--enable-return-routed-experts"] if routed_experts else []),
+        *(["--gpu-memory-utilization", str(gpu_memory)] if gpu_memory else []),
         "--logprobs-mode",
         "processed_logprobs",
         "--generation-config",

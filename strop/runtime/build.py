@@ -166,6 +166,7 @@ def train_rl(
         if runtime == "ray":  # where Ray placed the trainer's ranks, the relays and the engines
             write_atomic(out / "placement.json", json.dumps(rt.placement(), indent=2))
         result = orch.run()
+        sync_s = sorted(rt.sync_seconds().values())  # per version: its publication to the last engine serving it
         _save_last_versions(store, out / "snapshots")  # for `strop bench sync --demo-run`
         model = load_model(policy_dir)
         model.load_state_dict(rt.state_dict()["model"])
@@ -175,6 +176,8 @@ def train_rl(
     finally:
         rt.close()
     result = {"mode": mode, "runtime": runtime, **result}
+    if sync_s:
+        result["weight_sync_s"] = {"median": sync_s[len(sync_s) // 2], "max": sync_s[-1], "versions": len(sync_s)}
     write_atomic(out / "result.json", json.dumps(result, indent=2))  # marks the run finished: whole or absent
     write_report(out, out / "metrics.jsonl", {})
     return result

@@ -131,6 +131,7 @@ def start_engine(
                 max_batch=r.engine_batch,
                 seed=cfg.run.seed + index,
                 routed_experts=routed,
+                gpu_memory=r.vllm_gpu_memory,
             ),
             env=vllm_env(1 if cpus else set_threads(), routed),
             start_timeout_s=VLLM_START_TIMEOUT_S,

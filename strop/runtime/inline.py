@@ -219,7 +219,9 @@ class InlineRuntime:
         self.wait_synced()
 
     def sync_seconds(self) -> dict[int, float]:
-        """Per version: seconds from its publication to the last engine serving it (`sync_seconds`)."""
+        """Per version: seconds from its publication to the last engine serving it (`sync_seconds`),
+        once every engine serves the last one."""
+        self.wait_synced()
         return sync_seconds(self.trainer.sync_stats()["published_at"], [e.sync.swapped_at for e in self.engines])
 
     def engine_busy_s(self) -> float:

@@ -57,7 +57,7 @@ from strop.runtime.inline import SYNC_TIMEOUT_S, CpuSplit
 from strop.runtime.ray_placement import cluster_layout, on_cluster, start_actor_process
 from strop.runtime.ray_relay import RelayActor
 from strop.runtime.ray_trainer import RayTrainer
-from strop.runtime.weights import relay_keep
+from strop.runtime.weights import relay_keep, sync_seconds
 
 ROLLOUT_ACTORS = 2  # rollout processes; each runs ceil(workers / ROLLOUT_ACTORS) episodes on threads
 LOST = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
@@ -332,6 +332,13 @@ class RayRuntime:
         self.trainer.load(path)  # published as a new chain
         self._version = self.trainer.version
         self.wait_synced()
+
+    def sync_seconds(self) -> dict[int, float]:
+        """Per version: seconds from its publication to the last live engine serving it (`sync_seconds`),
+        once every engine serves the last one."""
+        self.wait_synced()
+        swapped = [{v: at for v, _, at in ray.get(e.info.remote(), timeout=30)["swaps"]} for e in self.engines.values()]
+        return sync_seconds(self.trainer.sync_stats()["published_at"], swapped)
 
     def engine_busy_s(self) -> float:
         for name, e in list(self.engines.items()):

@@ -27,7 +27,8 @@ from strop.config import Config
 from strop.errors import RunStopped, one_line
 from strop.runtime.ray_placement import start_actor_process, trainer_placement
 
-LOST = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
+# a rank's process gone: killed, crashed, its node lost, or killed by Ray's memory monitor
+LOST = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ray.exceptions.OutOfMemoryError)
 NAMESPACE = "strop"  # rank actors are named in it (`strop-trainer-<id>-rank-<i>`), for operators and tests
 FAILURE_GRACE_S = 5.0  # after one rank fails, how long the others' answers are awaited to find a lost one
 

@@ -74,6 +74,17 @@ class SyncedEngine:
         self.engine.stop()
 
 
+def sync_seconds(published_at: dict[int, float], swapped_at: list[dict[int, float]]) -> dict[int, float]:
+    """Per published version after the first that every engine served: seconds from the trainer
+    announcing it (`TrainerSync.published_at`) to the last engine serving it (each engine's
+    `EngineSync.swapped_at`): the whole weight sync, encode to swap. Clocks are `time.time()`."""
+    return {
+        v: max(s[v] for s in swapped_at) - t
+        for v, t in sorted(published_at.items())
+        if v > 0 and swapped_at and all(v in s for s in swapped_at)
+    }
+
+
 def relay_keep(cfg: Config) -> int:
     """Deltas a relay keeps: the store's whole chain, so an engine that joins walks it from the relay
     without the trainer sending any delta twice."""

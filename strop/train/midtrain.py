@@ -133,7 +133,7 @@ def fit(ranks, cfg: Config, tokenizer, val_tokens, stop_after: int | None, threa
     from strop.model.policy import build_model, load_model, save_model
     from strop.report import MetricsLog, plot_metrics
     from strop.tracking import open_tracker
-    from strop.train.device import Precision, checkpoint_activations
+    from strop.train.device import Precision, checkpoint_activations, peak_memory_mib
     from strop.train.parallel import shard_model, whole
     from strop.train.shard_load import load_policy
     from strop.train.sharded_checkpoint import load_training, save_training
@@ -270,6 +270,7 @@ def fit(ranks, cfg: Config, tokenizer, val_tokens, stop_after: int | None, threa
         "ranks": ranks.size,
         "device": ranks.device.type,
         "precision": "bf16" if precision.bf16 else "fp32",
+        "peak_mem_mib": peak_memory_mib(ranks.device),  # rank 0's
         "params": sum(p.numel() for p in model.parameters()),  # whole sizes, sharded or not
     }
     plain = model.cpu() if ranks.size == 1 else model  # saved from the host
