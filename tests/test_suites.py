@@ -54,7 +54,7 @@ def test_reference_edit_is_unique_and_inverts():
 
 def test_get_task_and_unknown_names():
     assert get_task("synthetic", "synthetic-d3-eval-0002").id == "synthetic-d3-eval-0002"
-    assert set(list_suites()) >= {"synthetic", "humaneval", "mutated", "chain"}  # and installed packages'
+    assert set(list_suites()) >= {"synthetic", "humaneval", "mutated", "chain"}  # and installed packages' suites
     with pytest.raises(UserError):
         load_suite("nope")
     with pytest.raises(UserError):
