@@ -144,6 +144,32 @@ def test_claiming_removes_only_what_it_made_when_the_setup_fails(tmp_path):
     assert (own / "checkpoint").is_dir()  # there before: left as it was
 
 
+@pytest.mark.parametrize(
+    "argv, folder",
+    [
+        (["midtrain", "--set", "run.out_dir={t}", "--set", "run.name=r"], "r/midtrain"),
+        (["sft", "--set", "run.out_dir={t}", "--set", "run.name=r"], "r/sft"),
+        (["bench", "async", "--out", "{t}/mine"], "mine"),
+        (["bench", "scaleout", "--out", "{t}/mine"], "mine"),
+    ],
+)
+def test_commands_that_write_a_directory_never_take_a_users_folder(tmp_path, argv, folder):
+    """midtrain and sft overwrite model/ (and their caches) in their stage directory, the benchmarks
+    delete and rewrite their runs in --out: each refuses a folder it did not make, before any work."""
+    (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / folder / "model").mkdir()
+    (tmp_path / folder / "model" / "weights.bin").write_text("the user's")
+    res = subprocess.run(
+        [sys.executable, "-m", "strop.cli", *[a.replace("{t}", str(tmp_path)) for a in argv]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 2 and "Traceback" not in res.stderr and "was not made by `strop" in res.stderr, res.stderr
+    assert (tmp_path / folder / "model" / "weights.bin").read_text() == "the user's"
+    assert sorted(p.name for p in (tmp_path / folder).iterdir()) == ["model"]
+
+
 def test_claim_dir_never_takes_a_folder_it_did_not_make(tmp_path):
     model = tmp_path / "model"
     model.mkdir()
