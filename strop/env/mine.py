@@ -154,7 +154,7 @@ def _task(source: str, mirror: Path, commit: Commit, image: str, timeout_s: floa
             "commit": commit.sha,
             "commit_time": commit.time,
             "timeout_s": timeout_s,
-            "cpu_s": math.ceil(timeout_s),
+            "cpu_s": 2 * math.ceil(timeout_s),  # the wall-clock timeout ends a run; this only bounds a runaway
             "memory_mb": memory_mb,
         },
         image=image,
