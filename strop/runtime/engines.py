@@ -103,15 +103,13 @@ def start_engine(
     from strop.model.policy import load_model
     from strop.runtime.served import ServedEngine
 
-    version = -1  # the served weights are not yet a published version: the first sync checks every tensor
-    if policy_dir is not None:
-        initial = load_model(policy_dir).state_dict()
-    elif r.engine == "vllm":  # it starts from a checkpoint directory: the store's latest version, written here
-        version, initial = checkpoint_from_store(store_url, workdir / "checkpoint")
-        policy_dir = str(workdir / "checkpoint")
-    else:  # a running server at a URL holds weights of its own; the host copy starts from the store's
-        initial = latest_weights(store_url)[1]
     if r.engine == "vllm":
+        version = -1  # the served weights are not yet a published version: the first sync checks every tensor
+        if policy_dir is not None:
+            initial = load_model(policy_dir).state_dict()
+        else:  # vLLM starts from a checkpoint directory: the store's latest version, written here
+            version, initial = checkpoint_from_store(store_url, workdir / "checkpoint")
+            policy_dir = str(workdir / "checkpoint")
         from strop.engine.server_process import ServerProcess
         from strop.engine.vllm_server import VllmWeights, returns_routed_experts, vllm_argv, vllm_env
         from strop.threads import set_threads
@@ -155,6 +153,9 @@ def start_engine(
         client.connect()
     except ConnectionError as e:
         raise UserError(f"config key 'rollout.engine': {e}") from None
+    # it holds weights of its own; the host copy starts from the policy's, or the store's, and the
+    # first sync checks every tensor
+    initial = load_model(policy_dir).state_dict() if policy_dir is not None else latest_weights(store_url)[1]
     return ServedEngine(client, StoreVersionLoader(client), initial, store_url, relay, origin_url)
 
 

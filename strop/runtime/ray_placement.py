@@ -6,14 +6,15 @@ inference cluster. Without labels (a local Ray instance) everything is one clust
 
 Actors ask for no CPUs (their threads are pinned by `cpus`, when given), so a small machine can
 hold them all; a trainer rank on a GPU node asks for one GPU, and the ranks are reserved together
-in a placement group (`trainer_placement`): all of them are placed, or none.
+in a placement group (`trainer_placement`): all of them are placed, or none. A vLLM engine on an
+inference cluster with GPUs asks for one (`engine_resources`).
 """
 
 import os
 
 import ray
 
-from strop.config import TrainerSection
+from strop.config import RolloutSection, TrainerSection
 from strop.errors import UserError
 
 ROLE_LABEL, TRAINER_ROLE = "strop-role", "trainer"
@@ -48,6 +49,16 @@ def cluster_layout() -> tuple[bool, list[str]]:
 def on_cluster(label: str) -> dict:
     """Actor options that place it on the nodes of inference cluster `label`."""
     return {} if label == UNLABELLED else {"label_selector": {CLUSTER_LABEL: label}}
+
+
+def engine_resources(r: RolloutSection, label: str) -> dict:
+    """What an engine actor in inference cluster `label` asks Ray for: a vLLM engine on a cluster
+    whose nodes have GPUs takes `rollout.vllm_gpu_memory` of one (a whole GPU when 0), so Ray gives
+    it a GPU of its own (CUDA_VISIBLE_DEVICES); strop's engine and CPU nodes, nothing."""
+    nodes = [n for n in live_nodes() if label == UNLABELLED or n.get("Labels", {}).get(CLUSTER_LABEL) == label]
+    if r.engine != "vllm" or not any(n["Resources"].get("GPU", 0) for n in nodes):
+        return {}
+    return {"num_gpus": r.vllm_gpu_memory or 1}
 
 
 def trainer_nodes() -> tuple[list[dict], bool]:

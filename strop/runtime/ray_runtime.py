@@ -53,8 +53,9 @@ from strop.policy_api import Generation, SamplingParams
 from strop.rl.advantages import Sample
 from strop.rl.rollout import RolloutLost, WorkItem
 from strop.rl.trajectory import Trajectory
+from strop.runtime.engines import VLLM_START_TIMEOUT_S
 from strop.runtime.inline import SYNC_TIMEOUT_S, CpuSplit
-from strop.runtime.ray_placement import cluster_layout, on_cluster, start_actor_process
+from strop.runtime.ray_placement import cluster_layout, engine_resources, on_cluster, start_actor_process
 from strop.runtime.ray_relay import RelayActor
 from strop.runtime.ray_trainer import RayTrainer
 from strop.runtime.weights import relay_keep, sync_seconds
@@ -62,6 +63,7 @@ from strop.runtime.weights import relay_keep, sync_seconds
 ROLLOUT_ACTORS = 2  # rollout processes; each runs ceil(workers / ROLLOUT_ACTORS) episodes on threads
 LOST = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
 CLOSE_TIMEOUT_S = 60.0  # an engine that has not stopped its server by then is killed with it
+ENGINE_START_TIMEOUT_S = VLLM_START_TIMEOUT_S + SYNC_TIMEOUT_S  # placed, started and current by then, or never
 
 
 @ray.remote(num_cpus=0, max_concurrency=64)
@@ -230,7 +232,7 @@ class RayRuntime:
         takes work from the next `submit` on."""
         name = f"engine-{self._engine_seq}"
         self._engine_seq += 1
-        engine = EngineActor.options(**on_cluster(cluster)).remote(
+        engine = EngineActor.options(**on_cluster(cluster), **engine_resources(self.cfg.rollout, cluster)).remote(
             self.cfg,
             self._engine_seq,
             cluster,
@@ -239,7 +241,15 @@ class RayRuntime:
             self.relay_urls[cluster],
             self.origin_url,
         )
-        if not ray.get(engine.wait_version.remote(self._version)):
+        try:  # placed, started (a vLLM server takes minutes on a CPU) and synced, or a clear error
+            synced = ray.get(engine.wait_version.remote(self._version), timeout=ENGINE_START_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            ray.kill(engine)
+            raise RuntimeError(
+                f"{name} did not start in cluster {cluster!r} in {ENGINE_START_TIMEOUT_S:.0f} s "
+                f"(asking for {engine_resources(self.cfg.rollout, cluster) or 'no resources'})"
+            ) from None
+        if not synced:
             raise RuntimeError(f"{name} did not reach version {self._version} in {SYNC_TIMEOUT_S:.0f} s")
         self.engines[name] = engine
         self.engine_cluster[name] = cluster
