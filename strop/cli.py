@@ -66,6 +66,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "what an agent can probe inside a sandbox vs on the host, and what differs",
     ),
     ("bench", "sandbox"): ("strop.bench.sandbox", "sandbox start/exec latency, idle footprint, max concurrent"),
+    ("bench", "envs"): (
+        "strop.bench.envs",
+        "real worlds: image vs host-root sandbox start, repository checkout cold/cached, mining yield and s/commit",
+    ),
     ("tasks",): (
         "strop.commands.tasks",
         "task suites: list, export a task's repo, check a workspace, build mutated; mine a repo's history, validate",

@@ -1,0 +1,259 @@
+"""`strop bench envs`: what a real world costs on this machine.
+
+- sandbox start+exit (`open_sandbox` + `true` + `close`, cold) on an OS image's unpacked root and on
+  the host's root, in the same run, alternating one of each so that the machine's load falls on
+  both alike: p50 and p99, and their ratio (`image_vs_host_start_p50`);
+- materialising a repository at a commit (`strop.env.repo.checkout`): cold (a commit never
+  checked out on this node, the source's mirror already cloned: what each new task's first
+  episode pays), the mirror's clone (a source's first use on a node), and cached: looked up by a
+  process that has not seen the commit (a new rollout worker; `_in_process`: every later lookup);
+- mining (`strop.env.mine`): tasks kept and wall seconds per candidate commit (two test runs in the
+  image, and for a kept one its validation).
+
+The worlds: `--image` and `--repo` (a git repository or bundle), by default the test kit's
+(`tests/worldkit.py` of the source tree: an OCI image assembled from this machine's Debian python3
+and pytest, and a repository with fix-and-test commits), so `--quick` runs anywhere a clone of strop
+does. The source is copied to a fresh path first, so its mirror and checkouts are new to the node
+cache (and removed again afterwards): cold is cold on every run.
+
+Latencies on a shared machine depend on its load; the load average is recorded with the results.
+"""
+
+import argparse
+import importlib.util
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from strop.errors import UserError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true", help="about a minute: 40 starts of each, 3 commits to mine")
+    p.add_argument("--image", help="OS image to measure (default: the test kit's small image)")
+    p.add_argument("--repo", help="git repository or bundle to materialise and mine (default: the test kit's)")
+    p.add_argument("--runs", type=int, help="start+exit runs of each root (default 300, --quick 40)")
+    p.add_argument("--commits", type=int, help="commits to materialise cold (default 20, --quick 4)")
+    p.add_argument("--max-commits", type=int, help="newest commits of --repo to mine (default 40; all of the kit's)")
+    p.add_argument("--jobs", type=int, default=1, help="commits mined at once (default 1)")
+    p.add_argument("--json", help="write results to this JSON file")
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] * 1e3
+
+
+def _kit():
+    """`tests/worldkit.py` of the source tree strop runs from."""
+    path = Path(__file__).resolve().parents[2] / "tests" / "worldkit.py"
+    if not path.is_file():
+        raise UserError("the default worlds come from tests/worldkit.py of a strop clone: give --image and --repo")
+    spec = importlib.util.spec_from_file_location("strop_bench_worldkit", path)
+    kit = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kit)
+    return kit
+
+
+def _default_worlds(tmp: Path) -> tuple[str, str]:
+    kit = _kit()
+    if kit.host_python() is None:
+        raise UserError(
+            "the test kit's image is built from this machine's Debian python3, which it lacks: give --image"
+        )
+    layers = [kit.base_layer(tmp / "base.tar"), kit.top_layer(tmp / "top.tar")]
+    image = kit.oci_layout(tmp / "image", layers)
+    kit.fix_and_test_repo(tmp / "calc")
+    return str(image), str(tmp / "calc")
+
+
+def _starts(image_root: str, world: Path, runs: int) -> tuple[list[float], list[float]]:
+    """Wall times of `runs` cold start+exits on the image's root and on the host's, alternating."""
+    from strop.env.image import HOST_ROOT
+    from strop.env.sandbox import open_sandbox
+
+    times: dict[str, list[float]] = {image_root: [], HOST_ROOT: []}
+    for i in range(runs * 2):
+        root = (image_root, HOST_ROOT)[i % 2]
+        t = time.perf_counter()
+        sb = open_sandbox(world, image=root)
+        sb.exec(["true"])
+        sb.close()
+        times[root].append(time.perf_counter() - t)
+    return times[image_root], times[HOST_ROOT]
+
+
+def _commits(source: str, n: int) -> list[str]:
+    from strop.env.repo import git, history
+
+    mirror, sha = history(source)
+    return git("rev-list", f"--max-count={n}", sha, cwd=mirror).split()
+
+
+_LOOKUP = (
+    "import sys, time\n"
+    "from strop.env.repo import checkout\n"
+    "t = time.perf_counter()\n"
+    "checkout(sys.argv[1], sys.argv[2])\n"
+    "print(time.perf_counter() - t)\n"
+)
+
+
+def _materialise(source: str, n: int) -> dict:
+    """Cold and cached checkouts of `source`'s newest `n` commits, from a copy new to the node."""
+    from strop.env.repo import checkout, history
+
+    with tempfile.TemporaryDirectory(prefix="strop-bench-repo-") as tmp:
+        copy = Path(tmp) / Path(source.rstrip("/")).name
+        (shutil.copytree if Path(source).is_dir() else shutil.copy)(source, copy, symlinks=True)
+        t = time.perf_counter()
+        mirror, _ = history(str(copy))
+        mirror_s = time.perf_counter() - t
+        commits = _commits(str(copy), n)
+        cold, cached, trees = [], [], []
+        try:
+            for sha in commits:
+                t = time.perf_counter()
+                trees.append(checkout(str(copy), sha))
+                cold.append(time.perf_counter() - t)
+            for _ in range(5):
+                for sha in commits:
+                    t = time.perf_counter()
+                    checkout(str(copy), sha)
+                    cached.append(time.perf_counter() - t)
+            # a process that has not looked the commit up yet (a new rollout worker): git finds it in
+            # the mirror, the tree is on disk already
+            fresh = [
+                float(
+                    subprocess.run(
+                        [sys.executable, "-c", _LOOKUP, str(copy), sha], capture_output=True, text=True, check=True
+                    ).stdout
+                )
+                for sha in commits[:5]
+            ]
+        finally:  # the copy's path is new: nothing else uses what the node cache holds of it
+            for tree in trees:
+                shutil.rmtree(tree.parent, ignore_errors=True)
+            shutil.rmtree(mirror, ignore_errors=True)
+    return {
+        "repo_materialise_ms_cold": statistics.median(cold) * 1e3,
+        "repo_materialise_ms_cached": statistics.median(fresh) * 1e3,
+        "repo_materialise_ms_cached_in_process": statistics.median(cached) * 1e3,
+        "repo_mirror_ms": mirror_s * 1e3,
+        "repo_commits_materialised": len(commits),
+    }
+
+
+def _mine(source: str, image: str, max_commits: int | None, jobs: int) -> dict:
+    from strop.env.mine import mine
+
+    with tempfile.TemporaryDirectory(prefix="strop-bench-mine-") as tmp:
+        t = time.perf_counter()
+        report = mine(source, Path(tmp) / "tasks.jsonl", image=image, max_commits=max_commits, jobs=jobs)
+        wall = time.perf_counter() - t
+    return {
+        "mine_tasks_kept": report["kept"],
+        "mine_candidates": report["candidates"],
+        "mine_commits_walked": report["commits_walked"],
+        "mine_s_per_commit": wall / max(report["candidates"], 1),
+        "mine_dropped": report["dropped"],
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    from strop.threads import set_threads
+
+    set_threads(1)
+    from strop.bench.table import format_table, write_json
+    from strop.env.host_account import hand_over
+    from strop.env.image import image_root
+    from strop.env.sandbox import scratch_base
+
+    if args.json:
+        from strop.outputs import check_output_file
+
+        check_output_file(args.json)
+    runs = args.runs or (40 if args.quick else 300)
+    n_commits = args.commits or (4 if args.quick else 20)
+    t_all = time.perf_counter()
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="strop-bench-envs-", dir=scratch_base()) as tmp:
+        os.chmod(tmp, 0o755)  # the sandbox account enters it to reach the world below
+        kit_image, kit_repo = _default_worlds(Path(tmp)) if not (args.image and args.repo) else ("", "")
+        image, source = args.image or kit_image, args.repo or kit_repo
+        t = time.perf_counter()
+        root = image_root(image)
+        unpack_s = time.perf_counter() - t
+        world = Path(tmp) / "world"
+        world.mkdir()
+        (world / "main.py").write_text("print('hello')\n")
+        hand_over(world)
+        _starts(root, world, 3)  # warm: per-process setup, the page cache of both roots
+        image_starts, host_starts = _starts(root, world, runs)
+        res = {
+            "image_sandbox_start_ms_p50": _pct(image_starts, 0.5),
+            "image_sandbox_start_ms_p99": _pct(image_starts, 0.99),
+            "host_sandbox_start_ms_p50": _pct(host_starts, 0.5),
+            "host_sandbox_start_ms_p99": _pct(host_starts, 0.99),
+        }
+        res["image_vs_host_start_p50"] = res["image_sandbox_start_ms_p50"] / res["host_sandbox_start_ms_p50"]
+        res.update(_materialise(source, n_commits))
+        res.update(_mine(source, image, args.max_commits or (None if not args.repo else 40), args.jobs))
+    res.update(
+        {
+            "image": image if args.image else "test kit image",
+            "repo": source if args.repo else "test kit repository",
+            "image_unpack_s": unpack_s,  # 0 when the node cache had it
+            "start_runs": runs,
+            "loadavg_1m": load,
+            "cpus": os.cpu_count(),
+            "wall_s": time.perf_counter() - t_all,
+        }
+    )
+    rows = [
+        {
+            "measure": "sandbox start+exit on the image",
+            "p50": res["image_sandbox_start_ms_p50"],
+            "p99": res["image_sandbox_start_ms_p99"],
+            "unit": "ms",
+            "n": runs,
+        },
+        {
+            "measure": "sandbox start+exit on the host root",
+            "p50": res["host_sandbox_start_ms_p50"],
+            "p99": res["host_sandbox_start_ms_p99"],
+            "unit": "ms",
+            "n": runs,
+        },
+        {"measure": "image / host start (p50)", "p50": res["image_vs_host_start_p50"], "unit": "ratio"},
+        {
+            "measure": "repository at a commit, cold",
+            "p50": res["repo_materialise_ms_cold"],
+            "unit": "ms",
+            "n": res["repo_commits_materialised"],
+        },
+        {
+            "measure": "repository at a commit, cached (new process)",
+            "p50": res["repo_materialise_ms_cached"],
+            "unit": "ms",
+            "n": min(5, res["repo_commits_materialised"]),
+        },
+        {"measure": "a source's first use (mirror clone)", "p50": res["repo_mirror_ms"], "unit": "ms", "n": 1},
+        {"measure": "mining: tasks kept", "p50": res["mine_tasks_kept"], "unit": "tasks", "n": res["mine_candidates"]},
+        {
+            "measure": "mining: wall time per candidate commit",
+            "p50": res["mine_s_per_commit"],
+            "unit": "s",
+            "n": res["mine_candidates"],
+        },
+    ]
+    print(format_table(rows, ["measure", "p50", "p99", "unit", "n"]))
+    print(f"image {res['image']}; repository {res['repo']}; dropped {res['mine_dropped']}")
+    print(f"load average {load:.2f} on {os.cpu_count()} CPUs; {res['wall_s']:.1f} s")
+    write_json(args.json, res)
+    return 0
