@@ -24,7 +24,7 @@ import uuid
 import ray
 
 from strop.config import Config
-from strop.errors import RunStopped, one_line
+from strop.errors import RunStopped, UserError, one_line
 from strop.runtime.ray_placement import start_actor_process, trainer_placement
 
 # a rank's process gone: killed, crashed, its node lost, or killed by Ray's memory monitor
@@ -135,6 +135,8 @@ class RayTrainer:
                 pass
         self.kill()
         if not lost:
+            if isinstance(getattr(first, "cause", None), UserError):
+                raise first.cause from None  # a rank's one-line error, without Ray's remote traceback
             raise first
         rank, e = lost[0]
         where = self.placement[rank]["node"][:12] if len(self.placement) > rank else "its node"
