@@ -8,12 +8,13 @@ STAMP := $(VENV)/.strop-installed
 
 setup: $(STAMP)
 
-# CPU machines get torch's CPU build first so pip never pulls a multi-GB CUDA build.
-$(STAMP): pyproject.toml
+# CPU machines get torch's CPU build first so pip never pulls a multi-GB CUDA build. The worked
+# environment package (examples/toy_env) is installed beside strop, as a user installs theirs.
+$(STAMP): pyproject.toml examples/toy_env/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@start=$$(date +%s); \
 	if ! command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install -q torch==2.13.0; fi && \
-	$(BIN)/pip install -q -e '.[dev]' && \
+	$(BIN)/pip install -q -e '.[dev]' && $(BIN)/pip install -q -e examples/toy_env && \
 	echo "setup: $$(( $$(date +%s) - start )) s" && touch $(STAMP)
 
 # The optional vLLM engine (rollout.engine = "vllm"; not part of the base install), in a venv of its

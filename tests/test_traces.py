@@ -147,3 +147,51 @@ def test_fifty_sft_steps_on_logged_sessions_lower_their_held_out_loss(sessions, 
     assert result["steps"] == 50 and result["traces"] == 16 and result["val_segments"] == 4 and "demos" not in result
     assert result["val_loss"] < before * 0.8, (before, result["val_loss"])
     assert not (tmp_path / "r" / "sft" / "demos.jsonl").exists()  # traces only: no demonstrator ran
+
+
+def test_strop_agent_logs_its_session_as_traces(tiny_policy_dir, tmp_path):
+    """`strop agent --log-session` on a real directory with a (tiny, untrained) checkpoint: the line it
+    appends is a conversation that ends in the agent's turn, and loads as SFT traces."""
+    world = tmp_path / "world"
+    world.mkdir()
+    (world / "a.py").write_text("x = 1\n")
+    log = tmp_path / "sessions.jsonl"
+    args = ["agent", "--world", str(world), "--checkpoint", str(tiny_policy_dir), "--max-turns", "2"]
+    args += ["--max-context", "1100", "--log-session", str(log), "Fix a.py."]
+    res = subprocess.run([sys.executable, "-m", "strop.cli", *args], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert f"logged 1 conversation(s) to {log}" in res.stdout
+    (conversation,) = read_traces(log, DECLARED)
+    assert conversation[1] == {"role": "user", "content": "Fix a.py."} and conversation[-1]["role"] == "assistant"
+    assert json.loads(log.read_text())["session"]["instruction"] == "Fix a.py."
+
+
+def test_strop_serve_logs_chat_completions_as_traces(tiny_tokenizer, tmp_path):
+    """`strop serve --log-sessions`: every chat completion is appended as the request's messages and
+    the reply, which load as traces."""
+    import httpx
+
+    from strop.engine.engine import Engine
+    from strop.engine.server import serve_in_thread
+    from strop.model.policy import build_model
+    from strop.online.app import create_serving_app
+    from tests.conftest import tiny_model_section
+
+    log = tmp_path / "served.jsonl"
+    engine = Engine(build_model(tiny_model_section(), tiny_tokenizer, seed=0).eval(), tiny_tokenizer, max_len=512)
+    url, stop = serve_in_thread(engine, "tiny", app=create_serving_app(engine, "tiny", None, None, None, str(log)))
+    try:
+        body = {"model": "tiny", "messages": GOOD["messages"][:3], "max_tokens": 8, "n": 2, "seed": 1}
+        assert httpx.post(url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
+    finally:
+        stop()
+    conversations = read_traces(log, DECLARED)
+    assert len(conversations) == 2  # one per choice
+    assert all(c[:3] == parse_messages(GOOD["messages"][:3]) and c[3]["role"] == "assistant" for c in conversations)
+
+
+def parse_messages(messages: list[dict]) -> list[dict]:
+    """`messages` as the trace reader normalizes them."""
+    from strop.train.traces import parse_conversation
+
+    return parse_conversation({"messages": messages + [{"role": "assistant", "content": ""}]}, DECLARED, "x")[:-1]

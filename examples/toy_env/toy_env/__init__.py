@@ -1,0 +1,1 @@
+"""strop-toy-env: a worked example of a strop environment package (docs/guides/harness.md)."""
