@@ -2,6 +2,7 @@
 (`strop tasks validate`): real git repositories, real sandboxes on the host's root and on an image,
 the checker's own test runs."""
 
+import difflib
 import json
 import os
 import re
@@ -16,6 +17,7 @@ import pytest
 from strop.env.checker import junit_outcomes
 from strop.env.mine import mine, report_path
 from strop.env.suites import load_suite
+from strop.env.touched_tests import touched_tests
 from tests.worldkit import calc_repo, git, image_layers, test_image  # noqa: F401
 
 
@@ -47,6 +49,28 @@ def test_junit_outcomes_name_tests_by_node_id():
         "tests/test_b.py::test_b": "passed",
         "tests/test_c.py": "error",  # the module did not import
     }
+
+
+def test_touched_tests_are_what_a_diff_changes():
+    before = "import x\n\n\ndef test_a():\n    pass\n\n\nclass TestK:\n    def test_m(self):\n        pass\n"
+    after = (
+        "import x\nimport y\n\n\ndef test_a():\n    pass\n\n\n@mark\ndef test_new():\n    pass\n\n\n"
+        "class TestK:\n    def helper(self):\n        pass\n\n    def test_m(self):\n        pass\n\n\n"
+        "class Other(unittest.TestCase):\n    def test_o(self):\n        pass\n\n\n"
+        "class NotATest:\n    def test_z(self):\n        pass\n"
+    )
+    patch = "".join(
+        difflib.unified_diff(before.splitlines(True), after.splitlines(True), "a/tests/test_t.py", "b/tests/test_t.py")
+    )
+    patch = "diff --git a/tests/test_t.py b/tests/test_t.py\n" + patch
+    assert touched_tests(patch, {"tests/test_t.py": after}) == [
+        "tests/test_t.py::Other::test_o",  # a new TestCase class: its test methods
+        "tests/test_t.py::TestK",  # a helper inside the class: the whole class
+        "tests/test_t.py::test_new",  # its decorator counts as its own line
+    ]  # the import is no test; test_a and the class pytest does not collect are untouched
+    only_imports = patch.split("@@")[0] + "@@ -1 +1,2 @@\n import x\n+import y\n"
+    assert touched_tests(only_imports, {"tests/test_t.py": after}) == ["tests/test_t.py"]  # nothing: the module
+    assert touched_tests(patch, {"tests/test_t.py": "def broken(:\n"}) == ["tests/test_t.py"]
 
 
 def check_calc_tasks(out: Path, shas: dict[str, str], image: str = "") -> None:
@@ -99,6 +123,15 @@ def test_mine_on_the_host_root_keeps_fix_and_test_commits_deterministically(calc
         "calc.jsonl",
         "calc.report.json",
     ]
+
+
+def test_mine_only_the_touched_tests(calc_repo, tmp_path):
+    repo, shas = calc_repo
+    report = mine(str(repo), tmp_path / "calc.jsonl", tests="touched", progress=False)
+    assert (report["kept"], report["tests"]) == (2, "touched")
+    fix, feature = load_suite(f"jsonl:{tmp_path / 'calc.jsonl'}")
+    assert (fix.fail_to_pass, fix.pass_to_pass) == (["tests/test_calc.py::test_add"], [])
+    assert (feature.fail_to_pass, feature.pass_to_pass) == (["tests/test_calc.py::test_sub"], [])
 
 
 def test_mine_and_validate_in_an_image(calc_repo, test_image, tmp_path):

@@ -47,6 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-fraction", type=float, default=0.2, help="the newest share of kept tasks held out (0.2)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds one test run may take (default 300)")
     p.add_argument("--memory-mb", type=int, default=4096, help="address space of a test run (default 4096)")
+    p.add_argument(
+        "--tests",
+        choices=["modules", "touched"],
+        default="modules",
+        help="run every test of the changed test modules, or only the tests the commit touches (much cheaper)",
+    )
     p = sub.add_parser("validate", help="check every task of a task file: gold passes, the start fails FAIL_TO_PASS")
     p.add_argument("file", help="the task file (JSONL)")
     p.add_argument("--image", default="", help="OS image of the tasks that name none (default: the host's root)")
@@ -157,6 +163,7 @@ def _mine(args: argparse.Namespace) -> int:
         eval_fraction=args.eval_fraction,
         timeout_s=args.timeout,
         memory_mb=args.memory_mb,
+        tests=args.tests,
     )
     rows = [{"outcome": "kept", "commits": report["kept"]}]
     rows += [{"outcome": f"dropped: {reason}", "commits": report["dropped"][reason]} for reason in DROPS]

@@ -3,17 +3,21 @@
 A commit that changes code together with its tests is a task nobody had to write: start at its
 parent, ask for what its message says, and grade with its tests. `mine` walks the newest
 `max_commits` non-merge commits of `rev` and splits each one's diff against its parent into a test
-part (paths matching `TEST_GLOBS`) and a code part (the rest). A commit with both, whose test part
-adds or changes a test module (`test_*.py`, `*_test.py`), is a candidate:
+part (paths matching `TEST_GLOBS`) and a code part (the rest). A commit whose test part adds or
+changes a test module (`test_*.py`, `*_test.py`) and whose code part changes source code (a path
+that is not documentation, stubs or configuration: `NOT_CODE`) is a candidate:
 
 - instruction = the commit message; test_patch = the test part (the hidden tests); gold patch =
   the code part; repo = the source, base_commit = the parent; image = the image mined in;
-- the changed test modules run twice in the image, through the checker's own path
-  (`strop.env.checker.run_tests`: a fresh sandbox, JUnit to a path the code never had): at the
-  parent with the test part applied, and with the code part too, as the checker would score it
-  (protected paths dropped). FAIL_TO_PASS = the tests passing after and not before (failed,
-  erroring, skipped, or absent because their module did not import); PASS_TO_PASS = those passing
-  in both;
+- the tests run twice in the image, through the checker's own path (`strop.env.checker.run_tests`:
+  a fresh sandbox, JUnit to a path the code never had): at the parent with the test part applied,
+  and with the code part too, as the checker would score it (protected paths dropped). Which tests:
+  `tests="modules"`, every test of the changed test modules (SWE-bench's way); `tests="touched"`,
+  those the test part adds or changes (`strop.env.touched_tests`: a handful instead of a real
+  project's hundreds, so mining and every later check are many times cheaper, at the price of a
+  PASS_TO_PASS that guards only the neighbourhood of the change). FAIL_TO_PASS = the tests passing
+  after and not before (failed, erroring, skipped, or absent because their module did not import);
+  PASS_TO_PASS = those passing in both;
 - the task is then validated as `strop tasks validate` validates any task file (`validate`): the
   checker scores the gold patch (reward 1 on FAIL_TO_PASS + PASS_TO_PASS, run by id) and the parent
   fails every FAIL_TO_PASS test.
@@ -41,10 +45,10 @@ import json
 import math
 import os
 import tempfile
-import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
+from typing import Literal
 from xml.etree.ElementTree import ParseError
 
 from strop.env.checker import check, junit_outcomes, run_tests, source_changes, split_changes, task_limits
@@ -52,6 +56,7 @@ from strop.env.image import image_root
 from strop.env.repo import apply_patch, checkout, git, history
 from strop.env.task import Task
 from strop.env.task_file import DEFAULT_TEST_COMMAND, task_from_record, task_record
+from strop.env.touched_tests import touched_tests
 from strop.env.world import hidden_tests, materialize
 from strop.errors import UserError
 from strop.outputs import write_atomic
@@ -69,6 +74,27 @@ TEST_GLOBS = (
     "*/conftest.py",
 )
 TEST_MODULES = ("test_*.py", "*_test.py")  # what pytest collects by default
+# changes that no test can tell apart: documentation, type stubs, packaging and runner configuration
+NOT_CODE = (
+    "doc/*",
+    "docs/*",
+    "*.md",
+    "*.rst",
+    "*.txt",
+    "*.pyi",
+    "*.typed",
+    "*.cfg",
+    "*.toml",
+    "*.ini",
+    "*.in",
+    "*.yml",
+    "*.yaml",
+    ".*",
+    "*/.*",
+    "LICENSE*",
+    "Makefile",
+)
+Scope = Literal["modules", "touched"]
 DROPS = ("no test module", "timeout", "does not build", "no failing test", "flaky")
 KEPT = "kept"
 # every run may import all of a real project's suite: thread stacks count against the address space
@@ -85,6 +111,18 @@ class Commit:
     time: int  # committer time, seconds since the epoch
     tests: tuple[str, ...]  # changed paths of the test part
     code: tuple[str, ...]  # changed paths of the code part
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How a repository is mined: the source (absolute path or URL), the image (absolute path, or ""
+    for the host's root), a test run's limits, and which tests run (see the module docstring)."""
+
+    source: str
+    image: str = ""
+    timeout_s: float = TIMEOUT_S
+    memory_mb: int = MEMORY_MB
+    tests: Scope = "modules"
 
 
 @dataclass
@@ -106,9 +144,13 @@ def _is_test_module(path: str) -> bool:
     return any(fnmatch.fnmatchcase(PurePosixPath(path).name, g) for g in TEST_MODULES)
 
 
+def _is_code(path: str) -> bool:
+    return not any(fnmatch.fnmatchcase(path, g) for g in NOT_CODE)
+
+
 def candidates(mirror: Path, sha: str, max_commits: int | None) -> tuple[int, list[Commit]]:
     """(commits walked, the candidates among them): the newest `max_commits` non-merge commits of
-    `sha`'s history (all without a limit) that change both tests and code, newest first."""
+    `sha`'s history (all without a limit) that change both tests and source code, newest first."""
     limit = [f"--max-count={max_commits}"] if max_commits else []
     lines = git("log", "--no-merges", "--format=%H %ct %P", *limit, sha, cwd=mirror).splitlines()
     found = []
@@ -120,7 +162,7 @@ def candidates(mirror: Path, sha: str, max_commits: int | None) -> tuple[int, li
         paths = sorted(p for p in names.split("\0") if p)
         tests = tuple(p for p in paths if is_test_path(p))
         code = tuple(p for p in paths if not is_test_path(p))
-        if tests and code:
+        if tests and any(_is_code(p) for p in code):
             found.append(Commit(commit, parents[0], int(time), tests, code))
     return len(lines), found
 
@@ -141,10 +183,10 @@ def _name(source: str) -> str:
     return name or "repo"
 
 
-def _task(source: str, mirror: Path, commit: Commit, image: str, timeout_s: float, memory_mb: int) -> Task:
+def _task(how: Settings, mirror: Path, commit: Commit) -> Task:
     message = git("log", "-1", "--format=%B", commit.sha, cwd=mirror).strip()
     return Task(
-        id=f"{_name(source)}-{commit.sha[:12]}",
+        id=f"{_name(how.source)}-{commit.sha[:12]}",
         suite="",
         split="train",
         instruction=message or f"commit {commit.sha[:12]}",
@@ -153,12 +195,12 @@ def _task(source: str, mirror: Path, commit: Commit, image: str, timeout_s: floa
             "source": "mined",
             "commit": commit.sha,
             "commit_time": commit.time,
-            "timeout_s": timeout_s,
-            "cpu_s": 2 * math.ceil(timeout_s),  # the wall-clock timeout ends a run; this only bounds a runaway
-            "memory_mb": memory_mb,
+            "timeout_s": how.timeout_s,
+            "cpu_s": 2 * math.ceil(how.timeout_s),  # the wall-clock timeout ends a run; this only bounds a runaway
+            "memory_mb": how.memory_mb,
         },
-        image=image,
-        repo=source,
+        image=how.image,
+        repo=how.source,
         base_commit=commit.parent,
         test_patch=_diff(mirror, commit, commit.tests),
         gold_patch=_diff(mirror, commit, commit.code),
@@ -214,11 +256,11 @@ def validate(task: Task) -> Verdict:
     return Verdict(task.id, gold_ok and base_ok, gold, base)
 
 
-def _mine_one(source: str, mirror: Path, commit: Commit, image: str, timeout_s: float, memory_mb: int) -> dict:
+def _mine_one(how: Settings, mirror: Path, commit: Commit) -> dict:
     """One candidate's result: {"commit", "time", "outcome" (KEPT or a DROPS reason), "detail", and
     for a kept one its task-file "record" (split not yet set; the repository path absolute)}."""
     result = {"commit": commit.sha, "time": commit.time, "outcome": "", "detail": ""}
-    task = _task(source, mirror, commit, image, timeout_s, memory_mb)
+    task = _task(how, mirror, commit)
     hidden = hidden_tests(task)
     modules = sorted(p for p in hidden if _is_test_module(p))
     if not modules:
@@ -226,11 +268,12 @@ def _mine_one(source: str, mirror: Path, commit: Commit, image: str, timeout_s: 
     first = replace(task, test_command=[*task.test_command, _GO_ON])
     limits = task_limits(task)
     kept, _ = split_changes(task, source_changes(gold_changes(task)))  # as the checker scores the gold patch
-    before = run_tests(first, {}, hidden, modules, limits)
-    after = run_tests(first, kept, hidden, modules, limits) if not before.timed_out else before
+    selected = touched_tests(task.test_patch, {p: hidden[p] for p in modules}) if how.tests == "touched" else modules
+    before = run_tests(first, {}, hidden, selected, limits)
+    after = run_tests(first, kept, hidden, selected, limits) if not before.timed_out else before
     if before.timed_out or after.timed_out:
         where = "the parent" if before.timed_out else "the commit"
-        return {**result, "outcome": "timeout", "detail": f"at {where}, after {timeout_s:.0f} s"}
+        return {**result, "outcome": "timeout", "detail": f"at {where}, after {how.timeout_s:.0f} s"}
     found = _outcomes(after.report)
     if not found or "passed" not in found.values():
         errors = sorted(t for t, k in (found or {}).items() if k != "passed")
@@ -254,10 +297,10 @@ def _mine_one(source: str, mirror: Path, commit: Commit, image: str, timeout_s: 
     }
 
 
-def _journal_key(source: str, sha: str, image: str, timeout_s: float, memory_mb: int) -> str:
-    """What a reused result depends on beyond its commit: the source, the image's content (its
-    cache root is named by its digest), the test command and the limits."""
-    what = [str(Path(source).resolve()), image_root(image), DEFAULT_TEST_COMMAND, timeout_s, memory_mb, 1]
+def _journal_key(how: Settings) -> str:
+    """What a reused result depends on beyond its commit: the settings, the image's content (its
+    cache root is named by its digest) and the test command."""
+    what = [how.source, image_root(how.image), DEFAULT_TEST_COMMAND, how.timeout_s, how.memory_mb, how.tests, 2]
     return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:16]
 
 
@@ -284,6 +327,7 @@ def mine(
     eval_fraction: float = 0.2,
     timeout_s: float = TIMEOUT_S,
     memory_mb: int = MEMORY_MB,
+    tests: Scope = "modules",
     progress: bool = True,
 ) -> dict:
     """Mine `source` (a git working copy, bare repository or bundle) into the task file `out` and
@@ -293,32 +337,36 @@ def mine(
     image_root(image)  # a missing or broken image is refused before any work
     mirror, sha = history(source, rev)
     source = source if "://" in source else str(Path(source).resolve())
-    image = str(Path(image).resolve()) if image else ""
+    how = Settings(source, str(Path(image).resolve()) if image else "", timeout_s, memory_mb, tests)
     walked, found = candidates(mirror, sha, max_commits)
     out = Path(out)
     journal = out.with_name(out.name + ".partial")
-    key = _journal_key(source, sha, image, timeout_s, memory_mb)
+    key = _journal_key(how)
     results = _read_journal(journal, key)
     todo = [c for c in found if c.sha not in results]
-    lock = threading.Lock()
-    with open(journal, "a") as log, ThreadPoolExecutor(max(1, jobs)) as pool:
-        work = [pool.submit(_mine_one, source, mirror, c, image, timeout_s, memory_mb) for c in todo]
-        with tqdm(
-            total=len(found),
-            initial=len(found) - len(todo),
-            desc="mining",
-            unit="commit",
-            dynamic_ncols=True,
-            disable=not progress,
-        ) as bar:
+    pool = ThreadPoolExecutor(max(1, jobs))
+    try:
+        work = [pool.submit(_mine_one, how, mirror, c) for c in todo]
+        with (
+            open(journal, "a") as log,
+            tqdm(
+                total=len(found),
+                initial=len(found) - len(todo),
+                desc="mining",
+                unit="commit",
+                dynamic_ncols=True,
+                disable=not progress,
+            ) as bar,
+        ):
             for done in as_completed(work):
                 result = done.result()
-                with lock:
-                    results[result["commit"]] = result
-                    log.write(json.dumps({"key": key, "result": result}) + "\n")
-                    log.flush()
+                results[result["commit"]] = result
+                log.write(json.dumps({"key": key, "result": result}) + "\n")
+                log.flush()
                 bar.update(1)
                 bar.set_postfix(kept=sum(r["outcome"] == KEPT for r in results.values()))
+    finally:  # on an error or Ctrl-C, commits not started are not started
+        pool.shutdown(wait=True, cancel_futures=True)
     ordered = [results[c.sha] for c in reversed(found)]  # oldest first: git log's order, reversed
     kept = [r for r in ordered if r["outcome"] == KEPT]
     n_eval = math.ceil(eval_fraction * len(kept))
@@ -330,7 +378,8 @@ def mine(
     report = {
         "repo": os.path.relpath(source, out.resolve().parent) if "://" not in source else source,
         "rev": sha,
-        "image": image,
+        "image": how.image,
+        "tests": tests,
         "commits_walked": walked,
         "candidates": len(found),
         "kept": len(kept),
