@@ -41,6 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--commits", type=int, help="commits to materialise cold (default 20, --quick 4)")
     p.add_argument("--max-commits", type=int, help="newest commits of --repo to mine (default 40; all of the kit's)")
     p.add_argument("--jobs", type=int, default=1, help="commits mined at once (default 1)")
+    p.add_argument(
+        "--tests", choices=["modules", "touched"], default="modules", help="which tests mining runs (strop tasks mine)"
+    )
     p.add_argument("--json", help="write results to this JSON file")
 
 
@@ -149,12 +152,13 @@ def _materialise(source: str, n: int) -> dict:
     }
 
 
-def _mine(source: str, image: str, max_commits: int | None, jobs: int) -> dict:
+def _mine(source: str, image: str, max_commits: int | None, jobs: int, tests: str) -> dict:
     from strop.env.mine import mine
 
     with tempfile.TemporaryDirectory(prefix="strop-bench-mine-") as tmp:
         t = time.perf_counter()
-        report = mine(source, Path(tmp) / "tasks.jsonl", image=image, max_commits=max_commits, jobs=jobs)
+        out = Path(tmp) / "tasks.jsonl"
+        report = mine(source, out, image=image, max_commits=max_commits, jobs=jobs, tests=tests)
         wall = time.perf_counter() - t
     return {
         "mine_tasks_kept": report["kept"],
@@ -203,12 +207,14 @@ def run(args: argparse.Namespace) -> int:
         }
         res["image_vs_host_start_p50"] = res["image_sandbox_start_ms_p50"] / res["host_sandbox_start_ms_p50"]
         res.update(_materialise(source, n_commits))
-        res.update(_mine(source, image, args.max_commits or (None if not args.repo else 40), args.jobs))
+        res.update(_mine(source, image, args.max_commits or (None if not args.repo else 40), args.jobs, args.tests))
     res.update(
         {
             "image": image if args.image else "test kit image",
             "repo": source if args.repo else "test kit repository",
             "image_unpack_s": unpack_s,  # 0 when the node cache had it
+            "mine_tests": args.tests,
+            "mine_jobs": args.jobs,
             "start_runs": runs,
             "loadavg_1m": load,
             "cpus": os.cpu_count(),
