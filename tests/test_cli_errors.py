@@ -141,7 +141,7 @@ def test_json_into_a_missing_directory_is_refused_before_the_work(files, tmp_pat
         (["serve", "key", "--keys", "{d}/k.json", "--name", "a", "--scopes", "infer", "--rate", "inf"], "finite"),
         (["serve", "key", "--keys", "{d}/k.json", "--name", "a\nb", "--scopes", "infer"], "one line"),
         (
-            ["serve", "--checkpoint", "{d}/policy", "--keys", "{d}/k.json", "--weights-store", "/nonexistent"],
+            ["serve", "--checkpoint", "{d}/policy", "--keys", "{d}/k.json", "--weights-store", "/nonexistent/w"],
             "--weights",
         ),
         (["midtrain", "--config", "/dev/zero"], "not a regular file"),
@@ -191,3 +191,11 @@ def test_a_closed_stdout_is_one_line_not_a_traceback():
     err = proc.stderr.read()
     assert proc.wait(timeout=60) == 2 and "Traceback" not in err and "broken pipe" in err, err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_weights_store_not_there_yet_is_said_in_one_line(files, tmp_path):
+    """`serve --weights-store /nonexistent` started without a word. A store a run will publish to later
+    is allowed (an engine may start before its trainer), with one line saying so."""
+    out = run_cli("serve", "--checkpoint", str(files / "policy"), "--weights-store", str(tmp_path / "w"))
+    assert out.returncode == 2 and "Traceback" not in out.stderr  # the checkpoint in {d}/policy does not load
+    assert "holds no versions yet" in out.stderr.splitlines()[0], out.stderr

@@ -77,6 +77,7 @@ def test_bench_longctx_plays_a_saved_policy_under_every_strategy(tiny_policy_dir
 
     # the long-horizon report: this run against an earlier one, here the same policy on one strategy
     report = tmp_path / "report" / "longctx.md"
+    report.parent.mkdir()  # an output file's folder is the user's to make (as for --json and sync -o)
     again = [*argv, "--set", "rollout.engines=1", "--strategies", "learned", "--before", str(out)]
     assert main([*again, "--report", str(report)]) == 0
     text = report.read_text()

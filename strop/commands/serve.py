@@ -70,6 +70,21 @@ def listen(host: str, port: int) -> socket.socket:
         raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
+def check_weights_store(store: Path) -> None:
+    """A local --weights-store: refused when it cannot become one (a file, a missing parent folder);
+    one line of warning when nothing is there yet (a run may start publishing to it later)."""
+    if store.exists() and not store.is_dir():
+        raise UserError(f"--weights-store {str(store)!r} is not a directory (a run's weight store)")
+    if not store.parent.is_dir():
+        raise UserError(f"--weights-store {str(store)!r}: directory {str(store.parent)!r} does not exist")
+    if not store.exists():
+        print(
+            f"strop serve: --weights-store {str(store)!r} holds no versions yet: weight updates fail until a run "
+            "publishes there",
+            file=sys.stderr,
+        )
+
+
 def serve(args: argparse.Namespace, sock: socket.socket) -> None:
     """Load the checkpoint and serve it on `sock` until SIGTERM or Ctrl-C."""
     from strop.threads import set_threads
@@ -125,8 +140,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--threads must be at least 1, got {args.threads}")
     if not args.keys and not is_loopback(args.host):
         raise UserError(f"--host {args.host} is not loopback: serving beyond this machine needs --keys")
-    if args.weights_store and "://" not in args.weights_store and not Path(args.weights_store).is_dir():
-        raise UserError(f"--weights-store {args.weights_store!r} is not a directory (a run's weight store)")
+    if args.weights_store and "://" not in args.weights_store:
+        check_weights_store(Path(args.weights_store))
     if args.weights_store and not args.keys:
         print(
             "strop serve: --weights-store has no effect without --keys (weight routes need an admin key)",
