@@ -64,7 +64,8 @@ def stage_rl(cfg: Config) -> dict:
     from strop.runtime.inline import split_cores
 
     cpus = split_cores(share=True)  # the trainer in a process of its own; it and the engines on every core
-    trained = train_rl(cfg, mode="async", cpus=cpus, trainer_process=cpus is not None)
+    hint = "`strop demo --fresh` runs every stage again"  # a stage interrupted under another config
+    trained = train_rl(cfg, mode="async", cpus=cpus, trainer_process=cpus is not None, hint=hint)
     return {**_held_out(cfg, cfg.run_dir / "rl" / "model"), "train": trained}
 
 
