@@ -242,15 +242,9 @@ class StropFormat:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def encode_message(self, message: dict) -> list[int]:
-        """`render_message(message)` as token ids, with special-token spellings inside the content
-        tokenized as plain text."""
-        content = message.get("content") or ""
-        if not any(s in content for s in SPECIAL_TOKENS):
-            return self.encode(render_message(message))
-        sentinel = "\x00content\x00"
-        head, tail = render_message({**message, "content": sentinel}).split(sentinel)
-        body = self.tokenizer.encode(content, add_special_tokens=False, split_special_tokens=True)
-        return self.encode(head) + body + self.encode(tail)
+        """`render_message(message)` as token ids, with special-token spellings inside its content and
+        tool calls tokenized as plain text (the module's `encode_message`, which the server uses too)."""
+        return encode_message(self.tokenizer, message)
 
     def prompt(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
         """A context window rendered from `messages` (system first), ending in the generation prompt."""
