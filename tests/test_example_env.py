@@ -3,7 +3,6 @@ strop finds its suite and its tool by entry point; its logged sessions replay th
 harness with the custom tool executed in a real sandbox; and (slow) `strop sft`, `strop train` and
 `strop eval policy` run on it end to end with the trained policy calling the custom tool."""
 
-import dataclasses
 import gzip
 import json
 import subprocess
@@ -35,7 +34,7 @@ def strop(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
 def test_the_package_registers_its_suite_and_tool():
     assert "toy" in list_suites() and "outline" in list_tools()
     tasks = load_suite("toy")
-    assert {t.split for t in tasks} == {"train", "eval"} and len(tasks) == 12
+    assert sum(t.split == "train" for t in tasks) == 40 and sum(t.split == "eval" for t in tasks) == 8
     tools = load_tools(load_config(CONFIG).harness.tools)
     assert tools.role("outline") == "read" and "edit_file" in tools.names
 
@@ -55,7 +54,7 @@ def test_a_logged_session_replays_with_the_custom_tool_run_in_the_sandbox(tiny_t
     assert episode.stop_reason == "submitted" and changes
     outline = episode.tool_calls[0]
     assert (outline["name"], outline["role"]) == ("outline", "read")
-    assert outline["output"] == "mathx.py:1 def double\nmathx.py:5 def clamp\ntest_mathx.py:4 def test_clamp"
+    assert outline["output"] == "mathx.py:1 def helper\nmathx.py:5 def clamp\ntest_mathx.py:4 def test_clamp"
     assert outline["output"] == session[3]["content"]
 
 
@@ -75,34 +74,30 @@ def test_an_unknown_tool_in_the_example_config_is_one_line(tmp_path):
 def test_sft_train_and_eval_on_the_package_end_to_end(tiny_tokenizer, tmp_path):
     """A small dense model warm-started on the package's logged sessions, two RL steps on its train
     tasks, and a held-out evaluation: the commands run, and the policy calls `outline`, which the
-    sandbox executes (its observation read from the kept rollouts)."""
+    sandbox executes: its observations are read from RL's kept rollouts and from the held-out
+    episodes kept by the same evaluation run in process."""
     from strop.model.policy import build_model, save_model
+    from strop.rl.evaluate import evaluate
+    from strop.rl.rollout_log import RolloutLog
 
-    model = dataclasses.replace(load_config(CONFIG).model)
-    save_model(build_model(model, tiny_tokenizer, seed=0), tiny_tokenizer, tmp_path / "base")
+    save_model(build_model(load_config(CONFIG).model, tiny_tokenizer, seed=0), tiny_tokenizer, tmp_path / "base")
     common = ["-c", str(CONFIG), "--set", f"run.out_dir={tmp_path}", "--set", "run.threads=1"]
     strop("sft", *common, "--base", str(tmp_path / "base"))
     strop("train", *common, "--set", "rl.steps=2")
-    out = strop(
-        "eval",
-        "policy",
-        *common,
-        "--policy",
-        str(tmp_path / "toy" / "rl" / "model"),
-        "--json",
-        str(tmp_path / "e.json"),
-    )
-    assert "solve rate" in out.stdout
-    evaluated = json.loads((tmp_path / "e.json").read_text())
-    assert evaluated["eval_episodes"] == 4
+    policy = str(tmp_path / "toy" / "rl" / "model")
+    out = strop("eval", "policy", *common, "--policy", policy, "--json", str(tmp_path / "e.json"))
+    assert "solve rate" in out.stdout and json.loads((tmp_path / "e.json").read_text())["eval_episodes"] == 8
+    cfg = load_config(CONFIG, [f"run.out_dir={tmp_path}"])
+    evaluate(cfg, policy, rollouts=RolloutLog(tmp_path / "kept", 10))
     observations = []
-    for step in sorted((tmp_path / "toy" / "rl" / "rollouts").glob("step_*.jsonl.gz")):
-        for line in gzip.decompress(step.read_bytes()).decode().splitlines():
-            record = json.loads(line)
-            for window in record["segments"]:
+    for kept in [
+        *(tmp_path / "toy" / "rl" / "rollouts").glob("step_*.jsonl.gz"),
+        tmp_path / "kept" / "eval_greedy.jsonl.gz",
+    ]:
+        for line in gzip.decompress(kept.read_bytes()).decode().splitlines():
+            for window in json.loads(line)["segments"]:
                 messages = window["messages"]
-                for i, m in enumerate(messages[:-1]):
-                    names = [c["function"]["name"] for c in m.get("tool_calls") or []]
-                    if m["role"] == "assistant" and names == ["outline"]:
-                        observations.append(messages[i + 1]["content"])
-    assert observations and any(" def " in o for o in observations), observations[:3]
+                for m, after in zip(messages, messages[1:]):
+                    if [c["function"]["name"] for c in m.get("tool_calls") or []] == ["outline"]:
+                        observations.append(after["content"])
+    assert any(".py:1 def " in o for o in observations), observations[:3]
