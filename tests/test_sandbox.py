@@ -303,6 +303,9 @@ def test_cli_exit_codes(world, capfd):
     assert "timed out" in capfd.readouterr().err
     assert main(["sandbox", "run", "--world", "/nonexistent", "--", "true"]) == 2
     assert "not a directory" in capfd.readouterr().err
+    fill = "for i in 1 2 3 4 5; do fallocate -l 60M f$i; done"  # 300 MB over the default 256 MB
+    assert main(["sandbox", "run", "--", "sh", "-c", fill]) == 125
+    assert "the workspace outgrew 256 MB" in capfd.readouterr().err
 
 
 def test_sandbox_outlives_the_thread_that_opened_it(world):

@@ -3,7 +3,8 @@
 For people and for audits: exactly the sandbox a rollout gets (same user, limits), on the OS image
 of your choice (`--image`; the host's root by default) and a world directory of your choice (an
 empty one by default; the directory itself is never modified: changes live in the sandbox's
-copy-on-write layer and vanish with it). Exits 124 on timeout, like coreutils `timeout`.
+copy-on-write layer and vanish with it). Exits 124 on timeout, like coreutils `timeout`, and 125
+when the workspace outgrew its limit.
 """
 
 import argparse
@@ -66,4 +67,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nstrop: output truncated at {limits.output_bytes} bytes per stream", file=sys.stderr)
     if res.timed_out:
         print(f"strop: timed out after {args.timeout:g} s; the sandbox was killed", file=sys.stderr)
-    return res.exit_code
+    if res.workspace_exceeded:
+        print(f"strop: the workspace outgrew {limits.workspace_mb} MB; the command was killed", file=sys.stderr)
+    return 125 if res.workspace_exceeded else res.exit_code

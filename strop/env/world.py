@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
+from strop.beneath import apply_changes
 from strop.env.host_account import hand_over
 from strop.env.image import image_root
 from strop.env.overlay import copy_tree
@@ -31,10 +32,7 @@ def materialize(task: Task, root: Path) -> Path:
     if task.repo:
         copy_tree(checkout(task.repo, task.base_commit), root)
     root.mkdir(parents=True, exist_ok=True)
-    for rel, text in task.files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+    apply_changes(root, task.files)  # never through a link the repository holds
     return root
 
 

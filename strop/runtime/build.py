@@ -40,8 +40,8 @@ def train_tasks(cfg: Config) -> list:
     tasks = draw_tasks(r.suite, "train", r.difficulties, r.train_tasks, r.train_start)
     if not tasks:
         raise UserError(
-            f"no train tasks in suite {r.suite!r} for rollout.difficulties = {r.difficulties} "
-            f"from rollout.train_start = {r.train_start}"
+            f"rollout.train_start = {r.train_start} leaves no train tasks of suite {r.suite!r} "
+            f"at rollout.difficulties = {r.difficulties}"
         )
     return with_default_image(tasks, r.image)
 
