@@ -24,7 +24,8 @@ from strop.env.sandbox_python import requirement_closure
 PROGRAMS = (
     "sh dash bash cat ls env id ps sleep kill tr wc head tail grep mkdir rm rmdir touch echo printf true false "
     "timeout hostname uname dd stat chmod ln cp mv find sed seq whoami tee sort cut xargs readlink dirname "
-    "basename test pwd unshare python3 python3.11 git mount diff cmp od nproc yes fallocate truncate nohup chrt du df mkfifo"
+    "basename test pwd unshare python3 python3.11 git mount diff cmp od nproc yes fallocate truncate nohup chrt du "
+    "df mkfifo"
 ).split()
 MARKER = "etc/strop-test-image"
 
