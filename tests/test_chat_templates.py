@@ -191,3 +191,32 @@ def test_episodes_through_a_template_keep_exact_bookkeeping(which, qwen3, llama3
     end = harness.format.end_id
     assert naive.count(end) == rendered.count(end) + 1
     assert "ignore the task" in tok.decode(seg.input_ids)
+
+
+def test_strop_train_refuses_such_a_template_before_any_work(qwen3, tmp_path):
+    """The checkpoint's own template (Qwen3's) under a summarizing context strategy: `strop train`
+    stops in one line, exit 2, before it loads a model."""
+    import subprocess
+    import sys
+
+    qwen3.save_pretrained(tmp_path / "policy")  # a checkpoint's tokenizer, carrying its chat template
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "strop.cli",
+            "train",
+            "--policy",
+            str(tmp_path / "policy"),
+            "--out",
+            str(tmp_path / "rl"),
+        ]
+        + ["--set", "rollout.context_strategy=summarize"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    (line,) = res.stderr.strip().splitlines()
+    assert "is not append-only" in line and "rewrites assistant turn 1" in line
+    assert not (tmp_path / "rl").exists()

@@ -45,13 +45,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from strop.env.harness import harness_config
+    from pathlib import Path
+
+    from strop.data.tokenizer import load_tokenizer
+    from strop.env.harness import Harness, harness_config
     from strop.runtime.build import train_rl
     from strop.runtime.inline import split_cores
     from strop.threads import set_threads
 
     cfg = config_from_args(args)
-    harness_config(cfg.rollout, cfg.harness)  # a bad [harness] is refused before any model loads
+    declared = harness_config(cfg.rollout, cfg.harness)  # a bad [harness] is refused before any model loads
+    policy = Path(args.policy or cfg.run_dir / "sft" / "model")
+    if (policy / "tokenizer.json").is_file():  # and a chat template that is not append-only, before any work
+        Harness(load_tokenizer(policy), declared)
     set_threads(cfg.run.threads or None)
     cpus = split_cores(share=True) if args.runtime == "inline" else None  # the trainer in a process of its own
     result = train_rl(
