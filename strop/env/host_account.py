@@ -89,26 +89,36 @@ def node_cache() -> Path:
 
 
 def fetched(url: str) -> Path:
-    """The file at an fsspec URL (s3://, gs://, http://, memory://...), fetched once into the node
-    cache's downloads/: how every node of a cluster materialises images and repositories from one place."""
+    """The file at an fsspec URL (s3://, gs://, http://, memory://...), fetched once per version into
+    the node cache's downloads/ (a version: the size and modification stamp the store reports): how
+    every node of a cluster materialises images and repositories from one place."""
     import hashlib
     import shutil
 
     import fsspec
 
+    try:
+        fs, path = fsspec.core.url_to_fs(url)
+        info = fs.info(path)
+    except Exception as e:  # any fsspec backend's error: one line for the user
+        raise UserError(f"{url!r} cannot be fetched: {_first_line(e)}") from None
+    stamp = [str(info.get(k)) for k in ("size", "mtime", "LastModified", "ETag", "etag", "created") if k in info]
     downloads = node_cache() / "downloads"
     downloads.mkdir(exist_ok=True)
     os.chmod(downloads, 0o755)
-    dest = downloads / (hashlib.sha256(url.encode()).hexdigest()[:24] + "-" + os.path.basename(url.rstrip("/")))
+    key = hashlib.sha256("\0".join([url, *stamp]).encode()).hexdigest()[:24]
+    dest = downloads / (key + "-" + os.path.basename(url.rstrip("/")))
     if not dest.exists():
         tmp = dest.with_name(dest.name + f".part-{os.getpid()}")
         try:
-            with fsspec.open(url, "rb") as f, open(tmp, "wb") as out:
+            with fs.open(path, "rb") as f, open(tmp, "wb") as out:
                 shutil.copyfileobj(f, out, 1 << 20)
         except Exception as e:  # any fsspec backend's error: one line for the user
             tmp.unlink(missing_ok=True)
-            raise UserError(
-                f"{url!r} cannot be fetched: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
-            ) from None
+            raise UserError(f"{url!r} cannot be fetched: {_first_line(e)}") from None
         os.rename(tmp, dest)
     return dest
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
