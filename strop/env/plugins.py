@@ -1,6 +1,7 @@
 """Finding an extension by name: an entry point of a group, or a dotted Python path.
 
-Tool sets (`strop.tools`) and tool-call parsers (`strop.tool_parsers`) are found this way; strop's
+Task suites (`strop.suites`), tool sets (`strop.tools`) and tool-call parsers (`strop.tool_parsers`)
+are found this way; strop's
 built-ins are entry points of its own pyproject, registered exactly as a user's package registers
 its own, so nothing is added to strop by editing a table inside it.
 """
@@ -12,9 +13,10 @@ from strop.errors import UserError
 
 
 def load_object(group: str, spec: str, what: str):
-    """The object `spec` names: the entry point `spec` of `group`, else the dotted path
-    `package.module:attribute` or `package.module.attribute`; None when `spec` is neither a
-    registered name nor a dotted path. A dotted path that does not import is a `UserError`."""
+    """The object `spec` names: the entry point `spec` of `group`, else the dotted path of a module
+    (`package.module`) or of an attribute (`package.module:attribute` or `package.module.attribute`);
+    None when `spec` is neither a registered name nor a dotted path. A dotted path that does not
+    import is a `UserError`."""
     found = [ep for ep in metadata.entry_points(group=group) if ep.name == spec]
     if found:
         return found[0].load()
@@ -22,6 +24,12 @@ def load_object(group: str, spec: str, what: str):
         return None
     module_name, colon, attr = spec.partition(":")
     if not colon:
+        try:
+            return importlib.import_module(spec)  # a module is the object
+        except ModuleNotFoundError as e:
+            if e.name != spec:  # the module exists and fails to import, or its package is missing
+                if not spec.startswith(f"{e.name}."):
+                    raise UserError(f"{what} {spec!r} cannot be imported: {e}") from None
         module_name, _, attr = spec.rpartition(".")
     try:
         module = importlib.import_module(module_name)

@@ -19,11 +19,11 @@ The built-ins:
   `strop tasks build --suite mutated` into the cache (opts: cache).
 """
 
-import importlib
 import inspect
 from dataclasses import replace
 from importlib import metadata
 
+from strop.env.plugins import load_object
 from strop.env.task import Task
 from strop.errors import UserError
 
@@ -52,12 +52,8 @@ def suite_module(name: str):
         from strop.env.task_file import TaskFileSuite
 
         return TaskFileSuite(base.removeprefix("jsonl:"))
-    found = [ep for ep in metadata.entry_points(group=GROUP) if ep.name == base]
-    if found:
-        suite = found[0].load()
-    elif "." in base or ":" in base:
-        suite = _import(base)
-    else:
+    suite = load_object(GROUP, base, "suite")
+    if suite is None:
         raise UserError(
             f"unknown suite {name!r}; choose from {', '.join(list_suites())}, a task file as jsonl:PATH, "
             "or a dotted path package.module"
@@ -67,20 +63,6 @@ def suite_module(name: str):
     if variant and not hasattr(suite, "VARIANT"):
         raise UserError(f"suite {base!r} has no variants (got {name!r})")
     return suite
-
-
-def _import(path: str):
-    module_name, _, attr = path.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise UserError(f"suite {path!r} cannot be imported: {e}") from None
-    if not attr:
-        return module
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise UserError(f"suite {path!r}: module {module_name!r} has no {attr!r}") from None
 
 
 def load_suite(name: str, split: str | None = None, **opts) -> list[Task]:
