@@ -9,9 +9,12 @@ makes for worlds are handed to it (`hand_over`), and the node cache lives where 
 (`node_cache`).
 """
 
+import contextlib
+import fcntl
 import os
 import stat
 from pathlib import Path
+from typing import Iterator
 
 from strop.errors import UserError
 
@@ -88,6 +91,27 @@ def node_cache() -> Path:
     return path
 
 
+def cache_dir(kind: str) -> Path:
+    """The node cache's directory for one kind of entry (images, repos, downloads, ...), made on
+    first use, enterable by the sandbox account."""
+    path = node_cache() / kind
+    path.mkdir(exist_ok=True)
+    os.chmod(path, 0o755)
+    return path
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on the file `path` (made if missing) while the block runs: one process
+    builds a cache entry while the others wait, then find it built."""
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def fetched(url: str) -> Path:
     """The file at an fsspec URL (s3://, gs://, http://, memory://...), fetched once per version into
     the node cache's downloads/ (a version: the size and modification stamp the store reports): how
@@ -103,9 +127,7 @@ def fetched(url: str) -> Path:
     except Exception as e:  # any fsspec backend's error: one line for the user
         raise UserError(f"{url!r} cannot be fetched: {_first_line(e)}") from None
     stamp = [str(info.get(k)) for k in ("size", "mtime", "LastModified", "ETag", "etag", "created") if k in info]
-    downloads = node_cache() / "downloads"
-    downloads.mkdir(exist_ok=True)
-    os.chmod(downloads, 0o755)
+    downloads = cache_dir("downloads")
     key = hashlib.sha256("\0".join([url, *stamp]).encode()).hexdigest()[:24]
     dest = downloads / (key + "-" + os.path.basename(url.rstrip("/")))
     if not dest.exists():

@@ -17,8 +17,6 @@ when complete, under a lock per key: a failure (a corrupt or truncated archive, 
 leaves nothing in the cache.
 """
 
-import contextlib
-import fcntl
 import functools
 import hashlib
 import io
@@ -29,9 +27,9 @@ import shutil
 import tarfile
 import tempfile
 from pathlib import Path
-from typing import IO, Callable, Iterator
+from typing import IO, Callable
 
-from strop.env.host_account import fetched, node_cache, reachable
+from strop.env.host_account import cache_dir, fetched, locked, reachable
 from strop.env.layers import LayerError, extract_layer
 from strop.errors import UserError
 
@@ -145,25 +143,13 @@ def _file_digest(path: str, stamp: tuple) -> str:
     return "sha256-" + h.hexdigest()
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with open(path, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 def _unpack(key: str, apply: Callable[[int], None], what: str) -> str:
     """The cached root of `key`, unpacked by `apply(root_fd)` into a fresh directory on first use."""
-    images = node_cache() / "images"
-    images.mkdir(exist_ok=True)
-    os.chmod(images, 0o755)
+    images = cache_dir("images")
     done = images / key / "rootfs"
     if done.is_dir():
         return str(done)
-    with _locked(images / f".{key}.lock"):
+    with locked(images / f".{key}.lock"):
         if done.is_dir():  # another process unpacked it meanwhile
             return str(done)
         tmp = Path(tempfile.mkdtemp(dir=images, prefix=".unpack-"))

@@ -14,8 +14,6 @@ A git checkout carries a fresh `.git` holding that commit's tree as its only com
 task's commit, which may hold the answer, is not there.
 """
 
-import contextlib
-import fcntl
 import functools
 import hashlib
 import os
@@ -23,9 +21,8 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Iterator
 
-from strop.env.host_account import fetched, hand_over, node_cache
+from strop.env.host_account import cache_dir, fetched, hand_over, locked
 from strop.env.layers import LayerError, extract_layer
 from strop.env.overlay import copy_tree
 from strop.errors import UserError
@@ -61,23 +58,6 @@ def _is_url(source: str) -> bool:
     return "://" in source or source.startswith("git@")
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with open(path, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def _cache(kind: str) -> Path:
-    d = node_cache() / kind
-    d.mkdir(exist_ok=True)
-    os.chmod(d, 0o755)
-    return d
-
-
 def _key(*parts: str) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
@@ -107,7 +87,7 @@ def _is_git(where: str) -> bool:
 
 def _mirror(where: str) -> Path:
     """A bare mirror of a git source in the cache, cloned once and fetched when a commit is missing."""
-    mirrors = _cache("git")
+    mirrors = cache_dir("git")
     mirror = mirrors / (_key(where) + ".git")
     if not mirror.exists():
         tmp = Path(tempfile.mkdtemp(dir=mirrors, prefix=".clone-"))
@@ -127,7 +107,7 @@ def resolve_commit(source: str, commit: str) -> str:
     if not _is_git(where):
         raise UserError(f"repository {source!r} is not a git repository (a base_commit needs one)")
     mirror = _mirror(where)
-    with _locked(mirror.with_suffix(".lock")):
+    with locked(mirror.with_suffix(".lock")):
         sha = git("rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}", cwd=mirror, check=False).strip()
         if not sha and not Path(where).is_file():  # a bundle cannot gain commits
             git("fetch", "--quiet", "--prune", "origin", "+refs/*:refs/*", cwd=mirror, check=False)
@@ -186,11 +166,11 @@ def _checkout(source: str, commit: str, stamp: tuple) -> Path:
     sha = resolve_commit(source, commit) if commit else ""
     where = _local(source)
     key = _key(where, sha or repr(stamp))
-    repos = _cache("repos")
+    repos = cache_dir("repos")
     done = repos / key / "tree"
     if done.is_dir():
         return done
-    with _locked(repos / f".{key}.lock"):
+    with locked(repos / f".{key}.lock"):
         if done.is_dir():
             return done
         tmp = Path(tempfile.mkdtemp(dir=repos, prefix=".build-"))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
 
-from strop.env.host_account import hand_over, node_cache, reachable
+from strop.env.host_account import cache_dir, hand_over, reachable
 
 WORKDIR = "/home/dev/repo"  # where the repository appears inside the sandbox (the production path)
 SCRATCH_KINDS = ("sbx", "world", "check")  # host directories strop-<kind>-<pid>-*, swept when <pid> is dead
@@ -89,8 +89,7 @@ def scratch_base() -> Path:
     base = Path(tempfile.gettempdir())
     if reachable(base):
         return base
-    (scratch := node_cache() / "scratch").mkdir(exist_ok=True)
-    return scratch
+    return cache_dir("scratch")
 
 
 def scratch_dir(kind: str) -> Path:

@@ -27,7 +27,7 @@ import warnings
 from importlib import metadata
 from pathlib import Path
 
-from strop.env.host_account import node_cache, reachable
+from strop.env.host_account import cache_dir, reachable
 
 SANDBOX_PACKAGES = ("pytest",)  # distributions the sandbox's site-packages holds (plus their needs)
 LAYOUT = 3  # bump when _build changes what it writes: a cached copy of another layout is not reused
@@ -126,9 +126,7 @@ def binds() -> tuple[str, ...]:
     """bwrap arguments that expose the sandbox's Python: the base interpreter at its own path (from
     a mirror when the sandbox account cannot reach it) and, in a venv, the trimmed copy at the venv's path."""
     base = os.path.realpath(sys.base_prefix)
-    cache = node_cache() / "sandbox-python"
-    cache.mkdir(exist_ok=True)
-    os.chmod(cache, 0o755)
+    cache = cache_dir("sandbox-python")
     base_src = base if reachable(Path(base)) else str(_mirror_base(base, cache))
     if sys.prefix == sys.base_prefix:
         return ("--ro-bind", base_src, base)  # a system interpreter: its own packages are the image's
