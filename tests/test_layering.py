@@ -15,6 +15,7 @@ FOUNDATION = {
     "errors",
     "outputs",
     "beneath",
+    "jsonl",
     "threads",
     "memory",
     "lifetime",

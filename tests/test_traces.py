@@ -63,9 +63,9 @@ def test_logged_sessions_render_to_the_episodes_tokens(sessions):
 @pytest.mark.parametrize(
     "line, needle",
     [
-        ("{not json", "line 2: not JSON"),
-        (json.dumps({"messages": GOOD["messages"][:3]}), "line 2: the conversation has no final assistant turn"),
-        (json.dumps({"messages": [{"role": "robot", "content": "x"}]}), "line 2, message 1: role must be one of"),
+        ("{not json", "t.jsonl:2: not valid JSON"),
+        (json.dumps({"messages": GOOD["messages"][:3]}), "t.jsonl:2: the conversation has no final assistant turn"),
+        (json.dumps({"messages": [{"role": "robot", "content": "x"}]}), "t.jsonl:2, message 1: role must be one of"),
         (
             json.dumps(
                 {
@@ -73,7 +73,7 @@ def test_logged_sessions_render_to_the_episodes_tokens(sessions):
                     + [{"role": "assistant", "tool_calls": [{"function": {"name": "deploy", "arguments": "{}"}}]}]
                 }
             ),
-            "line 2, message 2: tool call to undeclared tool 'deploy' (declared: read_file, edit_file",
+            "t.jsonl:2, message 2: tool call to undeclared tool 'deploy' (declared: read_file, edit_file",
         ),
         (
             json.dumps(
@@ -107,7 +107,7 @@ def test_a_bad_trace_file_stops_sft_with_one_line_and_exit_2(tmp_path, tiny_poli
     )
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
     assert res.stderr.strip().splitlines() == [
-        "strop: error: t.jsonl line 2: the conversation has no final assistant turn (it ends with a tool message)"
+        "strop: error: t.jsonl:2: the conversation has no final assistant turn (it ends with a tool message)"
     ], res.stderr
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 from strop.env.task import Task
 from strop.errors import UserError
+from strop.jsonl import read_records
 
 # pytest with JUnit in the xunit1 family, whose testcases carry their file: test ids map back to them
 DEFAULT_TEST_COMMAND = [
@@ -190,22 +191,13 @@ def task_record(task: Task, base_dir: Path | None = None) -> dict:
 
 @functools.lru_cache(maxsize=16)
 def _read(path: str, stamp: tuple) -> tuple[tuple[Task, bool], ...]:
-    p, out, seen = Path(path), [], set()
-    suite = f"jsonl:{path}"
-    with open(p, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{p.name}:{n}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-            task, has_split = task_from_record(record, where, p.parent, suite)
-            if task.id in seen:
-                raise UserError(f"{where}: instance_id {task.id!r} appears twice")
-            seen.add(task.id)
-            out.append((task, has_split))
+    out, seen = [], set()
+    for where, record in read_records(path, "task file"):
+        task, has_split = task_from_record(record, where, Path(path).parent, f"jsonl:{path}")
+        if task.id in seen:
+            raise UserError(f"{where}: instance_id {task.id!r} appears twice")
+        seen.add(task.id)
+        out.append((task, has_split))
     if not out:
         raise UserError(f"task file {path} holds no tasks")
     return tuple(out)
@@ -218,12 +210,7 @@ def read_tasks(path: str | Path) -> list[tuple[Task, bool]]:
         st = p.stat()
     except OSError:
         raise UserError(f"task file {str(p)!r} does not exist") from None
-    if not p.is_file():
-        raise UserError(f"task file {str(p)!r} is not a file")
-    try:
-        return list(_read(str(p.resolve()), (st.st_mtime_ns, st.st_size)))
-    except UnicodeDecodeError as e:
-        raise UserError(f"task file {str(p)!r} is not UTF-8 text (byte {e.start})") from None
+    return list(_read(str(p.resolve()), (st.st_mtime_ns, st.st_size)))
 
 
 class TaskFileSuite:

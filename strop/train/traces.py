@@ -19,6 +19,7 @@ from pathlib import Path
 
 from strop.env.segment import Segment
 from strop.errors import UserError
+from strop.jsonl import read_records
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -93,25 +94,9 @@ def parse_conversation(obj, declared: list[str], where: str) -> list[dict]:
 
 def read_traces(path: str | Path, declared: list[str]) -> list[list[dict]]:
     """Every conversation of a trace file, checked line by line (blank lines are skipped)."""
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"sft.traces {str(p)!r} is not a file")
-    try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"sft.traces {str(p)!r} cannot be read: {e}") from None
-    out = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{p.name} line {n}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{where}: not JSON ({e.msg} at char {e.pos})") from None
-        out.append(parse_conversation(obj, declared, where))
+    out = [parse_conversation(obj, declared, where) for where, obj in read_records(path, "sft.traces")]
     if not out:
-        raise UserError(f"sft.traces {str(p)!r} holds no conversation")
+        raise UserError(f"sft.traces {str(path)!r} holds no conversation")
     return out
 
 
