@@ -46,15 +46,15 @@ def test_mined_more_itertools_tasks_validate_evaluate_and_train(debian_image, tm
     version = strop("sandbox", "run", "--image", debian_image, "--", "python3", "--version", cwd=tmp_path)
     assert version.stdout.strip() == "Python 3.11.2", version.stdout  # bookworm's python3, not strop's
     out = tmp_path / "mined.jsonl"
-    # the 30 commits before v8.6.0: five candidates, small test modules, a few minutes
+    # the 20 commits before v7.2.0 (2019): six candidates, a minute or two
     mined = strop(
         *("tasks", "mine", "--repo", str(BUNDLE), "--image", debian_image, "--out", str(out)),
-        *("--rev", "v8.6.0", "--max-commits", "30", "--tests", "touched", "--jobs", "2"),
+        *("--rev", "v7.2.0", "--max-commits", "20", "--tests", "touched", "--jobs", "2"),
         cwd=tmp_path,
     )
     report = json.loads((tmp_path / "mined.report.json").read_text())
-    assert (report["commits_walked"], report["candidates"]) == (30, 5), report
-    assert report["kept"] >= 3 and report["eval"] >= 1, mined.stdout
+    assert (report["commits_walked"], report["candidates"], report["kept"]) == (20, 6, 5), mined.stdout
+    assert report["dropped"]["no failing test"] == 1 and (report["train"], report["eval"]) == (4, 1), report
     strop("tasks", "validate", str(out), "--jobs", "2", cwd=tmp_path)
 
     # the tiny pipeline on the mined tasks: a policy mid-trained in seconds, two RL steps, the held-out rate

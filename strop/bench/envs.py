@@ -13,8 +13,9 @@
 The worlds: `--image` and `--repo` (a git repository or bundle), by default the test kit's
 (`tests/worldkit.py` of the source tree: an OCI image assembled from this machine's Debian python3
 and pytest, and a repository with fix-and-test commits), so `--quick` runs anywhere a clone of strop
-does. The source is copied to a fresh path first, so its mirror and checkouts are new to the node
-cache (and removed again afterwards): cold is cold on every run.
+does. The bench runs on a node cache of its own (`STROP_CACHE`, a fresh directory removed at the
+end), so cold is cold on every run: the image is unpacked again (`image_unpack_s`), the source's
+mirror cloned and every commit checked out for the first time.
 
 Latencies on a shared machine depend on its load; the load average is recorded with the results.
 """
@@ -108,41 +109,29 @@ _LOOKUP = (
 
 
 def _materialise(source: str, n: int) -> dict:
-    """Cold and cached checkouts of `source`'s newest `n` commits, from a copy new to the node."""
+    """Cold and cached checkouts of `source`'s newest `n` commits (the node cache is the bench's own)."""
     from strop.env.repo import checkout, history
 
-    with tempfile.TemporaryDirectory(prefix="strop-bench-repo-") as tmp:
-        copy = Path(tmp) / Path(source.rstrip("/")).name
-        (shutil.copytree if Path(source).is_dir() else shutil.copy)(source, copy, symlinks=True)
+    t = time.perf_counter()
+    history(source)
+    mirror_s = time.perf_counter() - t
+    commits = _commits(source, n)
+    cold, cached = [], []
+    for sha in commits:
         t = time.perf_counter()
-        mirror, _ = history(str(copy))
-        mirror_s = time.perf_counter() - t
-        commits = _commits(str(copy), n)
-        cold, cached, trees = [], [], []
-        try:
-            for sha in commits:
-                t = time.perf_counter()
-                trees.append(checkout(str(copy), sha))
-                cold.append(time.perf_counter() - t)
-            for _ in range(5):
-                for sha in commits:
-                    t = time.perf_counter()
-                    checkout(str(copy), sha)
-                    cached.append(time.perf_counter() - t)
-            # a process that has not looked the commit up yet (a new rollout worker): git finds it in
-            # the mirror, the tree is on disk already
-            fresh = [
-                float(
-                    subprocess.run(
-                        [sys.executable, "-c", _LOOKUP, str(copy), sha], capture_output=True, text=True, check=True
-                    ).stdout
-                )
-                for sha in commits[:5]
-            ]
-        finally:  # the copy's path is new: nothing else uses what the node cache holds of it
-            for tree in trees:
-                shutil.rmtree(tree.parent, ignore_errors=True)
-            shutil.rmtree(mirror, ignore_errors=True)
+        checkout(source, sha)
+        cold.append(time.perf_counter() - t)
+    for _ in range(5):
+        for sha in commits:
+            t = time.perf_counter()
+            checkout(source, sha)
+            cached.append(time.perf_counter() - t)
+    # a process that has not looked the commit up yet (a new rollout worker): git finds it in the
+    # mirror, the tree is on disk already
+    lookup = [sys.executable, "-c", _LOOKUP, source]
+    fresh = [
+        float(subprocess.run([*lookup, sha], capture_output=True, text=True, check=True).stdout) for sha in commits[:5]
+    ]
     return {
         "repo_materialise_ms_cold": statistics.median(cold) * 1e3,
         "repo_materialise_ms_cached": statistics.median(fresh) * 1e3,
@@ -169,20 +158,11 @@ def _mine(source: str, image: str, max_commits: int | None, jobs: int, tests: st
     }
 
 
-def run(args: argparse.Namespace) -> int:
-    from strop.threads import set_threads
-
-    set_threads(1)
-    from strop.bench.table import format_table, write_json
+def _measure(args: argparse.Namespace, runs: int) -> dict:
     from strop.env.host_account import hand_over
     from strop.env.image import image_root
     from strop.env.sandbox import scratch_base
 
-    if args.json:
-        from strop.outputs import check_output_file
-
-        check_output_file(args.json)
-    runs = args.runs or (40 if args.quick else 300)
     n_commits = args.commits or (4 if args.quick else 20)
     t_all = time.perf_counter()
     load = os.getloadavg()[0]
@@ -212,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
         {
             "image": image if args.image else "test kit image",
             "repo": source if args.repo else "test kit repository",
-            "image_unpack_s": unpack_s,  # 0 when the node cache had it
+            "image_unpack_s": unpack_s,  # into the bench's own (empty) node cache
             "mine_tests": args.tests,
             "mine_jobs": args.jobs,
             "start_runs": runs,
@@ -221,6 +201,34 @@ def run(args: argparse.Namespace) -> int:
             "wall_s": time.perf_counter() - t_all,
         }
     )
+    return res
+
+
+def run(args: argparse.Namespace) -> int:
+    from strop.threads import set_threads
+
+    set_threads(1)
+    from strop.bench.table import format_table, write_json
+    from strop.env.host_account import node_cache
+
+    if args.json:
+        from strop.outputs import check_output_file
+
+        check_output_file(args.json)
+    runs = args.runs or (40 if args.quick else 300)
+    # a node cache of the bench's own, removed at the end: every cold figure is cold, on every run
+    cache = Path(tempfile.mkdtemp(prefix="bench-envs-", dir=node_cache()))
+    os.chmod(cache, 0o755)
+    before = os.environ.get("STROP_CACHE")
+    os.environ["STROP_CACHE"] = str(cache)
+    try:
+        res = _measure(args, runs)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+        if before is None:
+            os.environ.pop("STROP_CACHE")
+        else:
+            os.environ["STROP_CACHE"] = before
     rows = [
         {
             "measure": "sandbox start+exit on the image",
@@ -250,9 +258,14 @@ def run(args: argparse.Namespace) -> int:
             "n": min(5, res["repo_commits_materialised"]),
         },
         {"measure": "a source's first use (mirror clone)", "p50": res["repo_mirror_ms"], "unit": "ms", "n": 1},
-        {"measure": "mining: tasks kept", "p50": res["mine_tasks_kept"], "unit": "tasks", "n": res["mine_candidates"]},
         {
-            "measure": "mining: wall time per candidate commit",
+            "measure": "tasks kept by mining",
+            "p50": res["mine_tasks_kept"],
+            "unit": "tasks",
+            "n": res["mine_candidates"],
+        },
+        {
+            "measure": "mining, wall time per candidate commit",
             "p50": res["mine_s_per_commit"],
             "unit": "s",
             "n": res["mine_candidates"],
@@ -260,6 +273,6 @@ def run(args: argparse.Namespace) -> int:
     ]
     print(format_table(rows, ["measure", "p50", "p99", "unit", "n"]))
     print(f"image {res['image']}; repository {res['repo']}; dropped {res['mine_dropped']}")
-    print(f"load average {load:.2f} on {os.cpu_count()} CPUs; {res['wall_s']:.1f} s")
+    print(f"load average {res['loadavg_1m']:.2f} on {os.cpu_count()} CPUs; {res['wall_s']:.1f} s")
     write_json(args.json, res)
     return 0
