@@ -35,6 +35,8 @@ def debian_image(tmp_path_factory) -> str:
         + [str(image)],
         capture_output=True,
         text=True,
+        # reproducible: the same packages give the same tarball, so the node cache unpacks it once
+        env={**os.environ, "SOURCE_DATE_EPOCH": "1700000000"},
     )
     if build.returncode != 0:  # no route to Debian's mirror, or no right to build a root here
         pytest.skip(f"mmdebstrap could not build the image: {(build.stderr.strip().splitlines() or ['?'])[-1]}")
