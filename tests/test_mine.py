@@ -254,7 +254,7 @@ def test_a_killed_mine_resumes_from_what_it_had(calc_repo, tmp_path):
         (["mine", "--repo", "{repo}", "--out", "{tmp}/missing/t.jsonl"], "does not exist"),
         (["validate", "{tmp}/bad.jsonl"], "bad.jsonl:1: missing field 'problem_statement'"),
         (["validate", "{tmp}/no-commit.jsonl"], "has no commit '0000000000000000000000000000000000000000'"),
-        (["validate", "{tmp}/no-image.jsonl"], "image .* does not exist"),
+        (["validate", "{tmp}/no-image.jsonl"], "field 'image': no image at"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(calc_repo, tmp_path, args, why):

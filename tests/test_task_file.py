@@ -49,6 +49,14 @@ def test_every_suite_draws_through_one_contract(tmp_path):
     assert [t.id for t in draw_tasks(plain, "train", [1, 2], 2, start=1)] == ["t-1", "t-2"]  # drawn once
 
 
+def test_image_paths_start_at_the_task_file(tmp_path):
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "img.tar").write_bytes(b"")
+    task, _ = task_from_record(record(1, image="images/img.tar"), "f:1", tmp_path, "jsonl:f")
+    assert task.image == str(tmp_path / "images" / "img.tar")
+    assert task_record(task, tmp_path)["image"] == "images/img.tar"
+
+
 def test_round_trip_and_swe_bench_fields(tmp_path):
     rec = record(
         1,
@@ -75,6 +83,7 @@ def test_round_trip_and_swe_bench_fields(tmp_path):
         (record(1, difficulty=True), "field 'difficulty' must be an integer"),
         (record(1, fail_to_pass=[]), "unknown field 'fail_to_pass' (did you mean 'FAIL_TO_PASS'?)"),
         (record(1, repo="no/such/dir"), "field 'repo': no repository at"),
+        (record(1, image="no/such/img.tar"), "field 'image': no image at"),
         ({"instance_id": "x", "problem_statement": "x", "hidden_tests": TEST}, "a task needs a starting repository"),
         ({"instance_id": "x", "problem_statement": "x", "files": ADD}, "a task needs hidden tests"),
         ([1, 2], "a task is a JSON object"),

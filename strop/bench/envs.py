@@ -10,18 +10,17 @@
 - mining (`strop.env.mine`): tasks kept and wall seconds per candidate commit (two test runs in the
   image, and for a kept one its validation).
 
-The worlds: `--image` and `--repo` (a git repository or bundle), by default the test kit's
-(`tests/worldkit.py` of the source tree: an OCI image assembled from this machine's Debian python3
-and pytest, and a repository with fix-and-test commits), so `--quick` runs anywhere a clone of strop
-does. The bench runs on a node cache of its own (`STROP_CACHE`, a fresh directory removed at the
-end), so cold is cold on every run: the image is unpacked again (`image_unpack_s`), the source's
-mirror cloned and every commit checked out for the first time.
+The worlds: `--image` and `--repo` (a git repository or bundle), by default those of
+`strop.bench.worlds` (an OCI image assembled from this machine's Debian python3 and pytest, and a
+repository with fix-and-test commits, as the tests use), so `--quick` runs wherever strop does.
+The bench runs on a node cache of its own (`STROP_CACHE`, a fresh directory removed at the end),
+so cold is cold on every run: the image is unpacked again (`image_unpack_s`), the source's mirror
+cloned and every commit checked out for the first time.
 
 Latencies on a shared machine depend on its load; the load average is recorded with the results.
 """
 
 import argparse
-import importlib.util
 import os
 import shutil
 import statistics
@@ -53,23 +52,11 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] * 1e3
 
 
-def _kit():
-    """`tests/worldkit.py` of the source tree strop runs from."""
-    path = Path(__file__).resolve().parents[2] / "tests" / "worldkit.py"
-    if not path.is_file():
-        raise UserError("the default worlds come from tests/worldkit.py of a strop clone: give --image and --repo")
-    spec = importlib.util.spec_from_file_location("strop_bench_worldkit", path)
-    kit = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(kit)
-    return kit
-
-
 def _default_worlds(tmp: Path) -> tuple[str, str]:
-    kit = _kit()
+    from strop.bench import worlds as kit
+
     if kit.host_python() is None:
-        raise UserError(
-            "the test kit's image is built from this machine's Debian python3, which it lacks: give --image"
-        )
+        raise UserError("the default image is built from this machine's Debian python3, which it lacks: give --image")
     layers = [kit.base_layer(tmp / "base.tar"), kit.top_layer(tmp / "top.tar")]
     image = kit.oci_layout(tmp / "image", layers)
     kit.fix_and_test_repo(tmp / "calc")

@@ -14,7 +14,8 @@ Fields (SWE-bench's names where it has one):
   gives them whole instead.
 - `FAIL_TO_PASS`, `PASS_TO_PASS` (lists of test ids, or SWE-bench's JSON-encoded lists): the tests
   the checker runs; every one must pass.
-- `image` (str): the OS image (`strop.env.image`); absent = the run's default (`rollout.image`).
+- `image` (str): the OS image (`strop.env.image`; a relative path starts at the task file); absent
+  = the run's default (`rollout.image`).
 - `split` ("train" or "eval"): absent = the task is in both.
 - `difficulty` (int), `test_command` (list of str), `protected` (list of globs), `grader`
   ("pytest" or "values"), `metadata` (object): as in `strop.env.task.Task`.
@@ -125,6 +126,12 @@ def task_from_record(record: Any, where: str, base_dir: Path, suite: str) -> tup
         if not path.exists():
             raise UserError(f"{where}: field 'repo': no repository at {path} (relative paths start at the task file)")
         repo = str(path)
+    image = r.get("image", "")
+    if image and not _is_remote(image) and image != "/":
+        path = (base_dir / image).expanduser().resolve()
+        if not path.exists():
+            raise UserError(f"{where}: field 'image': no image at {path} (relative paths start at the task file)")
+        image = str(path)
     if not repo and "files" not in r:
         raise UserError(f"{where}: a task needs a starting repository: field 'repo' or 'files'")
     if r.get("base_commit") and not repo:
@@ -147,7 +154,7 @@ def task_from_record(record: Any, where: str, base_dir: Path, suite: str) -> tup
         test_command=r.get("test_command", DEFAULT_TEST_COMMAND),
         metadata=metadata,
         grader=r.get("grader", "pytest"),
-        image=r.get("image", ""),
+        image=image,
         repo=repo,
         base_commit=r.get("base_commit", ""),
         test_patch=r.get("test_patch", ""),
@@ -161,11 +168,13 @@ def task_from_record(record: Any, where: str, base_dir: Path, suite: str) -> tup
 
 
 def task_record(task: Task, base_dir: Path | None = None) -> dict:
-    """The task-file line of `task` (the inverse of `task_from_record`); repository paths are written
-    relative to `base_dir` when given."""
-    repo = task.repo
-    if repo and base_dir is not None and not _is_remote(repo):
-        repo = os.path.relpath(repo, base_dir)
+    """The task-file line of `task` (the inverse of `task_from_record`); repository and image paths
+    are written relative to `base_dir` when given."""
+
+    def relative(path: str) -> str:
+        return os.path.relpath(path, base_dir) if path and base_dir is not None and not _is_remote(path) else path
+
+    repo, image = relative(task.repo), relative(task.image) if task.image != "/" else task.image
     record: dict = {"instance_id": task.id, "problem_statement": task.instruction}
     if repo:
         record.update(repo=repo, base_commit=task.base_commit)
@@ -176,7 +185,7 @@ def task_record(task: Task, base_dir: Path | None = None) -> dict:
         "hidden_tests": task.hidden_tests,
         "FAIL_TO_PASS": task.fail_to_pass,
         "PASS_TO_PASS": task.pass_to_pass,
-        "image": task.image,
+        "image": image,
     }
     record.update({k: v for k, v in fields.items() if v})
     record["split"] = task.split
