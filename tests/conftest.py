@@ -1,7 +1,15 @@
 """Shared fixtures: a tokenizer trained in-session on a slice of real code, and tiny models of
-each supported architecture built from it. No downloads."""
+each supported architecture built from it. No downloads.
 
+The session's node cache (unpacked images, checkouts, the sandbox's Python) is a fresh directory of
+its own, removed at the end, so tests neither fill nor depend on this machine's cache; every strop
+process the tests start inherits it. It is made where the sandbox account can enter."""
+
+import atexit
 import contextlib
+import os
+import shutil
+import tempfile
 
 import pytest
 import torch
@@ -9,6 +17,10 @@ import torch
 from strop.threads import set_threads
 
 set_threads(1)
+if "STROP_CACHE" not in os.environ:
+    os.environ["STROP_CACHE"] = tempfile.mkdtemp(prefix="strop-test-cache-", dir="/tmp")
+    os.chmod(os.environ["STROP_CACHE"], 0o755)
+    atexit.register(shutil.rmtree, os.environ["STROP_CACHE"], True)
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ import fsspec
 import pytest
 
 from strop.env.checker import check, source_changes
+from strop.env.host_account import node_cache
 from strop.env.repo import apply_patch, checkout
 from strop.env.suites import load_suite
 from strop.env.world import task_sandbox, workspace_changes
@@ -74,6 +75,8 @@ def test_bad_repositories_are_one_line(calc_repo, tmp_path, source, commit, why)
     (tmp_path / "notgit").mkdir()
     with pytest.raises(UserError, match=why):
         checkout(source.format(repo=repo, tmp=tmp_path), commit)
+    for kind in ("repos", "git"):  # nothing half-written in the cache
+        assert not [p for p in (node_cache() / kind).glob(".*") if not p.name.endswith(".lock")]
 
 
 def test_patches_apply_without_touching_the_tree(calc_repo):

@@ -178,3 +178,23 @@ def test_tasks_cli_export_then_check_round_trip(tmp_path, capsys):
     assert result["reward"] == 1 and result["dropped_paths"] == ["conftest.py"]
     assert [f["kind"] for f in result["flags"]] == ["conftest_or_plugin"]
     assert main(["tasks", "export", "--suite", "synthetic", "synthetic-d1-eval-9999", str(tmp_path / "x")]) == 2
+
+
+def test_tasks_check_grades_no_host_file_through_a_symlink(tmp_path, capsys):
+    """Issue 45, item 5: a workspace whose fixed file is a symlink to a root-only host file holding
+    the fix is not graded on that file's content (it used to earn reward 1)."""
+    from strop.cli import main
+
+    task = get_task("synthetic", "synthetic-d1-eval-0001")
+    ws = tmp_path / "ws"
+    assert main(["tasks", "export", "--suite", "synthetic", task.id, str(ws)]) == 0
+    fixed = apply_edits(task.files, task.metadata["reference_edits"])
+    secret = tmp_path / "host-secret.py"
+    path = next(iter(fixed))
+    secret.write_text(fixed[path])
+    secret.chmod(0o600)
+    (ws / path).unlink()
+    (ws / path).symlink_to(secret)
+    assert main(["tasks", "check", "--suite", "synthetic", task.id, str(ws), "--json", str(tmp_path / "r.json")]) == 0
+    assert json.loads((tmp_path / "r.json").read_text())["reward"] == 0
+    assert f"left out (not regular files): {path}" in capsys.readouterr().out
