@@ -618,6 +618,17 @@ def to_dict(cfg: Config) -> dict:
     return dataclasses.asdict(cfg)
 
 
+def dotted(d: dict, prefix: str = "") -> dict:
+    """A nested config dict as {"section.key": value} (lists stay values)."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(dotted(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 def to_toml(cfg: Config) -> str:
     """Render a config as TOML (sections of scalars and lists, and sections nested in them)."""
     lines: list[str] = []

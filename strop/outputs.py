@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from strop.config import dotted
 from strop.errors import UserError
 
 OUTPUT_MARKER = ".strop-output"  # in a directory a command made and may therefore overwrite and delete
@@ -145,21 +146,11 @@ def claiming(path: Path, command: str) -> Iterator[Path]:
 CONFIG_RECORD = "config.json"  # the resolved config a run directory was made with
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def config_changes(old: dict, new: dict, ignore: tuple[str, ...] = ()) -> dict[str, tuple]:
     """key -> (old, new) for the keys both configs hold with different values, `ignore`d keys (and
     keys under an ignored section) aside. A key only one side has is a schema difference between
     strop versions, not a change of the user's."""
-    a, b = _flat(old), _flat(new)
+    a, b = dotted(old), dotted(new)
     skip = lambda k: any(k == i or k.startswith(i + ".") for i in ignore)  # noqa: E731
     return {k: (a[k], b[k]) for k in sorted(a.keys() & b.keys()) if a[k] != b[k] and not skip(k)}
 

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Protocol
 
-from strop.config import Config, LogSection
+from strop.config import Config, LogSection, dotted
 from strop.errors import UserError
 
 
@@ -149,7 +149,7 @@ class MlflowTracker:
         experiment = self.client.get_experiment_by_name(run_name)
         exp_id = experiment.experiment_id if experiment else self.client.create_experiment(run_name)
         self.run_id = self.client.create_run(exp_id, run_name=f"{run_name}-{stage}", tags={"stage": stage}).info.run_id
-        params = [Param(k, str(v)[:500]) for k, v in _flat(config).items()]
+        params = [Param(k, str(v)[:500]) for k, v in dotted(config).items()]
         for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
             self.client.log_batch(self.run_id, params=params[i : i + 100])
 
@@ -168,16 +168,6 @@ class MlflowTracker:
 
     def close(self) -> None:
         self.client.set_terminated(self.run_id)
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[prefix + k] = v
-    return out
 
 
 class StageTracker:
