@@ -148,7 +148,8 @@ def ray_trainer(cfg, policy: str, pad_id: int, store: str):
     from strop.runtime.ray_trainer import RayTrainer
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        # "local": a new instance, even where `ray start` left a cluster running on this machine
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     return RayTrainer(cfg, policy, no_replay, pad_id, store)
 
 

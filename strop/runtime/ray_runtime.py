@@ -398,5 +398,6 @@ def start_ray(
         if address:
             ray.init(address=address)
         else:
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+            # "local": a new instance, even where `ray start` left a cluster running on this machine
+            ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     return RayRuntime(cfg, policy_dir, tasks, replay_ctx, cpus=cpus, rollout_actors=rollout_actors, store_url=store_url)
