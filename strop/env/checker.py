@@ -34,6 +34,7 @@ import secrets
 import sys
 import time
 import xml.etree.ElementTree as ET
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import PurePosixPath
 from typing import Literal
@@ -129,21 +130,18 @@ def split_changes(
     return kept, sorted(p for p in changes if p not in kept)
 
 
+def _outcome(case: ET.Element) -> str:
+    """How one JUnit <testcase> ended: "error", "failed", "skipped" or "passed" (the first that applies)."""
+    tags = {child.tag for child in case}
+    return next(
+        (k for t, k in (("error", "error"), ("failure", "failed"), ("skipped", "skipped")) if t in tags), "passed"
+    )
+
+
 def parse_junit(xml: bytes) -> tuple[int, int, int, int]:
     """(passed, failed, errors, skipped) over every <testcase> of a JUnit report."""
-    root = ET.fromstring(xml)
-    passed = failed = errors = skipped = 0
-    for case in root.iter("testcase"):
-        tags = {child.tag for child in case}
-        if "error" in tags:
-            errors += 1
-        elif "failure" in tags:
-            failed += 1
-        elif "skipped" in tags:
-            skipped += 1
-        else:
-            passed += 1
-    return passed, failed, errors, skipped
+    kinds = Counter(_outcome(case) for case in ET.fromstring(xml).iter("testcase"))
+    return kinds["passed"], kinds["failed"], kinds["error"], kinds["skipped"]
 
 
 _WORST = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
@@ -160,10 +158,7 @@ def junit_outcomes(xml: bytes) -> dict[str, str]:
     files = {c.get("file", "") for c in cases}
     out: dict[str, str] = {}
     for case in cases:
-        tags = {child.tag for child in case}
-        kind = next(
-            (k for t, k in (("error", "error"), ("failure", "failed"), ("skipped", "skipped")) if t in tags), "passed"
-        )
+        kind = _outcome(case)
         classname, name, file = case.get("classname", ""), case.get("name", ""), case.get("file", "")
         if not classname:  # a collection error: the name is the module, dotted
             test_id = file or name.replace(".", "/") + ".py"

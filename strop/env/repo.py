@@ -153,12 +153,12 @@ def _stamp(source: str) -> tuple:
     if path.is_file():
         st = path.stat()
         return (st.st_size, st.st_mtime_ns)
-    return tuple(
-        (os.path.relpath(os.path.join(d, n), path), os.lstat(os.path.join(d, n)).st_size)
-        + (os.lstat(os.path.join(d, n)).st_mtime_ns,)
-        for d, dirs, files in sorted(os.walk(path))
-        for n in sorted(files + dirs)
-    )
+    entries = []
+    for d, dirs, files in sorted(os.walk(path)):
+        for n in sorted(files + dirs):
+            st = os.lstat(os.path.join(d, n))
+            entries.append((os.path.relpath(os.path.join(d, n), path), st.st_size, st.st_mtime_ns))
+    return tuple(entries)
 
 
 @functools.lru_cache(maxsize=256)

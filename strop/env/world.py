@@ -12,7 +12,7 @@ import functools
 import os
 import shutil
 import stat
-import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
@@ -64,19 +64,9 @@ def task_sandbox(task: Task, limits: Limits = Limits(), kind: str = "world") -> 
             sandbox.close()
 
 
-@contextlib.contextmanager
-def empty_sandbox(task: Task, limits: Limits = Limits()) -> Iterator[Sandbox]:
+def empty_sandbox(task: Task, limits: Limits = Limits()) -> contextlib.AbstractContextManager[Sandbox]:
     """A fresh sandbox on `task`'s image with an empty WORKDIR (the judge of values grading)."""
-    image = image_root(task.image)
-    world = scratch_dir("check")
-    try:
-        sandbox = open_sandbox(world, limits, image)
-        try:
-            yield sandbox
-        finally:
-            sandbox.close()
-    finally:
-        shutil.rmtree(world, ignore_errors=True)
+    return task_sandbox(replace(task, repo="", base_commit="", files={}), limits, kind="check")
 
 
 def hidden_tests(task: Task) -> dict[str, str]:
@@ -93,11 +83,7 @@ def hidden_tests(task: Task) -> dict[str, str]:
 @functools.lru_cache(maxsize=1024)
 def _patched(repo: str, commit: str, files: tuple, patch: str) -> dict[str, str]:
     task = Task(id="", suite="", split="eval", instruction="", files=dict(files), repo=repo, base_commit=commit)
-    if repo and not files:
-        tree = checkout(repo, commit)
-        return {p: d.decode(errors="replace") for p, d in apply_patch(tree, patch).items() if d is not None}
-    with tempfile.TemporaryDirectory(prefix="strop-pristine-") as tmp:
-        tree = materialize(task, Path(tmp) / "repo")
+    with task_repository(task) as tree:
         return {p: d.decode(errors="replace") for p, d in apply_patch(tree, patch).items() if d is not None}
 
 
@@ -108,17 +94,26 @@ def repository_has(task: Task, top: str) -> bool:
     return bool(task.repo) and (checkout(task.repo, task.base_commit) / top).exists()
 
 
-def _regular_files(root: Path) -> dict[str, Path]:
-    """Relative path -> path of every regular file under `root` (no symlink followed, `.git` and
-    caches skipped)."""
-    out = {}
+def _entries(root: Path) -> tuple[dict[str, Path], list[str]]:
+    """Under `root`, without following a symlink and skipping `.git` and caches: relative path ->
+    path of every regular file, and the relative paths of everything else that is not a directory
+    (symlinks, fifos, sockets, devices)."""
+    regular, others = {}, []
     for dirpath, dirnames, filenames in os.walk(root):
+        others += [
+            os.path.relpath(os.path.join(dirpath, d), root)
+            for d in dirnames
+            if os.path.islink(os.path.join(dirpath, d))
+        ]
         dirnames[:] = [d for d in dirnames if d not in (".git", "__pycache__", ".pytest_cache")]
         for name in filenames:
             path = Path(dirpath) / name
-            if stat.S_ISREG(os.lstat(path).st_mode) and not name.endswith(".pyc"):
-                out[path.relative_to(root).as_posix()] = path
-    return out
+            rel = path.relative_to(root).as_posix()
+            if not stat.S_ISREG(os.lstat(path).st_mode):
+                others.append(rel)
+            elif not name.endswith(".pyc"):
+                regular[rel] = path
+    return regular, sorted(others)
 
 
 def _read_nofollow(path: Path) -> bytes:
@@ -131,15 +126,9 @@ def workspace_changes(task: Task, final: Path) -> tuple[dict[str, bytes | None],
     """The directory `final` as an agent's workspace: its changes against the task's starting
     repository (relative path -> bytes, None = deleted), and the entries that are not regular files
     (symlinks, fifos), which are left out: reading through a symlink would read the host."""
-    skipped = sorted(
-        os.path.relpath(os.path.join(d, n), final)
-        for d, dirs, files in os.walk(final)
-        for n in files + dirs
-        if os.path.islink(os.path.join(d, n))
-        or not (os.path.isdir(os.path.join(d, n)) or os.path.isfile(os.path.join(d, n)))
-    )
+    after, skipped = _entries(final)
     with task_repository(task) as start:
-        before, after = _regular_files(start), _regular_files(final)
+        before = _entries(start)[0]
         changes: dict[str, bytes | None] = {}
         for rel, path in after.items():
             data = _read_nofollow(path)
