@@ -44,7 +44,6 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
@@ -53,11 +52,11 @@ from xml.etree.ElementTree import ParseError
 
 from strop.env.checker import check, junit_outcomes, run_tests, source_changes, split_changes, task_limits
 from strop.env.image import image_root
-from strop.env.repo import apply_patch, checkout, git, history
+from strop.env.repo import git, history
 from strop.env.task import Task
 from strop.env.task_file import DEFAULT_TEST_COMMAND, task_from_record, task_record
 from strop.env.touched_tests import touched_tests
-from strop.env.world import hidden_tests, materialize
+from strop.env.world import gold_changes, hidden_tests
 from strop.errors import UserError
 from strop.outputs import write_atomic
 
@@ -205,14 +204,6 @@ def _task(how: Settings, mirror: Path, commit: Commit) -> Task:
         test_patch=_diff(mirror, commit, commit.tests),
         gold_patch=_diff(mirror, commit, commit.code),
     )
-
-
-def gold_changes(task: Task) -> dict[str, bytes | None]:
-    """The changes of `task`'s gold patch to its starting repository (UserError if it does not apply)."""
-    if task.repo and not task.files:
-        return apply_patch(checkout(task.repo, task.base_commit), task.gold_patch)
-    with tempfile.TemporaryDirectory(prefix="strop-gold-") as tmp:
-        return apply_patch(materialize(task, Path(tmp) / "repo"), task.gold_patch)
 
 
 def _outcomes(report: bytes | None) -> dict[str, str] | None:

@@ -149,6 +149,13 @@ def starting_text(task: Task, path: str) -> str:
     return ""
 
 
+def gold_changes(task: Task) -> dict[str, bytes | None]:
+    """The changes of `task`'s gold patch to its starting repository (relative path -> new bytes,
+    None = deleted; UserError if it does not apply)."""
+    with task_repository(task) as tree:
+        return apply_patch(tree, task.gold_patch)
+
+
 def reference_edits(task: Task) -> list[dict]:
     """The task's reference solution as exact search/replace edits ({"path", "old", "new"}; an empty
     `old` writes a new file): the metadata's, else one per file its gold patch changes (deletions
@@ -157,10 +164,8 @@ def reference_edits(task: Task) -> list[dict]:
         return task.metadata["reference_edits"]
     if not task.gold_patch:
         return []
-    with task_repository(task) as tree:
-        after = apply_patch(tree, task.gold_patch)
     edits = []
-    for path, new in sorted(after.items()):
+    for path, new in sorted(gold_changes(task).items()):
         old = starting_text(task, path)
         if new is None:
             continue
