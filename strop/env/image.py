@@ -23,13 +23,11 @@ import io
 import json
 import os
 import platform
-import shutil
 import tarfile
-import tempfile
 from pathlib import Path
 from typing import IO, Callable
 
-from strop.env.host_account import cache_dir, fetched, locked, reachable
+from strop.env.host_account import built, cache_dir, fetched, reachable
 from strop.env.layers import LayerError, extract_layer
 from strop.errors import UserError
 
@@ -145,34 +143,24 @@ def _file_digest(path: str, stamp: tuple) -> str:
 
 def _unpack(key: str, apply: Callable[[int], None], what: str) -> str:
     """The cached root of `key`, unpacked by `apply(root_fd)` into a fresh directory on first use."""
-    images = cache_dir("images")
-    done = images / key / "rootfs"
-    if done.is_dir():
-        return str(done)
-    with locked(images / f".{key}.lock"):
-        if done.is_dir():  # another process unpacked it meanwhile
-            return str(done)
-        tmp = Path(tempfile.mkdtemp(dir=images, prefix=".unpack-"))
+
+    def build(tmp: Path) -> None:
+        rootfs = tmp / "rootfs"
+        rootfs.mkdir()
+        fd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            (tmp / "rootfs").mkdir()
-            fd = os.open(tmp / "rootfs", os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                apply(fd)
-            finally:
-                os.close(fd)
-            rootfs = tmp / "rootfs"
-            if not ((rootfs / "usr").is_dir() and (rootfs / "etc").is_dir() and not (rootfs / "etc").is_symlink()):
-                raise LayerError("holds no system root (no usr/ and etc/ directories)")
-            os.chmod(tmp / "rootfs", 0o755)
-            os.chmod(tmp, 0o755)
-            (tmp / "source.txt").write_text(what + "\n")
-            os.rename(tmp, images / key)
-        except LayerError as e:
-            raise UserError(f"image {what}: {str(e).splitlines()[0]}") from None
+            apply(fd)
         finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-    return str(done)
+            os.close(fd)
+        if not ((rootfs / "usr").is_dir() and (rootfs / "etc").is_dir() and not (rootfs / "etc").is_symlink()):
+            raise LayerError("holds no system root (no usr/ and etc/ directories)")
+        os.chmod(rootfs, 0o755)
+        (tmp / "source.txt").write_text(what + "\n")
+
+    try:
+        return str(built(cache_dir("images") / key, build) / "rootfs")
+    except LayerError as e:
+        raise UserError(f"image {what}: {str(e).splitlines()[0]}") from None
 
 
 def image_root(spec: str) -> str:

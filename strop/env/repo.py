@@ -22,7 +22,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from strop.env.host_account import cache_dir, fetched, hand_over, locked
+from strop.env.host_account import built, cache_dir, fetched, hand_over, locked
 from strop.env.layers import LayerError, extract_layer
 from strop.env.overlay import copy_tree
 from strop.errors import UserError
@@ -87,18 +87,9 @@ def _is_git(where: str) -> bool:
 
 def _mirror(where: str) -> Path:
     """A bare mirror of a git source in the cache, cloned once and fetched when a commit is missing."""
-    mirrors = cache_dir("git")
-    mirror = mirrors / (_key(where) + ".git")
-    if not mirror.exists():
-        tmp = Path(tempfile.mkdtemp(dir=mirrors, prefix=".clone-"))
-        try:
-            git("clone", "--quiet", "--mirror", where, str(tmp / "m.git"))
-            os.rename(tmp / "m.git", mirror)
-        except OSError:
-            pass  # another process cloned it meanwhile
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return mirror
+    return built(
+        cache_dir("git") / (_key(where) + ".git"), lambda tmp: git("clone", "--quiet", "--mirror", where, str(tmp))
+    )
 
 
 def resolve_commit(source: str, commit: str) -> str:
@@ -165,29 +156,16 @@ def _stamp(source: str) -> tuple:
 def _checkout(source: str, commit: str, stamp: tuple) -> Path:
     sha = resolve_commit(source, commit) if commit else ""
     where = _local(source)
-    key = _key(where, sha or repr(stamp))
-    repos = cache_dir("repos")
-    done = repos / key / "tree"
-    if done.is_dir():
-        return done
-    with locked(repos / f".{key}.lock"):
-        if done.is_dir():
-            return done
-        tmp = Path(tempfile.mkdtemp(dir=repos, prefix=".build-"))
-        try:
-            tree = tmp / "tree"
-            if sha:
-                _git_tree(_mirror(where), sha, tree)
-            else:
-                _plain_tree(Path(where), tree)
-            hand_over(tree)
-            os.chmod(tmp, 0o755)
-            (tmp / "source.txt").write_text(f"{source} {sha}\n")
-            os.rename(tmp, repos / key)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-    return done
+
+    def build(tmp: Path) -> None:
+        if sha:
+            _git_tree(_mirror(where), sha, tmp / "tree")
+        else:
+            _plain_tree(Path(where), tmp / "tree")
+        hand_over(tmp / "tree")
+        (tmp / "source.txt").write_text(f"{source} {sha}\n")
+
+    return built(cache_dir("repos") / _key(where, sha or repr(stamp)), build) / "tree"
 
 
 def _git_tree(mirror: Path, sha: str, tree: Path) -> None:

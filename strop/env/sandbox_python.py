@@ -22,12 +22,11 @@ import hashlib
 import os
 import shutil
 import sys
-import tempfile
 import warnings
 from importlib import metadata
 from pathlib import Path
 
-from strop.env.host_account import cache_dir, reachable
+from strop.env.host_account import built, cache_dir, reachable
 
 SANDBOX_PACKAGES = ("pytest",)  # distributions the sandbox's site-packages holds (plus their needs)
 LAYOUT = 3  # bump when _build changes what it writes: a cached copy of another layout is not reused
@@ -64,7 +63,7 @@ def _site_packages() -> Path:
 
 def _build(dest: Path, dists: list[metadata.Distribution]) -> None:
     src = Path(sys.prefix)
-    (dest / "bin").mkdir(parents=True)
+    (dest / "bin").mkdir(parents=True, exist_ok=True)
     shutil.copy2(src / "pyvenv.cfg", dest / "pyvenv.cfg")
     for name in os.listdir(src / "bin"):
         if name.startswith("python"):
@@ -90,35 +89,28 @@ def _mirror_base(base: str, cache: Path) -> Path:
     """The base interpreter's files a sandbox needs (its binaries, shared library and standard
     library, without the test suite or its own site-packages), hard-linked (or copied) under the
     node cache: the sandbox account cannot enter where it lives (pyenv's under root's home)."""
-    key = hashlib.sha256(repr((LAYOUT, base, sys.version)).encode()).hexdigest()[:16]
-    dest = cache / f"base-{key}"
-    if dest.exists():
-        return dest
-    tmp = Path(tempfile.mkdtemp(dir=cache, prefix=".build-"))
     stdlib = f"lib/python{sys.version_info[0]}.{sys.version_info[1]}"
     skip = {f"{stdlib}/test", f"{stdlib}/site-packages", "include", "share"}
-    for dirpath, dirnames, filenames in os.walk(base):
-        rel = os.path.relpath(dirpath, base)
-        dirnames[:] = [d for d in dirnames if os.path.normpath(os.path.join(rel, d)) not in skip]
-        out = tmp / "base" / rel
-        out.mkdir(parents=True, exist_ok=True)
-        for name in filenames:
-            src = os.path.join(dirpath, name)
-            if os.path.islink(src):
-                os.symlink(os.readlink(src), out / name)
-                continue
-            try:
-                os.link(src, out / name)
-            except OSError:  # another filesystem
-                shutil.copy2(src, out / name)
-    for d in [tmp / "base", *(p for p in (tmp / "base").rglob("*") if p.is_dir() and not p.is_symlink())]:
-        os.chmod(d, 0o755)
-    try:
-        os.rename(tmp / "base", dest)  # atomic: concurrent builders race harmlessly
-    except OSError:
-        pass
-    shutil.rmtree(tmp, ignore_errors=True)
-    return dest
+
+    def build(tmp: Path) -> None:
+        for dirpath, dirnames, filenames in os.walk(base):
+            rel = os.path.relpath(dirpath, base)
+            dirnames[:] = [d for d in dirnames if os.path.normpath(os.path.join(rel, d)) not in skip]
+            out = tmp / rel
+            out.mkdir(mode=0o755, parents=True, exist_ok=True)
+            os.chmod(out, 0o755)
+            for name in filenames:
+                src = os.path.join(dirpath, name)
+                if os.path.islink(src):
+                    os.symlink(os.readlink(src), out / name)
+                    continue
+                try:
+                    os.link(src, out / name)
+                except OSError:  # another filesystem
+                    shutil.copy2(src, out / name)
+
+    key = hashlib.sha256(repr((LAYOUT, base, sys.version)).encode()).hexdigest()[:16]
+    return built(cache / f"base-{key}", build)
 
 
 @functools.cache
@@ -132,13 +124,5 @@ def binds() -> tuple[str, ...]:
         return ("--ro-bind", base_src, base)  # a system interpreter: its own packages are the image's
     dists = requirement_closure(SANDBOX_PACKAGES)
     key = hashlib.sha256(repr((LAYOUT, sys.prefix, base, [(d.metadata["Name"], d.version) for d in dists])).encode())
-    dest = cache / key.hexdigest()[:16]
-    if not dest.exists():
-        tmp = Path(tempfile.mkdtemp(dir=cache, prefix=".build-"))
-        _build(tmp / "venv", dists)
-        try:
-            os.rename(tmp / "venv", dest)  # atomic: concurrent builders race harmlessly
-        except OSError:
-            pass
-        shutil.rmtree(tmp, ignore_errors=True)
+    dest = built(cache / key.hexdigest()[:16], lambda tmp: _build(tmp, dists))
     return ("--ro-bind", base_src, base, "--ro-bind", str(dest), sys.prefix)
