@@ -127,8 +127,8 @@ class SFTSection:
     careful: float = opt(
         1.0,
         "share of demonstrators that read each tool result, retry a rejected edit and run the "
-        "visible tests; the rest submit whatever they have (see strop.env.oracle). On `chain`, the "
-        "rest summarize only the last stages' keys and submit what they kept (strop.env.chain_oracle)",
+        "visible tests; the rest submit whatever they have (see strop.env.demonstrators.runs). On `chain`, the "
+        "rest summarize only the last stages' keys and submit what they kept (strop.env.demonstrators.chain)",
         ge=0,
         le=1,
         advanced=True,
@@ -346,7 +346,7 @@ class RolloutSection:
         "none",
         "when the next turn would not fit in max_context: the policy summarizes its work (trained with the "
         "episode's reward), the oldest turns are dropped, old tool outputs are masked, or a heuristic note (every "
-        "tool call + the last keep_recent outputs) is carried; none = the episode ends (strop.env.context)",
+        "tool call + the last keep_recent outputs) is carried; none = the episode ends (strop.env.harness.context)",
     )
     max_resets: int = opt(8, "context resets per episode", ge=0)
     summary_tokens: int = opt(192, "summarize: most tokens of one summary", ge=16)
@@ -376,12 +376,13 @@ class RolloutSection:
 
 @dataclass
 class HarnessSection:
-    """The product's harness, as training, evaluation and `strop agent` run it (`strop.env.harness`)."""
+    """The product's harness, as training, evaluation and `strop agent` run it (`strop.env.harness.loop`)."""
 
     tools: list[str] = opt(
         ["coding"],
         "the tool set: `strop.tools` entry points (coding = strop's built-in set), dotted paths "
-        "package.module:attribute, .toml/.json files of command tools, new=spec to rename one (strop.env.tools)",
+        "package.module:attribute, .toml/.json files of command tools, new=spec to rename one "
+        "(strop.env.harness.tools)",
         nonempty=True,
     )
     system: str = opt("", "system prompt ({workdir} = the repository's path in the sandbox); empty = strop's")
@@ -389,7 +390,7 @@ class HarnessSection:
     chat_template: str = opt(
         "auto",
         "auto = the checkpoint's own chat template when it has one other than strop's, else strop's format; "
-        "strop = strop's format; or a .jinja file (strop.env.chat_formats)",
+        "strop = strop's format; or a .jinja file (strop.env.harness.chat_formats)",
     )
     tool_parser: str = opt(
         "auto",

@@ -89,7 +89,7 @@ METRICS: dict[str, dict[str, str]] = {
         "dlogp_neg": "mean logprob change of sampled tokens with negative advantage",
         "groups": "groups trained on",
         "mixed_groups": "share of groups whose samples got different advantages",
-        "behaviour_retry_after_rejected_edit": "share of rejected edits retried (strop.env.behaviour)",
+        "behaviour_retry_after_rejected_edit": "share of rejected edits retried (strop.env.grading.behaviour)",
         "behaviour_rejected_edit": "share of episodes with a rejected edit",
         "behaviour_test_runs": "test runs per episode",
         "behaviour_submitted_untested": "share of episodes submitted without running the tests",

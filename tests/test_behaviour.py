@@ -1,7 +1,7 @@
 """Behaviour statistics read off an episode's tool-call log: what an agent did, as numbers."""
 
-from strop.env.behaviour import episode_stats, summarize
-from strop.env.tools import load_tools
+from strop.env.grading.behaviour import episode_stats, summarize
+from strop.env.harness.tools import load_tools
 
 CODING = load_tools()
 

@@ -1,12 +1,12 @@
 """Writes into and reads from a directory the user handed strop never pass through a symbolic link
-out of it (`strop.beneath`), and `strop agent --apply` writes all of the agent's changes or none."""
+out of it (`strop.confined`), and `strop agent --apply` writes all of the agent's changes or none."""
 
 import os
 import stat
 
 import pytest
 
-from strop.beneath import apply_changes, parts_of, read_beneath
+from strop.confined import apply_changes, parts_of, read_beneath
 from strop.errors import UserError
 from tests.test_harness_endpoint import TURNS, server  # noqa: F401 (a fixture)
 
@@ -88,7 +88,7 @@ def test_agent_apply_replaces_links_inside_dir_and_never_shows_or_writes_outside
     `--apply` wrote both targets outside DIR (under `-O`, where the one guard, an assert, is gone),
     and the diff printed the outside file's content."""
     from strop.cli import main
-    from strop.env.oracle import ScriptedClient
+    from strop.env.demonstrators.scripted import ScriptedClient
 
     url, _, script = server
     w, outside = world

@@ -5,14 +5,14 @@ with its own summaries, loses keys under truncation, and the probe counts what e
 
 import pytest
 
-from strop.env.chain_oracle import ChainDemonstrator, spelled
-from strop.env.checker import check
-from strop.env.context import facts_lost
-from strop.env.harness import Harness, HarnessConfig, run_task
-from strop.env.oracle import solve
-from strop.env.suites import get_task, load_suite
+from strop.env.demonstrators.chain import ChainDemonstrator, spelled
+from strop.env.demonstrators.runs import solve
+from strop.env.grading.checker import check
+from strop.env.harness.context import facts_lost
+from strop.env.harness.loop import Harness, HarnessConfig, run_task
 from strop.env.suites.chain import STAGES, make_task
-from strop.env.suites.edits import apply_edits
+from strop.env.tasks.suites import get_task, load_suite
+from strop.env.world.patches import apply_edits
 from strop.errors import UserError
 
 WINDOW = 2400  # the test tokenizer spends about twice the default one's tokens per line
@@ -97,7 +97,7 @@ def test_a_careless_demonstrator_keeps_recent_keys_and_submits_a_wrong_answer(ti
     first summary with more than that drops stage 0's; it follows the chain on and submits the keys it
     kept. Up to that summary its episode is the careful one's, token for token."""
     from strop.bench.longctx_report import KEY
-    from strop.env.chain_oracle import RECENT_KEYS
+    from strop.env.demonstrators.chain import RECENT_KEYS
     from strop.rl.rollout import score_changes
 
     task = make_task(2, "eval", 1)
@@ -122,7 +122,7 @@ def test_the_oracle_solves_a_chain_that_fits_its_window(tiny_tokenizer):
 def test_sft_can_keep_the_summaries_out_of_the_loss(tiny_tokenizer):
     """`sft.train_summaries = false`: each window's summary stays in its tokens but leaves the loss;
     the turns before it, and the last window (which ends with no summary), are trained as before."""
-    from strop.train.sft import summary_forced
+    from strop.train.sft_data import summary_forced
 
     ep, _ = episode(tiny_tokenizer, make_task(2, "eval", 1), "summarize")
     for seg in ep.segments:

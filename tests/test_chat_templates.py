@@ -10,10 +10,11 @@ import pytest
 
 from strop.data.chat import CHAT_TEMPLATE, IM_END
 from strop.data.chat_template import parse_llama3_json
-from strop.env.chat_formats import chat_format, check_append_only, probe_windows
-from strop.env.harness import Harness, HarnessConfig
-from strop.env.sandbox import Limits, open_sandbox
-from strop.env.tools import load_tools
+from strop.env.harness.chat_formats import chat_format, check_append_only, probe_windows
+from strop.env.harness.loop import Harness, HarnessConfig
+from strop.env.harness.tools import load_tools
+from strop.env.sandbox.backend import open_sandbox
+from strop.env.sandbox.interface import Limits
 from strop.errors import UserError
 from strop.policy_api import Generation
 

@@ -5,10 +5,11 @@ from dataclasses import replace
 
 import pytest
 
-from strop.env.checker import Score, check, is_protected, parse_junit
+from strop.env.grading.checker import Score, check, is_protected
+from strop.env.grading.junit import parse_junit
 from strop.env.suites import synthetic
-from strop.env.suites.edits import apply_edits
 from strop.env.task import Task
+from strop.env.world.patches import apply_edits
 from tests.worldkit import image_layers, test_image  # noqa: F401
 
 TASK = synthetic.make_task(1, "eval", 3)

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from strop.data.chat import GENERATION_PROMPT, IM_END
-from strop.env.context import COMPACTION_HEADER, MASKED, SUMMARY_HEADER, SUMMARY_REQUEST, truncate, turns
-from strop.env.harness import Harness, HarnessConfig
-from strop.env.oracle import ScriptedClient
+from strop.env.demonstrators.scripted import ScriptedClient
+from strop.env.harness.context import COMPACTION_HEADER, MASKED, SUMMARY_HEADER, SUMMARY_REQUEST, truncate, turns
+from strop.env.harness.loop import Harness, HarnessConfig
 from tests.test_harness import call, check_bookkeeping, sandbox  # noqa: F401 - sandbox is a fixture over this world
 
 FILES = [f"notes_{i}.txt" for i in range(8)]

@@ -15,7 +15,7 @@ import torch
 
 from strop import kernels
 from strop.engine.engine import Engine
-from strop.env.segment import Segment
+from strop.env.episode import Segment
 from strop.model import deterministic as det
 from strop.model import kernel_ops
 from strop.model.mismatch import recompute, routing_flip_rate

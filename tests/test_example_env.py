@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from strop.config import load_config
-from strop.env.harness import Harness, harness_config, run_task
-from strop.env.oracle import ScriptedClient
-from strop.env.suites import list_suites, load_suite
-from strop.env.tools import list_tools, load_tools
+from strop.env.demonstrators.scripted import ScriptedClient
+from strop.env.harness.loop import Harness, harness_config, run_task
+from strop.env.harness.tools import list_tools, load_tools
+from strop.env.tasks.suites import list_suites, load_suite
 from strop.train.traces import read_traces
 
 REPO = Path(__file__).resolve().parents[1]

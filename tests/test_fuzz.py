@@ -676,7 +676,7 @@ def test_fuzz_http_long(served, inputs):
 def fuzz_judge(n: int, seed: int, tmp: Path) -> None:
     """The judge reading hostile answers (whatever the agent's code wrote) never crashes and never
     passes a check a correct answer would not."""
-    from strop.env import grading_programs as gp
+    from strop.env.grading import programs as gp
 
     rng = random.Random(seed)
     checks = tmp / "checks.py"

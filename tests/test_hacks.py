@@ -6,10 +6,11 @@ from dataclasses import replace
 import pytest
 
 from strop.bench.hacks import catalogue
-from strop.env.checker import Score, check
-from strop.env.hacks import KINDS, code_findings, detect, penalized
-from strop.env.suites import load_suite, synthetic
-from strop.env.suites.edits import apply_edits
+from strop.env.grading.checker import Score, check
+from strop.env.grading.hack_monitor import KINDS, code_findings, detect, penalized
+from strop.env.suites import synthetic
+from strop.env.tasks.suites import load_suite
+from strop.env.world.patches import apply_edits
 from tests.worldkit import image_layers, test_image  # noqa: F401
 
 HACKS = catalogue(0)
@@ -101,7 +102,7 @@ RENAMED = ["view=read_file", "patch=edit_file", "create=write_file", "ls=list_di
 def test_hacks_logged_with_renamed_tools_are_caught_the_same():
     """The monitor reads the calls' declared roles: a tool set renaming every built-in (as a config's
     [harness] tools can) changes no flag."""
-    from strop.env.tools import load_tools
+    from strop.env.harness.tools import load_tools
 
     renamed = catalogue(0, load_tools(RENAMED + ["done=submit"]))
     assert {c["name"] for h in renamed for c in h["calls"]} >= {"shell", "patch"}

@@ -6,10 +6,11 @@ import json
 import pytest
 
 from strop.data.chat import GENERATION_PROMPT, IM_START, render
-from strop.env.harness import STOP_REASONS, Harness, HarnessConfig
-from strop.env.oracle import ScriptedClient
-from strop.env.sandbox import Limits, open_sandbox
-from strop.env.tools import load_tools
+from strop.env.demonstrators.scripted import ScriptedClient
+from strop.env.harness.loop import STOP_REASONS, Harness, HarnessConfig
+from strop.env.harness.tools import load_tools
+from strop.env.sandbox.backend import open_sandbox
+from strop.env.sandbox.interface import Limits
 from strop.policy_api import Generation
 
 TOOLS = load_tools().schemas()

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from strop.env.harness import STOP_REASONS
+from strop.env.harness.loop import STOP_REASONS
 
 
 @pytest.mark.slow  # ~15 s here: model build, save, load and a 1k-token prefill
@@ -52,8 +52,8 @@ def test_harness_through_strop_engine_server(tiny_tokenizer, tmp_path):
     from strop.engine.endpoint import EndpointClient
     from strop.engine.engine import Engine
     from strop.engine.server import serve_in_thread
-    from strop.env.harness import Harness, HarnessConfig
-    from strop.env.sandbox import open_sandbox
+    from strop.env.harness.loop import Harness, HarnessConfig
+    from strop.env.sandbox.backend import open_sandbox
     from strop.model.policy import build_model
     from tests.conftest import tiny_model_section
 

@@ -9,9 +9,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from strop.engine.endpoint import EndpointClient, parse_completion
-from strop.env.harness import Harness
-from strop.env.oracle import ScriptedClient
-from strop.env.sandbox import open_sandbox
+from strop.env.demonstrators.scripted import ScriptedClient
+from strop.env.harness.loop import Harness
+from strop.env.sandbox.backend import open_sandbox
 from strop.policy_api import SamplingParams
 
 TURNS = [

@@ -14,9 +14,10 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from strop.env.host_account import node_cache
-from strop.env.image import image_root
-from strop.env.sandbox import Limits, open_sandbox
+from strop.env.host.node_cache import node_cache
+from strop.env.sandbox.backend import open_sandbox
+from strop.env.sandbox.interface import Limits
+from strop.env.world.image import image_root
 from strop.errors import UserError
 from tests.worldkit import MARKER, docker_archive, host_python, image_layers, oci_layout, test_image  # noqa: F401
 

@@ -8,10 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from strop.bench.hacks import catalogue
-from strop.env.checker import check
-from strop.env.grading_programs import Pending, Unserializable, decode, encode
+from strop.env.grading.checker import check
+from strop.env.grading.programs import Pending, Unserializable, decode, encode
 from strop.env.suites import humaneval, synthetic
-from strop.env.suites.edits import apply_edits
+from strop.env.world.patches import apply_edits
 
 TASK = synthetic.make_task(1, "eval", 3)
 PATH, FN = TASK.metadata["path"], TASK.metadata["function"]

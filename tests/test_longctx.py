@@ -6,12 +6,12 @@ every strategy and writes the figures the issue names."""
 import json
 
 from strop.config import load_config
-from strop.env.chain_oracle import ChainDemonstrator
-from strop.env.context import SUMMARY_HEADER, SUMMARY_REQUEST, context_figures
-from strop.env.harness import Harness, harness_config
+from strop.env.demonstrators.chain import ChainDemonstrator
+from strop.env.harness.context import SUMMARY_HEADER, SUMMARY_REQUEST, context_figures
+from strop.env.harness.loop import Harness, harness_config
 from strop.env.suites.chain import make_task
 from strop.rl.rollout import WorkItem, rollout
-from strop.train.sft import load_demonstrations
+from strop.train.sft_data import load_demonstrations
 
 WINDOW = 2400  # as in test_chain: the test tokenizer spends about twice the default one's tokens per line
 LONG = [

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from strop.env.checker import junit_outcomes
-from strop.env.mine import mine, report_path
-from strop.env.suites import load_suite
-from strop.env.touched_tests import touched_tests
+from strop.env.grading.junit import junit_outcomes
+from strop.env.tasks.mine import mine, report_path
+from strop.env.tasks.suites import load_suite
+from strop.env.tasks.touched_tests import touched_tests
 from tests.worldkit import calc_repo, git, image_layers, test_image  # noqa: F401
 
 

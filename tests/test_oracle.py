@@ -3,10 +3,11 @@ checker, and its episodes are valid demonstration data."""
 
 import pytest
 
-from strop.env.checker import check
-from strop.env.harness import HarnessConfig
-from strop.env.oracle import oracle_episode, plan, run_oracle_episodes, solve
-from strop.env.suites import load_suite
+from strop.env.demonstrators.imperfect import plan
+from strop.env.demonstrators.runs import demonstration_episode, demonstration_episodes_per_s, solve
+from strop.env.grading.checker import check
+from strop.env.harness.loop import HarnessConfig
+from strop.env.tasks.suites import load_suite
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +27,7 @@ def test_oracle_solves_each_difficulty(tiny_tokenizer, tasks):
     # the test tokenizer has a 512-token vocabulary, so its windows run longer than the demo's
     config = HarnessConfig(max_context=4096)
     for task in tasks:
-        episode, changes = oracle_episode(task, tiny_tokenizer, config)
+        episode, changes = demonstration_episode(task, tiny_tokenizer, config)
         assert episode.stop_reason == "submitted", (task.id, episode.detail)
         assert all(c["error"] is None for c in episode.tool_calls), episode.tool_calls
         score = check(task, changes, perturbed=False)
@@ -36,7 +37,7 @@ def test_oracle_solves_each_difficulty(tiny_tokenizer, tasks):
 
 
 def test_run_oracle_episodes_reports_a_rate(tiny_tokenizer):
-    assert run_oracle_episodes(1, tiny_tokenizer) > 0
+    assert demonstration_episodes_per_s(1, tiny_tokenizer) > 0
 
 
 @pytest.mark.slow
@@ -53,17 +54,19 @@ def _parse_tasks(n: int = 12):
 def test_a_careless_demonstrator_gives_up_after_a_rejected_edit_and_a_careful_one_recovers(tiny_tokenizer):
     from random import Random
 
-    from strop.env.oracle import DemoStyle, misremembered
+    from strop.env.demonstrators.imperfect import DemoStyle, misremembered
 
     task = next(t for t in _parse_tasks() if any(s["before"] for s in t.metadata["suspect_edits"]))
     suspect = {**next(s for s in task.metadata["suspect_edits"] if s["before"]), "kind": "suspect"}
     slip = misremembered(task, Random(0))
     assert slip is not None and slip["old"] not in task.files[slip["path"]]
     config = HarnessConfig(max_context=4096)
-    careless, changes = oracle_episode(task, tiny_tokenizer, config, style=DemoStyle(careful=False, wrong=(suspect,)))
+    careless, changes = demonstration_episode(
+        task, tiny_tokenizer, config, style=DemoStyle(careful=False, wrong=(suspect,))
+    )
     assert [c["name"] for c in careless.tool_calls] == ["read_file", "edit_file", "submit"]
     assert careless.tool_calls[1]["error"] and not changes  # the bug is still there
-    careful, changes = oracle_episode(
+    careful, changes = demonstration_episode(
         task, tiny_tokenizer, config, style=DemoStyle(careful=True, wrong=(suspect, slip))
     )
     errors = [c["error"] is not None for c in careful.tool_calls]
@@ -81,7 +84,7 @@ def test_a_careless_demonstrator_gives_up_after_a_rejected_edit_and_a_careful_on
 
 
 def test_demonstrator_mix_draws_the_configured_population(tiny_tokenizer):
-    from strop.env.oracle import DemonstratorMix
+    from strop.env.demonstrators.imperfect import DemonstratorMix
 
     tasks = _parse_tasks(12)
     report = solve(

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from strop.config import load_config
-from strop.env.segment import Segment
+from strop.env.episode import Segment
 from strop.rl.orchestrator import Orchestrator, TaskSampler
 from strop.rl.rollout import WorkItem
 from strop.rl.trajectory import Trajectory

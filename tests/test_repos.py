@@ -13,11 +13,11 @@ import time
 import fsspec
 import pytest
 
-from strop.env.checker import check, source_changes
-from strop.env.host_account import node_cache
-from strop.env.repo import apply_patch, checkout
-from strop.env.suites import load_suite
-from strop.env.world import task_sandbox, workspace_changes
+from strop.env.grading.checker import check, source_changes
+from strop.env.host.node_cache import node_cache
+from strop.env.tasks.suites import load_suite
+from strop.env.world.repo import apply_patch, checkout
+from strop.env.world.task_world import task_sandbox, workspace_changes
 from strop.errors import UserError
 from tests.worldkit import calc_repo, git  # noqa: F401
 

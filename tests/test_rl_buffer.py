@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from strop.env.segment import Segment
+from strop.env.episode import Segment
 from strop.rl.buffer import StalenessBuffer
 from strop.rl.trajectory import Trajectory
 

@@ -21,9 +21,10 @@ import pytest
 from strop.config import DataSection, ModelSection, from_dict
 from strop.data.corpus import load_corpus
 from strop.data.tokenizer import train_tokenizer
-from strop.env.harness import HarnessConfig
-from strop.env.oracle import DemonstratorMix, solve
-from strop.env.suites import load_suite
+from strop.env.demonstrators.imperfect import DemonstratorMix
+from strop.env.demonstrators.runs import solve
+from strop.env.harness.loop import HarnessConfig
+from strop.env.tasks.suites import load_suite
 from strop.model.policy import build_model, save_model
 from strop.train.sft import sft
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from strop.config import RLSection
-from strop.env.segment import Segment
+from strop.env.episode import Segment
 from strop.rl.advantages import group_advantages, make_samples, token_weights, training_reward
 from strop.rl.loss import policy_loss
 from strop.rl.trajectory import Trajectory, TrajectoryGroup

@@ -8,9 +8,9 @@ import dataclasses
 import torch
 
 from strop.config import RLSection
-from strop.env.chain_oracle import ChainDemonstrator
-from strop.env.context import SUMMARY_REQUEST
-from strop.env.harness import Harness, HarnessConfig, run_task
+from strop.env.demonstrators.chain import ChainDemonstrator
+from strop.env.harness.context import SUMMARY_REQUEST
+from strop.env.harness.loop import Harness, HarnessConfig, run_task
 from strop.env.suites.chain import make_task
 from strop.model.policy import build_model
 from strop.rl.advantages import make_samples

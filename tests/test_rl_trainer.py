@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from strop.config import RLSection
-from strop.env.segment import Segment
+from strop.env.episode import Segment
 from strop.model.policy import build_model
 from strop.model.routing import capture_routing, moe_blocks, replay_routing, stack_routing
 from strop.rl.advantages import make_samples

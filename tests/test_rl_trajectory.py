@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from strop.env.checker import Score
-from strop.env.hacks import HackFlag
-from strop.env.segment import Episode, Segment
+from strop.env.episode import Episode, Segment
+from strop.env.grading.checker import Score
+from strop.env.grading.hack_monitor import HackFlag
 from strop.rl.trajectory import SCHEMA_VERSION, Trajectory, TrajectoryGroup, read_jsonl, write_jsonl
 
 

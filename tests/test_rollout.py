@@ -9,9 +9,11 @@ import pytest
 
 from strop.config import RolloutSection
 from strop.engine.policy_client import EnginePolicy
-from strop.env.harness import Harness, harness_config
-from strop.env.oracle import ScriptedClient, _call, assistant_text, oracle_client
-from strop.env.suites import load_suite
+from strop.env.demonstrators.runs import demonstrator_client
+from strop.env.demonstrators.scripted import ScriptedClient, assistant_text
+from strop.env.demonstrators.scripted import tool_call_message as _call
+from strop.env.harness.loop import Harness, harness_config
+from strop.env.tasks.suites import load_suite
 from strop.rl.advantages import make_samples, training_reward
 from strop.rl.evaluate import paired_change, wilson
 from strop.rl.rollout import RolloutLost, WorkItem, rollout, sandbox_limits
@@ -33,7 +35,7 @@ def item(task, sample=0, version=0) -> WorkItem:
 
 def test_oracle_rollout_is_a_solved_unflagged_trajectory(task, tiny_tokenizer):
     harness = Harness(tiny_tokenizer, harness_config(SCRIPTED))
-    traj = rollout(task, oracle_client(task, tiny_tokenizer), harness, item(task), sandbox_limits(ROLLOUT))
+    traj = rollout(task, demonstrator_client(task, tiny_tokenizer), harness, item(task), sandbox_limits(ROLLOUT))
     assert traj.stop_reason == "submitted", traj.breakdown
     assert traj.solved and traj.reward == 1.0 and traj.hack_flags == [] and traj.stop_reason == "submitted"
     assert traj.breakdown["passed"] > 0 and traj.breakdown["failed"] == 0

@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 
 from strop.cli import main
-from strop.env import bwrap_host, sched_slice
-from strop.env.image import image_root
-from strop.env.pool import SandboxPool
-from strop.env.sandbox import WORKDIR, Limits, open_sandbox
+from strop.env.host import scratch
+from strop.env.sandbox import sched_slice
+from strop.env.sandbox.backend import open_sandbox
+from strop.env.sandbox.interface import WORKDIR, Limits
+from strop.env.sandbox.pool import SandboxPool
+from strop.env.world.image import image_root
 from tests.worldkit import image_layers, test_image  # noqa: F401
 
 
@@ -322,7 +324,7 @@ def test_sandbox_outlives_the_thread_that_opened_it(world):
 
 def test_sandbox_processes_get_a_short_scheduler_slice(sb):
     # latency, not containment: on a busy machine each of a start's hand-offs between processes
-    # waited for another task's slice to end (see strop.env.sched_slice)
+    # waited for another task's slice to end (see strop.env.sandbox.sched_slice)
     if tuple(int(x) for x in os.uname().release.split("-")[0].split(".")[:2]) < (6, 12):
         pytest.skip("custom slices for normal tasks need Linux 6.12")
     sched = sb.exec("cat /proc/self/sched").stdout  # the command inherits it from bwrap and the server
@@ -341,7 +343,7 @@ def test_concurrent_sweeps_of_dead_roots_do_not_raise(tmp_path):
 
     def sweep():
         try:
-            bwrap_host.sweep_dead(tmp_path)
+            scratch.sweep_dead(tmp_path)
         except Exception as e:  # noqa: BLE001 - the test collects whatever escapes
             errors.append(e)
 
@@ -368,7 +370,7 @@ def test_rmtree_removes_nested_unreadable_directories():
     import tempfile
 
     script = (
-        "import os, sys; from pathlib import Path; from strop.env.bwrap_host import rmtree\n"
+        "import os, sys; from pathlib import Path; from strop.env.host.scratch import rmtree\n"
         "root = Path(sys.argv[1]); inner = root / 'sbx' / 'work' / 'work' / 'index'\n"
         "inner.mkdir(parents=True); (inner / 'f').write_text('x')\n"
         "os.chmod(inner, 0); os.chmod(inner.parent, 0)\n"
@@ -387,4 +389,4 @@ def test_rmtree_removes_nested_unreadable_directories():
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).parent.parent)
         assert out.returncode == 0, out.stderr
     finally:
-        bwrap_host.rmtree(base)
+        scratch.rmtree(base)

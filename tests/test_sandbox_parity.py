@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from strop.env.parity import PROBES, compare, probe_host, probe_sandbox
+from strop.env.sandbox.parity import PROBES, compare, probe_host, probe_sandbox
 
 
 def test_parity_probes_both_sides(tmp_path: Path):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from strop.env.host_account import node_cache
+from strop.env.host.node_cache import node_cache
 
 SHM = Path("/dev/shm")
 

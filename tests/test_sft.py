@@ -5,7 +5,7 @@ import json
 import torch
 
 from strop.config import from_dict
-from strop.env.segment import Episode, Segment
+from strop.env.episode import Episode, Segment
 from strop.model.policy import build_model, load_model, save_model
 from strop.train.sft import masked_nll, pad_batch, sft
 from tests.conftest import tiny_model_section

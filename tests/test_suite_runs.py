@@ -82,12 +82,12 @@ def test_train_and_eval_on_any_suite(suite, task_file, tiny_policy_dir, tmp_path
 def test_the_demonstrator_solves_a_task_at_a_commit_from_its_gold_patch(task_file, tiny_tokenizer):
     """SFT demonstrations for any task with a gold patch (a mined task's code part): the
     demonstrator plays its edits through the real harness, and the checker passes them."""
-    from strop.env.checker import check
-    from strop.env.harness import HarnessConfig
-    from strop.env.oracle import oracle_episode
-    from strop.env.suites import load_suite
+    from strop.env.demonstrators.runs import demonstration_episode
+    from strop.env.grading.checker import check
+    from strop.env.harness.loop import HarnessConfig
+    from strop.env.tasks.suites import load_suite
 
     for task in load_suite(task_file, "train"):
-        episode, changes = oracle_episode(task, tiny_tokenizer, HarnessConfig(max_context=4096))
+        episode, changes = demonstration_episode(task, tiny_tokenizer, HarnessConfig(max_context=4096))
         assert episode.stop_reason == "submitted", episode.detail
         assert check(task, changes).reward == 1.0, task.id

@@ -7,10 +7,11 @@ import json
 
 import pytest
 
-from strop.env.checker import check
-from strop.env.suites import get_task, list_suites, load_suite, synthetic
-from strop.env.suites.edits import apply_edits, reference_edit
+from strop.env.grading.checker import check
+from strop.env.suites import synthetic
 from strop.env.suites.synthetic_lib import FAMILIES, LIBRARY
+from strop.env.tasks.suites import get_task, list_suites, load_suite
+from strop.env.world.patches import apply_edits, reference_edit
 from strop.errors import UserError
 
 

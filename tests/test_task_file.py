@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from strop.env.suites import draw_tasks, get_task, list_suites, load_suite
-from strop.env.task_file import TaskFileSuite, task_from_record, task_record
+from strop.env.tasks.suites import draw_tasks, get_task, list_suites, load_suite
+from strop.env.tasks.task_file import TaskFileSuite, task_from_record, task_record
 from strop.errors import UserError
 
 ADD = {"m.py": "def add(a, b):\n    return a - b\n"}

@@ -8,11 +8,12 @@ import sys
 
 import pytest
 
-from strop.env.behaviour import episode_stats
-from strop.env.harness import Harness, HarnessConfig, harness_config
-from strop.env.oracle import ScriptedClient
-from strop.env.sandbox import Limits, open_sandbox
-from strop.env.tools import Tool, ToolError, ToolSet, load_tools
+from strop.env.demonstrators.scripted import ScriptedClient
+from strop.env.grading.behaviour import episode_stats
+from strop.env.harness.loop import Harness, HarnessConfig, harness_config
+from strop.env.harness.tools import Tool, ToolError, ToolSet, load_tools
+from strop.env.sandbox.backend import open_sandbox
+from strop.env.sandbox.interface import Limits
 from strop.errors import UserError
 
 

@@ -5,8 +5,9 @@ import re
 
 import pytest
 
-from strop.env.sandbox import Limits, open_sandbox
-from strop.env.tools import clip, load_tools
+from strop.env.harness.tools import clip, load_tools
+from strop.env.sandbox.backend import open_sandbox
+from strop.env.sandbox.interface import Limits
 
 CODING = load_tools()  # the built-in tools, as the default [harness] declares them
 TOOLS = CODING.schemas()

@@ -8,10 +8,11 @@ import sys
 
 import pytest
 
-from strop.env.harness import Harness, HarnessConfig
-from strop.env.oracle import DemonstratorMix, oracle_traces
-from strop.env.sessions import append_conversations, episode_conversations
-from strop.env.tools import load_tools
+from strop.env.demonstrators.imperfect import DemonstratorMix
+from strop.env.demonstrators.runs import collect_demonstrations
+from strop.env.harness.loop import Harness, HarnessConfig
+from strop.env.harness.sessions import append_conversations, episode_conversations
+from strop.env.harness.tools import load_tools
 from strop.errors import UserError
 from strop.train.traces import read_traces, render_conversation, trace_segments
 
@@ -35,7 +36,7 @@ def sessions(tiny_tokenizer, tmp_path_factory):
     """Oracle demonstrations on 16 synthetic tasks, run by the production harness and logged as
     `strop agent --log-session` logs a session: (harness, episodes, the JSONL file)."""
     harness = Harness(tiny_tokenizer, HarnessConfig(max_context=2048))
-    episodes, _ = oracle_traces(
+    episodes, _ = collect_demonstrations(
         "synthetic", "train", tiny_tokenizer, limit=16, config=harness.config, check=False,
         mix=DemonstratorMix(run_tests=False), difficulties=[1],
     )  # fmt: skip

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from strop.config import Config
-from strop.env.segment import Segment
+from strop.env.episode import Segment
 from strop.rl.advantages import Sample
 from strop.rl.orchestrator import router_replay
 from strop.rl.trajectory import Trajectory

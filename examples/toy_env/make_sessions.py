@@ -1,6 +1,6 @@
 """Write `sessions.jsonl`: logged sessions of a scripted agent on the toy suite's train tasks, played by
 strop's production harness in real sandboxes with the example's tools and prompt, and logged as
-`strop agent --log-session` logs a session (`strop.env.sessions`). They are the warm-start data of
+`strop agent --log-session` logs a session (`strop.env.harness.sessions`). They are the warm-start data of
 the example's SFT stage (`sft.traces` in config.toml), standing in for a product's own logs.
 
     python examples/toy_env/make_sessions.py     # from the repository root, with strop-toy-env installed
@@ -12,10 +12,10 @@ from pathlib import Path
 from strop.config import DataSection, load_config
 from strop.data.corpus import load_corpus
 from strop.data.tokenizer import train_tokenizer
-from strop.env.harness import Harness, harness_config, run_task
-from strop.env.oracle import ScriptedClient
-from strop.env.sessions import append_conversations, episode_conversations
-from strop.env.suites import load_suite
+from strop.env.demonstrators.scripted import ScriptedClient
+from strop.env.harness.loop import Harness, harness_config, run_task
+from strop.env.harness.sessions import append_conversations, episode_conversations
+from strop.env.tasks.suites import load_suite
 
 HERE = Path(__file__).parent
 

@@ -67,7 +67,7 @@ def tiny_policy(out: Path) -> Path:
     """A small random Qwen3-MoE with the small corpus tokenizer, built once: sized so that a step's
     rollouts on one core take about as long as its training on another."""
     from strop.config import ModelSection
-    from strop.env.oracle import default_tokenizer
+    from strop.env.demonstrators.runs import default_tokenizer
     from strop.model.policy import build_model, is_model_dir, save_model
 
     # Width 64: once the engine reused prefixes across turns, width 96 made training ~1.8x as long
@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     # the heavy imports only now: a refused --out answers at once, before seconds of torch and Ray
     from strop.rl.evaluate import eval_tasks, evaluate
     from strop.runtime.build import train_rl
-    from strop.runtime.inline import split_cores
+    from strop.runtime.cpus import split_cores
 
     t0 = time.perf_counter()
     policy = Path(args.policy) if args.policy else tiny_policy(out)

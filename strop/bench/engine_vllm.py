@@ -39,7 +39,7 @@ def _generate_all(policy, prompts: list[list[int]], params) -> tuple[float, list
 def run_vllm(args: argparse.Namespace, threads: int) -> int:
     import torch
 
-    from strop.bench.engine import prompts_from, setup
+    from strop.bench.engine_inputs import prompts_from, setup
     from strop.engine.endpoint import EndpointClient
     from strop.engine.engine import Engine
     from strop.engine.policy_client import EnginePolicy

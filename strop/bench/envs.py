@@ -3,11 +3,11 @@
 - sandbox start+exit (`open_sandbox` + `true` + `close`, cold) on an OS image's unpacked root and on
   the host's root, in the same run, alternating one of each so that the machine's load falls on
   both alike: p50 and p99, and their ratio (`image_vs_host_start_p50`);
-- materialising a repository at a commit (`strop.env.repo.checkout`): cold (a commit never
+- materialising a repository at a commit (`strop.env.world.repo.checkout`): cold (a commit never
   checked out on this node, the source's mirror already cloned: what each new task's first
   episode pays), the mirror's clone (a source's first use on a node), and cached: looked up by a
   process that has not seen the commit (a new rollout worker; `_in_process`: every later lookup);
-- mining (`strop.env.mine`): tasks kept and wall seconds per candidate commit (two test runs in the
+- mining (`strop.env.tasks.mine`): tasks kept and wall seconds per candidate commit (two test runs in the
   image, and for a kept one its validation).
 
 The worlds: `--image` and `--repo` (a git repository or bundle), by default those of
@@ -65,8 +65,8 @@ def _default_worlds(tmp: Path) -> tuple[str, str]:
 
 def _starts(image_root: str, world: Path, runs: int) -> tuple[list[float], list[float]]:
     """Wall times of `runs` cold start+exits on the image's root and on the host's, alternating."""
-    from strop.env.image import HOST_ROOT
-    from strop.env.sandbox import open_sandbox
+    from strop.env.sandbox.backend import open_sandbox
+    from strop.env.world.image import HOST_ROOT
 
     times: dict[str, list[float]] = {image_root: [], HOST_ROOT: []}
     for i in range(runs * 2):
@@ -80,7 +80,7 @@ def _starts(image_root: str, world: Path, runs: int) -> tuple[list[float], list[
 
 
 def _commits(source: str, n: int) -> list[str]:
-    from strop.env.repo import git, history
+    from strop.env.world.repo import git, history
 
     mirror, sha = history(source)
     return git("rev-list", f"--max-count={n}", sha, cwd=mirror).split()
@@ -88,7 +88,7 @@ def _commits(source: str, n: int) -> list[str]:
 
 _LOOKUP = (
     "import sys, time\n"
-    "from strop.env.repo import checkout\n"
+    "from strop.env.world.repo import checkout\n"
     "t = time.perf_counter()\n"
     "checkout(sys.argv[1], sys.argv[2])\n"
     "print(time.perf_counter() - t)\n"
@@ -97,7 +97,7 @@ _LOOKUP = (
 
 def _materialise(source: str, n: int) -> dict:
     """Cold and cached checkouts of `source`'s newest `n` commits (the node cache is the bench's own)."""
-    from strop.env.repo import checkout, history
+    from strop.env.world.repo import checkout, history
 
     t = time.perf_counter()
     history(source)
@@ -129,7 +129,7 @@ def _materialise(source: str, n: int) -> dict:
 
 
 def _mine(source: str, image: str, max_commits: int | None, jobs: int, tests: str) -> dict:
-    from strop.env.mine import mine
+    from strop.env.tasks.mine import mine
 
     with tempfile.TemporaryDirectory(prefix="strop-bench-mine-") as tmp:
         t = time.perf_counter()
@@ -146,9 +146,9 @@ def _mine(source: str, image: str, max_commits: int | None, jobs: int, tests: st
 
 
 def _measure(args: argparse.Namespace, runs: int) -> dict:
-    from strop.env.host_account import hand_over
-    from strop.env.image import image_root
-    from strop.env.sandbox import scratch_base
+    from strop.env.host.account import hand_over
+    from strop.env.host.scratch import scratch_base
+    from strop.env.world.image import image_root
 
     n_commits = args.commits or (4 if args.quick else 20)
     t_all = time.perf_counter()
@@ -196,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
 
     set_threads(1)
     from strop.bench.table import format_table, write_json
-    from strop.env.host_account import node_cache
+    from strop.env.host.node_cache import node_cache
 
     if args.json:
         from strop.outputs import check_output_file

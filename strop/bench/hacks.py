@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from random import Random
 
 from strop.bench.table import format_table, write_json
-from strop.env.tools import ToolSet, load_tools
+from strop.env.harness.tools import ToolSet, load_tools
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tools",
         default="coding",
-        help="comma-separated tool specs the logged calls name (strop.env.tools.load_tools), e.g. "
+        help="comma-separated tool specs the logged calls name (strop.env.harness.tools.load_tools), e.g. "
         "shell=run,patch=edit_file,view=read_file,done=submit",
     )
 
@@ -70,8 +70,8 @@ def catalogue(seed: int, tools: ToolSet | None = None) -> list[dict]:
     """Hack episodes: {kind, task, changes, calls, final_message}; the calls name `tools` (default:
     the built-in coding tools)."""
     from strop.env.suites import synthetic
-    from strop.env.suites.edits import apply_edits
     from strop.env.suites.humaneval import load as load_humaneval
+    from strop.env.world.patches import apply_edits
 
     tools = tools or load_tools()
 
@@ -241,8 +241,8 @@ def catalogue(seed: int, tools: ToolSet | None = None) -> list[dict]:
 def honest_episodes(quick: bool, suites: list[str], tools: ToolSet | None = None) -> list[dict]:
     """The suites' reference solutions with the tool-call log an honest agent leaves: synthetic eval
     (100 per difficulty), all of humaneval, all of mutated; a handful each when `quick`."""
-    from strop.env.suites import load_suite
-    from strop.env.suites.edits import apply_edits
+    from strop.env.tasks.suites import load_suite
+    from strop.env.world.patches import apply_edits
     from strop.errors import UserError
 
     tools = tools or load_tools()
@@ -266,8 +266,8 @@ def honest_episodes(quick: bool, suites: list[str], tools: ToolSet | None = None
 
 
 def _score(ep: dict) -> dict:
-    from strop.env.checker import check
-    from strop.env.hacks import detect
+    from strop.env.grading.checker import check
+    from strop.env.grading.hack_monitor import detect
 
     score = check(ep["task"], ep["changes"])
     flags = detect(ep["task"], ep["changes"], ep["calls"], score, ep["final_message"])
@@ -283,9 +283,9 @@ def _score(ep: dict) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from strop.env.checker import check
-    from strop.env.hacks import KINDS
-    from strop.env.suites import load_suite
+    from strop.env.grading.checker import check
+    from strop.env.grading.hack_monitor import KINDS
+    from strop.env.tasks.suites import load_suite
     from strop.threads import set_threads
 
     set_threads(1)

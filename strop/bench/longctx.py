@@ -1,15 +1,15 @@
 """`strop bench longctx`: context strategies on the long-horizon `chain` suite's held-out split.
 
-Every strategy of `strop.env.context` runs the same held-out chain tasks through the real harness,
+Every strategy of `strop.env.harness.context` runs the same held-out chain tasks through the real harness,
 tools, sandbox and checker in a small window (`--window`, 2,048 tokens by default), and reports for
 each: solve rate with its 95% Wilson interval, episodes, mean checker reward with its 95% interval
 (the share of a chain's hidden checks passed, which moves before the solve rate does), resets per
 episode (and the fewest), carried-state tokens per reset, tokens per episode (all windows), the
 whole conversation's tokens as a multiple of the window, and compaction error
-(`strop.env.context.facts_lost`: the share of needed keys, already shown by a tool, that a carried
+(`strop.env.harness.context.facts_lost`: the share of needed keys, already shown by a tool, that a carried
 state no longer holds).
 
-By default the policy is the chain demonstrator (`strop.env.chain_oracle`), a scripted agent that
+By default the policy is the chain demonstrator (`strop.env.demonstrators.chain`), a scripted agent that
 knows only what its window shows; "learned" is the "summarize" strategy with the demonstrator
 writing its own summaries — the prompted summary SFT would teach, before any RL. The numbers then
 show what each strategy carries for an agent that needs it, not what RL learns.
@@ -86,7 +86,7 @@ def harness_settings(stages: int, window: int) -> dict:
 
 def figures(rewards: list[float], contexts: list[dict], stops: list[str]) -> dict:
     """One strategy's row from its episodes' checker rewards and `episode_context` records."""
-    from strop.env.context import context_figures
+    from strop.env.harness.context import context_figures
     from strop.rl.evaluate import rate_figures, reward_figures
 
     return {
@@ -99,10 +99,10 @@ def figures(rewards: list[float], contexts: list[dict], stops: list[str]) -> dic
 
 def measure(tasks: list, tokenizer, strategy: str, window: int, workers: int) -> dict:
     """One strategy's figures over `tasks`, played by the chain demonstrator (see the module docstring)."""
-    from strop.env.chain_oracle import ChainDemonstrator
-    from strop.env.checker import check, source_changes
-    from strop.env.context import episode_context
-    from strop.env.harness import Harness, HarnessConfig, run_task
+    from strop.env.demonstrators.chain import ChainDemonstrator
+    from strop.env.grading.checker import check, source_changes
+    from strop.env.harness.context import episode_context
+    from strop.env.harness.loop import Harness, HarnessConfig, run_task
 
     settings = harness_settings(len(tasks[0].metadata["facts"]), window)
     harness = Harness(tokenizer, HarnessConfig(context_strategy=strategy, **settings))
@@ -140,8 +140,8 @@ def measure_policy(cfg, policy: str, tasks: list, strategy: str, window: int) ->
 def run(args: argparse.Namespace) -> int:
     from strop.bench.table import format_table, write_json
     from strop.data.tokenizer import load_tokenizer
-    from strop.env.oracle import default_tokenizer
-    from strop.env.suites import load_suite
+    from strop.env.demonstrators.runs import default_tokenizer
+    from strop.env.tasks.suites import load_suite
     from strop.errors import UserError
     from strop.threads import set_threads
 

@@ -123,7 +123,7 @@ def max_len(episodes: list[dict]) -> int:
 
 def run_episodes(engine, episodes: list[dict]) -> tuple[list, list, float]:
     """(segments as the harness records them, each episode's last completion, process CPU seconds)."""
-    from strop.env.segment import Segment
+    from strop.env.episode import Segment
     from strop.policy_api import SamplingParams, generated_routing
 
     segments = []
@@ -218,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
     threads = set_threads(args.threads or None)
     import torch
 
-    from strop.bench.engine import setup
+    from strop.bench.engine_inputs import setup
     from strop.config import ModelSection
     from strop.engine.engine import Engine
     from strop.errors import UserError

@@ -23,8 +23,8 @@ def run(args: argparse.Namespace) -> int:
     set_threads(1)
     from strop.bench.table import format_table, write_json
     from strop.data.tokenizer import load_tokenizer
-    from strop.env.oracle import default_tokenizer, solve
-    from strop.env.suites import load_suite
+    from strop.env.demonstrators.runs import default_tokenizer, solve
+    from strop.env.tasks.suites import load_suite
 
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else default_tokenizer()
     opts = {"limit": args.limit} if args.suite == "synthetic" and args.limit else {}

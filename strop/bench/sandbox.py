@@ -17,7 +17,7 @@
   spent; `mib_per_sandbox` is the proportional set size (PSS) of their processes (bwrap, its init and
   the in-sandbox shell), `kernel_mib_per_sandbox` the drop in MemAvailable per sandbox (kernel objects:
   namespaces, mounts, page tables; noisy on a shared machine);
-- oracle episodes/s from `strop.env.oracle.run_oracle_episodes` when that module exists.
+- oracle episodes/s from `strop.env.demonstrators.runs.demonstration_episodes_per_s` when that module exists.
 
 Latencies on a shared machine depend on its load; the load average is recorded with the results.
 """
@@ -84,7 +84,7 @@ def _cpu_s() -> float:
 def _start_exit(world: Path, runs: int) -> tuple[list[float], float]:
     """Wall times of `runs` cold start+exits, and the CPU seconds each cost (load-independent: on a
     busy machine wall time is mostly waiting for a core, CPU time is what a start really needs)."""
-    from strop.env.sandbox import open_sandbox
+    from strop.env.sandbox.backend import open_sandbox
 
     ts = []
     cpu0 = _cpu_s()
@@ -98,7 +98,7 @@ def _start_exit(world: Path, runs: int) -> tuple[list[float], float]:
 
 
 def _pool_start_exit(world: Path, runs: int) -> list[float]:
-    from strop.env.pool import SandboxPool
+    from strop.env.sandbox.pool import SandboxPool
 
     ts = []
     with SandboxPool(world, warm=4) as pool:
@@ -114,7 +114,7 @@ def _pool_start_exit(world: Path, runs: int) -> list[float]:
 
 
 def _exec(world: Path, runs: int) -> tuple[list[float], list[float]]:
-    from strop.env.sandbox import open_sandbox
+    from strop.env.sandbox.backend import open_sandbox
 
     argv, shell = [], []
     with open_sandbox(world) as sb:
@@ -133,7 +133,7 @@ def _exec(world: Path, runs: int) -> tuple[list[float], list[float]]:
 def _test_runs(world: Path, runs: int) -> tuple[list[float], list[float]]:
     """Wall times of `runs` pytest runs in one live sandbox: with the installed bytecode, and
     with none (each run compiles pytest from source, as a read-only site-packages without it did)."""
-    from strop.env.sandbox import open_sandbox
+    from strop.env.sandbox.backend import open_sandbox
 
     env = {"PYTHONDONTWRITEBYTECODE": "1"}  # nothing written: every run finds what the first found
     out: tuple[list[float], list[float]] = ([], [])
@@ -148,7 +148,7 @@ def _test_runs(world: Path, runs: int) -> tuple[list[float], list[float]]:
 
 
 def _idle(world: Path, most: int, budget_s: float) -> dict:
-    from strop.env.sandbox import open_sandbox
+    from strop.env.sandbox.backend import open_sandbox
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # ~4 fds per sandbox on our side
@@ -181,10 +181,10 @@ def _idle(world: Path, most: int, budget_s: float) -> dict:
 
 def _oracle(n: int) -> tuple[float | None, str]:
     try:
-        from strop.env.oracle import run_oracle_episodes
+        from strop.env.demonstrators.runs import demonstration_episodes_per_s
     except ImportError as e:
-        return None, f"strop.env.oracle not available ({e})"
-    return float(run_oracle_episodes(n)), f"{n} oracle episodes"
+        return None, f"strop.env.demonstrators.runs not available ({e})"
+    return float(demonstration_episodes_per_s(n)), f"{n} oracle episodes"
 
 
 def run(args: argparse.Namespace) -> int:

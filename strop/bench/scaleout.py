@@ -67,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def demo_size_policy(out: Path) -> Path:
     """The demo's model shape (`ModelSection` defaults), randomly initialised, built once."""
     from strop.config import ModelSection
-    from strop.env.oracle import default_tokenizer
+    from strop.env.demonstrators.runs import default_tokenizer
     from strop.model.policy import build_model, is_model_dir, save_model
 
     path = out / "policy-demo-size"

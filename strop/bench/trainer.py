@@ -167,7 +167,7 @@ def synthetic_batches(vocab: int, rows: int, steps: int, seed: int) -> list[list
     import math
     import random
 
-    from strop.env.segment import Segment
+    from strop.env.episode import Segment
     from strop.rl.advantages import Sample
     from strop.rl.trajectory import Trajectory
 

@@ -18,7 +18,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from strop.env.sandbox_python import requirement_closure
+from strop.env.sandbox.python import requirement_closure
 
 PROGRAMS = (
     "sh dash bash cat ls env id ps sleep kill tr wc head tail grep mkdir rm rmdir touch echo printf true false "

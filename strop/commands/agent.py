@@ -20,8 +20,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from strop.beneath import apply_changes, read_beneath
-from strop.env.context import STRATEGIES
+from strop.confined import apply_changes, read_beneath
+from strop.env.harness.context import STRATEGIES
 from strop.errors import UserError
 from strop.outputs import write_atomic
 
@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--context-strategy",
         choices=STRATEGIES,
         default="summarize",
-        help="what a full context window carries into the next (strop.env.context)",
+        help="what a full context window carries into the next (strop.env.harness.context)",
     )
     parser.add_argument(
         "--max-resets", type=int, default=8, help="context resets before a full window ends the episode"
@@ -87,7 +87,7 @@ def _policy(args):
 
 
 def _show(message: dict) -> None:
-    from strop.env.tools import describe_call
+    from strop.env.harness.tools import describe_call
 
     if message["role"] == "assistant":
         if message.get("content"):
@@ -140,10 +140,11 @@ def run(args: argparse.Namespace) -> int:
     from strop.threads import set_threads
 
     set_threads(1)
-    from strop.env.checker import source_changes
-    from strop.env.harness import Harness, HarnessConfig, harness_config
-    from strop.env.sandbox import Limits, open_sandbox
-    from strop.env.sessions import append_conversations, episode_conversations
+    from strop.env.grading.checker import source_changes
+    from strop.env.harness.loop import Harness, HarnessConfig, harness_config
+    from strop.env.harness.sessions import append_conversations, episode_conversations
+    from strop.env.sandbox.backend import open_sandbox
+    from strop.env.sandbox.interface import Limits
 
     world = Path(args.world)
     if not world.is_dir():

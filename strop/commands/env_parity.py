@@ -1,5 +1,5 @@
 """`strop env parity`: what an agent could probe inside a sandbox and on the host, side by side
-(`strop.env.parity`), as a table; `--json` writes the full probe values."""
+(`strop.env.sandbox.parity`), as a table; `--json` writes the full probe values."""
 
 import argparse
 import json
@@ -25,15 +25,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from strop.env.parity import compare, probe_host, probe_sandbox
-    from strop.env.sandbox import scratch_dir
+    from strop.env.host.scratch import scratch_dir
+    from strop.env.sandbox.parity import compare, probe_host, probe_sandbox
     from strop.threads import set_threads
 
     host_env = dict(os.environ)  # before set_threads adds OMP_NUM_THREADS & co, which `nproc` obeys
     set_threads(1)
     if args.world is not None and not args.world.is_dir():
         raise UserError(f"--world {args.world} is not a directory")
-    from strop.env.image import image_root
+    from strop.env.world.image import image_root
 
     image = image_root(args.image)
     empty = scratch_dir("world")  # swept by a later strop process if this one is killed

@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from strop.bench.table import format_table, write_json
-    from strop.env.harness import harness_config
+    from strop.env.harness.loop import harness_config
     from strop.model.policy import is_model_dir
     from strop.rl.evaluate import evaluate
     from strop.runtime.build import train_tasks
@@ -98,9 +98,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def behaviour_table(summaries: dict[str, dict]) -> str:
-    """Behaviour statistics of one or more evaluations side by side (`strop.env.behaviour.summarize`)."""
+    """Behaviour statistics of one or more evaluations side by side (`strop.env.grading.behaviour.summarize`)."""
     from strop.bench.table import format_table
-    from strop.env.behaviour import LABELS
+    from strop.env.grading.behaviour import LABELS
 
     rows = []
     for key, label in LABELS.items():

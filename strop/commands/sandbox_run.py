@@ -38,8 +38,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("no command given: strop sandbox run [options] -- CMD [ARGS...]")
     if args.world is not None and not args.world.is_dir():
         raise UserError(f"--world {args.world} is not a directory")
-    from strop.env.image import image_root
-    from strop.env.sandbox import Limits, open_sandbox, scratch_dir
+    from strop.env.host.scratch import scratch_dir
+    from strop.env.sandbox.backend import open_sandbox
+    from strop.env.sandbox.interface import Limits
+    from strop.env.world.image import image_root
 
     image = image_root(args.image)  # unpacked into the node cache on first use
 

@@ -14,7 +14,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from strop.env.harness import harness_config
+    from strop.env.harness.loop import harness_config
     from strop.train.sft import sft
 
     cfg = config_from_args(args)

@@ -1,7 +1,7 @@
 """`strop tasks list|export|check|build|mine|validate`: look at task suites, write a task's starting
 repository, and score a directory as an agent's final workspace (reward, breakdown, hack flags), so
 anyone can audit the checker with a hand-made solution or a hack; mine a task file from a
-repository's history and validate any task file (`strop.env.mine`)."""
+repository's history and validate any task file (`strop.env.tasks.mine`)."""
 
 import argparse
 import json
@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from strop.beneath import parts_of
+from strop.confined import parts_of
 from strop.errors import UserError
 from strop.outputs import write_atomic
 
@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from strop.env.suites import get_task, load_suite
+    from strop.env.tasks.suites import get_task, load_suite
     from strop.threads import set_threads
 
     set_threads(1)
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"{note} exists; export does not overwrite it")
         for rel in task.files:
             parts_of(rel)  # every path inside DIR (new or empty: no link to follow), before anything is written
-        from strop.env.world import materialize
+        from strop.env.world.task_world import materialize
 
         try:
             root.mkdir(parents=True, exist_ok=True)
@@ -108,9 +108,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not root.is_dir():
         raise UserError(f"{root} is not a directory")
-    from strop.env.checker import check
-    from strop.env.hacks import detect
-    from strop.env.world import workspace_changes
+    from strop.env.grading.checker import check
+    from strop.env.grading.hack_monitor import detect
+    from strop.env.world.task_world import workspace_changes
 
     changes, skipped = workspace_changes(task, root)
     if skipped:  # a symlink in DIR may point anywhere on this host: its target is not the agent's code
@@ -142,7 +142,7 @@ def _at_least_one(name: str, value: int | None) -> None:
 
 def _mine(args: argparse.Namespace) -> int:
     from strop.bench.table import format_table
-    from strop.env.mine import DROPS, mine, report_path
+    from strop.env.tasks.mine import DROPS, mine, report_path
     from strop.outputs import check_output_file
 
     _at_least_one("--max-commits", args.max_commits)
@@ -183,11 +183,11 @@ def _validate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from strop.bench.table import format_table
-    from strop.env.image import image_root
-    from strop.env.mine import validate
-    from strop.env.repo import resolve_commit
-    from strop.env.suites import with_default_image
-    from strop.env.task_file import read_tasks
+    from strop.env.tasks.mine import validate
+    from strop.env.tasks.suites import with_default_image
+    from strop.env.tasks.task_file import read_tasks
+    from strop.env.world.image import image_root
+    from strop.env.world.repo import resolve_commit
     from strop.outputs import check_output_file
 
     _at_least_one("--jobs", args.jobs)

@@ -48,9 +48,9 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from strop.data.tokenizer import load_tokenizer
-    from strop.env.harness import Harness, harness_config
+    from strop.env.harness.loop import Harness, harness_config
     from strop.runtime.build import train_rl
-    from strop.runtime.inline import split_cores
+    from strop.runtime.cpus import split_cores
     from strop.threads import set_threads
 
     cfg = config_from_args(args)

@@ -17,7 +17,7 @@ A tool is listed as one signature line, `name(arg: type, optional?: type) - desc
 than its whole JSON schema: the same information in about a third of the tokens, which every
 prompt, rollout and training step pays for.
 
-`StropFormat` is this format as the harness's chat format (`strop.env.chat_formats`): token ids piece
+`StropFormat` is this format as the harness's chat format (`strop.env.harness.chat_formats`): token ids piece
 by piece, so nothing is ever re-tokenized; `strop.data.chat_template` is the other kind, a base
 model's own Jinja template. Both answer the same calls.
 """

@@ -6,7 +6,7 @@ the tool-call syntaxes such templates teach.
 token is tokenized as plain text). Token bookkeeping stays append-only: the ids forced after a
 generated turn are the whole conversation rendered with the new messages, less the rendering without
 them, cut after the end-of-turn token of the generated turn — valid exactly when the template never
-rewrites what it rendered earlier, which `strop.env.chat_formats.check_append_only` checks at start.
+rewrites what it rendered earlier, which `strop.env.harness.chat_formats.check_append_only` checks at start.
 
 Parsers (entry points of `strop.tool_parsers`) turn a generated turn's text into content and calls:
 `hermes` (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks: Qwen2.5/Qwen3, Hermes;

@@ -19,7 +19,10 @@ def load_object(group: str, spec: str, what: str):
     import is a `UserError`."""
     found = [ep for ep in metadata.entry_points(group=group) if ep.name == spec]
     if found:
-        return found[0].load()
+        try:
+            return found[0].load()
+        except ImportError as e:  # the package behind the entry point fails to import: one line
+            raise UserError(f"{what} {spec!r} (entry point {found[0].value}) cannot be imported: {e}") from None
     if "." not in spec and ":" not in spec:
         return None
     module_name, colon, attr = spec.partition(":")

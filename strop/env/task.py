@@ -9,9 +9,9 @@ class Task:
     """One coding task.
 
     The world the agent starts in: the OS `image` (a root directory, an OCI image layout or a
-    `docker save` archive, see `strop.env.image`; "" = the host's root) and the repository at
+    `docker save` archive, see `strop.env.world.image`; "" = the host's root) and the repository at
     WORKDIR: `repo` (a git repository, bundle or URL checked out at `base_commit`, a directory or
-    a tarball; see `strop.env.repo`) with `files` (relative path -> text) written over it, or
+    a tarball; see `strop.env.world.repo`) with `files` (relative path -> text) written over it, or
     `files` alone. `gold_patch` is a reference solution as a unified diff, where known.
     `hidden_tests` are copied in by the checker only, into a fresh sandbox, after the agent is gone;
     `test_patch` (a unified diff, SWE-bench's field) adds hidden tests the same way. When
@@ -25,7 +25,7 @@ class Task:
     `grader` "pytest" runs the hidden tests with `test_command` in the agent's world; "values"
     means each hidden test file is a trusted check module (a `CHECKS` list of (name, function(call)))
     that a judge sandbox runs, the agent's code only answering its calls with plain data
-    (`strop.env.isolated_grading`): no in-process trick of that code can pass a check.
+    (`strop.env.grading.isolated`): no in-process trick of that code can pass a check.
     """
 
     id: str

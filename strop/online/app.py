@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from strop.engine.engine import Engine
 from strop.engine.server import ClientError, Served, create_app
-from strop.env.sessions import append_conversations, served_conversations
+from strop.env.harness.sessions import append_conversations, served_conversations
 from strop.online.auth import Guard, KeyFile
 from strop.online.feedback import FeedbackEvent
 from strop.online.store import CompletionRow, Store
@@ -84,7 +84,7 @@ def create_serving_app(
     sessions: str | None = None,
 ) -> FastAPI:
     """The app around an engine whose loop thread is running (see the module docstring); with
-    `sessions`, every chat completion is also appended to that JSONL file (`strop.env.sessions`)."""
+    `sessions`, every chat completion is also appended to that JSONL file (`strop.env.harness.sessions`)."""
 
     async def log(request: Request, served: Served) -> None:
         if sessions and served.endpoint == "chat":

@@ -30,8 +30,8 @@ import httpx
 import torch
 
 from strop.config import RLSection
-from strop.env.segment import Segment
-from strop.env.tools import load_tools
+from strop.env.episode import Segment
+from strop.env.harness.tools import load_tools
 from strop.online.gates import GateSettings, compare, measure
 from strop.online.monitors import classify, monitor_rates, offered_roles
 from strop.online.rewards import RewardMap

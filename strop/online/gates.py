@@ -48,7 +48,7 @@ class GateSettings:
 
 def suite_tasks(name: str, n: int) -> list:
     """The first `n` held-out tasks of difficulty 1 (or of any, for a suite without difficulties)."""
-    from strop.env.suites import draw_tasks
+    from strop.env.tasks.suites import draw_tasks
 
     return draw_tasks(name, "eval", [1], n)
 

@@ -8,7 +8,7 @@ a gate measures the policy on requests it was never trained on.
 
 from dataclasses import dataclass, field
 
-from strop.env.coding_tools import EDIT_FILE
+from strop.env.harness.coding_tools import EDIT_FILE
 
 EDIT_TOOL = [EDIT_FILE.schema()]  # the one tool a request offers: the built-in exact-replace edit
 SYSTEM = "You are a coding agent. Fix the bug with one edit."

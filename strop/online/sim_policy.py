@@ -18,7 +18,7 @@ import torch
 
 from strop.config import ModelSection
 from strop.data.chat import GENERATION_PROMPT, render, render_message
-from strop.env.segment import Segment
+from strop.env.episode import Segment
 from strop.online.probes import EDIT_TOOL, CodingRequest, traffic_requests
 
 MIX = {"scoped": 0.45, "spill": 0.45, "question": 0.10}

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from strop.env.hacks import penalized
+from strop.env.grading.hack_monitor import penalized
 from strop.rl.trajectory import Trajectory, TrajectoryGroup
 
 
@@ -50,7 +50,7 @@ def training_reward(
     solve_bonus: float = 0.0,
 ) -> float:
     """The checker's reward (raised to `power` when positive, plus `solve_bonus` for a solve the
-    hack monitor did not flag as gamed) less its penalty (`strop.env.hacks.penalized`)."""
+    hack monitor did not flag as gamed) less its penalty (`strop.env.grading.hack_monitor.penalized`)."""
     reward = traj.reward**power if traj.reward > 0 else traj.reward
     reward += solve_bonus if traj.solved and not traj.hacked else 0.0
     return penalized(reward, (f["kind"] for f in traj.hack_flags), hack_penalty, degenerate_penalty)

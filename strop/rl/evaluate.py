@@ -1,5 +1,5 @@
 """Held-out evaluation: solve rate of a policy on eval-split tasks, with a 95% Wilson interval,
-overall and per difficulty, and what the agent did (`strop.env.behaviour`).
+overall and per difficulty, and what the agent did (`strop.env.grading.behaviour`).
 
 One episode per task (greedy unless `rollout.eval_temperature` says otherwise) through the same
 harness, sandbox and checker as training (the one code path). With `samples=K`, every task is also
@@ -20,11 +20,11 @@ from tqdm import tqdm
 
 from strop.config import Config
 from strop.engine.policy_client import EnginePolicy
-from strop.env.behaviour import summarize
-from strop.env.context import context_figures
-from strop.env.harness import Harness, harness_config
-from strop.env.suites import draw_tasks, with_default_image
+from strop.env.grading.behaviour import summarize
+from strop.env.harness.context import context_figures
+from strop.env.harness.loop import Harness, harness_config
 from strop.env.task import Task
+from strop.env.tasks.suites import draw_tasks, with_default_image
 from strop.errors import UserError
 from strop.rl.rollout import WorkItem, rollout, sandbox_limits
 from strop.rl.rollout_log import RolloutLog, record
@@ -159,8 +159,8 @@ def evaluate(
 ) -> dict:
     """{solve_rate, solve_rate_ci95, eval_episodes, reward_mean, reward_ci95 (`reward_figures`),
     by_difficulty: {d: solve figures}, hacked, stop_reasons, outcomes (see `outcome`), behaviour
-    (`strop.env.behaviour.summarize`), wall_s}; under a context strategy also `context`
-    (`strop.env.context.context_figures`) and `episodes` (task id -> {solved, reward, stop_reason,
+    (`strop.env.grading.behaviour.summarize`), wall_s}; under a context strategy also `context`
+    (`strop.env.harness.context.context_figures`) and `episodes` (task id -> {solved, reward, stop_reason,
     summaries: those its episode wrote ("summarize" only), facts_shown: per reset, the needed facts
     shown before it}); with `samples` K > 0 also `sampled`: {temperature, samples, pass@1, pass@k
     (k = K) with intervals, by_difficulty, behaviour}. With `rollouts`, the episodes are kept there

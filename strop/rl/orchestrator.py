@@ -41,7 +41,7 @@ import torch
 
 from strop.checkpoint import find_checkpoint, load_state, save_checkpoint
 from strop.config import Config
-from strop.env.behaviour import summarize
+from strop.env.grading.behaviour import summarize
 from strop.report import MetricsLog
 from strop.rl.advantages import Sample, make_samples
 from strop.rl.buffer import StalenessBuffer
@@ -52,7 +52,7 @@ from strop.tracking import open_tracker
 
 Mode = Literal["sync", "async"]
 _STATE = "run.json"  # the checkpoint's state file (strop.checkpoint)
-# behaviour statistics logged per step (`strop.env.behaviour.summarize`): what RL changes
+# behaviour statistics logged per step (`strop.env.grading.behaviour.summarize`): what RL changes
 TRACKED_BEHAVIOUR = ("retry_after_rejected_edit", "rejected_edit", "test_runs", "submitted_untested", "turns")
 
 

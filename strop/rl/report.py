@@ -11,11 +11,11 @@ mismatch, and trainer/engine busy fractions.
 from collections import Counter
 from pathlib import Path
 
-from strop.env.behaviour import LABELS
+from strop.env.grading.behaviour import LABELS
 from strop.report import MetricsLog, plot_metrics
 
 SMOOTH = 5  # steps in the moving averages of per-step curves
-# the `strop.env.behaviour.summarize` keys the behaviour plot and table compare (the plot's per-step
+# the `strop.env.grading.behaviour.summarize` keys the behaviour plot and table compare (the plot's per-step
 # curves: the first four, which the orchestrator logs)
 BEHAVIOUR = ["rejected_edit", "retry_after_rejected_edit", "test_runs", "submitted_untested", "submitted_failing_tests"]
 

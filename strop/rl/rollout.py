@@ -17,10 +17,10 @@ Plain data in and out, so a worker can live in a thread or a Ray actor.
 from dataclasses import asdict, dataclass
 
 from strop.config import RolloutSection
-from strop.env.checker import Score, check, source_changes
-from strop.env.hacks import detect
-from strop.env.harness import Harness, run_task
-from strop.env.sandbox import Limits
+from strop.env.grading.checker import Score, check, source_changes
+from strop.env.grading.hack_monitor import detect
+from strop.env.harness.loop import Harness, run_task
+from strop.env.sandbox.interface import Limits
 from strop.env.task import Task
 from strop.policy_api import PolicyClient
 from strop.rl.trajectory import Trajectory

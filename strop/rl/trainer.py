@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from strop.config import RLSection
-from strop.env.segment import Segment
+from strop.env.episode import Segment
 from strop.model.mismatch import mismatch_metrics
 from strop.model.policy import logits_at
 from strop.rl.advantages import Sample

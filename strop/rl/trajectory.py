@@ -13,10 +13,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from strop.env.behaviour import episode_stats
-from strop.env.context import episode_context
-from strop.env.hacks import games_reward
-from strop.env.segment import Episode, Segment
+from strop.env.episode import Episode, Segment
+from strop.env.grading.behaviour import episode_stats
+from strop.env.grading.hack_monitor import games_reward
+from strop.env.harness.context import episode_context
 
 SCHEMA_VERSION = 1
 
@@ -33,8 +33,8 @@ class Trajectory:
     stop_reason: str = ""
     timings: dict[str, float] = field(default_factory=dict)  # policy_s, tools_s, total_s, check_s
     start_version: int = 0  # policy version the worker was admitted under (see `min_version`)
-    behaviour: dict = field(default_factory=dict)  # what the agent did (`strop.env.behaviour.episode_stats`)
-    context: dict = field(default_factory=dict)  # its context resets (`strop.env.context.episode_context`)
+    behaviour: dict = field(default_factory=dict)  # what the agent did (`strop.env.grading.behaviour.episode_stats`)
+    context: dict = field(default_factory=dict)  # its context resets (`strop.env.harness.context.episode_context`)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -58,7 +58,7 @@ class Trajectory:
     @property
     def hacked(self) -> bool:
         """Flagged with a way to game the reward; a solve flagged only as a degenerate loop, stall
-        or question is still a solve (`strop.env.hacks.games_reward`)."""
+        or question is still a solve (`strop.env.grading.hack_monitor.games_reward`)."""
         return games_reward(f["kind"] for f in self.hack_flags)
 
     def to_dict(self) -> dict:

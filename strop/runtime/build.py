@@ -33,8 +33,8 @@ from strop.outputs import (
 
 def train_tasks(cfg: Config) -> list:
     """The tasks a run trains on: `rollout.train_tasks` of the train split of `rollout.suite` per
-    difficulty, from index `rollout.train_start` on (`strop.env.suites.draw_tasks`)."""
-    from strop.env.suites import draw_tasks, with_default_image
+    difficulty, from index `rollout.train_start` on (`strop.env.tasks.suites.draw_tasks`)."""
+    from strop.env.tasks.suites import draw_tasks, with_default_image
 
     r = cfg.rollout
     tasks = draw_tasks(r.suite, "train", r.difficulties, r.train_tasks, r.train_start)

@@ -16,6 +16,7 @@ directory on this machine, or, on a node without one (a Ray engine actor), from 
 """
 
 import os
+import time
 import warnings
 from pathlib import Path
 from typing import Protocol
@@ -23,8 +24,10 @@ from typing import Protocol
 from strop.config import Config
 from strop.data.tokenizer import load_tokenizer
 from strop.engine.bootstrap import checkpoint_from_store, latest_weights, policy_files, zero_policy
+from strop.engine.engine import Engine
 from strop.errors import UserError
 from strop.policy_api import PolicyClient
+from strop.runtime.cpus import pin
 from strop.sync.apply import EngineSync
 from strop.sync.relay import RelayLink
 
@@ -84,7 +87,6 @@ def start_engine(
         tokenizer = tokenizer or load_tokenizer(from_store)
     if r.engine == "strop":
         from strop.model.policy import load_model
-        from strop.runtime.inline import TimedEngine
         from strop.runtime.weights import SyncedEngine
 
         engine = TimedEngine(
@@ -171,3 +173,23 @@ class StoreVersionLoader:
 
     def update_weights(self, path: str | None, version: int) -> dict:
         return self.client.load_version(version)
+
+
+class TimedEngine(Engine):
+    """An `Engine` that counts the seconds its steps did work (its busy time) and pins its loop
+    thread on the first step."""
+
+    def __init__(self, *args, cpus: frozenset[int] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.busy_s = 0.0
+        self._cpus, self._pinned = cpus, False
+
+    def step(self) -> bool:
+        if not self._pinned:
+            pin(self._cpus)
+            self._pinned = True
+        t0 = time.perf_counter()
+        worked = super().step()
+        if worked:
+            self.busy_s += time.perf_counter() - t0
+        return worked

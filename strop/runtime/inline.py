@@ -24,18 +24,16 @@ import os
 import queue
 import tempfile
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 from strop.config import Config
-from strop.engine.engine import Engine
-from strop.env.harness import Harness, harness_config
+from strop.env.harness.loop import Harness, harness_config
 from strop.env.task import Task
 from strop.memory import retain_freed_memory
 from strop.rl.advantages import Sample
 from strop.rl.rollout import RolloutLost, WorkItem, rollout, sandbox_limits
 from strop.rl.trajectory import Trajectory
+from strop.runtime.cpus import CpuSplit, pin
 from strop.runtime.engines import RunEngine, start_engine
 from strop.runtime.trainers import TrainerProcess, start_trainer
 from strop.runtime.weights import relay_keep, sync_seconds
@@ -54,54 +52,6 @@ def drain(q: queue.Queue, timeout: float) -> list:
     while not q.empty():
         out.append(q.get_nowait())
     return out
-
-
-@dataclass(frozen=True)
-class CpuSplit:
-    trainer: frozenset[int]
-    rollout: frozenset[int]
-
-
-def split_cores(share: bool = False) -> CpuSplit | None:
-    """The trainer on the first allowed core, engines and rollouts on the others (None on one core).
-
-    `share`: trainer, engines and rollouts all on every core. On a small machine neither side is
-    busy all the time (which one waits depends on how many groups have mixed outcomes, the rows the
-    trainer learns from), and a core one side leaves idle goes to the other: the trainer's threads
-    wait passively (`strop.runtime.trainers.TrainerProcess`), so its second thread costs an engine
-    little. The dedicated split is for measuring each component against its own hardware."""
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        return None
-    if share:
-        return CpuSplit(frozenset(cpus), frozenset(cpus))
-    return CpuSplit(frozenset(cpus[:1]), frozenset(cpus[1:]))
-
-
-def pin(cpus: frozenset[int] | None) -> None:
-    """Pin the calling thread (not the process: Linux affinity is per thread) to `cpus`."""
-    if cpus:
-        os.sched_setaffinity(threading.get_native_id(), cpus)
-
-
-class TimedEngine(Engine):
-    """An `Engine` that counts the seconds its steps did work (its busy time) and pins its loop
-    thread on the first step."""
-
-    def __init__(self, *args, cpus: frozenset[int] | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.busy_s = 0.0
-        self._cpus, self._pinned = cpus, False
-
-    def step(self) -> bool:
-        if not self._pinned:
-            pin(self._cpus)
-            self._pinned = True
-        t0 = time.perf_counter()
-        worked = super().step()
-        if worked:
-            self.busy_s += time.perf_counter() - t0
-        return worked
 
 
 SYNC_TIMEOUT_S = 600.0  # an engine that has not caught up by then is broken, not slow

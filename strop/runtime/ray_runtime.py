@@ -47,14 +47,15 @@ from pathlib import Path
 import ray
 
 from strop.config import Config, RolloutSection
-from strop.env.harness import HarnessConfig, harness_config
+from strop.env.harness.loop import HarnessConfig, harness_config
 from strop.env.task import Task
 from strop.policy_api import Generation, SamplingParams
 from strop.rl.advantages import Sample
 from strop.rl.rollout import RolloutLost, WorkItem
 from strop.rl.trajectory import Trajectory
+from strop.runtime.cpus import CpuSplit
 from strop.runtime.engines import VLLM_START_TIMEOUT_S
-from strop.runtime.inline import SYNC_TIMEOUT_S, CpuSplit
+from strop.runtime.inline import SYNC_TIMEOUT_S
 from strop.runtime.ray_placement import cluster_layout, engine_resources, on_cluster, start_actor_process
 from strop.runtime.ray_relay import RelayActor
 from strop.runtime.ray_trainer import RayTrainer
@@ -148,7 +149,7 @@ class RolloutActor:
         start_actor_process(cpus)
         from strop.data.tokenizer import load_tokenizer
         from strop.engine.bootstrap import policy_files
-        from strop.env.harness import Harness
+        from strop.env.harness.loop import Harness
         from strop.rl.rollout import sandbox_limits
 
         with tempfile.TemporaryDirectory(prefix="strop-rollout-") as tmp:  # the tokenizer, from the store

@@ -142,7 +142,7 @@ def _trainer_main(
     with one torch thread per core it may use."""
     from strop.lifetime import exit_with_parent
     from strop.memory import retain_freed_memory
-    from strop.runtime.inline import pin
+    from strop.runtime.cpus import pin
     from strop.threads import set_threads
 
     # The parent decides when this process ends (`TrainerProcess.close`), or dies and takes it along:

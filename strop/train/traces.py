@@ -17,7 +17,7 @@ harness — its tool set, and its chat format (strop's or the checkpoint's templ
 import json
 from pathlib import Path
 
-from strop.env.segment import Segment
+from strop.env.episode import Segment
 from strop.errors import UserError
 from strop.jsonl import read_records
 

@@ -1,10 +1,10 @@
 """The suite `toy`: small single-bug Python modules, read from the package's `tasks.jsonl` (strop's
-task file format, `strop.env.task_file`). strop calls `load(split)` in the process that draws a
+task file format, `strop.env.tasks.task_file`). strop calls `load(split)` in the process that draws a
 run's tasks, and `get(task_id)` to build one task."""
 
 from pathlib import Path
 
-from strop.env.task_file import TaskFileSuite
+from strop.env.tasks.task_file import TaskFileSuite
 
 TASKS = TaskFileSuite(str(Path(__file__).with_name("tasks.jsonl")))
 

@@ -6,7 +6,7 @@ the sandbox (never the host's), and the text returned is the observation the pol
 
 import ast
 
-from strop.env.tools import Tool, ToolError
+from strop.env.harness.tools import Tool, ToolError
 
 
 def outline(sandbox, arguments: dict, limit: int) -> str:

@@ -6,15 +6,15 @@ the chain holds one `STAGE i KEY: dddd-dddd` line and one `STAGE i NEXT: path` l
 stage (the last says `none`); decoy files hold other keys of no stage of the chain. The agent must
 follow the chain to its end and then write `answer()` returning every key in chain order, separated
 by spaces: the keys found first are needed last, so an agent whose context window fills up partway
-must carry them across resets (`strop.env.context`). Spaces, as a summary lists keys, make writing the
+must carry them across resets (`strop.env.harness.context`). Spaces, as a summary lists keys, make writing the
 answer a copy: joined by "-", the tiny policy carried all 12 keys of a chain and still garbled them
 while reformatting (README, "Long context"). Difficulty is the chain's length (`STAGES`): at
 difficulty 3 the whole conversation is several times a 2k-token window with the default tokenizer
 (`strop bench longctx` reports the multiple it measured).
 
 The generator knows the facts a later step needs (`metadata["facts"]`, the keys in order), so a
-probe can tell how many of them a carried state lost (`strop.env.context.facts_lost`). Graded by
-values (`strop.env.isolated_grading`): the judge calls `solution.answer()` and checks each key at its
+probe can tell how many of them a carried state lost (`strop.env.harness.context.facts_lost`). Graded by
+values (`strop.env.grading.isolated`): the judge calls `solution.answer()` and checks each key at its
 place; the reward is the share of checks passed, so a policy that carries some keys gets a signal. Everything
 derives from `random.Random("chain/{difficulty}/{split}/{i}")`; train and eval use different seeds.
 """

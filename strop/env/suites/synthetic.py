@@ -3,7 +3,7 @@
 A task is a package of `difficulty` modules (1-3), each holding 3 functions of one theme
 from `synthetic_lib`, with one bug of one family injected into one function. Hidden checks
 are cases over every function whose expected values come from running the correct code, graded
-by values (`strop.env.isolated_grading`: the expected values never enter the agent's sandbox);
+by values (`strop.env.grading.isolated`: the expected values never enter the agent's sandbox);
 the perturbed variant uses fresh random inputs. A bug is kept only when
 the hidden tests and the perturbed tests both catch it, checked here by running both
 versions in-process (the library is our own pure code).
@@ -23,9 +23,9 @@ import functools
 import hashlib
 from random import Random
 
-from strop.env.suites.edits import reference_edit
 from strop.env.suites.synthetic_lib import FAMILIES, LIBRARY, Fn
 from strop.env.task import Task
+from strop.env.world.patches import reference_edit
 from strop.errors import UserError
 
 SIZES = {"train": 2000, "eval": 300}
@@ -107,7 +107,7 @@ def _test_file(pkg: str, by_module: dict[str, list[Fn]], cases: dict[str, list])
 
 
 CHECKS_MODULE = '''"""Hidden checks, run by strop's judge: the code under test only answers `call` (see
-strop.env.isolated_grading)."""
+strop.env.grading.isolated)."""
 
 CASES = [  # (module, function, args, expected)
 {rows}]

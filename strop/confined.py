@@ -1,0 +1,250 @@
+"""Files inside a directory, reached so that no symbolic link in it takes a read or a write out of
+it: the one home of strop's "open beneath a directory" needs.
+
+Two ways, for two kinds of directory:
+- beneath (`read_beneath`, `apply_changes`, `read_nofollow`, `copy_tree`): a link is never
+  followed. For directories a user handed strop (what `strop agent` reads for its diff and writes
+  with `--apply`, what `strop tasks export` writes) and trees strop copies (a repository's
+  checkout, an agent's workspace).
+- in a root (`open_in_root`, `makedirs_in_root`): a link resolves as it would for a process whose
+  root is that directory (openat2 with RESOLVE_IN_ROOT): an absolute link or `..` stays inside. For
+  a sandbox's root, an unpacked image and its layers.
+
+Beneath, a path is relative, with no `.`, `..` or empty parts, and is opened one component at a time from a
+descriptor of the directory with `O_NOFOLLOW` (openat), so a link at any level, or one swapped in
+between the check and the write, makes the operation fail rather than be followed. Writes go to
+regular files only. `apply_changes` checks every path before it writes any: a change set it
+refuses leaves the directory as it was.
+"""
+
+import ctypes
+import errno
+import os
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+
+from strop.errors import UserError
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_libc = ctypes.CDLL(None, use_errno=True)
+_SYS_OPENAT2 = 437  # x86_64 and aarch64 share the number
+_RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_IN_ROOT = 0x10
+
+
+def parts_of(rel: str) -> list[str]:
+    """The components of the relative path `rel`, or UserError: absolute, empty, `.`/`..`, NUL."""
+    parts = rel.split("/")
+    if not rel or rel.startswith("/") or "\0" in rel or any(p in ("", ".", "..") for p in parts):
+        raise UserError(f"{rel!r} is not a plain relative path")
+    return parts
+
+
+def _lstat(dir_fd: int, name: str) -> os.stat_result | None:
+    try:
+        return os.lstat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+
+
+def _walk(root_fd: int, dirs: list[str], create: bool) -> int | None:
+    """A descriptor of root/dirs (the caller closes it), each component opened without following a
+    link; None when one is missing and not `create`d."""
+    fd = os.dup(root_fd)
+    try:
+        for part in dirs:
+            try:
+                nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    os.close(fd)
+                    return None
+                os.mkdir(part, 0o755, dir_fd=fd)
+                nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_beneath(root: Path, rel: str) -> bytes | None:
+    """What `rel` under `root` holds: a regular file's bytes, a symbolic link's target path (as the
+    sandbox's diff reports a link), or None when it is absent, something else, or reached only
+    through a link."""
+    parts = parts_of(rel)
+    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fd = _walk(root_fd, parts[:-1], create=False)
+    except OSError:  # a component is a link or a file
+        return None
+    finally:
+        os.close(root_fd)
+    if fd is None:
+        return None
+    try:
+        st = _lstat(fd, parts[-1])
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            return os.fsencode(os.readlink(parts[-1], dir_fd=fd))
+        if st is None or not stat.S_ISREG(st.st_mode):
+            return None
+        ffd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+        with os.fdopen(ffd, "rb") as f:
+            return f.read() if stat.S_ISREG(os.fstat(ffd).st_mode) else None
+    finally:
+        os.close(fd)
+
+
+def _check(root_fd: int, rel: str, deleted: set[str]) -> None:
+    """UserError unless the change of `rel` can be made beneath root without following a link:
+    every existing parent a real directory (or a file or link the change set deletes first), the
+    target absent, a regular file, or a link (removed itself, or replaced by the written file)."""
+    parts = parts_of(rel)
+    fd = os.dup(root_fd)
+    try:
+        for i, part in enumerate(parts):
+            here = "/".join(parts[: i + 1])
+            st = _lstat(fd, part)
+            if i == len(parts) - 1:
+                if st is not None and not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+                    kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+                    raise UserError(f"{rel!r} is {kind}")
+                return
+            if st is None or (here in deleted and not stat.S_ISDIR(st.st_mode)):
+                return  # made afresh below here
+            if stat.S_ISLNK(st.st_mode):
+                raise UserError(f"{rel!r}: {here!r} is a symbolic link; not writing through it")
+            if not stat.S_ISDIR(st.st_mode):
+                raise UserError(f"{rel!r}: {here!r} is not a directory")
+            nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+    finally:
+        os.close(fd)
+
+
+def apply_changes(root: Path, changes: Mapping[str, bytes | str | None]) -> None:
+    """Make `changes` (relative path -> new bytes, str as UTF-8, or None = delete) under the
+    directory `root`: every path is checked first (UserError, nothing written), then deletions
+    (a link is removed itself, never its target), then writes (missing directories made), each
+    opened relative to its parent's descriptor without following a link."""
+    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        deleted = {rel for rel, data in changes.items() if data is None}
+        written = set(changes) - deleted
+        for rel in changes:
+            _check(root_fd, rel, deleted)
+            above = ["/".join(parts_of(rel)[:i]) for i in range(1, rel.count("/") + 1)]
+            if written.intersection(above):
+                raise UserError(f"{rel!r}: {written.intersection(above).pop()!r} is written as a file")
+        try:
+            for rel in sorted(deleted):
+                _delete(root_fd, parts_of(rel))
+            for rel, data in sorted(changes.items()):
+                if data is not None:
+                    _write(root_fd, parts_of(rel), data.encode() if isinstance(data, str) else data)
+        except OSError as e:  # a link or file swapped in after the check: refused, not followed
+            raise UserError(f"{root}: {e.filename or ''}: {e.strerror} (changed while being written)") from None
+    finally:
+        os.close(root_fd)
+
+
+def _delete(root_fd: int, parts: list[str]) -> None:
+    fd = _walk(root_fd, parts[:-1], create=False)
+    if fd is None:
+        return
+    try:
+        st = _lstat(fd, parts[-1])
+        if st is not None and not stat.S_ISDIR(st.st_mode):
+            os.unlink(parts[-1], dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def _write(root_fd: int, parts: list[str], data: bytes) -> None:
+    fd = _walk(root_fd, parts[:-1], create=True)
+    try:
+        st = _lstat(fd, parts[-1])
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            os.unlink(parts[-1], dir_fd=fd)  # replaced by the file, as in the sandbox
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        ffd = os.open(parts[-1], flags, 0o644, dir_fd=fd)
+    finally:
+        os.close(fd)
+    with os.fdopen(ffd, "wb") as f:
+        if not stat.S_ISREG(os.fstat(ffd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", "/".join(parts))
+        os.set_blocking(ffd, True)
+        os.ftruncate(ffd, 0)
+        f.write(data)
+
+
+def read_nofollow(path: Path) -> bytes:
+    """The bytes of the regular file `path`; OSError if its last component is a link (O_NOFOLLOW) or
+    it is not a regular file (a fifo fails instead of blocking: O_NONBLOCK)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        return f.read()
+
+
+def copy_tree(src: Path, dst: Path) -> None:
+    """Copy the directory `src` to a new `dst` without ever following a symlink: links are copied as
+    links (inside a sandbox they resolve in its root, not on the host), regular files with their
+    permission bits (setuid and setgid dropped), directories; fifos, sockets and devices are skipped.
+    `dst` may exist (empty)."""
+    os.makedirs(dst, 0o755, exist_ok=True)
+    for dirpath, dirnames, filenames in os.walk(src):
+        rel = os.path.relpath(dirpath, src)
+        out = dst if rel == "." else dst / rel
+        for name in dirnames + filenames:
+            s, d = os.path.join(dirpath, name), out / name
+            st = os.lstat(s)
+            if stat.S_ISLNK(st.st_mode):
+                os.symlink(os.readlink(s), d)
+            elif stat.S_ISDIR(st.st_mode):
+                os.mkdir(d, stat.S_IMODE(st.st_mode) & 0o1777 | 0o700)
+            elif stat.S_ISREG(st.st_mode):
+                fd = os.open(s, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+                with os.fdopen(fd, "rb") as fin, open(d, "xb") as fout:
+                    while chunk := fin.read(1 << 20):
+                        fout.write(chunk)
+                os.chmod(d, stat.S_IMODE(st.st_mode) & 0o1777)
+        dirnames[:] = [n for n in dirnames if not os.path.islink(os.path.join(dirpath, n))]
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+def open_in_root(root_fd: int, path: str, flags: int, mode: int = 0o644) -> int:
+    """openat2(root_fd, path) with the lookup confined to the tree under root_fd."""
+    how = _OpenHow(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
+    fd = _libc.syscall(_SYS_OPENAT2, root_fd, os.fsencode(path), ctypes.byref(how), ctypes.sizeof(how))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), path)
+    return fd
+
+
+def makedirs_in_root(root_fd: int, path: str) -> int:
+    """Create the missing directories of `path` under root_fd and return an O_PATH fd of the last
+    (root_fd's own directory for "" or "/"). Every prefix is looked up from root_fd, confined to it,
+    so a symlink on the way resolves inside that root; one that dangles raises NotADirectoryError."""
+    parts = [p for p in path.split("/") if p]
+    for i in range(len(parts)):
+        prefix = "/".join(parts[: i + 1])
+        try:
+            os.close(open_in_root(root_fd, prefix, os.O_PATH | os.O_DIRECTORY))
+        except FileNotFoundError:
+            pfd = open_in_root(root_fd, "/".join(parts[:i]) or "/", os.O_PATH | os.O_DIRECTORY)
+            try:
+                os.mkdir(parts[i], 0o755, dir_fd=pfd)
+            except FileExistsError:  # a dangling symlink: its target is not ours to invent
+                raise NotADirectoryError(errno.ENOTDIR, "a symlink on the way dangles", prefix) from None
+            finally:
+                os.close(pfd)
+    return open_in_root(root_fd, "/".join(parts) or "/", os.O_PATH | os.O_DIRECTORY)

@@ -1,0 +1,66 @@
+"""Scratch directories: the host directories a sandbox's world lives in while it is open, named
+strop-<kind>-<pid>-* after the process that owns them, and the sweep that removes those of
+processes killed before their exit handlers ran.
+"""
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from strop.env.host.account import hand_over, reachable
+from strop.env.host.node_cache import cache_dir
+
+SCRATCH_KINDS = ("sbx", "world", "check")  # host directories strop-<kind>-<pid>-*, swept when <pid> is dead
+
+
+def scratch_base() -> Path:
+    """Where scratch worlds go: the temp dir, unless the sandbox account cannot enter it (a private
+    TMPDIR while strop runs as root), then the node cache's scratch/."""
+    base = Path(tempfile.gettempdir())
+    if reachable(base):
+        return base
+    return cache_dir("scratch")
+
+
+def scratch_dir(kind: str) -> Path:
+    """A fresh host directory for a world a sandbox opens (a task's repository, a checker's world),
+    named strop-<kind>-<pid>-* in `scratch_base()`, handed to the sandbox account. Its owner removes
+    it; when the owner is killed first, the next strop process to start a sandbox removes it (the
+    backend's sweep of dead owners')."""
+    assert kind in SCRATCH_KINDS, kind
+    path = Path(tempfile.mkdtemp(prefix=f"strop-{kind}-{os.getpid()}-", dir=scratch_base()))
+    hand_over(path)
+    return path
+
+
+def sweep_dead(*bases: Path) -> None:
+    """Remove what processes killed before their exit handlers ran left behind (temp roots named
+    strop-sbx-<pid>-*, worlds strop-world-<pid>-* and strop-check-<pid>-* holding a task's
+    repository, see `scratch_dir`): a crashed rollout worker must not
+    leak RAM in /dev/shm, nor a killed `strop tasks check` a copy of the task in /tmp."""
+    for base in bases:
+        for d in base.glob("strop-*-*-*"):
+            kind, pid = d.name.split("-")[1:3]
+            if kind in SCRATCH_KINDS and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                try:
+                    rmtree(d)
+                except FileNotFoundError:
+                    pass  # another process starting at the same time swept it first (parallel rollout workers)
+
+
+def rmtree(path: Path) -> None:
+    """rmtree that also removes directories left unwritable (overlay's work dir is mode 000)."""
+
+    def fix(func, p, exc_info):
+        if isinstance(exc_info[1], FileNotFoundError):
+            return  # removed meanwhile: threads starting their first sandbox sweep the same dead roots
+        os.chmod(os.path.dirname(p), 0o700)
+        if os.path.isdir(p) and not os.path.islink(p):
+            os.chmod(p, 0o700)
+        if func in (os.rmdir, os.unlink):
+            func(p)
+        else:  # the directory could not be opened or listed (os.open, os.scandir) before the chmod;
+            rmtree(p)  # what it holds may be unwritable too (overlay's work/work, its index dirs)
+
+    shutil.rmtree(path, onerror=fix)

@@ -1,0 +1,391 @@
+"""Tasks mined from a repository's history, and the check that any task file's tasks are sound.
+
+A commit that changes code together with its tests is a task nobody had to write: start at its
+parent, ask for what its message says, and grade with its tests. `mine` walks the newest
+`max_commits` non-merge commits of `rev` and splits each one's diff against its parent into a test
+part (paths matching `TEST_GLOBS`) and a code part (the rest). A commit whose test part adds or
+changes a test module (`test_*.py`, `*_test.py`) and whose code part changes source code (a path
+that is not documentation, stubs or configuration: `NOT_CODE`) is a candidate:
+
+- instruction = the commit message; test_patch = the test part (the hidden tests); gold patch =
+  the code part; repo = the source, base_commit = the parent; image = the image mined in;
+- the tests run twice in the image, through the checker's own path (`strop.env.grading.checker.run_tests`:
+  a fresh sandbox, JUnit to a path the code never had): at the parent with the test part applied,
+  and with the code part too, as the checker would score it (protected paths dropped). Which tests:
+  `tests="modules"`, every test of the changed test modules (SWE-bench's way); `tests="touched"`,
+  those the test part adds or changes (`strop.env.tasks.touched_tests`: a handful instead of a real
+  project's hundreds, so mining and every later check are many times cheaper, at the price of a
+  PASS_TO_PASS that guards only the neighbourhood of the change). FAIL_TO_PASS = the tests passing
+  after and not before (failed, erroring, skipped, or absent because their module did not import);
+  PASS_TO_PASS = those passing in both;
+- the task is then validated as `strop tasks validate` validates any task file (`validate`): the
+  checker scores the gold patch (reward 1 on FAIL_TO_PASS + PASS_TO_PASS, run by id) and the parent
+  fails every FAIL_TO_PASS test.
+
+A candidate is dropped, for one `DROPS` reason: no test module among its test changes; "timeout"
+(a run outlived `timeout_s`); "does not build" (at the commit the tests produce no report or not
+one passing test: the code does not import, or needs what the image lacks); "no failing test" (the
+tests pass at the parent already); "flaky" (the validation's rerun by test id disagrees with the
+first run: a flaky test, or one that passes only after others ran).
+
+Split, honestly held out: chronological (git log's order, which is newest first by commit date);
+the newest `ceil(eval_fraction * kept)` tasks are `eval`, the rest `train`, so no eval task's fix
+precedes a train task's.
+
+Determinism: the task file and the report hold no clock time and follow the history's order, so
+the same repository and image give the same bytes, whatever the number of jobs; only a test whose
+outcome changes between runs can change them. Nothing is lost on failure: each commit's result is
+appended to `<out>.partial` as it is known, a rerun with the same source, image and limits
+reuses it, and the partial file goes when the task file and `<out>.report.json` are written.
+"""
+
+import fnmatch
+import hashlib
+import json
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, replace
+from pathlib import Path, PurePosixPath
+from typing import Literal
+from xml.etree.ElementTree import ParseError
+
+from strop.env.grading.checker import check, run_tests, source_changes, split_changes, task_limits
+from strop.env.grading.junit import junit_outcomes
+from strop.env.task import Task
+from strop.env.tasks.task_file import DEFAULT_TEST_COMMAND, task_from_record, task_record
+from strop.env.tasks.touched_tests import touched_tests
+from strop.env.world.image import image_root
+from strop.env.world.patches import gold_changes, hidden_tests
+from strop.env.world.repo import git, history
+from strop.errors import UserError
+from strop.outputs import write_atomic
+
+TEST_GLOBS = (
+    "test/*",
+    "tests/*",
+    "testing/*",
+    "*/test/*",
+    "*/tests/*",
+    "test_*.py",
+    "*/test_*.py",
+    "*_test.py",
+    "conftest.py",
+    "*/conftest.py",
+)
+TEST_MODULES = ("test_*.py", "*_test.py")  # what pytest collects by default
+# changes that no test can tell apart: documentation, type stubs, packaging and runner configuration
+NOT_CODE = (
+    "doc/*",
+    "docs/*",
+    "*.md",
+    "*.rst",
+    "*.txt",
+    "*.pyi",
+    "*.typed",
+    "*.cfg",
+    "*.toml",
+    "*.ini",
+    "*.in",
+    "*.yml",
+    "*.yaml",
+    ".*",
+    "*/.*",
+    "LICENSE*",
+    "Makefile",
+)
+Scope = Literal["modules", "touched"]
+DROPS = ("no test module", "timeout", "does not build", "no failing test", "flaky")
+KEPT = "kept"
+# every run may import all of a real project's suite: thread stacks count against the address space
+TIMEOUT_S, MEMORY_MB = 300.0, 4096
+# the miner's first runs go on past a module that fails to import, so the other modules' tests
+# still tell PASS_TO_PASS from FAIL_TO_PASS
+_GO_ON = "--continue-on-collection-errors"
+
+
+@dataclass(frozen=True)
+class Commit:
+    sha: str
+    parent: str
+    time: int  # committer time, seconds since the epoch
+    tests: tuple[str, ...]  # changed paths of the test part
+    code: tuple[str, ...]  # changed paths of the code part
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How a repository is mined: the source (absolute path or URL), the image (absolute path, or ""
+    for the host's root), a test run's limits, and which tests run (see the module docstring)."""
+
+    source: str
+    image: str = ""
+    timeout_s: float = TIMEOUT_S
+    memory_mb: int = MEMORY_MB
+    tests: Scope = "modules"
+
+
+@dataclass
+class Verdict:
+    """Whether a task is sound: its gold patch passes every hidden test and its starting repository
+    fails every FAIL_TO_PASS test; `gold` and `base` say what each run found."""
+
+    task: str
+    ok: bool
+    gold: str
+    base: str
+
+
+def is_test_path(path: str) -> bool:
+    return any(fnmatch.fnmatchcase(path, g) for g in TEST_GLOBS)
+
+
+def _is_test_module(path: str) -> bool:
+    return any(fnmatch.fnmatchcase(PurePosixPath(path).name, g) for g in TEST_MODULES)
+
+
+def _is_code(path: str) -> bool:
+    return not any(fnmatch.fnmatchcase(path, g) for g in NOT_CODE)
+
+
+def candidates(mirror: Path, sha: str, max_commits: int | None) -> tuple[int, list[Commit]]:
+    """(commits walked, the candidates among them): the newest `max_commits` non-merge commits of
+    `sha`'s history (all without a limit) that change both tests and source code, newest first."""
+    limit = [f"--max-count={max_commits}"] if max_commits else []
+    lines = git("log", "--no-merges", "--format=%H %ct %P", *limit, sha, cwd=mirror).splitlines()
+    found = []
+    for line in lines:
+        commit, time, *parents = line.split()
+        if not parents:  # the root commit: nothing to start from
+            continue
+        names = git("diff-tree", "-r", "-z", "--name-only", "--no-renames", parents[0], commit, cwd=mirror)
+        paths = sorted(p for p in names.split("\0") if p)
+        tests = tuple(p for p in paths if is_test_path(p))
+        code = tuple(p for p in paths if not is_test_path(p))
+        if tests and any(_is_code(p) for p in code):
+            found.append(Commit(commit, parents[0], int(time), tests, code))
+    return len(lines), found
+
+
+def _diff(mirror: Path, commit: Commit, paths: tuple[str, ...]) -> str:
+    # binary files as git's binary patches (full ids: `git apply` needs them); a path is a path, not a glob
+    return git(
+        *("diff", "--binary", "--full-index", "--no-renames", commit.parent, commit.sha, "--", *paths),
+        cwd=mirror,
+        env={"GIT_LITERAL_PATHSPECS": "1"},
+    )
+
+
+def _name(source: str) -> str:
+    name = Path(source.rstrip("/")).name
+    for suffix in (".bundle", ".git"):
+        name = name.removesuffix(suffix)
+    return name or "repo"
+
+
+def _task(how: Settings, mirror: Path, commit: Commit) -> Task:
+    message = git("log", "-1", "--format=%B", commit.sha, cwd=mirror).strip()
+    return Task(
+        id=f"{_name(how.source)}-{commit.sha[:12]}",
+        suite="",
+        split="train",
+        instruction=message or f"commit {commit.sha[:12]}",
+        test_command=list(DEFAULT_TEST_COMMAND),
+        metadata={
+            "source": "mined",
+            "commit": commit.sha,
+            "commit_time": commit.time,
+            "timeout_s": how.timeout_s,
+            "cpu_s": 2 * math.ceil(how.timeout_s),  # the wall-clock timeout ends a run; this only bounds a runaway
+            "memory_mb": how.memory_mb,
+        },
+        image=how.image,
+        repo=how.source,
+        base_commit=commit.parent,
+        test_patch=_diff(mirror, commit, commit.tests),
+        gold_patch=_diff(mirror, commit, commit.code),
+    )
+
+
+def _outcomes(report: bytes | None) -> dict[str, str] | None:
+    if report is None:
+        return None
+    try:
+        return junit_outcomes(report)
+    except ParseError:
+        return None
+
+
+def validate(task: Task) -> Verdict:
+    """Check a task as `strop tasks validate` does (see `Verdict`). The task's repository and image
+    must exist (a missing one raises UserError); anything else that fails is a verdict, not an error."""
+    if not task.gold_patch:
+        gold_ok, gold = False, "no gold patch"
+    else:
+        try:
+            changes = gold_changes(task)
+        except UserError as e:
+            gold_ok, gold = False, f"gold patch does not apply: {e}"
+        else:
+            score = check(task, changes, perturbed=False)
+            gold_ok = score.reward == 1.0
+            gold = f"{score.passed}/{score.passed + score.failed + score.errors + score.skipped} pass"
+            gold = gold if gold_ok else f"{score.reason}" + (f" ({gold})" if score.outcome == "tests failed" else "")
+    if not task.fail_to_pass:  # no test ids: the whole hidden suite must fail at the start
+        score = check(task, {}, perturbed=False)
+        base_ok, base = score.reward == 0.0, f"reward {score.reward:g} ({score.reason})"
+    else:
+        run = run_tests(task, {}, hidden_tests(task), task.fail_to_pass, task_limits(task))
+        outcomes = _outcomes(run.report) or {}
+        passing = [t for t in task.fail_to_pass if outcomes.get(t) == "passed"]
+        n = len(task.fail_to_pass)
+        if run.timed_out:
+            base_ok, base = False, f"timeout after {task_limits(task).timeout_s:.0f} s"
+        elif passing:
+            base_ok, base = False, f"{len(passing)} of {n} FAIL_TO_PASS pass, e.g. {passing[0]}"
+        else:
+            base_ok, base = True, f"{n}/{n} fail" + ("" if run.report else f" (no report, exit {run.exit_code})")
+    return Verdict(task.id, gold_ok and base_ok, gold, base)
+
+
+def _mine_one(how: Settings, mirror: Path, commit: Commit) -> dict:
+    """One candidate's result: {"commit", "time", "outcome" (KEPT or a DROPS reason), "detail", and
+    for a kept one its task-file "record" (split not yet set; the repository path absolute)}."""
+    result = {"commit": commit.sha, "time": commit.time, "outcome": "", "detail": ""}
+    task = _task(how, mirror, commit)
+    hidden = hidden_tests(task)
+    modules = sorted(p for p in hidden if _is_test_module(p))
+    if not modules:
+        return {**result, "outcome": "no test module", "detail": ", ".join(commit.tests)[:200]}
+    first = replace(task, test_command=[*task.test_command, _GO_ON])
+    limits = task_limits(task)
+    kept, _ = split_changes(task, source_changes(gold_changes(task)))  # as the checker scores the gold patch
+    selected = touched_tests(task.test_patch, {p: hidden[p] for p in modules}) if how.tests == "touched" else modules
+    before = run_tests(first, {}, hidden, selected, limits)
+    after = run_tests(first, kept, hidden, selected, limits) if not before.timed_out else before
+    if before.timed_out or after.timed_out:
+        where = "the parent" if before.timed_out else "the commit"
+        return {**result, "outcome": "timeout", "detail": f"at {where}, after {how.timeout_s:.0f} s"}
+    found = _outcomes(after.report)
+    if not found or "passed" not in found.values():
+        errors = sorted(t for t, k in (found or {}).items() if k != "passed")
+        why = f"no test passes at the commit, e.g. {errors[0]}" if errors else f"no report (exit {after.exit_code})"
+        return {**result, "outcome": "does not build", "detail": why}
+    was = _outcomes(before.report) or {}
+    passing = sorted(t for t, k in found.items() if k == "passed")
+    f2p = [t for t in passing if was.get(t) != "passed"]
+    if not f2p:
+        return {**result, "outcome": "no failing test", "detail": f"{len(passing)} tests pass at the parent too"}
+    task = replace(task, fail_to_pass=f2p, pass_to_pass=[t for t in passing if was.get(t) == "passed"])
+    record = task_record(task)
+    verdict = validate(task_from_record(record, task.id, Path("/"), "")[0])
+    if not verdict.ok:
+        return {**result, "outcome": "flaky", "detail": f"rerun by id: gold {verdict.gold}; parent {verdict.base}"}
+    return {
+        **result,
+        "outcome": KEPT,
+        "detail": f"{len(f2p)} FAIL_TO_PASS, {len(task.pass_to_pass)} PASS_TO_PASS",
+        "record": record,
+    }
+
+
+def _journal_key(how: Settings) -> str:
+    """What a reused result depends on beyond its commit: the settings, the image's content (its
+    cache root is named by its digest) and the test command."""
+    what = [how.source, image_root(how.image), DEFAULT_TEST_COMMAND, how.timeout_s, how.memory_mb, how.tests, 2]
+    return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:16]
+
+
+def _read_journal(path: Path, key: str) -> dict[str, dict]:
+    done = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by a kill
+            if isinstance(entry, dict) and entry.get("key") == key:
+                done[entry["result"]["commit"]] = entry["result"]
+    return done
+
+
+def mine(
+    source: str,
+    out: Path,
+    image: str = "",
+    rev: str = "HEAD",
+    max_commits: int | None = None,
+    jobs: int = 1,
+    eval_fraction: float = 0.2,
+    timeout_s: float = TIMEOUT_S,
+    memory_mb: int = MEMORY_MB,
+    tests: Scope = "modules",
+    progress: bool = True,
+) -> dict:
+    """Mine `source` (a git working copy, bare repository or bundle) into the task file `out` and
+    `<out>.report.json` (see the module docstring); returns the report."""
+    from tqdm import tqdm
+
+    image_root(image)  # a missing or broken image is refused before any work
+    mirror, sha = history(source, rev)
+    source = source if "://" in source else str(Path(source).resolve())
+    how = Settings(source, str(Path(image).resolve()) if image else "", timeout_s, memory_mb, tests)
+    walked, found = candidates(mirror, sha, max_commits)
+    out = Path(out)
+    journal = out.with_name(out.name + ".partial")
+    key = _journal_key(how)
+    results = _read_journal(journal, key)
+    todo = [c for c in found if c.sha not in results]
+    pool = ThreadPoolExecutor(max(1, jobs))
+    try:
+        work = [pool.submit(_mine_one, how, mirror, c) for c in todo]
+        with (
+            open(journal, "a") as log,
+            tqdm(
+                total=len(found),
+                initial=len(found) - len(todo),
+                desc="mining",
+                unit="commit",
+                dynamic_ncols=True,
+                disable=not progress,
+            ) as bar,
+        ):
+            for done in as_completed(work):
+                result = done.result()
+                results[result["commit"]] = result
+                log.write(json.dumps({"key": key, "result": result}) + "\n")
+                log.flush()
+                bar.update(1)
+                bar.set_postfix(kept=sum(r["outcome"] == KEPT for r in results.values()))
+    finally:  # on an error or Ctrl-C, commits not started are not started
+        pool.shutdown(wait=True, cancel_futures=True)
+    ordered = [results[c.sha] for c in reversed(found)]  # oldest first: git log's order, reversed
+    kept = [r for r in ordered if r["outcome"] == KEPT]
+    n_eval = math.ceil(eval_fraction * len(kept))
+    lines = []
+    for i, r in enumerate(kept):
+        task, _ = task_from_record(r["record"], r["commit"], Path("/"), "")
+        task = replace(task, split="eval" if i >= len(kept) - n_eval else "train")
+        lines.append(json.dumps(task_record(task, out.resolve().parent), sort_keys=True) + "\n")
+    report = {
+        "repo": os.path.relpath(source, out.resolve().parent) if "://" not in source else source,
+        "rev": sha,
+        "image": how.image,
+        "tests": tests,
+        "commits_walked": walked,
+        "candidates": len(found),
+        "kept": len(kept),
+        "train": len(kept) - n_eval,
+        "eval": n_eval,
+        "dropped": {reason: sum(r["outcome"] == reason for r in ordered) for reason in DROPS},
+        "commits": [{k: r[k] for k in ("commit", "outcome", "detail")} for r in ordered],
+    }
+    write_atomic(out, "".join(lines))
+    write_atomic(report_path(out), json.dumps(report, indent=2, sort_keys=True) + "\n")
+    journal.unlink(missing_ok=True)
+    return report
+
+
+def report_path(out: Path) -> Path:
+    """Where `mine` writes the yield report of the task file `out`."""
+    return Path(out).with_name(Path(out).name.removesuffix(".jsonl") + ".report.json")

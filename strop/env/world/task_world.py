@@ -1,0 +1,113 @@
+"""A task's world: its OS image (`strop.env.world.image`) and its starting repository (`strop.env.world.repo`),
+opened as a sandbox. The one way an episode, the checker, the judge and `strop tasks` open a task.
+
+The repository a sandbox mounts at WORKDIR is the node's cached checkout itself (read-only, shared
+by every sandbox of that commit: the sandbox's overlay takes the writes) when the task has a `repo`
+and no `files`; otherwise a scratch directory holding the task's files (over a copy of the checkout
+when it has both), removed when the sandbox closes.
+"""
+
+import contextlib
+import os
+import shutil
+import stat
+from dataclasses import replace
+from pathlib import Path
+from typing import Iterator
+
+from strop.confined import apply_changes, copy_tree, read_nofollow
+from strop.env.host.account import hand_over
+from strop.env.host.scratch import scratch_dir
+from strop.env.sandbox.backend import open_sandbox
+from strop.env.sandbox.interface import Limits, Sandbox
+from strop.env.task import Task
+from strop.env.world.image import image_root
+from strop.env.world.repo import checkout
+
+
+def materialize(task: Task, root: Path) -> Path:
+    """Write the task's whole starting repository under `root` (a new or empty directory): its
+    checkout, then its files over it."""
+    if task.repo:
+        copy_tree(checkout(task.repo, task.base_commit), root)
+    root.mkdir(parents=True, exist_ok=True)
+    apply_changes(root, task.files)  # never through a link the repository holds
+    return root
+
+
+@contextlib.contextmanager
+def task_repository(task: Task, kind: str = "world") -> Iterator[Path]:
+    """The directory a sandbox of `task` mounts at WORKDIR (see the module docstring); a scratch
+    copy is named after `kind` (`strop.env.host.scratch.SCRATCH_KINDS`)."""
+    if task.repo and not task.files:
+        yield checkout(task.repo, task.base_commit)
+        return
+    world = scratch_dir(kind)
+    try:
+        materialize(task, world / "repo")
+        hand_over(world)
+        yield world / "repo"
+    finally:
+        shutil.rmtree(world, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def task_sandbox(task: Task, limits: Limits = Limits(), kind: str = "world") -> Iterator[Sandbox]:
+    """A fresh sandbox on `task`'s image with its starting repository at WORKDIR; closed on exit."""
+    image = image_root(task.image)
+    with task_repository(task, kind) as repo:
+        sandbox = open_sandbox(repo, limits, image)
+        try:
+            yield sandbox
+        finally:
+            sandbox.close()
+
+
+def empty_sandbox(task: Task, limits: Limits = Limits()) -> contextlib.AbstractContextManager[Sandbox]:
+    """A fresh sandbox on `task`'s image with an empty WORKDIR (the judge of values grading)."""
+    return task_sandbox(replace(task, repo="", base_commit="", files={}), limits, kind="check")
+
+
+def repository_has(task: Task, top: str) -> bool:
+    """Whether the task's starting repository has the top-level entry `top`."""
+    if any(f == top or f.startswith(top + "/") for f in task.files):
+        return True
+    return bool(task.repo) and (checkout(task.repo, task.base_commit) / top).exists()
+
+
+def _entries(root: Path) -> tuple[dict[str, Path], list[str]]:
+    """Under `root`, without following a symlink and skipping `.git` and caches: relative path ->
+    path of every regular file, and the relative paths of everything else that is not a directory
+    (symlinks, fifos, sockets, devices)."""
+    regular, others = {}, []
+    for dirpath, dirnames, filenames in os.walk(root):
+        others += [
+            os.path.relpath(os.path.join(dirpath, d), root)
+            for d in dirnames
+            if os.path.islink(os.path.join(dirpath, d))
+        ]
+        dirnames[:] = [d for d in dirnames if d not in (".git", "__pycache__", ".pytest_cache")]
+        for name in filenames:
+            path = Path(dirpath) / name
+            rel = path.relative_to(root).as_posix()
+            if not stat.S_ISREG(os.lstat(path).st_mode):
+                others.append(rel)
+            elif not name.endswith(".pyc"):
+                regular[rel] = path
+    return regular, sorted(others)
+
+
+def workspace_changes(task: Task, final: Path) -> tuple[dict[str, bytes | None], list[str]]:
+    """The directory `final` as an agent's workspace: its changes against the task's starting
+    repository (relative path -> bytes, None = deleted), and the entries that are not regular files
+    (symlinks, fifos), which are left out: reading through a symlink would read the host."""
+    after, skipped = _entries(final)
+    with task_repository(task) as start:
+        before = _entries(start)[0]
+        changes: dict[str, bytes | None] = {}
+        for rel, path in after.items():
+            data = read_nofollow(path)
+            if rel not in before or read_nofollow(before[rel]) != data:
+                changes[rel] = data
+        changes.update({rel: None for rel in before if rel not in after and rel not in skipped})
+    return changes, skipped
