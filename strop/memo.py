@@ -11,9 +11,10 @@ KEY_HEX = 24  # hex digits of a key: 96 bits, far from any collision among a nod
 T = TypeVar("T")
 
 
-def content_key(*parts: str) -> str:
-    """The name of the entry `parts` decide: the first KEY_HEX hex digits of their NUL-joined sha256."""
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:KEY_HEX]
+def content_key(*parts: str | bytes) -> str:
+    """The name of the entry `parts` decide: the first KEY_HEX hex digits of their NUL-joined sha256
+    (str parts as UTF-8)."""
+    return hashlib.sha256(b"\0".join(p.encode() if isinstance(p, str) else p for p in parts)).hexdigest()[:KEY_HEX]
 
 
 def file_version(path: str, *_) -> tuple:
@@ -32,10 +33,9 @@ def by_version(version: Callable[..., Hashable] = file_version, maxsize: int = 6
             return fn(*args)
 
         @functools.wraps(fn)
-        def call(*args):
+        def call(*args):  # positional only: one key per call, however it is spelt
             return cached(args, version(*args))
 
-        call.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
         return call
 
     return wrap

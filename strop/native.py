@@ -15,7 +15,6 @@ silently (the slow path was asked for).
 """
 
 import ctypes
-import hashlib
 import os
 import shutil
 import subprocess
@@ -23,6 +22,8 @@ import sys
 import tempfile
 from importlib import resources
 from pathlib import Path
+
+from strop.memo import content_key
 
 WARNINGS = ("-Wall", "-Wextra")
 
@@ -38,7 +39,7 @@ def _key(source: str) -> str:
         flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
     except (OSError, StopIteration):
         flags = ""
-    return hashlib.sha256((source + flags).encode()).hexdigest()[:16]
+    return content_key(source, flags)
 
 
 def _first_error(stderr: str) -> str:

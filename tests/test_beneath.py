@@ -98,7 +98,7 @@ def test_agent_apply_replaces_links_inside_dir_and_never_shows_or_writes_outside
         [f'<tool_call>{{"name": "run", "arguments": {{"command": "{replace}"}}}}</tool_call>', TURNS[1]],
         tiny_tokenizer,
     )
-    argv = ["agent", "--world", str(w), "--endpoint", url, "--tokenizer", str(tmp_path / "tok"), "--apply", "Go."]
+    argv = ["agent", "--repo", str(w), "--endpoint", url, "--tokenizer", str(tmp_path / "tok"), "--apply", "Go."]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "applied" in out and "the secret" not in out and "outside f" not in out

@@ -4,14 +4,16 @@ template that rewrites earlier turns or tokenizes turn by turn differently, nami
 episodes through the templates in a real sandbox keep their bookkeeping exact."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from strop.data.chat import CHAT_TEMPLATE, IM_END
 from strop.data.chat_template import parse_llama3_json
+from strop.env.demonstrators.runs import DEMONSTRATION_HARNESS
 from strop.env.harness.chat_formats import chat_format, check_append_only, probe_windows
-from strop.env.harness.loop import Harness, HarnessConfig
+from strop.env.harness.loop import Harness
 from strop.env.harness.tools import load_tools
 from strop.env.sandbox.backend import open_sandbox
 from strop.env.sandbox.interface import Limits
@@ -168,7 +170,7 @@ def llama(name: str, **args) -> str:
 @pytest.mark.parametrize("which", ["qwen3", "llama3"])
 def test_episodes_through_a_template_keep_exact_bookkeeping(which, qwen3, llama3, sandbox):
     tok, write = (qwen3, hermes) if which == "qwen3" else (llama3, llama)
-    harness = Harness(tok, HarnessConfig(max_context=4096))
+    harness = Harness(tok, replace(DEMONSTRATION_HARNESS, max_context=4096))
     think = "<think>\nRead it first.\n</think>\n\n" if which == "qwen3" else ""
     texts = [
         think + ("Looking.\n" if which == "qwen3" else "") + write("read_file", path="evil.txt"),

@@ -108,10 +108,10 @@ def files(tmp_path_factory):
         (["serve", "--checkpoint", "{d}/policy", "--max-batch", "0"], "--max-batch"),
         (["sandbox", "run", "--timeout", "nan", "--", "true"], "--timeout"),
         (["sandbox", "run", "--timeout", "inf", "--", "true"], "--timeout"),
-        (["agent", "--world", "{d}", "--endpoint", "http://127.0.0.1:9", "--tokenizer", "{d}", "hi"], "--endpoint"),
+        (["agent", "--repo", "{d}", "--endpoint", "http://127.0.0.1:9", "--tokenizer", "{d}", "hi"], "--endpoint"),
         (["train", "--policy", "{d}/policy", "--out", "{d}/policy"], "not made by `strop train`"),
         (["bench", "async", "--out", "{d}"], "not made by `strop bench async`"),
-        (["agent", "--world", "{d}", "--endpoint", "not a url", "--tokenizer", "{d}", "hi"], "--endpoint"),
+        (["agent", "--repo", "{d}", "--endpoint", "not a url", "--tokenizer", "{d}", "hi"], "--endpoint"),
     ],
 )
 def test_reported_tracebacks_are_one_line_exit_2(files, args, needle):
@@ -162,10 +162,10 @@ def test_json_into_a_missing_directory_is_refused_before_the_work(files, tmp_pat
         ),
         (["sync", "decode", "--base", "{d}/base.safetensors", "{d}/trailing.bin", "-o", "{d}/x"], "past its"),
         # refused before the model in --checkpoint (which cannot load) is touched
-        (["agent", "--world", "{d}", "--checkpoint", "{d}/policy", "--timeout", "nan", "hi"], "--timeout"),
-        (["agent", "--world", "{d}", "--checkpoint", "{d}/policy", "--temperature", "nan", "hi"], "--temperature"),
-        (["agent", "--world", "{d}", "--checkpoint", "{d}/policy", "--max-turns", "-1", "hi"], "--max-turns"),
-        (["agent", "--world", "{d}", "--checkpoint", "{d}/policy", "--max-context", "0", "hi"], "--max-context"),
+        (["agent", "--repo", "{d}", "--checkpoint", "{d}/policy", "--timeout", "nan", "hi"], "--timeout"),
+        (["agent", "--repo", "{d}", "--checkpoint", "{d}/policy", "--temperature", "nan", "hi"], "--temperature"),
+        (["agent", "--repo", "{d}", "--checkpoint", "{d}/policy", "--max-turns", "-1", "hi"], "--max-turns"),
+        (["agent", "--repo", "{d}", "--checkpoint", "{d}/policy", "--max-context", "0", "hi"], "--max-context"),
     ],
 )
 def test_issue_45_silences_and_tracebacks_are_one_line_exit_2(files, args, needle):

@@ -3,13 +3,15 @@ carried state, the summary is a generated (trained) reply to the summary request
 carries what it promises, windows never overrun, and max_resets bounds the resets."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from strop.data.chat import GENERATION_PROMPT, IM_END
+from strop.env.demonstrators.runs import DEMONSTRATION_HARNESS
 from strop.env.demonstrators.scripted import ScriptedClient
 from strop.env.harness.context import COMPACTION_HEADER, MASKED, SUMMARY_HEADER, SUMMARY_REQUEST, truncate, turns
-from strop.env.harness.loop import Harness, HarnessConfig
+from strop.env.harness.loop import Harness
 from tests.test_harness import call, check_bookkeeping, sandbox  # noqa: F401 - sandbox is a fixture over this world
 
 FILES = [f"notes_{i}.txt" for i in range(8)]
@@ -44,7 +46,9 @@ class SummarizingClient(ScriptedClient):
 def play(tok, sandbox, **config):
     config = {"max_context": 1100, "max_turn_tokens": 64, "summary_tokens": 48, "max_turns": 20, **config}
     client = SummarizingClient(TURNS, tok, SUMMARY)
-    episode = Harness(tok, HarnessConfig(**config)).run(client, sandbox, "Read every notes file, then submit.")
+    episode = Harness(tok, replace(DEMONSTRATION_HARNESS, **config)).run(
+        client, sandbox, "Read every notes file, then submit."
+    )
     check_bookkeeping(tok, episode)
     assert all(len(s) <= config["max_context"] for s in episode.segments)
     return episode

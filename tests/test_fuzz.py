@@ -207,7 +207,7 @@ def command_lines(rng: random.Random, d: Path) -> list[str]:
             rng.choice(NUMBERS),
             "--memory",
             rng.choice(NUMBERS),
-            *rng.choice([[], ["--world", p()]]),
+            *rng.choice([[], ["--repo", p()]]),
             "--",
             "true",
         ],
@@ -233,7 +233,7 @@ def command_lines(rng: random.Random, d: Path) -> list[str]:
         ],
         lambda: [
             "agent",
-            "--world",
+            "--repo",
             p(),
             "--endpoint",
             rng.choice(["http://127.0.0.1:9", "nonsense", "ftp://x", ""]),
@@ -299,7 +299,7 @@ def argument_space(rng: random.Random, d: Path) -> dict[tuple[str, ...], dict]:
     return {
         ("agent",): {
             0: word,  # the instruction
-            "--world": p,
+            "--repo": p,
             # never a policy that answers: an unreachable endpoint, or a checkpoint that does not load
             "--endpoint": lambda: rng.choice(["http://127.0.0.1:9", "nonsense", "ftp://x", ""]),
             "--checkpoint": lambda: rng.choice([str(d / "model"), p()]),

@@ -2,12 +2,14 @@
 a recorded reason (never an exception), and token bookkeeping is exact."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from strop.data.chat import GENERATION_PROMPT, IM_START, render
+from strop.env.demonstrators.runs import DEMONSTRATION_HARNESS
 from strop.env.demonstrators.scripted import ScriptedClient
-from strop.env.harness.loop import STOP_REASONS, Harness, HarnessConfig
+from strop.env.harness.loop import STOP_REASONS, Harness
 from strop.env.harness.tools import load_tools
 from strop.env.sandbox.backend import open_sandbox
 from strop.env.sandbox.interface import Limits
@@ -40,7 +42,7 @@ SUBMIT = "Done." + call("submit")
 
 def play(tok, sandbox, texts, **config):
     client = ScriptedClient(texts, tok)
-    episode = Harness(tok, HarnessConfig(**config)).run(client, sandbox, "Fix add in mod.py.")
+    episode = Harness(tok, replace(DEMONSTRATION_HARNESS, **config)).run(client, sandbox, "Fix add in mod.py.")
     check_bookkeeping(tok, episode)
     return episode
 

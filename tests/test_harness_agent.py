@@ -23,7 +23,7 @@ def test_agent_runs_a_local_checkpoint(tiny_tokenizer, tmp_path, capsys):
     (world / "a.py").write_text("x = 1\n")
     argv = [
         "agent",
-        "--world",
+        "--repo",
         str(world),
         "--checkpoint",
         str(tmp_path / "ckpt"),

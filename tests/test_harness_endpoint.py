@@ -125,7 +125,7 @@ def test_strop_agent_prints_the_diff_and_applies_only_when_asked(tiny_tokenizer,
     edit = (
         '<tool_call>{"name": "edit_file", "arguments": {"path": "mod.py", "old": "a - b", "new": "a + b"}}</tool_call>'
     )
-    argv = ["agent", "--world", str(world), "--endpoint", url, "--tokenizer", str(tmp_path / "tok"), "Fix add."]
+    argv = ["agent", "--repo", str(world), "--endpoint", url, "--tokenizer", str(tmp_path / "tok"), "Fix add."]
     script[0] = ScriptedClient([edit, TURNS[1]], tiny_tokenizer)
     assert main(argv) == 0
     out = capsys.readouterr().out
@@ -134,4 +134,4 @@ def test_strop_agent_prints_the_diff_and_applies_only_when_asked(tiny_tokenizer,
     script[0] = ScriptedClient([edit, TURNS[1]], tiny_tokenizer)
     assert main(argv + ["--apply"]) == 0
     assert (world / "mod.py").read_text() == "def add(a, b):\n    return a + b\n"
-    assert main(["agent", "--world", str(world), "--endpoint", url, "x"]) == 2  # no tokenizer: a user error
+    assert main(["agent", "--repo", str(world), "--endpoint", url, "x"]) == 2  # no tokenizer: a user error

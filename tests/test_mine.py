@@ -166,16 +166,16 @@ def test_mine_and_validate_in_an_image(calc_repo, test_image, tmp_path):
 def edge_repo(path: Path) -> dict[str, str]:
     """A repository whose every candidate is dropped, one reason each."""
     path.mkdir()
-    git(path, "init", "-q", "-b", "main")
+    git("init", "-q", "-b", "main", cwd=path)
     shas = {}
 
     def commit(name: str, **files: str) -> None:
         for rel, text in files.items():
             (path / rel).parent.mkdir(parents=True, exist_ok=True)
             (path / rel).write_text(text)
-        git(path, "add", "-A")
-        git(path, "commit", "-q", "-m", name)
-        shas[name] = git(path, "rev-parse", "HEAD").strip()
+        git("add", "-A", cwd=path)
+        git("commit", "-q", "-m", name, cwd=path)
+        shas[name] = git("rev-parse", "HEAD", cwd=path).strip()
 
     test = "from m import f\n\n\ndef test_f():\n    assert f() == 1\n"
     commit("initial", **{"m.py": "def f():\n    return 1\n", "tests/test_m.py": test})

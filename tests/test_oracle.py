@@ -1,12 +1,18 @@
 """The scripted oracle solves synthetic tasks through the real harness, tools, sandbox and
 checker, and its episodes are valid demonstration data."""
 
+from dataclasses import replace
+
 import pytest
 
 from strop.env.demonstrators.imperfect import plan
-from strop.env.demonstrators.runs import demonstration_episode, demonstration_episodes_per_s, solve
+from strop.env.demonstrators.runs import (
+    DEMONSTRATION_HARNESS,
+    demonstration_episode,
+    demonstration_episodes_per_s,
+    solve,
+)
 from strop.env.grading.checker import check
-from strop.env.harness.loop import HarnessConfig
 from strop.env.tasks.suites import load_suite
 
 
@@ -25,7 +31,7 @@ def test_plan_locates_reads_edits_tests_and_submits(tasks):
 
 def test_oracle_solves_each_difficulty(tiny_tokenizer, tasks):
     # the test tokenizer has a 512-token vocabulary, so its windows run longer than the demo's
-    config = HarnessConfig(max_context=4096)
+    config = replace(DEMONSTRATION_HARNESS, max_context=4096)
     for task in tasks:
         episode, changes = demonstration_episode(task, tiny_tokenizer, config)
         assert episode.stop_reason == "submitted", (task.id, episode.detail)
@@ -43,7 +49,9 @@ def test_run_oracle_episodes_reports_a_rate(tiny_tokenizer):
 @pytest.mark.slow
 def test_oracle_solves_99_percent_of_synthetic_eval(tiny_tokenizer):
     tasks = load_suite("synthetic", "eval", limit=20)
-    report = solve(tasks, tiny_tokenizer, HarnessConfig(max_context=4096))  # the test tokenizer's windows run long
+    report = solve(
+        tasks, tiny_tokenizer, replace(DEMONSTRATION_HARNESS, max_context=4096)
+    )  # the test tokenizer's windows run long
     assert report["rate"] >= 0.99, [r for r in report["results"] if r["reward"] < 1.0]
 
 
@@ -60,7 +68,7 @@ def test_a_careless_demonstrator_gives_up_after_a_rejected_edit_and_a_careful_on
     suspect = {**next(s for s in task.metadata["suspect_edits"] if s["before"]), "kind": "suspect"}
     slip = misremembered(task, Random(0))
     assert slip is not None and slip["old"] not in task.files[slip["path"]]
-    config = HarnessConfig(max_context=4096)
+    config = replace(DEMONSTRATION_HARNESS, max_context=4096)
     careless, changes = demonstration_episode(
         task, tiny_tokenizer, config, style=DemoStyle(careful=False, wrong=(suspect,))
     )
@@ -90,7 +98,7 @@ def test_demonstrator_mix_draws_the_configured_population(tiny_tokenizer):
     report = solve(
         tasks,
         tiny_tokenizer,
-        HarnessConfig(max_context=4096),
+        replace(DEMONSTRATION_HARNESS, max_context=4096),
         check=True,
         mix=DemonstratorMix(careful=0.5, suspects=0.7, misremember=0.3),
         workers=2,

@@ -31,7 +31,7 @@ def test_a_commit_is_checked_out_once_with_modes_links_and_bytes(calc_repo):
     assert os.access(tree / "run.sh", os.X_OK) and (tree / "logo.bin").read_bytes() == bytes(range(256))
     assert os.readlink(tree / "calc_link.py") == "calc.py"
     assert not (tree / "README.md").exists()  # a later commit's file
-    log = git(tree, "-c", "safe.directory=*", "log", "--format=%s")  # owned by the sandbox account
+    log = git("-c", "safe.directory=*", "log", "--format=%s", cwd=tree)  # owned by the sandbox account
     assert log.strip() == f"base {shas['fix_add'][:12]}"  # the one commit: no history, no future
     assert checkout(str(repo), shas["fix_add"][:10]) == tree  # a short id names the same checkout
     assert stat.S_IMODE(os.stat(tree / "calc.py").st_mode) & 0o002 == 0
@@ -40,7 +40,7 @@ def test_a_commit_is_checked_out_once_with_modes_links_and_bytes(calc_repo):
 
 def test_bundles_directories_tarballs_and_urls(calc_repo, tmp_path):
     repo, shas = calc_repo
-    git(repo, "bundle", "create", str(tmp_path / "calc.bundle"), "--all")
+    git("bundle", "create", str(tmp_path / "calc.bundle"), "--all", cwd=repo)
     bundled = checkout(str(tmp_path / "calc.bundle"), shas["initial"])
     assert (bundled / "calc.py").read_text().count("a - b") == 1
     plain = tmp_path / "plain"
@@ -82,7 +82,7 @@ def test_bad_repositories_are_one_line(calc_repo, tmp_path, source, commit, why)
 def test_patches_apply_without_touching_the_tree(calc_repo):
     repo, shas = calc_repo
     tree = checkout(str(repo), shas["initial"])
-    patch = git(repo, "diff", shas["initial"], shas["fix_add"], "--", "calc.py")
+    patch = git("diff", shas["initial"], shas["fix_add"], "--", "calc.py", cwd=repo)
     after = apply_patch(tree, patch)
     assert list(after) == ["calc.py"] and b"a + b" in after["calc.py"]
     assert b"a - b" in (tree / "calc.py").read_bytes()
@@ -96,8 +96,8 @@ def task_line(repo, shas, **extra) -> dict:
         "problem_statement": "Fix add: it subtracted",
         "repo": str(repo),
         "base_commit": shas["initial"],
-        "patch": git(repo, "diff", shas["initial"], shas["fix_add"], "--", "calc.py"),
-        "test_patch": git(repo, "diff", shas["initial"], shas["fix_add"], "--", "tests"),
+        "patch": git("diff", shas["initial"], shas["fix_add"], "--", "calc.py", cwd=repo),
+        "test_patch": git("diff", shas["initial"], shas["fix_add"], "--", "tests", cwd=repo),
         "FAIL_TO_PASS": ["tests/test_calc.py::test_add"],
         "PASS_TO_PASS": ["tests/test_calc.py::test_mul"],
         **extra,

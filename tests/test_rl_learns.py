@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -22,8 +23,7 @@ from strop.config import DataSection, ModelSection, from_dict
 from strop.data.corpus import load_corpus
 from strop.data.tokenizer import train_tokenizer
 from strop.env.demonstrators.imperfect import DemonstratorMix
-from strop.env.demonstrators.runs import solve
-from strop.env.harness.loop import HarnessConfig
+from strop.env.demonstrators.runs import DEMONSTRATION_HARNESS, solve
 from strop.env.tasks.suites import load_suite
 from strop.model.policy import build_model, save_model
 from strop.train.sft import sft
@@ -80,7 +80,7 @@ def warm_start(tmp_path):
     )
     save_model(build_model(section, tokenizer, seed=0), tokenizer, tmp_path / "base")
     tasks = load_suite("synthetic/parse", "train", difficulty=1, limit=TASKS)
-    harness = HarnessConfig(max_context=section.max_positions)
+    harness = replace(DEMONSTRATION_HARNESS, max_context=section.max_positions)
     episodes = [
         ep
         for seed in range(DEMOS_PER_TASK)

@@ -296,14 +296,12 @@ def test_pool_hands_out_fresh_sandboxes_and_bounds_concurrency(world):
 
 def test_cli_exit_codes(world, capfd):
     # in-process: the CLI's set_threads imports torch, which is paid once here rather than per call
-    assert (
-        main(["sandbox", "run", "--world", str(world), "--", "sh", "-c", "cat README.md; echo oops >&2; exit 7"]) == 7
-    )
+    assert main(["sandbox", "run", "--repo", str(world), "--", "sh", "-c", "cat README.md; echo oops >&2; exit 7"]) == 7
     out, err = capfd.readouterr()
     assert (out, err) == ("hello\n", "oops\n")
     assert main(["sandbox", "run", "--timeout", "0.5", "--", "sleep", "10"]) == 124
     assert "timed out" in capfd.readouterr().err
-    assert main(["sandbox", "run", "--world", "/nonexistent", "--", "true"]) == 2
+    assert main(["sandbox", "run", "--repo", "/nonexistent", "--", "true"]) == 2
     assert "not a directory" in capfd.readouterr().err
     fill = "for i in 1 2 3 4 5; do fallocate -l 60M f$i; done"  # 300 MB over the default 256 MB
     assert main(["sandbox", "run", "--", "sh", "-c", fill]) == 125

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -45,11 +46,11 @@ def task_file(calc_repo, tmp_path_factory) -> str:
         lines.append(
             {
                 "instance_id": f"calc-{i}",
-                "problem_statement": git(repo, "log", "-1", "--format=%B", shas[fix]),
+                "problem_statement": git("log", "-1", "--format=%B", shas[fix], cwd=repo),
                 "repo": str(repo),
                 "base_commit": shas[base],
-                "patch": git(repo, "diff", shas[base], shas[fix], "--", "calc.py"),
-                "test_patch": git(repo, "diff", shas[base], shas[fix], "--", "tests"),
+                "patch": git("diff", shas[base], shas[fix], "--", "calc.py", cwd=repo),
+                "test_patch": git("diff", shas[base], shas[fix], "--", "tests", cwd=repo),
                 "FAIL_TO_PASS": ["tests/test_calc.py::test_add" if i == 0 else "tests/test_calc.py::test_sub"],
             }
         )
@@ -82,12 +83,11 @@ def test_train_and_eval_on_any_suite(suite, task_file, tiny_policy_dir, tmp_path
 def test_the_demonstrator_solves_a_task_at_a_commit_from_its_gold_patch(task_file, tiny_tokenizer):
     """SFT demonstrations for any task with a gold patch (a mined task's code part): the
     demonstrator plays its edits through the real harness, and the checker passes them."""
-    from strop.env.demonstrators.runs import demonstration_episode
+    from strop.env.demonstrators.runs import DEMONSTRATION_HARNESS, demonstration_episode
     from strop.env.grading.checker import check
-    from strop.env.harness.loop import HarnessConfig
     from strop.env.tasks.suites import load_suite
 
     for task in load_suite(task_file, "train"):
-        episode, changes = demonstration_episode(task, tiny_tokenizer, HarnessConfig(max_context=4096))
+        episode, changes = demonstration_episode(task, tiny_tokenizer, replace(DEMONSTRATION_HARNESS, max_context=4096))
         assert episode.stop_reason == "submitted", episode.detail
         assert check(task, changes).reward == 1.0, task.id

@@ -120,7 +120,7 @@ def test_humaneval_all_canonical_pass_all_stubs_fail():
 def test_mutated_small_build_verifies_and_loads(tmp_path, monkeypatch):
     from strop.env.suites import mutated
 
-    monkeypatch.setattr(mutated, "_is_test", lambda p: p.endswith("tests/test_itertoolz.py"))  # one baseline run
+    monkeypatch.setattr(mutated, "is_test_module", lambda p: p.endswith("tests/test_itertoolz.py"))  # one baseline run
     mutated.build(tmp_path, target=2, packages=("toolz",), log=lambda m: None)
     tasks = mutated.load(cache=tmp_path)
     assert len(tasks) == 2

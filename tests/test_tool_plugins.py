@@ -5,12 +5,14 @@ names; bad declarations are one line and exit 2."""
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
+from strop.env.demonstrators.runs import DEMONSTRATION_HARNESS
 from strop.env.demonstrators.scripted import ScriptedClient
 from strop.env.grading.behaviour import episode_stats
-from strop.env.harness.loop import Harness, HarnessConfig, harness_config
+from strop.env.harness.loop import Harness, harness_config
 from strop.env.harness.tools import Tool, ToolError, ToolSet, load_tools
 from strop.env.sandbox.backend import open_sandbox
 from strop.env.sandbox.interface import Limits
@@ -147,7 +149,7 @@ def test_renamed_tools_drive_a_real_episode_and_the_behaviour_counts(tiny_tokeni
 
     cfg = load_config(None, [f"harness.tools={json.dumps(RENAMED + ['done=submit'])}"])
     config = harness_config(cfg.rollout, cfg.harness)
-    harness = Harness(tiny_tokenizer, HarnessConfig(max_context=4096, tools=config.tools))
+    harness = Harness(tiny_tokenizer, replace(DEMONSTRATION_HARNESS, max_context=4096, tools=config.tools))
     assert "edit_file" not in harness.tools.names and harness.tools.role("patch") == "edit"
     turns = [
         call("view", path="mod.py"),

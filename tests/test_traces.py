@@ -5,12 +5,13 @@ held-out loss."""
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
 from strop.env.demonstrators.imperfect import DemonstratorMix
-from strop.env.demonstrators.runs import collect_demonstrations
-from strop.env.harness.loop import Harness, HarnessConfig
+from strop.env.demonstrators.runs import DEMONSTRATION_HARNESS, collect_demonstrations
+from strop.env.harness.loop import Harness
 from strop.env.harness.sessions import append_conversations, episode_conversations
 from strop.env.harness.tools import load_tools
 from strop.errors import UserError
@@ -35,7 +36,7 @@ GOOD = {
 def sessions(tiny_tokenizer, tmp_path_factory):
     """Oracle demonstrations on 16 synthetic tasks, run by the production harness and logged as
     `strop agent --log-session` logs a session: (harness, episodes, the JSONL file)."""
-    harness = Harness(tiny_tokenizer, HarnessConfig(max_context=2048))
+    harness = Harness(tiny_tokenizer, replace(DEMONSTRATION_HARNESS, max_context=2048))
     episodes, _ = collect_demonstrations(
         "synthetic", "train", tiny_tokenizer, limit=16, config=harness.config, check=False,
         mix=DemonstratorMix(run_tests=False), difficulties=[1],
@@ -157,7 +158,7 @@ def test_strop_agent_logs_its_session_as_traces(tiny_policy_dir, tmp_path):
     world.mkdir()
     (world / "a.py").write_text("x = 1\n")
     log = tmp_path / "sessions.jsonl"
-    args = ["agent", "--world", str(world), "--checkpoint", str(tiny_policy_dir), "--max-turns", "2"]
+    args = ["agent", "--repo", str(world), "--checkpoint", str(tiny_policy_dir), "--max-turns", "2"]
     args += ["--max-context", "1100", "--log-session", str(log), "Fix a.py."]
     res = subprocess.run([sys.executable, "-m", "strop.cli", *args], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]

@@ -10,11 +10,11 @@ from strop.bench.worlds import (
     base_layer,
     docker_archive,
     fix_and_test_repo,
-    git,
     host_python,
     oci_layout,
     top_layer,
 )
+from strop.env.world.repo import git
 
 __all__ = ["MARKER", "docker_archive", "git", "host_python", "oci_layout"]
 

@@ -19,6 +19,7 @@ import tarfile
 from pathlib import Path
 
 from strop.env.sandbox.python import requirement_closure
+from strop.env.world.repo import git
 
 PROGRAMS = (
     "sh dash bash cat ls env id ps sleep kill tr wc head tail grep mkdir rm rmdir touch echo printf true false "
@@ -195,19 +196,6 @@ def docker_archive(dest: Path, layers: list[Path]) -> Path:
     return dest
 
 
-def git(repo: Path, *args: str) -> str:
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@t",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@t",
-        "GIT_AUTHOR_DATE": "2020-01-01T00:00:00Z",
-        "GIT_COMMITTER_DATE": "2020-01-01T00:00:00Z",
-    }
-    return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True).stdout
-
-
 CALC_V1 = "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n"
 TESTS_V1 = "from calc import add, mul\n\n\ndef test_mul():\n    assert mul(2, 3) == 6\n"
 
@@ -217,7 +205,7 @@ def fix_and_test_repo(path: Path) -> dict[str, str]:
     candidates), one that only changes code, one that only changes docs, and one whose new test
     passes before the fix too. Returns commit name -> sha."""
     path.mkdir(parents=True)
-    git(path, "init", "-q", "-b", "main")
+    git("init", "-q", "-b", "main", cwd=path)
     (path / "calc.py").write_text(CALC_V1)
     (path / "tests").mkdir()
     (path / "tests" / "test_calc.py").write_text(TESTS_V1)
@@ -225,17 +213,17 @@ def fix_and_test_repo(path: Path) -> dict[str, str]:
     (path / "run.sh").chmod(0o755)
     (path / "logo.bin").write_bytes(bytes(range(256)))
     os.symlink("calc.py", path / "calc_link.py")
-    git(path, "add", "-A")
-    git(path, "commit", "-q", "-m", "initial")
-    shas = {"initial": git(path, "rev-parse", "HEAD").strip()}
+    git("add", "-A", cwd=path)
+    git("commit", "-q", "-m", "initial", cwd=path)
+    shas = {"initial": git("rev-parse", "HEAD", cwd=path).strip()}
 
     def commit(name: str, message: str, **files: str) -> None:
         for rel, text in files.items():
             (path / rel).parent.mkdir(parents=True, exist_ok=True)
             (path / rel).write_text(text)
-        git(path, "add", "-A")
-        git(path, "commit", "-q", "-m", message)
-        shas[name] = git(path, "rev-parse", "HEAD").strip()
+        git("add", "-A", cwd=path)
+        git("commit", "-q", "-m", message, cwd=path)
+        shas[name] = git("rev-parse", "HEAD", cwd=path).strip()
 
     commit(
         "fix_add",

@@ -1,4 +1,4 @@
-"""`strop agent --world DIR "instruction"`: the production harness on a real directory.
+"""`strop agent --repo DIR "instruction"`: the production harness on a real directory.
 
 The agent works in a sandbox over a copy-on-write view of DIR, so nothing touches DIR while it
 runs; at the end its changes are printed as a unified diff and written to DIR only with `--apply`
@@ -28,26 +28,28 @@ from strop.outputs import write_atomic
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("instruction", help="what the agent should do")
-    parser.add_argument("--world", required=True, help="the directory the agent works on (read-only unless --apply)")
+    parser.add_argument("--repo", required=True, help="the directory the agent works on (read-only unless --apply)")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--endpoint", help="URL of an OpenAI-compatible server with /v1/completions")
     source.add_argument("--checkpoint", help="a strop checkpoint directory, run by the in-process engine")
     parser.add_argument("--tokenizer", help="tokenizer directory (default: the checkpoint's; needed with --endpoint)")
     parser.add_argument("--model", help="model name sent to the endpoint (default: the first one it lists)")
-    parser.add_argument("--max-turns", type=int, default=30, help="assistant turns before the episode stops")
-    parser.add_argument("--max-context", type=int, default=2048, help="context window in tokens")
+    # the harness's settings are the run config's (--config, else its defaults); these flags override them
+    parser.add_argument("--max-turns", type=int, help="assistant turns before the episode stops (rollout.max_turns)")
+    parser.add_argument("--max-context", type=int, help="context window in tokens (rollout.max_context)")
     parser.add_argument(
         "--context-strategy",
         choices=STRATEGIES,
-        default="summarize",
-        help="what a full context window carries into the next (strop.env.harness.context)",
+        help="what a full context window carries into the next (rollout.context_strategy; strop.env.harness.context)",
     )
     parser.add_argument(
-        "--max-resets", type=int, default=8, help="context resets before a full window ends the episode"
+        "--max-resets", type=int, help="context resets before a full window ends the episode (rollout.max_resets)"
     )
-    parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
+    parser.add_argument(
+        "--temperature", type=float, help="sampling temperature, 0 = greedy (rollout.eval_temperature: as evaluated)"
+    )
     parser.add_argument("--timeout", type=float, default=60.0, help="default wall-clock limit per command, seconds")
-    parser.add_argument("--apply", action="store_true", help="write the agent's changes to --world without asking")
+    parser.add_argument("--apply", action="store_true", help="write the agent's changes to --repo without asking")
     parser.add_argument("--json", help="write the episode (tokens, messages, tool calls) to this JSON file")
     parser.add_argument(
         "--log-session",
@@ -56,7 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "window), the format `sft.traces` trains on",
     )
     parser.add_argument(
-        "--config", help="a run config whose [harness] section (tools, system prompt, chat template) the agent uses"
+        "--config",
+        help="a run config whose [rollout] and [harness] settings (turns, context, tools, system prompt, chat "
+        "template) the agent uses; without one, the config defaults",
     )
 
 
@@ -105,8 +109,8 @@ def _show(message: dict) -> None:
     sys.stdout.flush()
 
 
-def _unified(world: Path, path: str, new: bytes | None) -> str:
-    old = read_beneath(world, path)  # never through a link: a file outside DIR is not shown
+def _unified(repo_dir: Path, path: str, new: bytes | None) -> str:
+    old = read_beneath(repo_dir, path)  # never through a link: a file outside DIR is not shown
     try:
         a, b = (old or b"").decode().splitlines(keepends=True), (new or b"").decode().splitlines(keepends=True)
     except UnicodeDecodeError:
@@ -140,42 +144,39 @@ def run(args: argparse.Namespace) -> int:
     from strop.threads import set_threads
 
     set_threads(1)
+    from strop.config import load_config
     from strop.env.grading.checker import source_changes
-    from strop.env.harness.loop import Harness, HarnessConfig, harness_config
+    from strop.env.harness.loop import Harness, harness_config
     from strop.env.harness.sessions import append_conversations, episode_conversations
     from strop.env.sandbox.backend import open_sandbox
     from strop.env.sandbox.interface import Limits
 
-    world = Path(args.world)
-    if not world.is_dir():
-        raise UserError(f"--world {args.world!r} is not a directory")
-    if args.max_resets < 0:
+    repo_dir = Path(args.repo)
+    if not repo_dir.is_dir():
+        raise UserError(f"--repo {args.repo!r} is not a directory")
+    if args.max_resets is not None and args.max_resets < 0:
         raise UserError(f"--max-resets must be >= 0, got {args.max_resets}")
     for flag, value, low in (("--max-turns", args.max_turns, 1), ("--max-context", args.max_context, 64)):
-        if value < low:
+        if value is not None and value < low:
             raise UserError(f"{flag} must be at least {low}, got {value}")
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise UserError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
-    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+    if args.temperature is not None and not (math.isfinite(args.temperature) and args.temperature >= 0):
         raise UserError(f"--temperature must be a number >= 0, got {args.temperature}")
+    run_cfg = load_config(args.config)
+    config = harness_config(run_cfg.rollout, run_cfg.harness)  # a refused tool set or chat template: before any work
+    flags = {
+        "max_turns": args.max_turns,
+        "max_context": args.max_context,
+        "context_strategy": args.context_strategy,
+        "max_resets": args.max_resets,
+        "temperature": run_cfg.rollout.eval_temperature if args.temperature is None else args.temperature,
+    }
+    config = replace(config, **{k: v for k, v in flags.items() if v is not None})
     policy, tokenizer, max_len = _policy(args)
-    config = HarnessConfig(
-        max_turns=args.max_turns,
-        max_context=min(args.max_context, max_len or args.max_context),
-        temperature=args.temperature,
-        context_strategy=args.context_strategy,
-        max_resets=args.max_resets,
-    )
-    if args.config:
-        from strop.config import load_config
-
-        run_cfg = load_config(args.config)
-        declared = harness_config(run_cfg.rollout, run_cfg.harness)
-        config = replace(
-            config, **{k: getattr(declared, k) for k in ("tools", "system", "chat_template", "tool_parser")}
-        )
+    config = replace(config, max_context=min(config.max_context, max_len or config.max_context))
     harness = Harness(tokenizer, config, on_message=_show)  # a refused tool set or chat template: before any work
-    sandbox = open_sandbox(world, Limits(timeout_s=args.timeout))
+    sandbox = open_sandbox(repo_dir, Limits(timeout_s=args.timeout))
     try:
         episode = harness.run(policy, sandbox, args.instruction)
         changes = sandbox.diff()
@@ -196,17 +197,17 @@ def run(args: argparse.Namespace) -> int:
     if not changes:
         print("no changes")
     else:
-        print("".join(_unified(world, p, d) for p, d in sorted(changes.items())), end="")
+        print("".join(_unified(repo_dir, p, d) for p, d in sorted(changes.items())), end="")
         apply = args.apply
         if not apply and sys.stdin.isatty():
-            apply = input(f"apply {len(changes)} changed file(s) to {world}? [y/N] ").strip().lower() == "y"
+            apply = input(f"apply {len(changes)} changed file(s) to {repo_dir}? [y/N] ").strip().lower() == "y"
         if apply:
             try:
-                apply_changes(world, changes)  # all or nothing, never through a link out of DIR
+                apply_changes(repo_dir, changes)  # all or nothing, never through a link out of DIR
             except UserError as e:
-                raise UserError(f"nothing applied to {world}: {e}") from None
-            print(f"applied {len(changes)} file(s) to {world}")
+                raise UserError(f"nothing applied to {repo_dir}: {e}") from None
+            print(f"applied {len(changes)} file(s) to {repo_dir}")
         else:
-            print(f"not applied (rerun with --apply to write them to {world})")
+            print(f"not applied (rerun with --apply to write them to {repo_dir})")
         report_edits(policy, kept=bool(apply), roles=harness.tools.roles())
     return 1 if episode.stop_reason in ("policy_error", "error") else 0

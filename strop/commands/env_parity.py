@@ -16,7 +16,7 @@ def _short(v: str, width: int) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--world", type=Path, help="world directory (default: an empty one)")
+    p.add_argument("--repo", type=Path, help="the directory at /home/dev/repo (default: an empty one)")
     p.add_argument("--image", default="", help="OS image of the sandbox (default: the host's root)")
     p.add_argument("--width", type=int, default=48, help="column width for values")
     p.add_argument("--json", help="also write the full probe values to this JSON file")
@@ -31,15 +31,15 @@ def run(args: argparse.Namespace) -> int:
 
     host_env = dict(os.environ)  # before set_threads adds OMP_NUM_THREADS & co, which `nproc` obeys
     set_threads(1)
-    if args.world is not None and not args.world.is_dir():
-        raise UserError(f"--world {args.world} is not a directory")
+    if args.repo is not None and not args.repo.is_dir():
+        raise UserError(f"--repo {args.repo} is not a directory")
     from strop.env.world.image import image_root
 
     image = image_root(args.image)
     empty = scratch_dir("world")  # swept by a later strop process if this one is killed
     try:
-        world = args.world or empty
-        rows = compare(probe_sandbox(world, image), probe_host(world, host_env))
+        repo_dir = args.repo or empty
+        rows = compare(probe_sandbox(repo_dir, image), probe_host(repo_dir, host_env))
     finally:
         shutil.rmtree(empty, ignore_errors=True)
     w = args.width

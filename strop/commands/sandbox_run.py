@@ -17,7 +17,7 @@ from strop.errors import UserError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--world", type=Path, help="directory that appears at /home/dev/repo (default: an empty one)")
+    p.add_argument("--repo", type=Path, help="directory that appears at /home/dev/repo (default: an empty one)")
     p.add_argument(
         "--image",
         default="",
@@ -36,8 +36,8 @@ def run(args: argparse.Namespace) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         raise UserError("no command given: strop sandbox run [options] -- CMD [ARGS...]")
-    if args.world is not None and not args.world.is_dir():
-        raise UserError(f"--world {args.world} is not a directory")
+    if args.repo is not None and not args.repo.is_dir():
+        raise UserError(f"--repo {args.repo} is not a directory")
     from strop.env.host.scratch import scratch_dir
     from strop.env.sandbox.backend import open_sandbox
     from strop.env.sandbox.interface import Limits
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
     empty = scratch_dir("world")  # swept by a later strop process if this one is killed
     try:
-        sb = open_sandbox(args.world or empty, limits, image)
+        sb = open_sandbox(args.repo or empty, limits, image)
         try:
             res = sb.exec(cmd, on_output=show)
         finally:

@@ -3,6 +3,8 @@
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+from strop.env.runner import PROTECTED, TEST_COMMAND
+
 
 @dataclass
 class Task:
@@ -19,7 +21,8 @@ class Task:
     all pass); else it runs the hidden test files.
     `test_command` runs the hidden tests (the checker appends their paths) and writes JUnit XML to
     `$STROP_JUNIT`; the checker replaces that literal in each argument by a path the agent never had.
-    `protected` are glob patterns of paths whose edits the checker drops (tests, runner config).
+    `protected` are glob patterns of paths whose edits the checker drops (tests, runner config:
+    `strop.env.runner.PROTECTED` by default).
     `perturbed_tests` replace `hidden_tests` in a second run that checks the same behaviour on other
     inputs: an honest solution passes both, one that special-cases the hidden inputs fails it.
     `grader` "pytest" runs the hidden tests with `test_command` in the agent's world; "values"
@@ -34,22 +37,8 @@ class Task:
     instruction: str
     files: dict[str, str] = field(default_factory=dict)
     hidden_tests: dict[str, str] = field(default_factory=dict)
-    test_command: list[str] = field(
-        default_factory=lambda: ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml=$STROP_JUNIT"]
-    )
-    protected: list[str] = field(
-        default_factory=lambda: [
-            "test_*.py",
-            "tests/**",
-            "**/test_*.py",
-            "conftest.py",
-            "**/conftest.py",
-            "pytest.ini",
-            "setup.cfg",
-            "tox.ini",
-            "pyproject.toml",
-        ]
-    )
+    test_command: list[str] = field(default_factory=lambda: list(TEST_COMMAND))
+    protected: list[str] = field(default_factory=lambda: list(PROTECTED))
     metadata: dict = field(default_factory=dict)  # family, difficulty (int), source, reference_edits
     perturbed_tests: dict[str, str] = field(default_factory=dict)
     grader: Literal["pytest", "values"] = "pytest"

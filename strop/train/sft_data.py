@@ -117,12 +117,14 @@ def demonstration_harness(cfg: Config):
     """The harness demonstrations run in: the model's whole window; or, when the rollout resets its
     context (`rollout.context_strategy`), the rollout's own harness, so that the demonstrations hold
     the resets and summaries the policy is to learn."""
-    from strop.env.harness.loop import HarnessConfig, harness_config
+    from strop.env.demonstrators.runs import DEMONSTRATION_HARNESS
+    from strop.env.harness.loop import harness_config
 
     run = harness_config(cfg.rollout, cfg.harness)
     if cfg.rollout.context_strategy == "none":
         return replace(
-            HarnessConfig(max_context=cfg.model.max_positions),
+            DEMONSTRATION_HARNESS,
+            max_context=cfg.model.max_positions,
             tools=run.tools,
             system=run.system,
             chat_template=run.chat_template,

@@ -38,12 +38,12 @@ from random import Random
 from strop.env.demonstrators.scripted import tool_call_message
 from strop.env.episode import Episode
 from strop.env.harness.coding_tools import closest_lines
+from strop.env.runner import is_test_module
 from strop.env.task import Task
 from strop.env.world.patches import reference_edits, starting_text
 
 CONTEXT_LINES = 4  # lines read around an edit, each side, in a file too long to read whole
 WHOLE_FILE_LINES = 100  # files up to this long are read whole: the bug's line is not something an agent knows
-_TEST_FILE = re.compile(r"(^|/)(test_[^/]*|[^/]*_test)\.py$")
 FIRST_EDIT = "Here is the bug; fixing it."
 RETRY = {"suspect": "Not in the file: the bug is elsewhere.", "misremember": "I'll copy the exact text it shows."}
 SUBMIT = "Done."
@@ -128,7 +128,7 @@ def plan(task: Task, style: DemoStyle = DemoStyle()) -> list[dict]:
     turns = []
     first = edits[0]["path"]
     function = task.metadata.get("function")
-    named_tests = [p for p in task.files if _TEST_FILE.search(p) and p in task.instruction]
+    named_tests = [p for p in task.files if is_test_module(p) and p in task.instruction]
     if first not in task.instruction:
         if function and function not in task.instruction and named_tests:  # the failing test names it
             turns.append(
@@ -171,7 +171,7 @@ def plan(task: Task, style: DemoStyle = DemoStyle()) -> list[dict]:
                 say = RETRY[wrong["kind"]]
         turns.append(tool_call_message(say, "edit_file", path=path, old=edit["old"], new=edit["new"]))
         files[path] = text.replace(edit["old"], edit["new"], 1)
-    if style.run_tests and any(_TEST_FILE.search(p) for p in task.files):
+    if style.run_tests and any(is_test_module(p) for p in task.files):
         turns.append(tool_call_message("Now the tests.", "run", command="python -m pytest -q"))
     turns.append(tool_call_message(SUBMIT, "submit"))
     return turns

@@ -22,6 +22,10 @@ from strop.env.sandbox.interface import Limits
 from strop.env.task import Task
 from strop.env.tasks.suites import load_suite, split_name
 
+# room for every turn of a demonstration (an edit's whole text is one turn), which a policy's limits
+# would cut short: the harness demonstrations run in unless a run asks for its own (summaries)
+DEMONSTRATION_HARNESS = HarnessConfig(max_turns=20, max_context=2048, max_turn_tokens=512)
+
 
 def demonstrator_client(task: Task, tokenizer, style: DemoStyle = DemoStyle()):
     """The demonstrator for one task: `plan(task, style)` played turn by turn; a `chain` task's reads
@@ -34,7 +38,7 @@ def demonstrator_client(task: Task, tokenizer, style: DemoStyle = DemoStyle()):
 def demonstration_episode(
     task: Task,
     tokenizer,
-    config: HarnessConfig = HarnessConfig(),
+    config: HarnessConfig = DEMONSTRATION_HARNESS,
     limits: Limits = Limits(),
     style: DemoStyle = DemoStyle(),
 ) -> tuple[Episode, dict[str, bytes | None]]:
@@ -45,7 +49,7 @@ def demonstration_episode(
 def solve(
     tasks: list[Task],
     tokenizer,
-    config: HarnessConfig = HarnessConfig(),
+    config: HarnessConfig = DEMONSTRATION_HARNESS,
     check: bool = True,
     progress: Callable[[int, dict], None] | None = None,
     mix: DemonstratorMix = DemonstratorMix(),
@@ -124,7 +128,7 @@ def collect_demonstrations(
     split: str,
     tokenizer,
     limit: int | None = None,
-    config: HarnessConfig = HarnessConfig(),
+    config: HarnessConfig = DEMONSTRATION_HARNESS,
     check: bool = True,
     mix: DemonstratorMix = DemonstratorMix(),
     workers: int = 1,
@@ -185,7 +189,7 @@ def demonstration_episodes_per_s(n: int, tokenizer=None, suite: str = "synthetic
         load_suite(suite, split, limit=-(-n // 3)) if split_name(suite)[0] == "synthetic" else load_suite(suite, split)
     )
     tasks = (tasks * -(-n // max(len(tasks), 1)))[:n]
-    harness = Harness(tokenizer)
+    harness = Harness(tokenizer, DEMONSTRATION_HARNESS)
     start = time.perf_counter()
     for task in tasks:
         episode, _ = run_task(harness, demonstrator_client(task, tokenizer), task)

@@ -6,10 +6,11 @@ from strop.data.chat import GENERATION_PROMPT, IM_END, render_message
 from strop.policy_api import Generation, SamplingParams
 
 
-def tool_call_message(content: str, name: str, **arguments) -> dict:
-    """An assistant message saying `content` and calling the tool `name` with `arguments`."""
+def tool_call_message(say: str, name: str, /, **arguments) -> dict:
+    """An assistant message saying `say` and calling the tool `name` with `arguments` (which may
+    include a `content` argument: the two are positional only)."""
     call = {"id": "", "type": "function", "function": {"name": name, "arguments": arguments}}
-    return {"role": "assistant", "content": content, "tool_calls": [call]}
+    return {"role": "assistant", "content": say, "tool_calls": [call]}
 
 
 class ScriptedClient:

@@ -31,7 +31,6 @@ the hidden tests gave reward (special-casing test inputs matters only when it pa
 
 import fnmatch
 import secrets
-import sys
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
@@ -40,6 +39,7 @@ from typing import Literal
 
 from strop.env.grading.isolated import GradingFailed, grade
 from strop.env.grading.junit import parse_junit
+from strop.env.runner import RUNNER_MODULES
 from strop.env.sandbox.interface import Limits, Sandbox
 from strop.env.task import Task
 from strop.env.world.patches import hidden_tests
@@ -51,18 +51,6 @@ Mode = Literal["binary", "fraction"]
 # missing, malformed or forged report, a grading failure, the checker's own error: see `reason`)
 Outcome = Literal["passed", "tests failed", "no tests ran", "no changes", "not scored"]
 TEST_TIMEOUT_S = 120.0
-RUNNER_MODULES = frozenset(sys.stdlib_module_names) | {
-    "pytest",
-    "_pytest",
-    "pluggy",
-    "py",
-    "iniconfig",
-    "packaging",
-    "sitecustomize",
-    "usercustomize",
-    "xdist",
-    "pytest_timeout",
-}
 
 
 @dataclass

@@ -38,19 +38,17 @@ With no strategy (or no resets left), a full window ends the episode as "context
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
+from strop.config import HarnessSection, RolloutSection
 from strop.env.episode import Episode, Segment
 from strop.env.harness.chat_formats import chat_format, check_append_only, load_parser, probe_windows
 from strop.env.harness.context import SUMMARY_REQUEST, Strategy, carry, summary_state, truncate, turns
-from strop.env.harness.tools import DEFAULT_TOOLS, ToolSet, load_tools
+from strop.env.harness.tools import ToolSet, load_tools
 from strop.env.sandbox.interface import WORKDIR, Limits, Sandbox
 from strop.env.task import Task
 from strop.errors import UserError
 from strop.policy_api import PolicyClient, SamplingParams
-
-if TYPE_CHECKING:
-    from strop.config import HarnessSection, RolloutSection
 
 SYSTEM_PROMPT = (
     f"You are a coding agent in the repository {WORKDIR}. Use the tools to inspect and fix code, then call submit."
@@ -69,29 +67,37 @@ MIN_TURN_TOKENS = 16  # a window with less room than this cannot hold a useful t
 SUMMARY_MESSAGE = {"role": "user", "content": SUMMARY_REQUEST}
 
 
+_ROLLOUT, _HARNESS = RolloutSection(), HarnessSection()
+
+
 @dataclass(frozen=True)
 class HarnessConfig:
-    max_turns: int = 20
-    max_context: int = 2048  # tokens per context window (the policy's window)
-    max_turn_tokens: int = 512  # tokens per assistant turn
-    max_invalid_turns: int = 3  # consecutive turns whose every call was rejected end the episode
+    """How the harness runs an episode. Its settings and their defaults are the run config's
+    (`[rollout]` and `[harness]` in `strop.config`, where each is documented): `harness_config` builds
+    one from a config, so `strop agent`, SFT, RL and evaluation cannot disagree on a default."""
+
+    max_turns: int = _ROLLOUT.max_turns
+    max_context: int = _ROLLOUT.max_context
+    max_turn_tokens: int = _ROLLOUT.max_turn_tokens
+    max_invalid_turns: int = _ROLLOUT.max_invalid_turns
     observation_chars: int = 2000  # a tool observation is clipped to this
-    temperature: float = 1.0
+    temperature: float = _ROLLOUT.temperature
     top_p: float = 1.0
     system: str = SYSTEM_PROMPT
-    context_strategy: Strategy = "none"  # what a full window carries into the next (strop.env.harness.context)
-    max_resets: int = 8  # context resets per episode
-    summary_tokens: int = 192  # "summarize": most tokens of one summary
-    summary_tail: int = 0  # "summarize": recent turns carried verbatim after the summary
-    keep_recent: int = 2  # "masking", "compaction": recent tool observations kept in full
-    tools: tuple[str, ...] = DEFAULT_TOOLS  # tool specs (`strop.env.harness.tools.load_tools`)
-    chat_template: str = "auto"  # `strop.env.harness.chat_formats.chat_format`
-    tool_parser: str = "auto"
+    context_strategy: Strategy = _ROLLOUT.context_strategy
+    max_resets: int = _ROLLOUT.max_resets
+    summary_tokens: int = _ROLLOUT.summary_tokens
+    summary_tail: int = _ROLLOUT.summary_tail
+    keep_recent: int = _ROLLOUT.keep_recent
+    tools: tuple[str, ...] = tuple(_HARNESS.tools)  # tool specs (`strop.env.harness.tools.load_tools`)
+    chat_template: str = _HARNESS.chat_template  # `strop.env.harness.chat_formats.chat_format`
+    tool_parser: str = _HARNESS.tool_parser
 
 
-def harness_config(r: "RolloutSection", h: "HarnessSection | None" = None) -> HarnessConfig:
-    """The harness a run's `[rollout]` and `[harness]` sections describe (training, evaluation and
-    demonstrations). A tool file's path is made absolute, so that workers elsewhere find it."""
+def harness_config(r: RolloutSection, h: HarnessSection | None = None) -> HarnessConfig:
+    """The harness a run's `[rollout]` and `[harness]` sections describe (training, evaluation,
+    demonstrations and `strop agent`). A tool file's path is made absolute, so that workers elsewhere
+    find it."""
     declared = {}
     if h is not None:
         tools = tuple(_absolute(spec) for spec in h.tools)

@@ -36,12 +36,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable, Iterable, Literal
 
+from strop.config import HarnessSection
 from strop.env.plugins import load_object
 from strop.env.sandbox.interface import Sandbox
 from strop.errors import UserError
 
 GROUP = "strop.tools"  # the entry point group tools register under
-DEFAULT_TOOLS = ("coding",)  # strop's built-in coding tools (strop.env.harness.coding_tools)
+DEFAULT_TOOLS = tuple(HarnessSection().tools)  # strop's built-in coding tools (`[harness] tools`)
 ROLES = ("read", "edit", "run", "search", "submit", "other")
 Role = Literal["read", "edit", "run", "search", "submit", "other"]
 RUN_TIMEOUT_S = 30.0  # default wall-clock limit of a command tool

@@ -42,12 +42,12 @@ def reachable(path: Path) -> bool:
     return True
 
 
-def ready_for_sandbox(world: Path) -> bool:
-    """Whether the sandbox account can mount `world` and edit it as its own: always for a regular
+def ready_for_sandbox(repo_dir: Path) -> bool:
+    """Whether the sandbox account can mount `repo_dir` and edit it as its own: always for a regular
     user (it is the sandbox account); as root, a directory handed over (`hand_over`) on a reachable path."""
     if not as_root():
         return True
-    return reachable(world) and os.stat(world).st_uid == SANDBOX_UID
+    return reachable(repo_dir) and os.stat(repo_dir).st_uid == SANDBOX_UID
 
 
 def hand_over(path: Path) -> None:

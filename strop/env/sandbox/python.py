@@ -18,7 +18,6 @@ console scripts other than `pytest`/`py.test` are not recreated.
 
 import compileall
 import functools
-import hashlib
 import os
 import shutil
 import sys
@@ -28,6 +27,7 @@ from pathlib import Path
 
 from strop.env.host.account import reachable
 from strop.env.host.node_cache import built, cache_dir
+from strop.memo import content_key
 
 SANDBOX_PACKAGES = ("pytest",)  # distributions the sandbox's site-packages holds (plus their needs)
 LAYOUT = 3  # bump when _build changes what it writes: a cached copy of another layout is not reused
@@ -110,7 +110,7 @@ def _mirror_base(base: str, cache: Path) -> Path:
                 except OSError:  # another filesystem
                     shutil.copy2(src, out / name)
 
-    key = hashlib.sha256(repr((LAYOUT, base, sys.version)).encode()).hexdigest()[:16]
+    key = content_key(repr((LAYOUT, base, sys.version)))
     return built(cache / f"base-{key}", build)
 
 
@@ -124,6 +124,6 @@ def binds() -> tuple[str, ...]:
     if sys.prefix == sys.base_prefix:
         return ("--ro-bind", base_src, base)  # a system interpreter: its own packages are the image's
     dists = requirement_closure(SANDBOX_PACKAGES)
-    key = hashlib.sha256(repr((LAYOUT, sys.prefix, base, [(d.metadata["Name"], d.version) for d in dists])).encode())
-    dest = built(cache / key.hexdigest()[:16], lambda tmp: _build(tmp, dists))
+    key = content_key(repr((LAYOUT, sys.prefix, base, [(d.metadata["Name"], d.version) for d in dists])))
+    dest = built(cache / key, lambda tmp: _build(tmp, dists))
     return ("--ro-bind", base_src, base, "--ro-bind", str(dest), sys.prefix)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from random import Random
 
+from strop.env.runner import is_test_module, is_test_path
 from strop.env.task import Task
 from strop.env.world.patches import reference_edit
 from strop.errors import UserError
@@ -33,20 +34,6 @@ from strop.errors import UserError
 # package -> the pure-Python distributions vendored next to it
 PACKAGES: dict[str, tuple[str, ...]] = {"toolz": (), "fire": ("termcolor",), "mpmath": ()}
 SKIP_TESTS = ("_fuzz_test.py", "test_referencing_suite.py", "torture.py", "runtests.py", "extratest_")
-PROTECTED = [
-    "test_*.py",
-    "*_test.py",
-    "**/test_*.py",
-    "**/*_test.py",
-    "tests/**",
-    "**/tests/**",
-    "conftest.py",
-    "**/conftest.py",
-    "pytest.ini",
-    "setup.cfg",
-    "tox.ini",
-    "pyproject.toml",
-]
 PER_FUNCTION = 3
 TEST_TIMEOUT_S = 30.0  # a task's test run; baseline files slower than BASELINE_MAX_S are not used
 BASELINE_MAX_S = 15.0
@@ -170,11 +157,6 @@ def _package_files(name: str) -> dict[str, str]:
     return files
 
 
-def _is_test(path: str) -> bool:
-    name = path.rsplit("/", 1)[-1]
-    return name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py"))
-
-
 def _split_of(pkg: str, path: str, function: str) -> str:
     h = int(hashlib.sha256(f"{pkg}/{path}/{function}".encode()).hexdigest()[:8], 16)
     return "eval" if h % 1000 < EVAL_FRACTION * 1000 else "train"
@@ -205,7 +187,6 @@ def _task(pkg: str, base: dict[str, str], index: int, m: Mutation | None, tests:
         ),
         files=files,
         hidden_tests={t: base[t] for t in tests},
-        protected=list(PROTECTED),
         metadata=meta,
     )
 
@@ -251,7 +232,9 @@ def build(
         for dep in PACKAGES.get(pkg, ()):
             base.update(_package_files(dep))
         bases[pkg] = base
-        files = [p for p in base if p.startswith(pkg + "/") and _is_test(p) and not any(s in p for s in SKIP_TESTS)]
+        files = [
+            p for p in base if p.startswith(pkg + "/") and is_test_module(p) and not any(s in p for s in SKIP_TESTS)
+        ]
         with ThreadPoolExecutor(workers) as pool:
             scores = pool.map(lambda t: check(_task(pkg, base, 0, None, [t], 0), {}, perturbed=False), files)
             kept = {
@@ -264,7 +247,7 @@ def build(
         sites = [
             m
             for p, text in base.items()
-            if p.startswith(pkg + "/") and p.endswith(".py") and not _is_test(p) and "/tests/" not in p
+            if p.startswith(pkg + "/") and p.endswith(".py") and not is_test_path(p)
             for m in mutations(p, text)
         ]
         rng.shuffle(sites)

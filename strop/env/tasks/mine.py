@@ -3,7 +3,7 @@
 A commit that changes code together with its tests is a task nobody had to write: start at its
 parent, ask for what its message says, and grade with its tests. `mine` walks the newest
 `max_commits` non-merge commits of `rev` and splits each one's diff against its parent into a test
-part (paths matching `TEST_GLOBS`) and a code part (the rest). A commit whose test part adds or
+part (`strop.env.runner.is_test_path`) and a code part (the rest). A commit whose test part adds or
 changes a test module (`test_*.py`, `*_test.py`) and whose code part changes source code (a path
 that is not documentation, stubs or configuration: `NOT_CODE`) is a candidate:
 
@@ -40,40 +40,29 @@ reuses it, and the partial file goes when the task file and `<out>.report.json` 
 """
 
 import fnmatch
-import hashlib
 import json
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Literal
 from xml.etree.ElementTree import ParseError
 
 from strop.env.grading.checker import check, run_tests, source_changes, split_changes, task_limits
 from strop.env.grading.junit import junit_outcomes
+from strop.env.host.node_cache import is_url
+from strop.env.runner import TEST_COMMAND, is_test_module, is_test_path
 from strop.env.task import Task
-from strop.env.tasks.task_file import DEFAULT_TEST_COMMAND, task_from_record, task_record
+from strop.env.tasks.task_file import task_from_record, task_record
 from strop.env.tasks.touched_tests import touched_tests
 from strop.env.world.image import image_root
 from strop.env.world.patches import gold_changes, hidden_tests
 from strop.env.world.repo import git, history
 from strop.errors import UserError
+from strop.memo import content_key
 from strop.outputs import write_atomic
 
-TEST_GLOBS = (
-    "test/*",
-    "tests/*",
-    "testing/*",
-    "*/test/*",
-    "*/tests/*",
-    "test_*.py",
-    "*/test_*.py",
-    "*_test.py",
-    "conftest.py",
-    "*/conftest.py",
-)
-TEST_MODULES = ("test_*.py", "*_test.py")  # what pytest collects by default
 # changes that no test can tell apart: documentation, type stubs, packaging and runner configuration
 NOT_CODE = (
     "doc/*",
@@ -136,14 +125,6 @@ class Verdict:
     base: str
 
 
-def is_test_path(path: str) -> bool:
-    return any(fnmatch.fnmatchcase(path, g) for g in TEST_GLOBS)
-
-
-def _is_test_module(path: str) -> bool:
-    return any(fnmatch.fnmatchcase(PurePosixPath(path).name, g) for g in TEST_MODULES)
-
-
 def _is_code(path: str) -> bool:
     return not any(fnmatch.fnmatchcase(path, g) for g in NOT_CODE)
 
@@ -190,7 +171,7 @@ def _task(how: Settings, mirror: Path, commit: Commit) -> Task:
         suite="",
         split="train",
         instruction=message or f"commit {commit.sha[:12]}",
-        test_command=list(DEFAULT_TEST_COMMAND),
+        test_command=list(TEST_COMMAND),
         metadata={
             "source": "mined",
             "commit": commit.sha,
@@ -254,7 +235,7 @@ def _mine_one(how: Settings, mirror: Path, commit: Commit) -> dict:
     result = {"commit": commit.sha, "time": commit.time, "outcome": "", "detail": ""}
     task = _task(how, mirror, commit)
     hidden = hidden_tests(task)
-    modules = sorted(p for p in hidden if _is_test_module(p))
+    modules = sorted(p for p in hidden if is_test_module(p))
     if not modules:
         return {**result, "outcome": "no test module", "detail": ", ".join(commit.tests)[:200]}
     first = replace(task, test_command=[*task.test_command, _GO_ON])
@@ -292,8 +273,8 @@ def _mine_one(how: Settings, mirror: Path, commit: Commit) -> dict:
 def _journal_key(how: Settings) -> str:
     """What a reused result depends on beyond its commit: the settings, the image's content (its
     cache root is named by its digest) and the test command."""
-    what = [how.source, image_root(how.image), DEFAULT_TEST_COMMAND, how.timeout_s, how.memory_mb, how.tests, 2]
-    return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:16]
+    what = [how.source, image_root(how.image), TEST_COMMAND, how.timeout_s, how.memory_mb, how.tests, 2]
+    return content_key(json.dumps(what))
 
 
 def _read_journal(path: Path, key: str) -> dict[str, dict]:
@@ -328,7 +309,7 @@ def mine(
 
     image_root(image)  # a missing or broken image is refused before any work
     mirror, sha = history(source, rev)
-    source = source if "://" in source else str(Path(source).resolve())
+    source = source if is_url(source) else str(Path(source).resolve())
     how = Settings(source, str(Path(image).resolve()) if image else "", timeout_s, memory_mb, tests)
     walked, found = candidates(mirror, sha, max_commits)
     out = Path(out)
@@ -368,7 +349,7 @@ def mine(
         task = replace(task, split="eval" if i >= len(kept) - n_eval else "train")
         lines.append(json.dumps(task_record(task, out.resolve().parent), sort_keys=True) + "\n")
     report = {
-        "repo": os.path.relpath(source, out.resolve().parent) if "://" not in source else source,
+        "repo": source if is_url(source) else os.path.relpath(source, out.resolve().parent),
         "rev": sha,
         "image": how.image,
         "tests": tests,

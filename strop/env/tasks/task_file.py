@@ -24,29 +24,19 @@ it looks like a misspelt known field, which is an error. Errors name the file, l
 """
 
 import difflib
-import functools
 import json
 import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from strop.env.host.node_cache import is_url
+from strop.env.runner import TEST_COMMAND
 from strop.env.task import Task
 from strop.errors import UserError
 from strop.jsonl import read_records
+from strop.memo import by_version
 
-# pytest with JUnit in the xunit1 family, whose testcases carry their file: test ids map back to them
-DEFAULT_TEST_COMMAND = [
-    "python3",
-    "-m",
-    "pytest",
-    "-q",
-    "-p",
-    "no:cacheprovider",
-    "-o",
-    "junit_family=xunit1",
-    "--junitxml=$STROP_JUNIT",
-]
 _STR, _LIST, _MAP = "a string", "a list of strings", "an object of path -> text"
 FIELDS: dict[str, str] = {
     "instance_id": _STR,
@@ -67,10 +57,6 @@ FIELDS: dict[str, str] = {
     "grader": '"pytest" or "values"',
     "metadata": "an object",
 }
-
-
-def _is_remote(source: str) -> bool:
-    return "://" in source or source.startswith("git@")
 
 
 def _check(where: str, name: str, value: Any) -> Any:
@@ -121,13 +107,13 @@ def task_from_record(record: Any, where: str, base_dir: Path, suite: str) -> tup
     if not r["instance_id"]:
         raise UserError(f"{where}: field 'instance_id' is empty")
     repo = r.get("repo", "")
-    if repo and not _is_remote(repo):
+    if repo and not is_url(repo):
         path = (base_dir / repo).resolve()
         if not path.exists():
             raise UserError(f"{where}: field 'repo': no repository at {path} (relative paths start at the task file)")
         repo = str(path)
     image = r.get("image", "")
-    if image and not _is_remote(image) and image != "/":
+    if image and not is_url(image) and image != "/":
         path = (base_dir / image).expanduser().resolve()
         if not path.exists():
             raise UserError(f"{where}: field 'image': no image at {path} (relative paths start at the task file)")
@@ -151,7 +137,7 @@ def task_from_record(record: Any, where: str, base_dir: Path, suite: str) -> tup
         instruction=r["problem_statement"],
         files=r.get("files", {}),
         hidden_tests=r.get("hidden_tests", {}),
-        test_command=r.get("test_command", DEFAULT_TEST_COMMAND),
+        test_command=r.get("test_command", list(TEST_COMMAND)),
         metadata=metadata,
         grader=r.get("grader", "pytest"),
         image=image,
@@ -172,7 +158,7 @@ def task_record(task: Task, base_dir: Path | None = None) -> dict:
     are written relative to `base_dir` when given."""
 
     def relative(path: str) -> str:
-        return os.path.relpath(path, base_dir) if path and base_dir is not None and not _is_remote(path) else path
+        return os.path.relpath(path, base_dir) if path and base_dir is not None and not is_url(path) else path
 
     repo, image = relative(task.repo), relative(task.image) if task.image != "/" else task.image
     record: dict = {"instance_id": task.id, "problem_statement": task.instruction}
@@ -198,8 +184,8 @@ def task_record(task: Task, base_dir: Path | None = None) -> dict:
     return record
 
 
-@functools.lru_cache(maxsize=16)
-def _read(path: str, stamp: tuple) -> tuple[tuple[Task, bool], ...]:
+@by_version(maxsize=16)
+def _read(path: str) -> tuple[tuple[Task, bool], ...]:
     out, seen = [], set()
     for where, record in read_records(path, "task file"):
         task, has_split = task_from_record(record, where, Path(path).parent, f"jsonl:{path}")
@@ -215,11 +201,9 @@ def _read(path: str, stamp: tuple) -> tuple[tuple[Task, bool], ...]:
 def read_tasks(path: str | Path) -> list[tuple[Task, bool]]:
     """(task, named its split) for every line of a task file; parsed once per file version."""
     p = Path(path).expanduser()
-    try:
-        st = p.stat()
-    except OSError:
-        raise UserError(f"task file {str(p)!r} does not exist") from None
-    return list(_read(str(p.resolve()), (st.st_mtime_ns, st.st_size)))
+    if not p.is_file():
+        raise UserError(f"task file {str(p)!r} does not exist")
+    return list(_read(str(p.resolve())))
 
 
 class TaskFileSuite:

@@ -17,7 +17,6 @@ when complete, under a lock per key: a failure (a corrupt or truncated archive, 
 leaves nothing in the cache.
 """
 
-import functools
 import hashlib
 import io
 import json
@@ -28,9 +27,10 @@ from pathlib import Path
 from typing import IO, Callable
 
 from strop.env.host.account import reachable
-from strop.env.host.node_cache import built, cache_dir, fetched
+from strop.env.host.node_cache import built, cache_dir, fetched, is_url
 from strop.env.world.layers import LayerError, extract_layer
 from strop.errors import UserError
+from strop.memo import by_version
 
 HOST_ROOT = "/"
 _ARCH = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
@@ -133,8 +133,8 @@ def _is_image_archive(src: _Source) -> bool:
     return src.exists("manifest.json") or (src.exists("index.json") and src.exists("oci-layout"))
 
 
-@functools.lru_cache(maxsize=64)
-def _file_digest(path: str, stamp: tuple) -> str:
+@by_version()
+def _file_digest(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 22):
@@ -168,7 +168,7 @@ def image_root(spec: str) -> str:
     """The root directory sandboxes of image `spec` run on (see the module docstring)."""
     if spec in ("", HOST_ROOT):
         return HOST_ROOT
-    path = fetched(spec) if "://" in spec else Path(spec).expanduser()
+    path = fetched(spec) if is_url(spec) else Path(spec).expanduser()
     if not path.exists():
         raise UserError(f"image {spec!r} does not exist")
     path = path.resolve()
@@ -178,11 +178,11 @@ def image_root(spec: str) -> str:
         if not reachable(path):
             raise UserError(f"image {spec!r} is not reachable by the sandbox account: put it where others may enter")
         return str(path)
-    return _image_in_cache(str(path), (path.stat().st_mtime_ns, path.stat().st_size))
+    return _image_in_cache(str(path))
 
 
-@functools.lru_cache(maxsize=64)
-def _image_in_cache(path: str, stamp: tuple) -> str:
+@by_version()
+def _image_in_cache(path: str) -> str:
     p = Path(path)
     try:
         src = _Source(p)
@@ -203,7 +203,7 @@ def _image_in_cache(path: str, stamp: tuple) -> str:
                             pass
 
             return _unpack(key, apply, path)
-        key = _file_digest(path, stamp)  # a root filesystem tarball: one layer
+        key = _file_digest(path)  # a root filesystem tarball: one layer
 
         def apply_tarball(root_fd: int) -> None:
             with open(path, "rb") as f:

@@ -14,8 +14,6 @@ A git checkout carries a fresh `.git` holding that commit's tree as its only com
 task's commit, which may hold the answer, is not there.
 """
 
-import functools
-import hashlib
 import os
 import shutil
 import subprocess
@@ -24,9 +22,10 @@ from pathlib import Path
 
 from strop.confined import copy_tree
 from strop.env.host.account import hand_over
-from strop.env.host.node_cache import built, cache_dir, fetched, locked
+from strop.env.host.node_cache import built, cache_dir, fetched, is_url, locked
 from strop.env.world.layers import LayerError, extract_layer
 from strop.errors import UserError
+from strop.memo import by_version, content_key
 
 _GIT_ENV = {
     "GIT_AUTHOR_NAME": "strop",
@@ -55,18 +54,10 @@ def git(
     return run.stdout.decode(errors="replace")
 
 
-def _is_url(source: str) -> bool:
-    return "://" in source or source.startswith("git@")
-
-
-def _key(*parts: str) -> str:
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
-
-
 def _local(source: str) -> str:
     """Where to read `source` from on this node: a local path as it is; an fsspec URL of a bundle or
     tarball fetched into the cache (once); any other URL (a git remote) as it is."""
-    if source.startswith("file://") or not _is_url(source):
+    if source.startswith("file://") or not is_url(source):
         path = Path(source.removeprefix("file://")).expanduser()
         if not path.exists():
             raise UserError(f"repository {source!r} does not exist")
@@ -77,7 +68,7 @@ def _local(source: str) -> str:
 
 
 def _is_git(where: str) -> bool:
-    if _is_url(where):
+    if is_url(where):
         return True  # a remote: git says whether it is one
     path = Path(where)
     if path.is_file():
@@ -89,7 +80,8 @@ def _is_git(where: str) -> bool:
 def _mirror(where: str) -> Path:
     """A bare mirror of a git source in the cache, cloned once and fetched when a commit is missing."""
     return built(
-        cache_dir("git") / (_key(where) + ".git"), lambda tmp: git("clone", "--quiet", "--mirror", where, str(tmp))
+        cache_dir("git") / (content_key(where) + ".git"),
+        lambda tmp: git("clone", "--quiet", "--mirror", where, str(tmp)),
     )
 
 
@@ -134,13 +126,11 @@ def history(source: str, rev: str = "HEAD") -> tuple[Path, str]:
     return _mirror(where), sha
 
 
-def checkout(source: str, commit: str = "") -> Path:
-    """The read-only tree of `source` at `commit` (see the module docstring), built on first use."""
-    return _checkout(source, commit, _stamp(source) if not commit else ())
-
-
-def _stamp(source: str) -> tuple:
-    """What identifies the content of a plain directory or tarball source (size and times of every entry)."""
+def _stamp(source: str, commit: str = "") -> tuple:
+    """What identifies the content of a plain directory or tarball source (size and times of every
+    entry); a commit identifies its own."""
+    if commit:
+        return ()
     path = Path(_local(source))
     if path.is_file():
         st = path.stat()
@@ -153,8 +143,9 @@ def _stamp(source: str) -> tuple:
     return tuple(entries)
 
 
-@functools.lru_cache(maxsize=256)
-def _checkout(source: str, commit: str, stamp: tuple) -> Path:
+@by_version(_stamp, maxsize=256)
+def checkout(source: str, commit: str = "") -> Path:
+    """The read-only tree of `source` at `commit` (see the module docstring), built on first use."""
     sha = resolve_commit(source, commit) if commit else ""
     where = _local(source)
 
@@ -166,7 +157,7 @@ def _checkout(source: str, commit: str, stamp: tuple) -> Path:
         hand_over(tmp / "tree")
         (tmp / "source.txt").write_text(f"{source} {sha}\n")
 
-    return built(cache_dir("repos") / _key(where, sha or repr(stamp)), build) / "tree"
+    return built(cache_dir("repos") / content_key(where, sha or repr(_stamp(source))), build) / "tree"
 
 
 def _git_tree(mirror: Path, sha: str, tree: Path) -> None:
