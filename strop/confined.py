@@ -2,7 +2,7 @@
 it: the one home of strop's "open beneath a directory" needs.
 
 Two ways, for two kinds of directory:
-- beneath (`read_beneath`, `apply_changes`, `read_nofollow`, `copy_tree`): a link is never
+- beneath (`read_beneath`, `apply_changes`, `read_regular`, `write_new`, `copy_tree`): a link is never
   followed. For directories a user handed strop (what `strop agent` reads for its diff and writes
   with `--apply`, what `strop tasks export` writes) and trees strop copies (a repository's
   checkout, an agent's workspace).
@@ -181,14 +181,24 @@ def _write(root_fd: int, parts: list[str], data: bytes) -> None:
         f.write(data)
 
 
-def read_nofollow(path: Path) -> bytes:
-    """The bytes of the regular file `path`; OSError if its last component is a link (O_NOFOLLOW) or
-    it is not a regular file (a fifo fails instead of blocking: O_NONBLOCK)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+def read_regular(name: str | Path, dir_fd: int | None = None, max_bytes: int = -1) -> bytes | None:
+    """The bytes (at most `max_bytes`; -1: all) of the regular file `name` (relative to `dir_fd` when
+    given), or None when it is missing, a symbolic link (O_NOFOLLOW: never followed) or not a
+    regular file (a fifo is not waited on: O_NONBLOCK)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
-        return f.read()
+        return f.read(max_bytes) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+
+
+def write_new(path: Path, data: bytes) -> None:
+    """Create the file `path` holding `data`; OSError when anything is at its name already, a
+    symbolic link included (O_EXCL: nothing is overwritten or written through)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
 
 
 def copy_tree(src: Path, dst: Path) -> None:

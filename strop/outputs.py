@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from strop.config import dotted
+from strop.confined import read_regular
 from strop.errors import UserError
 
 OUTPUT_MARKER = ".strop-output"  # in a directory a command made and may therefore overwrite and delete
@@ -34,14 +35,8 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 def _made_by(dir_fd: int) -> str | None:
     """The command named by the marker in the directory open as `dir_fd`; None without a marker
     that is a small regular file (a link named like the marker is no marker)."""
-    try:
-        fd = os.open(OUTPUT_MARKER, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        return f.read(256).decode(errors="replace").strip()
+    data = read_regular(OUTPUT_MARKER, dir_fd, max_bytes=256)
+    return None if data is None else data.decode(errors="replace").strip()
 
 
 def made_by(path: Path) -> str | None:

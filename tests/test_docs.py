@@ -32,11 +32,34 @@ FAST_PAGE_S = 120  # a page's fast blocks together; anything longer is marked sl
 SLOW_PAGE_S = 3600
 
 
-def _hook():
-    spec = importlib.util.spec_from_file_location("docs_reference_hook", DOCS / "_hooks" / "reference.py")
+def _hook(name: str = "reference"):
+    spec = importlib.util.spec_from_file_location(f"docs_{name}_hook", DOCS / "_hooks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_the_package_map_names_every_module_as_its_docstring_says():
+    """docs/concepts/package-map.md is what docs/_hooks/package_map.py makes of the code now: a
+    module added, moved or removed (or a docstring changed) without regenerating it fails here."""
+    hook = _hook("package_map")
+    page = hook.PAGE.read_text()
+    modules = {p.relative_to(REPO / "strop").as_posix() for p in (REPO / "strop").rglob("*.py")}
+    listed = {pkg.strip("`").removeprefix("strop/") + name for pkg, name in _rows(page)}
+    missing = sorted(m for m in modules if not m.endswith("__init__.py") and m not in listed)
+    assert missing == [], f"modules missing from the package map (run python docs/_hooks/package_map.py): {missing}"
+    assert page == hook.package_map(), "the package map is stale: run python docs/_hooks/package_map.py"
+
+
+def _rows(page: str) -> list[tuple[str, str]]:
+    """(package heading, module file name) of every row of the package map."""
+    rows, package = [], ""
+    for line in page.splitlines():
+        if line.startswith("## "):
+            package = line[3:].strip()
+        elif line.startswith("| `") and line.count("`") >= 2:
+            rows.append((package, line.split("`")[1]))
+    return rows
 
 
 # ---- references -------------------------------------------------------------------------------

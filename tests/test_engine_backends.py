@@ -137,8 +137,8 @@ def _run(tmp_path, policy_dir, engine: str, steps: int = 2):
     from strop.model.policy import load_model
     from strop.policy_api import SamplingParams
     from strop.rl.orchestrator import Orchestrator, router_replay
-    from strop.runtime.build import train_tasks
     from strop.runtime.inline import start_inline
+    from strop.runtime.rl_run import train_tasks
 
     cfg = load_config(None, CONFIG + [f"rl.steps={steps}", f"rollout.engine={engine}"])
     tasks = {t.id: t for t in train_tasks(cfg)}

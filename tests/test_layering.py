@@ -37,7 +37,7 @@ LAYERS: list[set[str]] = [
     {"train"},  # mid-training and SFT (SFT's demonstrations come from the environment's oracle)
     {"rl"},
     {"online"},  # the online cycle reuses RL's loss and trainer on served completions
-    {"runtime"},  # places components and builds a run (`runtime.build`)
+    {"runtime"},  # places components and builds a run (`runtime.rl_run`)
     {"bench"},  # benchmark programs (edge: each is a command the cli runs)
     {"commands"},  # every other command's arguments and wiring
     {"cli"},

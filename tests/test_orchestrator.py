@@ -234,7 +234,7 @@ def test_rl_can_leave_out_the_tasks_sft_demonstrated():
     """`rollout.train_start`: RL draws train tasks from that index on, so a warm start cannot have
     memorized their answers; past the split's end it is a user error, not an empty run."""
     from strop.errors import UserError
-    from strop.runtime.build import train_tasks
+    from strop.runtime.rl_run import train_tasks
 
     chain = ["rollout.suite=chain", "rollout.difficulties=[2]", "rollout.train_tasks=3"]
     assert [t.id for t in train_tasks(load_config(None, chain))][0] == "chain-d2-train-0000"

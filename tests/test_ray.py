@@ -16,8 +16,8 @@ def test_killing_an_engine_and_a_worker_mid_run(tmp_path, tiny_policy_dir):
     import ray
 
     from strop.rl.orchestrator import Orchestrator, router_replay
-    from strop.runtime.build import train_tasks
-    from strop.runtime.ray_runtime import start_ray
+    from strop.runtime.ray.actors import start_ray
+    from strop.runtime.rl_run import train_tasks
 
     cfg = load_config(
         None,

@@ -1,4 +1,4 @@
-"""strop on a real multi-node Ray cluster started on this machine (`strop.runtime.local_cluster`):
+"""strop on a real multi-node Ray cluster started on this machine (`strop.runtime.ray.local_cluster`):
 the trainer on the trainer node, a relay and engines on each inference cluster's node, weights as
 deltas through the relays. The fast test runs 2 nodes for a few steps; the slow one 3 nodes (one
 trainer cluster, two inference clusters) over shaped links, with an engine joining and another
@@ -40,9 +40,9 @@ def test_two_nodes_trainer_and_one_inference_cluster(tmp_path, tiny_policy_dir):
     import ray
 
     from strop.rl.orchestrator import Orchestrator, router_replay
-    from strop.runtime.build import train_tasks
-    from strop.runtime.local_cluster import local_cluster
-    from strop.runtime.ray_runtime import start_ray
+    from strop.runtime.ray.actors import start_ray
+    from strop.runtime.ray.local_cluster import local_cluster
+    from strop.runtime.rl_run import train_tasks
     from strop.sync.store import Store
 
     cfg = load_config(None, BASE + ["rl.steps=3", "rollout.engines=1"])
@@ -86,9 +86,9 @@ def test_three_nodes_two_clusters_engines_join_and_leave_over_shaped_links(tmp_p
     import ray
 
     from strop.rl.orchestrator import Orchestrator, router_replay
-    from strop.runtime.build import train_tasks
-    from strop.runtime.local_cluster import local_cluster
-    from strop.runtime.ray_runtime import start_ray
+    from strop.runtime.ray.actors import start_ray
+    from strop.runtime.ray.local_cluster import local_cluster
+    from strop.runtime.rl_run import train_tasks
 
     cfg = load_config(
         None,

@@ -1,5 +1,5 @@
-"""The trainer cluster on Ray (`strop.runtime.ray_trainer`), on a real multi-node cluster started on
-this machine (`strop.runtime.local_cluster`: a trainer node and two inference clusters, each node a
+"""The trainer cluster on Ray (`strop.runtime.ray.trainer`), on a real multi-node cluster started on
+this machine (`strop.runtime.ray.local_cluster`: a trainer node and two inference clusters, each node a
 raylet of its own): 2 FSDP ranks over gloo on the trainer node, engines in both clusters that start
 from the weight store alone, bit-exact engine weights after every version, and a rank killed
 mid-run that stops `strop train` with one line and a rerun that resumes it. Slow: 4+ actor
@@ -35,9 +35,9 @@ def test_two_ranks_train_and_engines_in_two_clusters_start_from_the_store(tmp_pa
     import ray
 
     from strop.rl.orchestrator import Orchestrator, router_replay
-    from strop.runtime.build import train_tasks
-    from strop.runtime.local_cluster import local_cluster
-    from strop.runtime.ray_runtime import start_ray
+    from strop.runtime.ray.actors import start_ray
+    from strop.runtime.ray.local_cluster import local_cluster
+    from strop.runtime.rl_run import train_tasks
 
     cfg = load_config(None, BASE + RANKS + ["rl.steps=2"])
     tasks = {t.id: t for t in train_tasks(cfg)}
@@ -106,7 +106,7 @@ def _strop_train(out, policy, address: str, *settings: str) -> subprocess.Popen:
 def test_strop_train_on_ray_survives_a_killed_rank_by_resuming(tmp_path, tiny_policy_dir):
     import ray
 
-    from strop.runtime.local_cluster import local_cluster
+    from strop.runtime.ray.local_cluster import local_cluster
 
     settings = [*BASE, *RANKS, "rl.steps=4", "rollout.ckpt_every=1", f"sync.store={tmp_path / 'w'}"]
     out = tmp_path / "rl"
@@ -148,9 +148,9 @@ def test_vllm_engines_as_ray_actors_follow_two_ranks(tmp_path, tiny_tokenizer):
     from strop.engine.vllm_server import installed
     from strop.model.policy import build_model, save_model
     from strop.rl.orchestrator import Orchestrator, router_replay
-    from strop.runtime.build import train_tasks
-    from strop.runtime.local_cluster import local_cluster
-    from strop.runtime.ray_runtime import start_ray
+    from strop.runtime.ray.actors import start_ray
+    from strop.runtime.ray.local_cluster import local_cluster
+    from strop.runtime.rl_run import train_tasks
     from tests.conftest import tiny_model_section
 
     if not installed():

@@ -95,7 +95,7 @@ def train_once(cfg, mode: str, policy: Path, out: Path, cpus) -> dict:
     """One RL run in `mode` from `policy`; its loop figures (model loading excluded)."""
     from strop.outputs import remove_output
     from strop.report import MetricsLog
-    from strop.runtime.build import train_rl
+    from strop.runtime.rl_run import train_rl
 
     remove_output(out / mode, "train")  # the previous repeat's run
     r = train_rl(cfg, mode=mode, policy_dir=policy, out_dir=out / mode, cpus=cpus, trainer_process=True, quiet=True)
@@ -145,8 +145,8 @@ def run(args: argparse.Namespace) -> int:
     out = claim_dir(Path(args.out), "bench async")  # it deletes and rewrites its runs in there
     # the heavy imports only now: a refused --out answers at once, before seconds of torch and Ray
     from strop.rl.evaluate import eval_tasks, evaluate
-    from strop.runtime.build import train_rl
     from strop.runtime.cpus import split_cores
+    from strop.runtime.rl_run import train_rl
 
     t0 = time.perf_counter()
     policy = Path(args.policy) if args.policy else tiny_policy(out)

@@ -1,5 +1,5 @@
 """`strop bench scaleout [--quick] --json F`: weight sync on a multi-node Ray cluster started on
-this machine (`strop.runtime.local_cluster`): a trainer node and two inference clusters ("a" with
+this machine (`strop.runtime.ray.local_cluster`): a trainer node and two inference clusters ("a" with
 two engines, "b" with one), each behind its relay, every trainer-to-cluster link shaped by a token
 bucket to `--wan-mb-s` (standing for WAN bandwidth). The same short RL job runs twice, with
 `sync.type = "delta"` and `"full"`; in each, after step 1 an engine joins cluster b (harvested
@@ -83,8 +83,8 @@ def run_once(cfg, policy: Path, mode: str, out: Path, address: str) -> dict:
 
     from strop.rl.orchestrator import Orchestrator, router_replay
     from strop.runtime import record_trained
-    from strop.runtime.build import train_tasks
-    from strop.runtime.ray_runtime import start_ray
+    from strop.runtime.ray.actors import start_ray
+    from strop.runtime.rl_run import train_tasks
 
     tasks = {t.id: t for t in train_tasks(cfg)}
     store = str(out / "weights")
@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     from strop.config import load_config
     from strop.errors import UserError
     from strop.outputs import claim_dir
-    from strop.runtime.local_cluster import local_cluster
+    from strop.runtime.ray.local_cluster import local_cluster
 
     steps = args.steps if args.steps is not None else (4 if args.quick else 8)
     if steps < 3:

@@ -1,7 +1,7 @@
 """`strop bench trainer`: the RL trainer sharded over N = 1, 2, 4 ranks (`trainer.parallel.fsdp`,
 one torch thread each) on the same policy and the same batches, placed two ways: as local
 processes (`strop.runtime.trainers.start_trainer`) and as Ray actors in a placement group on a
-local Ray instance (`strop.runtime.ray_trainer.RayTrainer`, what `strop train --runtime ray` runs):
+local Ray instance (`strop.runtime.ray.trainer.RayTrainer`, what `strop train --runtime ray` runs):
 tokens/s, memory per rank, publish time per version, and how far N ranks' weights end from one
 local process's. The ranks compute where `[trainer]` says (gloo on the CPU here).
 
@@ -145,7 +145,7 @@ def ray_trainer(cfg, policy: str, pad_id: int, store: str):
     import ray
 
     from strop.rl.trainer import no_replay
-    from strop.runtime.ray_trainer import RayTrainer
+    from strop.runtime.ray.trainer import RayTrainer
 
     if not ray.is_initialized():
         # "local": a new instance, even where `ray start` left a cluster running on this machine

@@ -60,8 +60,8 @@ def stage_sft(cfg: Config) -> dict:
 
 def stage_rl(cfg: Config) -> dict:
     """Asynchronous RL from the SFT policy, then its held-out solve rate."""
-    from strop.runtime.build import train_rl
     from strop.runtime.cpus import split_cores
+    from strop.runtime.rl_run import train_rl
 
     cpus = split_cores(share=True)  # the trainer in a process of its own; it and the engines on every core
     hint = "`strop demo --fresh` runs every stage again"  # a stage interrupted under another config

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from strop.env.harness.loop import harness_config
     from strop.model.policy import is_model_dir
     from strop.rl.evaluate import evaluate
-    from strop.runtime.build import train_tasks
+    from strop.runtime.rl_run import train_tasks
     from strop.threads import set_threads
 
     cfg = config_from_args(args)

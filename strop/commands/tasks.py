@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from strop.confined import parts_of
+from strop.confined import parts_of, write_new
 from strop.errors import UserError
 from strop.outputs import write_atomic
 
@@ -96,15 +96,13 @@ def run(args: argparse.Namespace) -> int:
 
         try:
             root.mkdir(parents=True, exist_ok=True)
-            # beside DIR: made new, never through a link (O_EXCL), so nothing of the user's is overwritten
-            fd = os.open(note, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            write_new(note, (task.instruction + "\n").encode())  # beside DIR: nothing of the user's overwritten
         except OSError as e:
             raise UserError(f"cannot create {e.filename}: {e.strerror}") from None
-        with os.fdopen(fd, "w") as f:
-            f.write(task.instruction + "\n")
         materialize(task, root)
+        written = sum(len(files) for d, _, files in os.walk(root) if ".git" not in Path(d).relative_to(root).parts)
         print(task.instruction)
-        print(f"wrote {len(task.files)} files to {root} (instruction also in {root.name}.instruction.txt beside it)")
+        print(f"wrote {written} files to {root} (instruction also in {root.name}.instruction.txt beside it)")
         return 0
     if not root.is_dir():
         raise UserError(f"{root} is not a directory")

@@ -1,6 +1,6 @@
 """`strop train --config F [--mode sync|async] [--runtime inline|ray]`: RL from a warm-started policy.
 
-Parses the command line and hands the run to `strop.runtime.build.train_rl`, which builds and runs
+Parses the command line and hands the run to `strop.runtime.rl_run.train_rl`, which builds and runs
 (or resumes) it; prints the run's figures as JSON. Rerun on the same output directory with the same
 config it resumes (or, finished, reports); with another config it is refused with what changed,
 unless `--resume` or `--force` says what to do.
@@ -49,8 +49,8 @@ def run(args: argparse.Namespace) -> int:
 
     from strop.data.tokenizer import load_tokenizer
     from strop.env.harness.loop import Harness, harness_config
-    from strop.runtime.build import train_rl
     from strop.runtime.cpus import split_cores
+    from strop.runtime.rl_run import train_rl
     from strop.threads import set_threads
 
     cfg = config_from_args(args)

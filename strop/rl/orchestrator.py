@@ -16,11 +16,11 @@ The two modes differ in one place, when work may be launched:
 - `sync`: only when the pipeline is drained (nothing in flight or buffered), and then exactly one
   step's worth; the trainer steps, the engines are synced, and only then does generation resume.
 
-The runtime places the pieces (`strop.runtime.inline`: threads; `strop.runtime.ray_runtime`:
+The runtime places the pieces (`strop.runtime.inline`: threads; `strop.runtime.ray.actors`:
 actors) behind the `Runtime` protocol below, and the orchestrator never reaches into it: four calls
 move work (`submit`, `results`, `train`, `wait_synced`), three carry the state a checkpoint holds
 (`version`, `save`, `load`), two report figures (`bytes_synced`, `engine_busy_s`), and `close` is
-for whoever started it (`strop.runtime.build.train_rl`). Components never call back into the orchestrator.
+for whoever started it (`strop.runtime.rl_run.train_rl`). Components never call back into the orchestrator.
 
 Exactly-once: every work item is keyed (group_id, sample). A lost rollout (its engine or worker
 died) is relaunched under the same key with its reservation kept; the buffer refuses a second

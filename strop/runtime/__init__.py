@@ -1,9 +1,8 @@
-"""Where components run: `inline` (one process, threads) or `ray` (actors placed on trainer and
-inference nodes by label, `ray_placement.py`; `ray_trainer.py` the trainer's ranks, `ray_relay.py`
-each cluster's relay, `local_cluster.py` a labelled multi-node cluster on one machine); `trainers.py`
-and `ranks.py` the trainer in a process and its local ranks; `engines.py` the engines by
-`rollout.engine`; `weights.py` keeps any runtime's engines current through the weight transport
-(`strop.sync`)."""
+"""Where components run: `inline` (one process, threads) or `ray/` (actors placed on trainer and
+inference nodes by label); `rl_run.py` builds an RL run from a config and runs or resumes it;
+`trainers.py` and `ranks.py` the trainer in a process and its local ranks; `engines.py` the engines
+by `rollout.engine`; `cpus.py` how a machine's cores are split; `weights.py` keeps any runtime's
+engines current through the weight transport (`strop.sync`)."""
 
 
 def record_trained(runtime) -> list:

@@ -12,7 +12,7 @@ A trainer (`strop.rl.trainer.RLTrainer`) runs the same code on every rank; what 
 Each rank computes on its `device` (`strop.train.device`: the CPU, or a GPU of its own), and the
 process group's backend follows it: gloo for CPU ranks, NCCL (with gloo for pickled objects) for
 GPU ranks. The ranks are local processes (`start_ranks`) or Ray actors on trainer nodes
-(`strop.runtime.ray_trainer`); either way they rendezvous with `join`.
+(`strop.runtime.ray.trainer`); either way they rendezvous with `join`.
 
 The maths is the single-process trainer's: the micro-batches are the same, a micro-batch's loss
 already carries the batch's normalisation (losses add up), and FSDP sums the ranks' gradients

@@ -1,7 +1,7 @@
 """The agent loop: one code path for training rollouts, `strop eval` and `strop agent`.
 
     prompt = system block (with tool schemas) + user instruction + generation prompt
-    repeat: consult context_budget -> policy.generate(ids) -> parse tool calls -> execute in the
+    repeat: reset the window if full (_reset_due, _reset) -> policy.generate(ids) -> parse tool calls -> execute in the
             sandbox -> append the turn's separator + tool messages + generation prompt as forced tokens
     until:  submitted | no_tool_call | max_turns | context_full | turn_too_long | invalid_calls
             | policy_error | error

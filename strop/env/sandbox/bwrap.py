@@ -4,7 +4,7 @@ exec server, so a command in a live sandbox costs a fork+exec, not a namespace s
 Layout of a sandbox (see `strop.env.sandbox.layout`): an allowlisted root (the image's /usr, /var, /sys and
 library dirs read-only, an empty /sys; a copy of its /etc without host secrets and with a `dev` user, uid 1000,
 and hostname `devbox`; everything else, e.g. /root, /work, /opt, absent or empty), the interpreter
-strop runs on with a trimmed site-packages (see sandbox_python), private size-bounded /tmp,
+strop runs on with a trimmed site-packages (see `strop.env.sandbox.python`), private size-bounded /tmp,
 /var/tmp, /home and /dev/shm, a fresh /dev and /proc, the task repository copy-on-write at
 WORKDIR (overlay; the upper layer is a host temp dir), no network (--unshare-all), no
 capabilities, --die-with-parent, no controlling terminal (see `strop.env.sandbox.ctty`). Its processes request

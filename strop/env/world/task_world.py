@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
-from strop.confined import apply_changes, copy_tree, read_nofollow
+from strop.confined import apply_changes, copy_tree, read_regular
 from strop.env.host.account import hand_over
 from strop.env.host.scratch import scratch_dir
 from strop.env.sandbox.backend import open_sandbox
@@ -106,8 +106,10 @@ def workspace_changes(task: Task, final: Path) -> tuple[dict[str, bytes | None],
         before = _entries(start)[0]
         changes: dict[str, bytes | None] = {}
         for rel, path in after.items():
-            data = read_nofollow(path)
-            if rel not in before or read_nofollow(before[rel]) != data:
+            data = read_regular(path)
+            if data is None:  # replaced by a link or a fifo since the walk: not the agent's code
+                skipped.append(rel)
+            elif rel not in before or read_regular(before[rel]) != data:
                 changes[rel] = data
         changes.update({rel: None for rel in before if rel not in after and rel not in skipped})
     return changes, skipped

@@ -81,7 +81,7 @@ def _start_runtime(
         device_type(cfg.trainer)  # cuda where there is none: one line here, not an error in the trainer's process
 
         return start_inline(cfg, policy_dir, tasks, replay, cpus=cpus, trainer_process=trainer_process, store_url=store)
-    from strop.runtime.ray_runtime import start_ray
+    from strop.runtime.ray.actors import start_ray
 
     if ray_address and isinstance(fsspec.core.url_to_fs(store)[0], LocalFileSystem):
         print(

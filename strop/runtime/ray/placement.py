@@ -1,6 +1,6 @@
 """Where strop's Ray actors go: node labels, and what each actor asks Ray's scheduler for.
 
-Nodes are labelled when they join (`ray start --labels ...`; `strop.runtime.local_cluster` on one
+Nodes are labelled when they join (`ray start --labels ...`; `strop.runtime.ray.local_cluster` on one
 machine): `strop-role=trainer` marks the trainer nodes, `strop-cluster=<name>` the nodes of an
 inference cluster. Without labels (a local Ray instance) everything is one cluster on any node.
 

@@ -8,7 +8,7 @@ and reach each other over the node's address, as on separate machines. For tests
 import contextlib
 from collections.abc import Iterator
 
-from strop.runtime.ray_placement import CLUSTER_LABEL, ROLE_LABEL, TRAINER_ROLE
+from strop.runtime.ray.placement import CLUSTER_LABEL, ROLE_LABEL, TRAINER_ROLE
 
 OBJECT_STORE_BYTES = 100 * 1024**2  # per node; strop's actors pass metrics and trajectories only
 

@@ -7,7 +7,7 @@ sharded RL trainer between them.
                      each rank publishes its own shards of every version; rank 0 serves them
 
 The ranks are reserved together in a placement group on the trainer nodes (a GPU each where the
-nodes have them; `strop.runtime.ray_placement`), rendezvous at rank 0's node, and each builds its
+nodes have them; `strop.runtime.ray.placement`), rendezvous at rank 0's node, and each builds its
 trainer with `strop.runtime.trainers.rank_trainer`, the code a local rank runs. `RayTrainer` has
 `LocalTrainer`'s calls: each is sent to every rank at once (samples go into Ray's object store
 once, and every rank reads them), so the collectives inside line up, and rank 0's answer comes
@@ -25,7 +25,7 @@ import ray
 
 from strop.config import Config
 from strop.errors import RunStopped, UserError, one_line
-from strop.runtime.ray_placement import start_actor_process, trainer_placement
+from strop.runtime.ray.placement import start_actor_process, trainer_placement
 
 # a rank's process gone: killed, crashed, its node lost, or killed by Ray's memory monitor
 LOST = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ray.exceptions.OutOfMemoryError)

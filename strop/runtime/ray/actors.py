@@ -1,5 +1,5 @@
 """The `ray` runtime: the trainer's ranks, one relay per inference cluster, the engines and the
-rollout workers as Ray actors, placed by node label (`strop.runtime.ray_placement`).
+rollout workers as Ray actors, placed by node label (`strop.runtime.ray.placement`).
 
     trainer nodes (strop-role=trainer)          inference cluster "a" (strop-cluster=a)
     ┌──────────────────────────────┐  delta    ┌──────────────────────────────────────────┐
@@ -12,7 +12,7 @@ rollout workers as Ray actors, placed by node label (`strop.runtime.ray_placemen
 
 Placement: the trainer's `trainer.parallel.fsdp` ranks are reserved together in a placement group
 on the nodes labelled `strop-role=trainer` (a GPU each where those nodes have them;
-`strop.runtime.ray_trainer`); each distinct value of the `strop-cluster` label is an inference
+`strop.runtime.ray.trainer`); each distinct value of the `strop-cluster` label is an inference
 cluster, which gets one relay and a share of the engines (round robin), each placed by label
 selector on that cluster's nodes. Without labels (a local Ray instance, which starts by itself:
 2 CPUs, no dashboard) everything is one cluster on any node. Actors ask for no CPUs from Ray's
@@ -56,9 +56,9 @@ from strop.rl.trajectory import Trajectory
 from strop.runtime.cpus import CpuSplit
 from strop.runtime.engines import VLLM_START_TIMEOUT_S
 from strop.runtime.inline import SYNC_TIMEOUT_S
-from strop.runtime.ray_placement import cluster_layout, engine_resources, on_cluster, start_actor_process
-from strop.runtime.ray_relay import RelayActor
-from strop.runtime.ray_trainer import RayTrainer
+from strop.runtime.ray.placement import cluster_layout, engine_resources, on_cluster, start_actor_process
+from strop.runtime.ray.relay import RelayActor
+from strop.runtime.ray.trainer import RayTrainer
 from strop.runtime.weights import relay_keep, sync_seconds
 
 ROLLOUT_ACTORS = 2  # rollout processes; each runs ceil(workers / ROLLOUT_ACTORS) episodes on threads
