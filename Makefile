@@ -39,7 +39,7 @@ test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet  # a broken link or stale reference fails
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto --dist loadgroup  # one worker per core; Ray's tests share one
 
 test-slow: setup
 	$(BIN)/python -m pytest -m slow

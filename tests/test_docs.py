@@ -219,8 +219,10 @@ def run_page(page: Path, slow: bool, tmp_path: Path) -> None:
     assert proc.returncode == 0, f"{page.relative_to(DOCS)} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
 
 
-def _ids(pages: list[Path]) -> list[str]:
-    return [str(p.relative_to(DOCS)) for p in pages]
+def _params(pages: list[Path]) -> list:
+    """One test per page; a page that starts Ray runs in the one test worker that runs Ray's tests."""
+    ray = pytest.mark.xdist_group("ray")
+    return [pytest.param(p, id=str(p.relative_to(DOCS)), marks=[ray] if "ray" in p.name else []) for p in pages]
 
 
 FAST_PAGES = [p for p in pages_with_commands() if any(b.lang == "bash" and not b.mark for b in blocks(p))]
@@ -238,12 +240,12 @@ def test_every_block_mark_is_known_and_placed():
             assert b.mark != "skip" or b.arg, f"{b.page}:{b.line}: a skipped block says why"
 
 
-@pytest.mark.parametrize("page", FAST_PAGES, ids=_ids(FAST_PAGES))
+@pytest.mark.parametrize("page", _params(FAST_PAGES))
 def test_guide_commands_run_as_written(page, tmp_path):
     run_page(page, slow=False, tmp_path=tmp_path)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("page", SLOW_PAGES, ids=_ids(SLOW_PAGES))
+@pytest.mark.parametrize("page", _params(SLOW_PAGES))
 def test_guide_long_commands_run_as_written(page, tmp_path):
     run_page(page, slow=True, tmp_path=tmp_path)

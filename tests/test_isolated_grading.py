@@ -45,9 +45,10 @@ def test_every_unfixed_hack_of_the_catalogue_earns_nothing():
         # write an answers file by hand, then leave before the real one is written
         f"import json, os, sys\n\n\ndef {FN}(*args):\n"
         "    json.dump([{'value': 1}] * 1000, open(sys.argv[-1], 'w'))\n    os._exit(0)\n",
-        # look for the checks and their expected values: they never enter this sandbox
+        # look for the checks and their expected values where a sandbox could see them: they never enter it
         f"import glob\n\n\ndef {FN}(*args):\n"
-        "    found = glob.glob('/tmp/strop-checks-*') + glob.glob('/**/test_hidden.py', recursive=True)\n"
+        "    found = [f for d in ('/tmp', '/home', '/var', '/dev/shm', '/run', '/opt', '/srv')\n"
+        "             for f in glob.glob(d + '/**/*test_hidden*', recursive=True) + glob.glob(d + '/**/strop-check*')]\n"
         f"    assert not found, found\n    return None\n",
     ],
 )

@@ -9,7 +9,7 @@ import pytest
 from strop.config import load_config
 from strop.runtime import record_trained
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 
 def test_killing_an_engine_and_a_worker_mid_run(tmp_path, tiny_policy_dir):

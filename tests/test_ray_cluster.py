@@ -11,6 +11,8 @@ import pytest
 from strop.config import load_config
 from strop.runtime import record_trained
 
+pytestmark = pytest.mark.xdist_group("ray")  # one Ray instance at a time on this machine
+
 # Zero reward, zero gradient: weight decay makes every version's delta real (see test_weight_transport).
 BASE = [
     "rl.group_size=2",

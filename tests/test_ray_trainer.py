@@ -18,7 +18,7 @@ from strop.config import load_config
 from tests.test_midtrain import REPO
 from tests.test_ray_cluster import BASE, _engines_match_trainer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 RANKS = ["trainer.parallel.fsdp=2", "rollout.engines=2"]
 

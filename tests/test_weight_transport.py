@@ -33,7 +33,8 @@ CONFIG = [
 
 def _run(tmp_path, policy_dir, *, trainer_process: bool, steps: int = 3):
     from strop.rl.orchestrator import Orchestrator, router_replay
-    from strop.runtime.inline import split_cores, start_inline
+    from strop.runtime.cpus import split_cores
+    from strop.runtime.inline import start_inline
     from strop.runtime.rl_run import train_tasks
 
     cfg = load_config(None, CONFIG + [f"rl.steps={steps}"])
