@@ -181,7 +181,7 @@ def test_issue_45_silences_and_tracebacks_are_one_line_exit_2(files, args, needl
 def test_a_closed_stdout_is_one_line_not_a_traceback():
     """`strop tasks list ... | head`: a BrokenPipeError traceback."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "strop.cli", "tasks", "list", "--suite", "synthetic"],
+        [sys.executable, "-m", "strop.cli", "tasks", "list", "--suite", "humaneval"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

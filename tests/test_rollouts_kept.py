@@ -14,6 +14,8 @@ import pytest
 
 from strop.rl.rollout_log import RolloutLog, best_and_worst, read
 
+pytestmark = pytest.mark.xdist_group("rollouts_kept")  # its module fixture (a real run) is made once
+
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 10
 TINY_RL = [  # the demo's recipe, shrunk to seconds: 2 groups of 2 a step, 2 turns of 32 tokens

@@ -17,6 +17,8 @@ from strop.env.harness.tools import load_tools
 from strop.errors import UserError
 from strop.train.traces import read_traces, render_conversation, trace_segments
 
+pytestmark = pytest.mark.xdist_group("traces")  # its module fixture (a real run) is made once
+
 DECLARED = load_tools().names
 GOOD = {
     "messages": [

@@ -13,6 +13,8 @@ import pytest
 
 from strop.data.corpus import stdlib_dir
 
+pytestmark = pytest.mark.xdist_group("tracking")  # its module fixture (a real run) is made once
+
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 6
 
