@@ -138,14 +138,20 @@ def test_every_package_has_a_layer():
     assert packages - LAYER.keys() == set(), "place each new package or top-level module in LAYERS"
 
 
-def test_imports_point_down_the_layers():
+def _upward(edges: dict[str, dict[str, list[str]]], layer: dict[str, int], foundation: set[str]) -> list[str]:
+    """The edges that point to a package of the same or a higher layer (foundation to foundation
+    allowed), as "src -> dst (importing modules)"."""
     wrong = []
-    for src, targets in package_imports().items():
+    for src, targets in edges.items():
         for dst, modules in targets.items():
-            both_foundation = src in FOUNDATION and dst in FOUNDATION
-            if not both_foundation and LAYER[dst] >= LAYER[src]:
+            if not (src in foundation and dst in foundation) and layer[dst] >= layer[src]:
                 wrong.append(f"{src} -> {dst} ({', '.join(sorted(set(modules)))})")
-    assert wrong == [], "imports against the dependency direction:\n" + "\n".join(sorted(wrong))
+    return sorted(wrong)
+
+
+def test_imports_point_down_the_layers():
+    wrong = _upward(package_imports(), LAYER, FOUNDATION)
+    assert wrong == [], "imports against the dependency direction:\n" + "\n".join(wrong)
 
 
 def _cycles(edges: dict[str, set[str]]) -> list[str]:
@@ -179,13 +185,8 @@ def test_every_env_subpackage_has_a_layer():
 
 
 def test_env_imports_point_down_its_layers():
-    wrong = []
-    for src, targets in env_imports().items():
-        for dst, modules in targets.items():
-            both_foundation = src in ENV_FOUNDATION and dst in ENV_FOUNDATION
-            if not both_foundation and ENV_LAYER[dst] >= ENV_LAYER[src]:
-                wrong.append(f"{src} -> {dst} ({', '.join(sorted(set(modules)))})")
-    assert wrong == [], "imports against strop/env's order:\n" + "\n".join(sorted(wrong))
+    wrong = _upward(env_imports(), ENV_LAYER, ENV_FOUNDATION)
+    assert wrong == [], "imports against strop/env's order:\n" + "\n".join(wrong)
 
 
 def test_no_cycle_between_modules():
