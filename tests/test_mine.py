@@ -151,6 +151,7 @@ def test_mine_and_validate_in_an_image(calc_repo, test_image, tmp_path):
         "ok": True,
         "gold": "2/2 pass",
         "base": "1/1 fail",
+        "problem": "",
     }
     fix, feature = (json.loads(line) for line in out.read_text().splitlines())
     fix["FAIL_TO_PASS"] += fix.pop("PASS_TO_PASS")  # a test that passes at the start cannot fail to pass
@@ -159,8 +160,8 @@ def test_mine_and_validate_in_an_image(calc_repo, test_image, tmp_path):
     broken.write_text(json.dumps(fix) + "\n" + json.dumps(feature) + "\n")
     run = strop("tasks", "validate", str(broken))
     assert run.returncode == 1 and "0 of 2 tasks valid" in run.stdout, run.stdout + run.stderr
-    assert "1 of 2 FAIL_TO_PASS pass, e.g. tests/test_calc.py::test_mul" in run.stdout, run.stdout
-    assert "1 of 4 tests did not pass (3/4 pass)" in run.stdout, run.stdout
+    assert "1 of 2 FAIL_TO_PASS tests pass at the start already, e.g. tests/test_calc.py::test_mul" in run.stdout
+    assert "the gold patch (field 'patch') does not pass: 1 of 4 tests did not pass" in run.stdout, run.stdout
 
 
 def edge_repo(path: Path) -> dict[str, str]:
@@ -205,7 +206,7 @@ def test_drops_say_why(tmp_path):
     assert "tests/test_m.py" in by_commit[shas["broken"]][1]  # the module that failed to import
     assert by_commit[shas["hangs"]] == ("timeout", "at the commit, after 3 s")
     assert by_commit[shas["order"]][0] == "flaky", by_commit
-    assert "gold 1 of 2 tests did not pass" in by_commit[shas["order"]][1]
+    assert "gold patch (field 'patch') does not pass: 1 of 2 tests did not pass" in by_commit[shas["order"]][1]
     assert report["kept"] == 0 and (tmp_path / "edge.jsonl").read_text() == ""
     assert report["dropped"] == {
         "no test module": 1,

@@ -34,6 +34,14 @@ def test_image(image_layers, tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def image_without_pytest(image_layers, tmp_path_factory) -> str:
+    """The test image with no Python package beyond the standard library: a user's image that lacks
+    the test runner."""
+    d = tmp_path_factory.mktemp("bare")
+    return str(oci_layout(d / "layout", [base_layer(d / "base.tar", packages=()), image_layers[1]]))
+
+
+@pytest.fixture(scope="session")
 def calc_repo(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     path = tmp_path_factory.mktemp("repos") / "calc"
     return path, fix_and_test_repo(path)

@@ -83,8 +83,9 @@ def _text(tar: tarfile.TarFile, name: str, text: str, mode: int = 0o644) -> None
     tar.addfile(info, io.BytesIO(data))
 
 
-def base_layer(path: Path) -> Path:
-    """The image's first layer, a tar of a usr-merged root file system."""
+def base_layer(path: Path, packages: tuple[str, ...] = ("pytest",)) -> Path:
+    """The image's first layer, a tar of a usr-merged root file system with `packages` (and what
+    they require) from this environment among its Python's packages."""
     files: dict[str, Path] = {}
     for prog in PROGRAMS:
         src = shutil.which(prog, path="/usr/bin:/usr/sbin:/bin:/sbin")
@@ -104,7 +105,7 @@ def base_layer(path: Path) -> Path:
         for lib in _libs(f):
             files[_in_image(lib)] = Path(os.path.realpath(lib))
     site = Path(next(p for p in sys.path if p.endswith("site-packages")))
-    tops = {f.parts[0] for d in requirement_closure(("pytest",)) for f in d.files or [] if f.parts[0] != ".."}
+    tops = {f.parts[0] for d in requirement_closure(packages) for f in d.files or [] if f.parts[0] != ".."}
     for top in sorted(tops - {"__pycache__"}):
         src = site / top
         for f in [src] if src.is_file() else src.rglob("*") if src.exists() else []:

@@ -172,7 +172,19 @@ def _mine(args: argparse.Namespace) -> int:
     print(format_table(rows, ["outcome", "commits"]))
     print(f"wrote {report['kept']} tasks ({report['train']} train, {report['eval']} eval) to {out}")
     print(f"yield report: {report_path(out)}")
+    if report["kept"] == 0:  # an empty task file is no result: say why, and fail
+        print(f"strop: no tasks: {_no_tasks_why(report)}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _no_tasks_why(report: dict) -> str:
+    """Why mining kept nothing, in one line: no candidates, or the commonest drop and its first detail."""
+    if not report["candidates"]:
+        return f"none of the {report['commits_walked']} commits walked changes both source code and a test file"
+    reason, n = max(report["dropped"].items(), key=lambda kv: kv[1])
+    detail = next(c["detail"] for c in report["commits"] if c["outcome"] == reason)
+    return f"{n} of {report['candidates']} candidates dropped as {reason!r}, e.g. {detail}"
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -201,6 +213,8 @@ def _validate(args: argparse.Namespace) -> int:
     rows = [{"task": v.task, "valid": "yes" if v.ok else "NO", "gold patch": v.gold, "start": v.base} for v in verdicts]
     print(format_table(rows, ["task", "valid", "gold patch", "start"]))
     bad = [v for v in verdicts if not v.ok]
+    for v in bad:
+        print(v.problem)
     print(f"{len(verdicts) - len(bad)} of {len(verdicts)} tasks valid")
     if args.json:
         write_atomic(args.json, json.dumps([v.__dict__ for v in verdicts], indent=2))

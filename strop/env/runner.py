@@ -13,7 +13,8 @@ import fnmatch
 import sys
 from pathlib import PurePosixPath
 
-TEST_COMMAND = ["python3", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "junit_family=xunit1"]
+RUNNER = ["python3", "-m", "pytest"]
+TEST_COMMAND = [*RUNNER, "-q", "-p", "no:cacheprovider", "-o", "junit_family=xunit1"]
 TEST_COMMAND += ["--junitxml=$STROP_JUNIT"]
 TEST_MODULES = ("test_*.py", "*_test.py")  # what pytest collects by default
 TEST_DIRS = ("test", "tests")  # at any depth; `testing/` only at the top (numpy.testing is library code)

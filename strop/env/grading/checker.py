@@ -37,8 +37,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import PurePosixPath
 from typing import Literal
 
+from strop.env.grading.diagnosis import memory_reason, no_report_reason, unknown_tests_reason
 from strop.env.grading.isolated import GradingFailed, grade
-from strop.env.grading.junit import parse_junit
+from strop.env.grading.junit import first_failure, junit_outcomes, parse_junit
 from strop.env.runner import RUNNER_MODULES
 from strop.env.sandbox.interface import Limits, Sandbox
 from strop.env.task import Task
@@ -51,6 +52,7 @@ Mode = Literal["binary", "fraction"]
 # missing, malformed or forged report, a grading failure, the checker's own error: see `reason`)
 Outcome = Literal["passed", "tests failed", "no tests ran", "no changes", "not scored"]
 TEST_TIMEOUT_S = 120.0
+STDERR_KEPT = 4000  # characters of a test run's stderr kept to say why it failed
 
 
 @dataclass
@@ -66,7 +68,7 @@ class Score:
     perturbed_reward: float | None = None  # None when the task has no perturbed tests or it was not run
     perturbed_reason: str | None = None
     exit_code: int | None = None
-    detail: str = ""  # graded by values: the first check that did not pass, and why
+    detail: str = ""  # the first test or check that did not pass, and why
     outcome: Outcome = "passed"
     perturbed_outcome: Outcome | None = None
 
@@ -129,12 +131,13 @@ def _write(sandbox: Sandbox, changes: dict[str, bytes | str | None]) -> None:
 
 @dataclass
 class CheckRun:
-    """One run of a task's test command: its exit code, whether it timed out, and the JUnit report
-    it wrote (None when it wrote none)."""
+    """One run of a task's test command: its exit code, whether it timed out, the JUnit report it
+    wrote (None when it wrote none), and the end of its stderr (what a runner that failed last said)."""
 
     exit_code: int | None
     timed_out: bool
     report: bytes | None
+    stderr: str = ""
 
 
 def run_tests(
@@ -155,12 +158,13 @@ def run_tests(
         # strop's own environment) was a third of every check's time; no bytecode is the sandbox's own setting
         env = {"STROP_JUNIT": junit, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
         result = sandbox.exec(cmd, timeout=timeout, env=env)
+        stderr = result.stderr[-STDERR_KEPT:]
         if result.timed_out:
-            return CheckRun(result.exit_code, True, None)
+            return CheckRun(result.exit_code, True, None, stderr)
         try:
-            return CheckRun(result.exit_code, False, sandbox.read_file(junit))
+            return CheckRun(result.exit_code, False, sandbox.read_file(junit), stderr)
         except OSError:
-            return CheckRun(result.exit_code, False, None)
+            return CheckRun(result.exit_code, False, None, stderr)
 
 
 def _run(task: Task, kept: dict, tests: dict[str, str], n_tests: int, mode: Mode, limits: Limits) -> Score:
@@ -169,18 +173,26 @@ def _run(task: Task, kept: dict, tests: dict[str, str], n_tests: int, mode: Mode
         with task_sandbox(task, limits, kind="check") as sandbox, empty_sandbox(task, limits) as judge:
             _write(sandbox, kept)
             return _values_score(sandbox, judge, tests, n_tests, mode, timeout)
-    run = run_tests(task, kept, tests, task.fail_to_pass + task.pass_to_pass or sorted(tests), limits)
+    selected = task.fail_to_pass + task.pass_to_pass or sorted(tests)
+    run = run_tests(task, kept, tests, selected, limits)
     if run.timed_out:
-        return Score(0.0, reason=f"timeout after {timeout:.0f} s", exit_code=run.exit_code, outcome="not scored")
+        reason = f"timeout after {timeout:.0f} s (the task's timeout_s)"
+        return Score(0.0, reason=reason, exit_code=run.exit_code, outcome="not scored")
     if run.report is None:
-        return Score(
-            0.0, reason=f"no junit report (exit code {run.exit_code})", exit_code=run.exit_code, outcome="not scored"
-        )
+        reason = no_report_reason(run.exit_code, run.stderr, limits)
+        return Score(0.0, reason=reason, exit_code=run.exit_code, outcome="not scored")
     try:
         passed, failed, errors, skipped = parse_junit(run.report)
+        outcomes, failure = junit_outcomes(run.report), first_failure(run.report)
     except ET.ParseError as e:
         return Score(0.0, reason=f"malformed junit report: {e}", exit_code=run.exit_code, outcome="not scored")
     score = _tally(Score(0.0, passed, failed, errors, skipped, exit_code=run.exit_code), n_tests, mode)
+    if failure is not None:
+        score.detail = f"{failure[0]}: {failure[1]}"[:300]
+        if (memory := memory_reason(failure[1], limits)) is not None:
+            score.reason += f"; {memory} in {failure[0]}"
+    if (unknown := unknown_tests_reason(task, selected, outcomes)) is not None:
+        score.reward, score.reason, score.outcome = 0.0, unknown, "not scored"
     if (
         score.reward == 1.0 and run.exit_code != 0
     ):  # a report of all passes from a failed run was written by someone else

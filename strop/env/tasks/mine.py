@@ -50,15 +50,18 @@ from typing import Literal
 from xml.etree.ElementTree import ParseError
 
 from strop.env.grading.checker import check, run_tests, source_changes, split_changes, task_limits
+from strop.env.grading.diagnosis import no_report_reason, unknown_tests_reason
 from strop.env.grading.junit import junit_outcomes
 from strop.env.host.node_cache import is_url
-from strop.env.runner import TEST_COMMAND, is_test_module, is_test_path
+from strop.env.runner import RUNNER, TEST_COMMAND, is_test_module, is_test_path
+from strop.env.sandbox.interface import Limits
 from strop.env.task import Task
 from strop.env.tasks.task_file import task_from_record, task_record
 from strop.env.tasks.touched_tests import touched_tests
 from strop.env.world.image import image_root
 from strop.env.world.patches import gold_changes, hidden_tests
 from strop.env.world.repo import git, history
+from strop.env.world.task_world import empty_sandbox
 from strop.errors import UserError
 from strop.memo import content_key
 from strop.outputs import write_atomic
@@ -117,12 +120,14 @@ class Settings:
 @dataclass
 class Verdict:
     """Whether a task is sound: its gold patch passes every hidden test and its starting repository
-    fails every FAIL_TO_PASS test; `gold` and `base` say what each run found."""
+    fails every FAIL_TO_PASS test; `gold` and `base` say in a word what each run found, `problem` in
+    one line what is wrong ("" when sound), naming the task, the field and the cause."""
 
     task: str
     ok: bool
     gold: str
     base: str
+    problem: str = ""
 
 
 def _is_code(path: str) -> bool:
@@ -197,36 +202,74 @@ def _outcomes(report: bytes | None) -> dict[str, str] | None:
         return None
 
 
+def _gold(task: Task) -> tuple[str, str]:
+    """(table cell, problem or "") of a task's gold patch: it must pass every hidden test."""
+    if not task.gold_patch:
+        return "none", f"task {task.id!r}: no gold patch (field 'patch'): nothing shows its tests can pass"
+    try:
+        changes = gold_changes(task)
+    except UserError as e:
+        return "does not apply", str(e)
+    score = check(task, changes, perturbed=False)
+    ran = score.passed + score.failed + score.errors + score.skipped
+    cell = f"{score.passed}/{ran} pass" if ran else "no tests ran"
+    if score.reward == 1.0:
+        return cell, ""
+    if score.outcome != "tests failed":  # not the patch's fault: the reason names what is wrong
+        return cell, f"task {task.id!r}: {score.reason}"
+    first = f"; first failure {score.detail}" if score.detail and "memory limit" not in score.reason else ""
+    return cell, f"task {task.id!r}: the gold patch (field 'patch') does not pass: {score.reason}{first}"
+
+
+def _start(task: Task) -> tuple[str, str]:
+    """(table cell, problem or "") of a task's starting repository: it must fail every FAIL_TO_PASS
+    test (with none named, the hidden tests as a whole)."""
+    if not task.fail_to_pass:  # no test ids: the whole hidden suite must fail at the start
+        score = check(task, {}, perturbed=False)
+        if score.reward == 0.0:
+            return "fails", ""
+        return "passes", f"task {task.id!r}: the starting repository passes its hidden tests already"
+    limits = task_limits(task)
+    run = run_tests(task, {}, hidden_tests(task), task.fail_to_pass, limits)
+    n = len(task.fail_to_pass)
+    if run.timed_out:
+        return "timeout", f"task {task.id!r}: at the start, timeout after {limits.timeout_s:.0f} s (timeout_s)"
+    outcomes = _outcomes(run.report)
+    if outcomes is None:  # the code under test may crash the runner at the start: all of it failed
+        return f"{n}/{n} fail", ""
+    if (unknown := unknown_tests_reason(task, task.fail_to_pass, outcomes)) is not None:
+        return "not scored", f"task {task.id!r}: {unknown}"
+    passing = [t for t in task.fail_to_pass if outcomes.get(t) == "passed"]
+    if passing:
+        return (
+            f"{len(passing)} of {n} pass",
+            f"task {task.id!r}: {len(passing)} of {n} FAIL_TO_PASS tests pass at the start already, e.g. {passing[0]}",
+        )
+    return f"{n}/{n} fail", ""
+
+
 def validate(task: Task) -> Verdict:
     """Check a task as `strop tasks validate` does (see `Verdict`). The task's repository and image
     must exist (a missing one raises UserError); anything else that fails is a verdict, not an error."""
-    if not task.gold_patch:
-        gold_ok, gold = False, "no gold patch"
-    else:
-        try:
-            changes = gold_changes(task)
-        except UserError as e:
-            gold_ok, gold = False, f"gold patch does not apply: {e}"
-        else:
-            score = check(task, changes, perturbed=False)
-            gold_ok = score.reward == 1.0
-            gold = f"{score.passed}/{score.passed + score.failed + score.errors + score.skipped} pass"
-            gold = gold if gold_ok else f"{score.reason}" + (f" ({gold})" if score.outcome == "tests failed" else "")
-    if not task.fail_to_pass:  # no test ids: the whole hidden suite must fail at the start
-        score = check(task, {}, perturbed=False)
-        base_ok, base = score.reward == 0.0, f"reward {score.reward:g} ({score.reason})"
-    else:
-        run = run_tests(task, {}, hidden_tests(task), task.fail_to_pass, task_limits(task))
-        outcomes = _outcomes(run.report) or {}
-        passing = [t for t in task.fail_to_pass if outcomes.get(t) == "passed"]
-        n = len(task.fail_to_pass)
-        if run.timed_out:
-            base_ok, base = False, f"timeout after {task_limits(task).timeout_s:.0f} s"
-        elif passing:
-            base_ok, base = False, f"{len(passing)} of {n} FAIL_TO_PASS pass, e.g. {passing[0]}"
-        else:
-            base_ok, base = True, f"{n}/{n} fail" + ("" if run.report else f" (no report, exit {run.exit_code})")
-    return Verdict(task.id, gold_ok and base_ok, gold, base)
+    try:
+        hidden_tests(task)
+    except UserError as e:  # a test_patch that does not apply: this task's problem, not the file's
+        return Verdict(task.id, False, "not run", "not run", str(e))
+    gold, gold_problem = _gold(task)
+    base, base_problem = _start(task)
+    problem = gold_problem or base_problem
+    return Verdict(task.id, not problem, gold, base, problem)
+
+
+def check_runner(image: str, limits: Limits) -> None:
+    """UserError, in the runner's own words, when the test runner does not start in `image` ("" for
+    the host's root): an image without pytest would otherwise drop every commit as "does not build"."""
+    with empty_sandbox(Task(id="", suite="", split="eval", instruction="", image=image), limits) as sandbox:
+        run = sandbox.exec([*RUNNER, "--version"], timeout=limits.timeout_s)
+    if run.exit_code != 0:
+        where = f"image {image}" if image else "the host's root"
+        why = no_report_reason(run.exit_code, run.stderr, limits)
+        raise UserError(f"the test runner does not start in {where}: {why}")
 
 
 def _mine_one(how: Settings, mirror: Path, commit: Commit) -> dict:
@@ -250,7 +293,11 @@ def _mine_one(how: Settings, mirror: Path, commit: Commit) -> dict:
     found = _outcomes(after.report)
     if not found or "passed" not in found.values():
         errors = sorted(t for t, k in (found or {}).items() if k != "passed")
-        why = f"no test passes at the commit, e.g. {errors[0]}" if errors else f"no report (exit {after.exit_code})"
+        why = (
+            f"no test passes at the commit, e.g. {errors[0]}"
+            if errors
+            else no_report_reason(after.exit_code, after.stderr, limits)
+        )
         return {**result, "outcome": "does not build", "detail": why}
     was = _outcomes(before.report) or {}
     passing = sorted(t for t, k in found.items() if k == "passed")
@@ -261,7 +308,7 @@ def _mine_one(how: Settings, mirror: Path, commit: Commit) -> dict:
     record = task_record(task)
     verdict = validate(task_from_record(record, task.id, Path("/"), "")[0])
     if not verdict.ok:
-        return {**result, "outcome": "flaky", "detail": f"rerun by id: gold {verdict.gold}; parent {verdict.base}"}
+        return {**result, "outcome": "flaky", "detail": f"rerun by id: {verdict.problem}"}
     return {
         **result,
         "outcome": KEPT,
@@ -307,7 +354,8 @@ def mine(
     `<out>.report.json` (see the module docstring); returns the report."""
     from tqdm import tqdm
 
-    image_root(image)  # a missing or broken image is refused before any work
+    image_root(image)  # a missing or broken image is refused before any work, and so is one without the runner
+    check_runner(image, Limits(timeout_s=timeout_s, memory_mb=memory_mb, cpu_s=2 * math.ceil(timeout_s)))
     mirror, sha = history(source, rev)
     source = source if is_url(source) else str(Path(source).resolve())
     how = Settings(source, str(Path(image).resolve()) if image else "", timeout_s, memory_mb, tests)

@@ -8,6 +8,7 @@ import functools
 from strop.env.task import Task
 from strop.env.world.repo import apply_patch, checkout
 from strop.env.world.task_world import task_repository
+from strop.errors import UserError
 
 
 def reference_edit(buggy: str, fixed: str) -> tuple[str, str]:
@@ -46,10 +47,11 @@ def hidden_tests(task: Task) -> dict[str, str]:
     makes of the pristine repository's files."""
     if not task.test_patch:
         return task.hidden_tests
-    return {
-        **_patched(task.repo, task.base_commit, tuple(sorted(task.files.items())), task.test_patch),
-        **task.hidden_tests,
-    }
+    try:
+        made = _patched(task.repo, task.base_commit, tuple(sorted(task.files.items())), task.test_patch)
+    except UserError as e:
+        raise UserError(f"task {task.id!r}: field 'test_patch' does not apply: {e}") from None
+    return {**made, **task.hidden_tests}
 
 
 @functools.lru_cache(maxsize=1024)
@@ -72,9 +74,12 @@ def starting_text(task: Task, path: str) -> str:
 
 def gold_changes(task: Task) -> dict[str, bytes | None]:
     """The changes of `task`'s gold patch to its starting repository (relative path -> new bytes,
-    None = deleted; UserError if it does not apply)."""
+    None = deleted; UserError naming the task and the field if it does not apply)."""
     with task_repository(task) as tree:
-        return apply_patch(tree, task.gold_patch)
+        try:
+            return apply_patch(tree, task.gold_patch)
+        except UserError as e:
+            raise UserError(f"task {task.id!r}: field 'patch' does not apply: {e}") from None
 
 
 def reference_edits(task: Task) -> list[dict]:
