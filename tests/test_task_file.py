@@ -114,3 +114,21 @@ def test_cli_refuses_a_bad_task_file_in_one_line(tmp_path):
     for name, why in (("nope.mod", b"cannot be imported"), ("nosuch", b"unknown suite")):
         run = subprocess.run([sys.executable, "-m", "strop.cli", "tasks", "list", "--suite", name], capture_output=True)
         assert run.returncode == 2 and why in run.stderr, run.stderr
+
+
+def test_a_config_that_leaves_tasks_out_says_so(tmp_path, capsys):
+    """Tasks whose difficulty is not in rollout.difficulties were never trained on, silently."""
+    from strop.config import load_config
+    from strop.rl.evaluate import eval_tasks
+    from strop.runtime.rl_run import train_tasks
+
+    suite = write(tmp_path / "t.jsonl", *(record(i, difficulty=1 + i % 3) for i in range(6)))
+    some = load_config(None, [f"rollout.suite={suite}", "rollout.difficulties=[1, 2]"])
+    assert [t.id for t in train_tasks(some)] == ["t-0", "t-3", "t-1", "t-4"]
+    warned = capsys.readouterr().err
+    assert "rollout.difficulties = [1, 2] leaves out train tasks" in warned and "difficulty 3 (2 tasks)" in warned
+    none = load_config(None, [f"rollout.suite={suite}", "rollout.eval_difficulties=[4]"])
+    with pytest.raises(UserError, match=r"rollout.eval_difficulties = \[4\] draws no eval tasks .* difficulty 1 \(2"):
+        eval_tasks(none)
+    every = load_config(None, [f"rollout.suite={suite}", "rollout.difficulties=[1, 2, 3]"])
+    assert len(train_tasks(every)) == 6 and capsys.readouterr().err == ""

@@ -11,6 +11,7 @@ A row's numbers do not depend on its batch, so the engine count changes the wall
 """
 
 import math
+import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +25,7 @@ from strop.env.grading.behaviour import summarize
 from strop.env.harness.context import context_figures
 from strop.env.harness.loop import Harness, harness_config
 from strop.env.task import Task
-from strop.env.tasks.suites import draw_tasks, with_default_image
+from strop.env.tasks.suites import draw_tasks, selection_note, with_default_image
 from strop.errors import UserError
 from strop.rl.rollout import WorkItem, rollout, sandbox_limits
 from strop.rl.rollout_log import RolloutLog, record
@@ -60,6 +61,11 @@ def eval_tasks(cfg: Config) -> list[Task]:
     """`rollout.eval_episodes` held-out tasks of `rollout.suite` per evaluated difficulty."""
     r = cfg.rollout
     tasks = draw_tasks(r.suite, "eval", r.eval_difficulties, r.eval_episodes)
+    note = selection_note(r.suite, "eval", r.eval_difficulties, "rollout.eval_difficulties", len(tasks))
+    if note and not tasks:
+        raise UserError(note)
+    if note:
+        print(f"[eval] warning: {note}", file=sys.stderr, flush=True)
     if not tasks:
         raise UserError(f"no eval tasks in suite {r.suite!r} for rollout.eval_difficulties = {r.eval_difficulties}")
     return with_default_image(tasks, r.image)

@@ -34,10 +34,15 @@ from strop.outputs import (
 def train_tasks(cfg: Config) -> list:
     """The tasks a run trains on: `rollout.train_tasks` of the train split of `rollout.suite` per
     difficulty, from index `rollout.train_start` on (`strop.env.tasks.suites.draw_tasks`)."""
-    from strop.env.tasks.suites import draw_tasks, with_default_image
+    from strop.env.tasks.suites import draw_tasks, selection_note, with_default_image
 
     r = cfg.rollout
     tasks = draw_tasks(r.suite, "train", r.difficulties, r.train_tasks, r.train_start)
+    note = selection_note(r.suite, "train", r.difficulties, "rollout.difficulties", len(tasks))
+    if note and not tasks:
+        raise UserError(note)
+    if note:
+        print(f"[rl] warning: {note}", file=sys.stderr, flush=True)
     if not tasks:
         raise UserError(
             f"rollout.train_start = {r.train_start} leaves no train tasks of suite {r.suite!r} "

@@ -109,6 +109,34 @@ def draw_tasks(name: str, split: str, difficulties: list[int], per_difficulty: i
     ]
 
 
+def difficulties_left_out(name: str, split: str, difficulties: list[int]) -> dict[int, int]:
+    """Difficulty -> how many tasks of a suite split carry it, for the difficulties `draw_tasks`
+    never draws at `difficulties` ({} for a suite that builds tasks per difficulty, or carries none):
+    what a run's `rollout.difficulties` silently leaves out."""
+    if "difficulty" in inspect.signature(suite_module(name).load).parameters:
+        return {}
+    left: dict[int, int] = {}
+    for t in load_suite(name, split):
+        d = t.metadata.get("difficulty")
+        if d is not None and d not in difficulties:
+            left[d] = left.get(d, 0) + 1
+    return dict(sorted(left.items()))
+
+
+def selection_note(name: str, split: str, difficulties: list[int], key: str, drawn: int) -> str:
+    """"" when `key` (the config key that set `difficulties`) leaves no task of the suite split out;
+    else a line saying which difficulties it leaves out and how many tasks, for a warning (or, when
+    nothing was drawn, an error)."""
+    left = difficulties_left_out(name, split, difficulties)
+    if not left:
+        return ""
+    counts = ", ".join(f"{d} ({n} task{'s' * (n > 1)})" for d, n in left.items())
+    return (
+        f"{key} = {difficulties} {'draws no' if not drawn else 'leaves out'} {split} tasks of suite {name!r}: "
+        f"{'its tasks have' if not drawn else 'those of'} difficulty {counts}; add them to {key} to use them"
+    )
+
+
 def with_default_image(tasks: list[Task], image: str) -> list[Task]:
     """`tasks` with `image` as the OS image of those that name none (a run's `rollout.image`)."""
     return [t if t.image or not image else replace(t, image=image) for t in tasks]
