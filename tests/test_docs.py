@@ -1,7 +1,9 @@
 """The docs are tested like code.
 
 - Every config key and every command argument has help text, and the generated reference pages
-  (docs/_hooks/reference.py, built into the site at every `mkdocs build`) list every one.
+  (docs/_hooks/reference.py, committed under docs/reference/) list every one and are current.
+- Every link in README.md and docs/ leads to a file of the repository (not one a build makes), and
+  to a heading of it where the link names one.
 - The guides' commands run exactly as written: each page's ```bash blocks, in order, in one bash
   session (`set -euo pipefail`) in a fresh directory where `examples/` is the repository's and
   `strop` is on PATH. Blocks run in the fast suite unless the line before the fence says otherwise
@@ -81,6 +83,53 @@ def test_every_config_key_has_help_and_is_in_the_reference():
         for part in k.name.split("."):
             node = node["properties"][part]
         assert node["description"] == k.help
+
+
+def test_the_committed_reference_is_what_the_code_says():
+    hook = _hook()
+    stale = [n for n, text in hook.pages().items() if not (p := hook.REFERENCE / n).is_file() or p.read_text() != text]
+    assert stale == [], f"stale reference pages (run python docs/_hooks/reference.py): {stale}"
+
+
+LINK = re.compile(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)|^ {0,3}\[[^\]]+\]:\s*(\S+)", re.M)
+
+
+def _slug(heading: str) -> str:
+    """A heading's anchor as Python-Markdown's toc makes it (what mkdocs links to)."""
+    text = re.sub(r"[`*_]|\[([^\]]*)\]\([^)]*\)", r"\1", heading).strip().lower()
+    return re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", text)).strip("-")
+
+
+def _repository_files() -> set[str]:
+    """Files a clone of the repository has: tracked, or new and not ignored (build outputs are)."""
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO, capture_output=True, text=True
+    )
+    if out.returncode != 0:
+        pytest.skip("not a git checkout: which files a clone has is unknown")
+    return set(out.stdout.splitlines())
+
+
+def test_every_link_in_the_readme_and_docs_leads_to_a_file_of_the_repository():
+    files = _repository_files()
+    broken = []
+    for page in [REPO / "README.md", *sorted(DOCS.rglob("*.md"))]:
+        text = re.sub(r"`[^`\n]+`", "", FENCE.sub("", page.read_text()))  # links shown as code are not links
+        for m in LINK.finditer(text):
+            target = m.group(1) or m.group(2)
+            if re.match(r"[a-z][a-z0-9+.-]*:", target):  # a URL: not the repository's
+                continue
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            rel = file.relative_to(REPO).as_posix() if file.is_relative_to(REPO) else str(file)
+            where = f"{page.relative_to(REPO)}: {target}"
+            if rel not in files and not any(f.startswith(rel + "/") for f in files):
+                broken.append(f"{where} (no such file in the repository)")
+            elif anchor and file.suffix == ".md":
+                headings = re.findall(r"^#+\s+(.*?)\s*$", FENCE.sub("", file.read_text()), re.M)
+                if anchor not in {_slug(h) for h in headings}:
+                    broken.append(f"{where} (no such heading)")
+    assert broken == [], "links that lead nowhere in a clone:\n" + "\n".join(broken)
 
 
 def _arguments(parser: argparse.ArgumentParser, prog: str):

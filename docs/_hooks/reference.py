@@ -1,17 +1,20 @@
-"""MkDocs hook: the reference pages, generated from the code at every build so they cannot drift.
+"""The reference pages, generated from the code and committed, so that every link to them resolves
+in the repository as on the site: `python docs/_hooks/reference.py` rewrites them, and
+`tests/test_docs.py` fails when a committed page differs from what this makes of the code now.
 
     reference/config.md        every config key (`strop config schema`)
     reference/commands.md      every command's arguments (strop.cli.COMMANDS and each add_arguments)
     reference/http.md          the HTTP APIs' OpenAPI (the FastAPI apps, built around a real tiny engine)
     reference/run-directory.md the run directory's files and every metric (strop.run_files)
-
-`tests/test_docs.py` imports this file to check that every key and command is covered and has help.
 """
 
 import argparse
 import importlib
+from pathlib import Path
 
-from mkdocs.structure.files import File, Files
+REPO = Path(__file__).resolve().parents[2]
+REFERENCE = REPO / "docs" / "reference"
+BY_HAND = "do not edit by hand (`python docs/_hooks/reference.py` rewrites it)"
 
 
 def _help(action: argparse.Action) -> str:
@@ -78,7 +81,7 @@ def commands_markdown() -> str:
     lines = [
         "# Command reference",
         "",
-        "Generated from `strop/cli.py`'s command table and each command's arguments; do not edit by hand.",
+        f"Generated from `strop/cli.py`'s command table and each command's arguments; {BY_HAND}.",
         "`strop COMMAND --help` prints the same. Config-driven commands take `--config FILE.toml` and any",
         "number of `--set key=value` ([configuration reference](config.md)). A user mistake prints one",
         "line, `strop: error: ...`, and exits with status 2.",
@@ -166,8 +169,8 @@ def http_markdown(specs: dict[str, dict]) -> str:
     lines = [
         "# HTTP reference",
         "",
-        "Generated at every docs build from the FastAPI apps themselves (their OpenAPI documents, also here "
-        "as JSON: [strop serve](openapi-serve.json), [engine server](openapi-engine.json)); do not edit by hand.",
+        "Generated from the FastAPI apps themselves (their OpenAPI documents, also here "
+        f"as JSON: [strop serve](openapi-serve.json), [engine server](openapi-engine.json)); {BY_HAND}.",
         'Errors are JSON `{"error": {"message": ...}}` with status 400 (bad request), 401/403 (key, '
         "scope), 404, 409, 413 (too long for the context), 429 (rate limit, with `Retry-After`) or 503.",
         "",
@@ -195,7 +198,7 @@ def run_directory_markdown() -> str:
     lines = [
         "# Run directory and metrics",
         "",
-        "Generated from `strop/run_files.py`, which the tests hold to what real runs write; do not edit by hand.",
+        f"Generated from `strop/run_files.py`, which the tests hold to what real runs write; {BY_HAND}.",
         "A run's outputs live in `run.out_dir/run.name` (`runs/demo` for the demo). Each stage's "
         "`metrics.jsonl` has one JSON object a step; `[log]` sends the same rows to W&B, TensorBoard or "
         "MLflow ([Tracking experiments and rollouts](../guides/tracking.md)).",
@@ -213,18 +216,24 @@ def run_directory_markdown() -> str:
     return "\n".join(lines)
 
 
-def on_files(files: Files, config) -> Files:
+def pages() -> dict[str, str]:
+    """Path under docs/reference/ -> the page's text, as the code says now."""
     import json
 
-    pages = {
-        "reference/config.md": config_markdown(),
-        "reference/commands.md": commands_markdown(),
-        "reference/run-directory.md": run_directory_markdown(),
+    out = {
+        "config.md": config_markdown(),
+        "commands.md": commands_markdown(),
+        "run-directory.md": run_directory_markdown(),
     }
     specs = openapi_specs()
-    pages["reference/http.md"] = http_markdown(specs)
+    out["http.md"] = http_markdown(specs)
     for name, spec in specs.items():
-        pages[f"reference/openapi-{name}.json"] = json.dumps(spec, indent=2)
-    for path, text in pages.items():
-        files.append(File.generated(config, path, content=text))
-    return files
+        out[f"openapi-{name}.json"] = json.dumps(spec, indent=2)
+    return {name: text.rstrip("\n") + "\n" for name, text in out.items()}
+
+
+if __name__ == "__main__":
+    REFERENCE.mkdir(exist_ok=True)
+    for name, text in pages().items():
+        (REFERENCE / name).write_text(text)
+        print(f"wrote {(REFERENCE / name).relative_to(REPO)}")

@@ -124,7 +124,7 @@ def difficulties_left_out(name: str, split: str, difficulties: list[int]) -> dic
 
 
 def selection_note(name: str, split: str, difficulties: list[int], key: str, drawn: int) -> str:
-    """"" when `key` (the config key that set `difficulties`) leaves no task of the suite split out;
+    """ "" when `key` (the config key that set `difficulties`) leaves no task of the suite split out;
     else a line saying which difficulties it leaves out and how many tasks, for a warning (or, when
     nothing was drawn, an error)."""
     left = difficulties_left_out(name, split, difficulties)
