@@ -354,6 +354,20 @@ class RolloutSection:
     keep_recent: int = opt(2, "masking, compaction: recent tool outputs kept in full", ge=0)
     temperature: float = opt(1.0, "sampling temperature of rollouts", gt=0)
     command_timeout_s: float = opt(10.0, "wall-clock limit per sandbox command", gt=0)
+    memory_mb: int = opt(
+        1024,
+        "address space of each process in a sandbox, MB (RLIMIT_AS): in RL and evaluation episodes, their "
+        "checks and `strop agent`; a task's own memory_mb overrides it for that task",
+        ge=1,
+    )
+    cpu_s: int = opt(
+        30, "CPU seconds per sandbox command (RLIMIT_CPU), as memory_mb; a task's own cpu_s overrides it", ge=1
+    )
+    max_procs: int = opt(64, "processes a sandbox may hold at once", ge=1)
+    file_size_mb: int = opt(64, "largest file a sandbox command may write, MB", ge=1)
+    workspace_mb: int = opt(
+        256, "most the changes to a sandbox's repository may take, MB (its copy-on-write layer)", ge=1
+    )
     retries: int = opt(2, "times a rollout lost with its engine or worker is relaunched elsewhere", ge=0)
     ckpt_every: int = opt(1, "checkpoint the whole run every N steps", ge=1)
     eval_difficulties: list[int] = opt([1, 2], "held-out difficulties evaluated", nonempty=True)

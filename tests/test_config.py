@@ -56,3 +56,29 @@ def test_toml_roundtrip(tmp_path):
     f = tmp_path / "out.toml"
     f.write_text(to_toml(cfg))
     assert load_config(f) == cfg
+
+
+def test_the_sandbox_limits_are_config_keys_and_a_task_amends_them():
+    """rollout.memory_mb and the others set every episode's sandbox and its checks; a task's own
+    memory_mb (cpu_s, timeout_s) wins for that task. A check under too little memory says so."""
+    from dataclasses import fields, replace
+
+    from strop.env.grading.checker import task_limits
+    from strop.env.sandbox.interface import Limits
+    from strop.env.task import Task
+    from strop.rl.rollout import sandbox_limits, score_changes
+
+    defaults = sandbox_limits(load_config().rollout)
+    assert {f.name: getattr(defaults, f.name) for f in fields(Limits) if f.name != "timeout_s"} == {
+        f.name: getattr(Limits(), f.name) for f in fields(Limits) if f.name != "timeout_s"
+    }
+    limits = sandbox_limits(load_config(None, ["rollout.memory_mb=8", "rollout.workspace_mb=9"]).rollout)
+    assert (limits.memory_mb, limits.workspace_mb) == (8, 9)
+    tests = {"tests/test_m.py": "from m import f\n\n\ndef test_f():\n    assert f() == 1\n"}
+    task = Task(
+        id="t", suite="", split="eval", instruction="", files={"m.py": "def f():\n    return 0\n"}, hidden_tests=tests
+    )
+    assert task_limits(replace(task, metadata={"memory_mb": 900}), limits).memory_mb == 900
+    score = score_changes(task, {"m.py": "def f():\n    return 1\n"}, limits)
+    assert score.reward == 0 and "memory limit reached (memory_mb = 8)" in score.reason, score
+    assert score_changes(task, {"m.py": "def f():\n    return 1\n"}).reward == 1

@@ -59,8 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--config",
-        help="a run config whose [rollout] and [harness] settings (turns, context, tools, system prompt, chat "
-        "template) the agent uses; without one, the config defaults",
+        help="a run config whose [rollout] and [harness] settings (turns, context, sandbox limits, tools, system "
+        "prompt, chat template) the agent uses; without one, the config defaults",
     )
 
 
@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     from strop.env.harness.loop import Harness, harness_config
     from strop.env.harness.sessions import append_conversations, episode_conversations
     from strop.env.sandbox.backend import open_sandbox
-    from strop.env.sandbox.interface import Limits
+    from strop.rl.rollout import sandbox_limits
 
     repo_dir = Path(args.repo)
     if not repo_dir.is_dir():
@@ -176,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
     policy, tokenizer, max_len = _policy(args)
     config = replace(config, max_context=min(config.max_context, max_len or config.max_context))
     harness = Harness(tokenizer, config, on_message=_show)  # a refused tool set or chat template: before any work
-    sandbox = open_sandbox(repo_dir, Limits(timeout_s=args.timeout))
+    sandbox = open_sandbox(repo_dir, replace(sandbox_limits(run_cfg.rollout), timeout_s=args.timeout))
     try:
         episode = harness.run(policy, sandbox, args.instruction)
         changes = sandbox.diff()

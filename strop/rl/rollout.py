@@ -14,10 +14,10 @@ raises `RolloutLost` and the runtime relaunches the item on another engine.
 Plain data in and out, so a worker can live in a thread or a Ray actor.
 """
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from strop.config import RolloutSection
-from strop.env.grading.checker import Score, check, source_changes
+from strop.env.grading.checker import Score, check, source_changes, task_limits
 from strop.env.grading.hack_monitor import detect
 from strop.env.harness.loop import Harness, run_task
 from strop.env.sandbox.interface import Limits
@@ -48,31 +48,42 @@ class WorkItem:
 
 
 def sandbox_limits(r: RolloutSection) -> Limits:
-    return Limits(timeout_s=r.command_timeout_s)
+    """A run's sandbox limits (`rollout.command_timeout_s`, `rollout.memory_mb`, ...)."""
+    return Limits(
+        timeout_s=r.command_timeout_s,
+        cpu_s=r.cpu_s,
+        memory_mb=r.memory_mb,
+        max_procs=r.max_procs,
+        file_size_mb=r.file_size_mb,
+        workspace_mb=r.workspace_mb,
+    )
 
 
 def _final_message(messages: list[dict]) -> str | None:
     return next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "assistant"), None)
 
 
-def score_changes(task: Task, changes: dict) -> Score:
+def score_changes(task: Task, changes: dict, limits: Limits = Limits()) -> Score:
     """The checker's score, "binary" unless the task's suite scores it otherwise
-    (`metadata["reward_mode"]`). Every task starts from a repository that fails its hidden tests
-    (that is what makes it a task), so an episode that changed nothing scores 0 without a test run."""
+    (`metadata["reward_mode"]`), its test run under `limits` (the run's) as the task amends them.
+    Every task starts from a repository that fails its hidden tests (that is what makes it a task),
+    so an episode that changed nothing scores 0 without a test run."""
     if not changes:
         return Score(0.0, reason="no changes", outcome="no changes")
-    return check(task, changes, mode=task.metadata.get("reward_mode", "binary"))
+    return check(task, changes, mode=task.metadata.get("reward_mode", "binary"), limits=task_limits(task, limits))
 
 
 def rollout(
     task: Task, policy: PolicyClient, harness: Harness, item: WorkItem, limits: Limits = Limits()
 ) -> Trajectory:
     """One episode of `task` scored and flagged; raises `RolloutLost` when the policy failed."""
-    episode, changes = run_task(harness, policy, task, limits, seed=item.seed)
+    # the task's own memory and CPU limits hold in its episodes too: the agent can run what the checker runs
+    own = replace(task_limits(task, limits), timeout_s=limits.timeout_s)
+    episode, changes = run_task(harness, policy, task, own, seed=item.seed)
     changes = source_changes(changes)
     if episode.stop_reason == "policy_error":
         raise RolloutLost(f"{item.key}: {episode.detail}")
-    score = score_changes(task, changes)
+    score = score_changes(task, changes, limits)
     flags = detect(task, changes, episode.tool_calls, score, _final_message(episode.messages))
     return Trajectory.from_episode(
         episode,

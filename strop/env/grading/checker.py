@@ -33,7 +33,7 @@ import fnmatch
 import secrets
 import time
 import xml.etree.ElementTree as ET
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import PurePosixPath
 from typing import Literal
 
@@ -228,12 +228,12 @@ def _tally(score: Score, n_tests: int, mode: Mode) -> Score:
     return score
 
 
-def task_limits(task: Task) -> Limits:
-    """The limits of a check's sandbox: the defaults, with `cpu_s` and `memory_mb` from the task's
-    metadata where it sets them (a real project's suite may need more than a generated task's: thread
-    stacks count against the address space)."""
+def task_limits(task: Task, base: Limits = Limits()) -> Limits:
+    """The limits of a check's sandbox: `base` (the defaults, or a run's `rollout.*` limits), with the
+    task's `timeout_s` (else TEST_TIMEOUT_S) and its `cpu_s` and `memory_mb` where it sets them (a real
+    project's suite may need more than a generated task's: thread stacks count against the address space)."""
     asked = {k: int(task.metadata[k]) for k in ("cpu_s", "memory_mb") if k in task.metadata}
-    return Limits(timeout_s=float(task.metadata.get("timeout_s", TEST_TIMEOUT_S)), **asked)
+    return replace(base, timeout_s=float(task.metadata.get("timeout_s", TEST_TIMEOUT_S)), **asked)
 
 
 def check(
