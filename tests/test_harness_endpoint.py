@@ -114,6 +114,15 @@ def test_parse_completion_reads_vllm_token_strings():
     assert gen.finish_reason == "length" and gen.routing is None
 
 
+def test_a_reply_without_token_ids_says_so():
+    """A plain OpenAI server answers text (and string tokens, if any): strop cannot go on token in,
+    token out, and says why instead of "policy returned 0 tokens"."""
+    plain = {"text": "ab", "finish_reason": "stop", "logprobs": None}
+    for choice in (plain, {**plain, "logprobs": {"tokens": ["a", "b"], "token_logprobs": [-1.0, -2.0]}}):
+        with pytest.raises(RuntimeError, match="reply carries no token ids .* a plain OpenAI API does not"):
+            parse_completion({"choices": [choice]}, prompt_len=3)
+
+
 def test_strop_agent_prints_the_diff_and_applies_only_when_asked(tiny_tokenizer, server, tmp_path, capsys):
     from strop.cli import main
 
@@ -135,3 +144,20 @@ def test_strop_agent_prints_the_diff_and_applies_only_when_asked(tiny_tokenizer,
     assert main(argv + ["--apply"]) == 0
     assert (world / "mod.py").read_text() == "def add(a, b):\n    return a + b\n"
     assert main(["agent", "--repo", str(world), "--endpoint", url, "x"]) == 2  # no tokenizer: a user error
+
+
+def test_strop_agent_samples_anew_each_run_unless_given_a_seed(tiny_tokenizer, server, tmp_path, capsys):
+    """`--temperature 1` used to give the same episode every time; `--seed` makes one repeatable."""
+    from strop.cli import main
+
+    url, requests, script = server
+    tiny_tokenizer.save_pretrained(tmp_path / "tok")
+    argv = ["agent", "--repo", str(tmp_path), "--endpoint", url, "--tokenizer", str(tmp_path / "tok"), "Look."]
+    seeds = []
+    for extra in ([], [], ["--seed", "7"], ["--seed", "7"]):
+        script[0] = ScriptedClient(TURNS, tiny_tokenizer)
+        requests.clear()
+        assert main([*argv, "--temperature", "1", *extra]) == 0
+        seeds.append([r["seed"] for r in requests])
+        assert f"(seed {seeds[-1][0]})" in capsys.readouterr().out
+    assert seeds[0] != seeds[1] and seeds[2] == seeds[3] == [7, 8]  # one seed per turn, from the episode's

@@ -16,6 +16,7 @@ import argparse
 import difflib
 import json
 import math
+import secrets
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -47,6 +48,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--temperature", type=float, help="sampling temperature, 0 = greedy (rollout.eval_temperature: as evaluated)"
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        help="sampling seed: the same seed, policy, repository and settings give the same episode (default: a new "
+        "one each run, printed at the end)",
     )
     parser.add_argument("--timeout", type=float, default=60.0, help="default wall-clock limit per command, seconds")
     parser.add_argument("--apply", action="store_true", help="write the agent's changes to --repo without asking")
@@ -176,16 +183,17 @@ def run(args: argparse.Namespace) -> int:
     policy, tokenizer, max_len = _policy(args)
     config = replace(config, max_context=min(config.max_context, max_len or config.max_context))
     harness = Harness(tokenizer, config, on_message=_show)  # a refused tool set or chat template: before any work
+    seed = secrets.randbelow(2**31) if args.seed is None else args.seed
     sandbox = open_sandbox(repo_dir, replace(sandbox_limits(run_cfg.rollout), timeout_s=args.timeout))
     try:
-        episode = harness.run(policy, sandbox, args.instruction)
+        episode = harness.run(policy, sandbox, args.instruction, seed=seed)
         changes = sandbox.diff()
     finally:
         sandbox.close()
     detail = f" ({episode.detail})" if episode.detail else ""
     print(
         f"\nstopped: {episode.stop_reason}{detail} after {episode.turns} turns, {episode.generated_tokens} "
-        f"generated tokens, {episode.timings['total_s']:.1f} s"
+        f"generated tokens, {episode.timings['total_s']:.1f} s (seed {seed})"
     )
     if args.json:
         write_atomic(args.json, json.dumps(episode.to_dict()))

@@ -23,6 +23,13 @@ from dataclasses import dataclass, field
 
 from strop.policy_api import Generation, SamplingParams, generated_routing
 
+# strop drives a policy token in, token out: a reply of text alone (OpenAI's own API, most proxies)
+# cannot be trained on, nor continued without re-tokenizing what the policy said
+NO_TOKEN_IDS = (
+    "the endpoint's reply carries no token ids (choices[0].token_ids, or logprobs.tokens as 'token_id:N'): "
+    "strop needs a server that returns the sampled ids, such as strop serve or vLLM; a plain OpenAI API does not"
+)
+
 
 class EndpointError(RuntimeError):
     """The server answered with an HTTP error: `status`, and the message of its error body."""
@@ -132,7 +139,10 @@ def parse_completion(reply: dict, prompt_len: int) -> Generation:
     lp = choice.get("logprobs") or {}
     ids = choice.get("token_ids")
     if ids is None:
-        ids = [int(t.rsplit(":", 1)[1]) for t in lp.get("tokens") or []]
+        tokens = lp.get("tokens") or []
+        if not tokens or not all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
+            raise RuntimeError(NO_TOKEN_IDS)
+        ids = [int(t.removeprefix("token_id:")) for t in tokens]
     logprobs = [float(x) for x in lp.get("token_logprobs") or []]
     if len(logprobs) != len(ids):
         raise RuntimeError(f"endpoint returned {len(ids)} token ids but {len(logprobs)} logprobs")
