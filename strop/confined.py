@@ -2,10 +2,10 @@
 it: the one home of strop's "open beneath a directory" needs.
 
 Two ways, for two kinds of directory:
-- beneath (`read_beneath`, `apply_changes`, `read_regular`, `write_new`, `copy_tree`): a link is never
-  followed. For directories a user handed strop (what `strop agent` reads for its diff and writes
-  with `--apply`, what `strop tasks export` writes) and trees strop copies (a repository's
-  checkout, an agent's workspace).
+- beneath (`read_beneath`, `apply_changes`, `read_regular`, `write_new`, `open_append`, `copy_tree`):
+  a link is never followed. For directories a user handed strop (what `strop agent` reads for its
+  diff and writes with `--apply`, what `strop tasks export` writes), files it names (a session log)
+  and trees strop copies (a repository's checkout, an agent's workspace).
 - in a root (`open_in_root`, `makedirs_in_root`): a link resolves as it would for a process whose
   root is that directory (openat2 with RESOLVE_IN_ROOT): an absolute link or `..` stays inside. For
   a sandbox's root, an unpacked image and its layers.
@@ -199,6 +199,27 @@ def write_new(path: Path, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
+
+
+def open_append(path: str | Path, what: str) -> int:
+    """A descriptor appending to the regular file `path` (created when missing), for a log a user
+    named (`what`: the flag, in errors). UserError in one line when `path` is a symbolic link
+    (O_NOFOLLOW: never written through), a directory, or anything but a regular file (a fifo is not
+    waited on: O_NONBLOCK)."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as e:
+        why = {
+            errno.ELOOP: "is a symbolic link; strop does not write through one",
+            errno.EISDIR: "is a directory; name a file to append to",
+            errno.ENOENT: "is in a directory that does not exist",
+        }.get(e.errno, f"cannot be opened ({e.strerror})")
+        raise UserError(f"{what} {str(path)!r} {why}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UserError(f"{what} {str(path)!r} is not a regular file")
+    return fd
 
 
 def copy_tree(src: Path, dst: Path) -> None:

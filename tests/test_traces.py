@@ -45,9 +45,7 @@ def sessions(tiny_tokenizer, tmp_path_factory):
     )  # fmt: skip
     path = tmp_path_factory.mktemp("sessions") / "sessions.jsonl"
     for ep in episodes:
-        append_conversations(
-            path, episode_conversations(ep, harness.schemas, {"instruction": ep.messages[1]["content"]})
-        )
+        append_conversations(path, episode_conversations(ep, harness, {"instruction": ep.messages[1]["content"]}))
     return harness, episodes, path
 
 
@@ -161,7 +159,7 @@ def test_strop_agent_logs_its_session_as_traces(tiny_policy_dir, tmp_path):
     (world / "a.py").write_text("x = 1\n")
     log = tmp_path / "sessions.jsonl"
     args = ["agent", "--repo", str(world), "--checkpoint", str(tiny_policy_dir), "--max-turns", "2"]
-    args += ["--max-context", "1100", "--log-session", str(log), "Fix a.py."]
+    args += ["--max-context", "1100", "--log-session", str(log), "--seed", "0", "Fix a.py."]
     res = subprocess.run([sys.executable, "-m", "strop.cli", *args], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert f"logged 1 conversation(s) to {log}" in res.stdout
@@ -199,3 +197,70 @@ def parse_messages(messages: list[dict]) -> list[dict]:
     from strop.train.traces import parse_conversation
 
     return parse_conversation({"messages": messages + [{"role": "assistant", "content": ""}]}, DECLARED, "x")[:-1]
+
+
+def test_a_session_logs_tool_calls_as_openai_fields_however_the_policy_spelt_them(tiny_tokenizer, tmp_path):
+    """A policy's turn in other than the canonical spelling (spacing, key order) used to be logged as
+    `<tool_call>` text in `content`; it is logged as `tool_calls`, ids unique in the conversation and
+    answered by the `tool` messages. A call that did not parse stays text, its error unanswered by id."""
+    from strop.env.demonstrators.scripted import ScriptedClient
+    from strop.env.sandbox.backend import open_sandbox
+
+    turns = [
+        'Look.<tool_call>\n{"arguments": {}, "name": "list_dir"}\n</tool_call>',
+        '<tool_call>{"name": "read_file",  "arguments": {"path": "a.py"}}</tool_call>'
+        '<tool_call>{"name": "list_dir", "arguments": {}}</tool_call>',
+        '<tool_call>{"name": "read_file", "arguments": </tool_call>',
+        'Done.<tool_call>{"name": "submit", "arguments": {}}</tool_call>',
+    ]
+    harness = Harness(tiny_tokenizer)
+    (tmp_path / "a.py").write_text("x = 1\n")
+    with open_sandbox(tmp_path) as sandbox:
+        episode = harness.run(ScriptedClient(turns, tiny_tokenizer), sandbox, "Look around.")
+    assert episode.stop_reason == "submitted"
+    assert "<tool_call>" in episode.segments[0].messages[2]["content"]  # the window keeps what was generated
+    (logged,) = episode_conversations(episode, harness)
+    assistant = [m for m in logged["messages"] if m["role"] == "assistant"]
+    calls = [[(c["id"], c["function"]["name"]) for c in m.get("tool_calls", [])] for m in assistant]
+    assert calls == [
+        [("call_0", "list_dir")],
+        [("call_1", "read_file"), ("call_2", "list_dir")],
+        [],
+        [("call_3", "submit")],
+    ]
+    assert (
+        assistant[0]["content"] == "Look." and "<tool_call>" in assistant[2]["content"]
+    )  # did not parse: as generated
+    answered = [m.get("tool_call_id") for m in logged["messages"] if m["role"] == "tool"]
+    assert answered == ["call_0", "call_1", "call_2", None]
+    path = tmp_path / "s.jsonl"
+    append_conversations(path, [logged])
+    (conversation,) = read_traces(path, harness.tools.names)
+    assert [m.get("tool_calls", [{}])[0].get("id") for m in conversation if m["role"] == "assistant"][:2] == [
+        "call_0",
+        "call_1",
+    ]
+
+
+def test_session_logs_are_never_written_through_a_link_and_a_directory_is_refused_at_start(tmp_path):
+    secret = tmp_path / "elsewhere.txt"
+    secret.write_text("not a log\n")
+    (tmp_path / "link.jsonl").symlink_to(secret)
+    (tmp_path / "dir.jsonl").mkdir()
+    runs = {
+        "link": ["agent", "--repo", str(tmp_path), "--endpoint", "http://127.0.0.1:9", "--tokenizer", "x"],
+        "serve": ["serve", "--checkpoint", str(tmp_path / "none"), "--port", "0"],
+    }
+    for name, target, flag in (
+        ("link", "link.jsonl", "--log-session"),
+        ("serve", "dir.jsonl", "--log-sessions"),
+        ("serve", "link.jsonl", "--log-sessions"),
+    ):
+        argv = [*runs[name], flag, str(tmp_path / target)] + (["hi"] if name == "link" else [])
+        res = subprocess.run([sys.executable, "-m", "strop.cli", *argv], capture_output=True, text=True, timeout=120)
+        assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+        why = "is a symbolic link" if target == "link.jsonl" else "is a directory"
+        assert f"{flag} {str(tmp_path / target)!r} {why}" in res.stderr, res.stderr
+    with pytest.raises(UserError, match="is a symbolic link"):
+        append_conversations(tmp_path / "link.jsonl", [GOOD])
+    assert secret.read_text() == "not a log\n"

@@ -46,7 +46,7 @@ def main() -> None:
     for task in load_suite("toy", "train"):
         episode, _ = run_task(harness, ScriptedClient(script(task), tokenizer), task)
         assert episode.stop_reason == "submitted", (task.id, episode.stop_reason, episode.detail)
-        append_conversations(out, episode_conversations(episode, harness.schemas, {"task": task.id}))
+        append_conversations(out, episode_conversations(episode, harness, {"task": task.id}))
     print(f"wrote {out}")
 
 

@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     from strop.config import load_config
     from strop.env.grading.checker import source_changes
     from strop.env.harness.loop import Harness, harness_config
-    from strop.env.harness.sessions import append_conversations, episode_conversations
+    from strop.env.harness.sessions import append_conversations, check_log, episode_conversations
     from strop.env.sandbox.backend import open_sandbox
     from strop.rl.rollout import sandbox_limits
 
@@ -170,6 +170,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
     if args.temperature is not None and not (math.isfinite(args.temperature) and args.temperature >= 0):
         raise UserError(f"--temperature must be a number >= 0, got {args.temperature}")
+    if args.log_session:
+        check_log(args.log_session, "--log-session")  # before the episode, not after it
     run_cfg = load_config(args.config)
     config = harness_config(run_cfg.rollout, run_cfg.harness)  # a refused tool set or chat template: before any work
     flags = {
@@ -198,8 +200,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         write_atomic(args.json, json.dumps(episode.to_dict()))
     if args.log_session:
-        logged = episode_conversations(episode, harness.schemas, {"instruction": args.instruction})
-        append_conversations(args.log_session, logged)
+        logged = episode_conversations(episode, harness, {"instruction": args.instruction})
+        append_conversations(args.log_session, logged, "--log-session")
         print(f"logged {len(logged)} conversation(s) to {args.log_session}")
     changes = source_changes(changes)  # caches of running code are neither shown nor applied
     if not changes:

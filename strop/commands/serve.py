@@ -147,6 +147,10 @@ def run(args: argparse.Namespace) -> int:
             "strop serve: --weights-store has no effect without --keys (weight routes need an admin key)",
             file=sys.stderr,
         )
+    if args.log_sessions:
+        from strop.env.harness.sessions import check_log
+
+        check_log(args.log_sessions, "--log-sessions")  # at start: not a failure on every request
     with listen(args.host, args.port) as sock:  # closed however serving ends, or fails to start
         serve(args, sock)
     return 0

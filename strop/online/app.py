@@ -89,7 +89,7 @@ def create_serving_app(
     async def log(request: Request, served: Served) -> None:
         if sessions and served.endpoint == "chat":
             conversations = served_conversations(served.request, [c.text for c in served.outs])
-            await asyncio.to_thread(append_conversations, sessions, conversations)
+            await asyncio.to_thread(append_conversations, sessions, conversations, "--log-sessions")
         if store is None:
             return
         try:
