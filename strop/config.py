@@ -499,7 +499,8 @@ class LogSection:
     rollouts: bool = opt(
         True,
         "keep RL's and evaluation's trajectories (messages, tool calls, rewards, hack flags, versions) as "
-        "gzipped JSONL in the stage's rollouts/ directory; `strop runs show` prints them",
+        "gzipped JSONL in the stage's rollouts/ directory (`strop eval policy`'s: the run's eval/rollouts/); "
+        "`strop runs show` prints them",
     )
     rollouts_max_mb: float = opt(
         200.0,

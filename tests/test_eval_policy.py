@@ -41,10 +41,18 @@ def test_eval_policy_reports_solve_rates_and_stops(policy, tmp_path, capsys):
         "rollout.workers=2",
         "--samples",
         "2",
+        "--set",
+        f"run.out_dir={tmp_path / 'runs'}",
+        "--set",
+        "run.name=e",
     ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "solve_rate" in out and "stops" in out and "pass@2" in out and "retried after it" in out
+    # the episodes are kept, as log.rollouts says: `strop runs show` reads them
+    assert f"episodes kept in {tmp_path / 'runs' / 'e' / 'eval' / 'rollouts'}" in out
+    assert main(["runs", "show", str(tmp_path / "runs" / "e"), "--stage", "eval", "--eval", "greedy"]) == 0
+    assert capsys.readouterr().out.count("task ") >= 2
     result = json.loads((tmp_path / "eval.json").read_text())
     assert result["eval_episodes"] == 2 and set(result["by_difficulty"]) == {"1", "2"}
     assert sum(result["stop_reasons"].values()) == 2 and 0.0 <= result["solve_rate"] <= 1.0

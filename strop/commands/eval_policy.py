@@ -8,7 +8,8 @@ pass@K per difficulty: the headroom RL can sharpen. `--split train` plays the tr
 instead (`rollout.train_start`, `rollout.train_tasks`): a policy that solves the tasks its SFT was
 cloned from far more often than others has memorized their answers.
 Behaviour statistics (turns, tool calls, rejected edits and whether the policy retried, test runs,
-submits without testing) come with each.
+submits without testing) come with each. The episodes are kept (`log.rollouts`) in the run's
+`eval/rollouts/`, replacing an earlier evaluation's: `strop runs show RUN --stage eval --eval greedy`.
 """
 
 import argparse
@@ -42,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from strop.env.harness.loop import harness_config
     from strop.model.policy import is_model_dir
     from strop.rl.evaluate import evaluate
+    from strop.rl.rollout_log import RolloutLog
     from strop.runtime.rl_run import train_tasks
     from strop.threads import set_threads
 
@@ -54,7 +56,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--samples must be >= 0, got {samples}")
     set_threads(cfg.run.threads or None)
     tasks = train_tasks(cfg) if args.split == "train" else None
-    result = evaluate(cfg, args.policy, tasks, progress=True, samples=samples)
+    # the episodes are kept as a run's stages keep theirs (`log.rollouts`), in the run's eval/ stage
+    kept = RolloutLog(cfg.run_dir / "eval" / "rollouts", cfg.log.rollouts_max_mb) if cfg.log.rollouts else None
+    result = evaluate(cfg, args.policy, tasks, progress=True, samples=samples, rollouts=kept)
     rows = [
         {
             "difficulty": d,
@@ -94,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     write_json(args.json, {"policy": args.policy, "temperature": cfg.rollout.eval_temperature, **result})
+    if kept is not None:
+        print(f"episodes kept in {kept.dir} (strop runs show {cfg.run_dir} --stage eval --eval greedy)")
     return 0
 
 
