@@ -68,7 +68,7 @@ SETTINGS=(--set run.name=gpu_check --set "run.out_dir=$OUT" --set model.arch=qwe
 say "mid-training a small MoE in HF format, $MIDTRAIN_STEPS steps"
 "${STROP[@]}" midtrain "${SETTINGS[@]}" > "$OUT/midtrain.log"
 say "SFT on $SFT_EPISODES demonstrations, $SFT_STEPS steps"
-"${STROP[@]}" sft --base "$OUT/gpu_check/midtrain/model" "${SETTINGS[@]}" > "$OUT/sft.log"
+"${STROP[@]}" sft --policy "$OUT/gpu_check/midtrain/model" "${SETTINGS[@]}" > "$OUT/sft.log"
 POLICY="$OUT/gpu_check/sft/model"
 test -f "$POLICY/config.json"
 

@@ -199,3 +199,21 @@ def test_a_weights_store_not_there_yet_is_said_in_one_line(files, tmp_path):
     out = run_cli("serve", "--checkpoint", str(files / "policy"), "--weights-store", str(tmp_path / "w"))
     assert out.returncode == 2 and "Traceback" not in out.stderr  # the checkpoint in {d}/policy does not load
     assert "holds no versions yet" in out.stderr.splitlines()[0], out.stderr
+
+
+def test_sft_takes_the_starting_model_as_train_does(tmp_path):
+    """`strop sft` under a new run name used to say "`runs/x/midtrain/model` has no tokenizer.json";
+    its starting model is `--policy`, as for `strop train`, and `--base` still works with a note."""
+    fresh = run_cli("sft", "--set", f"run.out_dir={tmp_path}", "--set", "run.name=x")
+    assert fresh.returncode == 2 and len(fresh.stderr.strip().splitlines()) == 1, fresh.stderr
+    assert (
+        f"no policy at '{tmp_path}/x/midtrain/model'; run `strop midtrain` first or pass --policy DIR" in fresh.stderr
+    )
+    assert not (tmp_path / "x").exists()
+    both = run_cli("sft", "--policy", str(tmp_path), "--base", str(tmp_path))
+    assert both.returncode == 2 and "--base is the old name of --policy: pass one of them" in both.stderr
+    old = run_cli("sft", "--base", str(tmp_path / "none"), "--set", f"run.out_dir={tmp_path}")
+    assert old.returncode == 2 and old.stderr.splitlines() == [
+        "strop sft: --base is deprecated; it is now --policy, as for strop train",
+        f"strop: error: no policy at '{tmp_path}/none' (a model directory: config.json and *.safetensors)",
+    ]

@@ -32,7 +32,7 @@ def test_auto_picks_the_cpu_and_precision_follows_the_device():
 
 @no_cuda
 @pytest.mark.parametrize(
-    "command", [["midtrain"], ["sft", "--base", "{policy}"], ["train", "--policy", "{policy}", "--out", "{out}"]]
+    "command", [["midtrain"], ["sft", "--policy", "{policy}"], ["train", "--policy", "{policy}", "--out", "{out}"]]
 )
 def test_cuda_without_a_gpu_is_one_line_and_exit_2(command, tiny_policy_dir, tmp_path):
     argv = [a.format(policy=tiny_policy_dir, out=tmp_path / "rl") for a in command]

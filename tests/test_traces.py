@@ -101,7 +101,7 @@ def test_a_bad_trace_file_stops_sft_with_one_line_and_exit_2(tmp_path, tiny_poli
     bad = tmp_path / "t.jsonl"
     bad.write_text(json.dumps(GOOD) + "\n" + json.dumps({"messages": GOOD["messages"][:3]}) + "\n")
     res = subprocess.run(
-        [sys.executable, "-m", "strop.cli", "sft", "--base", str(tiny_policy_dir), "--set", f"sft.traces={bad}"]
+        [sys.executable, "-m", "strop.cli", "sft", "--policy", str(tiny_policy_dir), "--set", f"sft.traces={bad}"]
         + ["--set", f"run.out_dir={tmp_path}", "--set", "sft.trace_share=1.0"],
         capture_output=True,
         text=True,
