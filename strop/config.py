@@ -176,6 +176,12 @@ class SFTSection:
         ge=0,
         le=1,
     )
+    max_traces: int = opt(
+        20000,
+        "the most conversations read from sft.traces (the first ones; the rest of the file is not read, and "
+        "a line far longer than the model's context is skipped unread): a huge log stays within memory",
+        ge=2,
+    )
     batch_size: int = opt(8, "segments per step", ge=1)
     lr: float = opt(1e-3, "peak learning rate", gt=0)
     warmup_steps: int = opt(20, "linear warmup steps", ge=0)

@@ -247,9 +247,10 @@ class StropFormat:
         return encode_message(self.tokenizer, message)
 
     def prompt(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
-        """A context window rendered from `messages` (system first), ending in the generation prompt."""
+        """A context window rendered from `messages` (system first), ending in the generation prompt;
+        special-token spellings in any message (the system's too) tokenized as plain text."""
         assert messages and messages[0]["role"] == "system", "a context window starts with the system message"
-        ids = self.encode(render_system(tools, messages[0]["content"]))
+        ids = encode_pieces(self.tokenizer, _system_pieces(tools, messages[0]["content"]))
         for m in messages[1:]:
             ids += self.encode_message(m)
         return ids + self._generation_prompt
@@ -273,6 +274,13 @@ class StropFormat:
     def assistant_text(self, window: list[dict], message: dict, tools: list[dict] | None) -> str:
         """The text a policy generates for `message` after `window`, up to and including the end token."""
         return render_message(message).removeprefix(GENERATION_PROMPT).removesuffix("\n")
+
+    def assistant_ids(self, window: list[dict], message: dict, tools: list[dict] | None) -> list[int]:
+        """`assistant_text` as token ids, special-token spellings inside its content and tool calls
+        tokenized as plain text: a turn given as data (a logged session) trains as what it says, never
+        as a forged end of turn."""
+        pieces = _message_pieces(message)[1:-1] + [(IM_END, False)]
+        return encode_pieces(self.tokenizer, pieces)
 
     def assistant_message(self, window: list[dict], text: str, turn: AssistantTurn, tools: list[dict] | None) -> dict:
         """The message stored for generated `text` (parsed as `turn`): the parsed OpenAI form when it

@@ -151,6 +151,20 @@ class TemplateFormat:
             raise NotAppendOnly(f"the template wrote no {self.end_text!r} after the assistant turn")
         return full[len(head) : end + len(self.end_text)]
 
+    def assistant_ids(self, window: list[dict], message: dict, tools: list[dict] | None) -> list[int]:
+        """`assistant_text` as token ids, control-token spellings in its content sanitized as in every
+        other message: the turn's slice of the conversation tokenized whole (the same ids, for a
+        template that passed the append-only check, as the turn's text tokenized alone)."""
+        head = self.ids(window, tools, True)
+        full = self.ids(window + [message, PLACEHOLDER], tools, True)
+        if full[: len(head)] != head:
+            raise NotAppendOnly("the ids before the assistant turn changed when it was appended")
+        try:
+            end = full.index(self.end_id, len(head))
+        except ValueError:
+            raise NotAppendOnly(f"the template wrote no {self.end_text!r} after the assistant turn") from None
+        return full[len(head) : end + 1]
+
     def assistant_message(self, window: list[dict], text: str, turn: AssistantTurn, tools: list[dict] | None) -> dict:
         message = canonical_message(turn)
         try:

@@ -80,7 +80,7 @@ def sft(cfg: Config, base: str | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(base_dir)
     if cfg.sft.traces:  # bad lines are the user's to fix before any rank starts
-        trace_segments(trace_harness(cfg, tokenizer), cfg.sft.traces, cfg.model.max_positions)
+        trace_segments(trace_harness(cfg, tokenizer), cfg.sft.traces, cfg.model.max_positions, cfg.sft.max_traces)
     if uses_demonstrations(cfg):
         load_demonstrations(cfg, tokenizer, out / "demos.jsonl")  # cached before other ranks read it
     if n == 1:

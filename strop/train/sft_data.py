@@ -66,13 +66,14 @@ def sft_data(cfg: Config, tokenizer, demos_path: Path) -> SFTData:
     if s.traces and n_traces == 0:
         print(f"[sft] sft.trace_share = {s.trace_share} takes no trace into a batch of {s.batch_size}", flush=True)
     if n_traces:
-        segments, too_long = trace_segments(trace_harness(cfg, tokenizer), s.traces, cfg.model.max_positions)
+        harness = trace_harness(cfg, tokenizer)
+        segments, read = trace_segments(harness, s.traces, cfg.model.max_positions, s.max_traces)
         if len(segments) < 2:
             raise UserError(f"sft.traces {s.traces!r}: {len(segments)} usable conversation(s); need at least 2")
         n_val = _held_out(segments, s.val_fraction)
         pools.append((segments[:-n_val], n_traces))
         val += segments[-n_val:]
-        figures |= {"traces": len(segments), "traces_too_long": too_long, "trace_val_segments": n_val}
+        figures |= {"traces": len(segments), **read, "trace_val_segments": n_val}
     if s.batch_size - n_traces:
         episodes = load_demonstrations(cfg, tokenizer, demos_path)
         n_val = _held_out(episodes, s.val_fraction)

@@ -11,7 +11,10 @@ not JSON, an unknown role, a tool call to a tool the run's harness does not decl
 are not a JSON object, no final assistant turn). A conversation is rendered through the run's
 harness — its tool set, and its chat format (strop's or the checkpoint's template) — into one
 `Segment`: every assistant turn as the policy would generate it (loss_mask 1), everything else forced
-(loss_mask 0). A conversation without a system message gets the harness's.
+(loss_mask 0). A conversation without a system message gets the harness's. Text in any message,
+assistant turns included, that spells a control token (`<|im_end|>`) is tokenized as plain text, as
+the serving path tokenizes a caller's messages: a logged line cannot forge a turn's end or a system
+message into training.
 """
 
 import json
@@ -19,7 +22,7 @@ from pathlib import Path
 
 from strop.env.episode import Segment
 from strop.errors import UserError
-from strop.jsonl import read_records
+from strop.jsonl import TOO_LONG, read_records
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -113,7 +116,7 @@ def render_conversation(harness, messages: list[dict]) -> Segment:
     i = first
     while i < len(messages):
         assistant = messages[i]
-        ids = harness.tokenizer.encode(fmt.assistant_text(window, assistant, tools), add_special_tokens=False)
+        ids = fmt.assistant_ids(window, assistant, tools)  # a forged control token in it stays text
         seg.add_generated(ids, [0.0] * len(ids), [0] * len(ids), None)
         window = window + [assistant]
         j = next((k for k in range(i + 1, len(messages)) if messages[k]["role"] == "assistant"), len(messages))
@@ -124,11 +127,36 @@ def render_conversation(harness, messages: list[dict]) -> Segment:
     return seg
 
 
-def trace_segments(harness, path: str | Path, max_len: int) -> tuple[list[Segment], int]:
-    """(the segments of the trace file's conversations that fit in `max_len` tokens, how many did not)."""
-    conversations = read_traces(path, harness.tools.names)
-    segments = [render_conversation(harness, c) for c in conversations]
-    kept = [s for s in segments if len(s) <= max_len]
+# characters of a logged line per token of its rendering, at most: a line past max_len times this
+# (and the tool schemas' room) cannot fit the model, and is skipped without being read whole
+CHARS_PER_TOKEN = 64
+SCHEMA_ROOM = 1 << 20
+
+
+def trace_segments(harness, path: str | Path, max_len: int, max_traces: int) -> tuple[list[Segment], dict]:
+    """(the segments of the trace file's first `max_traces` conversations that fit in `max_len` tokens,
+    {"traces_too_long": how many did not, "traces_unread": whether the file held more}), read a line
+    at a time: memory holds what trains, never the file."""
+    kept, too_long = [], 0
+    records = read_records(path, "sft.traces", max_chars=CHARS_PER_TOKEN * max_len + SCHEMA_ROOM)
+    for where, obj in records:
+        if len(kept) + too_long == max_traces:
+            print(f"[sft] sft.traces: read the first {max_traces} conversations (sft.max_traces)", flush=True)
+            return _checked(kept, path, max_len), {"traces_too_long": too_long, "traces_unread": True}
+        if obj is TOO_LONG:
+            too_long += 1
+            continue
+        segment = render_conversation(harness, parse_conversation(obj, harness.tools.names, where))
+        if len(segment) <= max_len:
+            kept.append(segment)
+        else:
+            too_long += 1
+    if not kept and not too_long:
+        raise UserError(f"sft.traces {str(path)!r} holds no conversation")
+    return _checked(kept, path, max_len), {"traces_too_long": too_long, "traces_unread": False}
+
+
+def _checked(kept: list[Segment], path: str | Path, max_len: int) -> list[Segment]:
     if not kept:
         raise UserError(f"sft.traces {str(path)!r}: every conversation is longer than the model's {max_len} tokens")
-    return kept, len(segments) - len(kept)
+    return kept
