@@ -170,3 +170,60 @@ def test_a_resumed_run_drops_steps_past_its_checkpoint(tmp_path):
         log.write_step(n, [_record(0, 1.0, 10)])
     log.truncate_after(3)
     assert list(log.steps()) == [1, 2, 3]
+
+
+def _kept(task_id: str = "t", content: str = "ok") -> dict:
+    """A kept trajectory as `strop.rl.rollout_log.record` writes one."""
+    return {
+        "schema_version": 1,
+        "step": 1,
+        "task_id": task_id,
+        "group_id": "g0",
+        "sample": 0,
+        "reward": 0.0,
+        "advantage": 0.0,
+        "breakdown": {"reason": "no changes"},
+        "hack_flags": [],
+        "stop_reason": "no_tool_call",
+        "versions": [0, 0],
+        "generated_tokens": 3,
+        "segments": [{"tokens": 9, "generated": 3, "messages": [{"role": "assistant", "content": content}]}],
+    }
+
+
+def test_runs_show_sends_no_terminal_escapes_and_a_damaged_file_is_one_line(tmp_path, capsys):
+    """A policy's output can hold escape sequences (clear the screen, retitle the terminal, hide text,
+    reorder a line): `strop runs show` shows them as escapes. A damaged or foreign rollouts file, and
+    a step that kept nothing, are one line and exit 2, not a traceback."""
+    from strop.cli import main
+
+    log = RolloutLog(tmp_path / "run" / "rl" / "rollouts", max_mb=1)
+    hostile = "\x1b[2J\x1b]0;pwned\x07 fixed \u202eevil\x9b31m"
+    log.write_step(1, [_kept(task_id="t\x1b[8m", content=hostile), _kept()])
+    outs = []
+    for args in (["--step", "1"], [], ["--task", "t\x1b[8m"]):
+        assert main(["runs", "show", str(tmp_path / "run"), *args]) == 0
+        outs.append(capsys.readouterr().out)
+        assert not any(c in outs[-1] for c in "\x1b\x07\x9b\u202e"), repr(outs[-1])
+    assert "\\x1b[2J\\x1b]0;pwned\\x07 fixed \\u202eevil\\x9b31m" in outs[0]
+    assert all("task t\\x1b[8m" in out for out in (outs[0], outs[2]))
+    d = log.dir
+    (d / "step_000002.jsonl.gz").write_bytes(b"not gzip at all")
+    (d / "step_000003.jsonl.gz").write_bytes(gzip.compress(b'{"task_id": "t"}\n' * 100)[:30])
+    (d / "step_000004.jsonl.gz").write_bytes(gzip.compress(b"{not json\n"))
+    (d / "step_000005.jsonl.gz").write_bytes(gzip.compress(json.dumps({**_kept(), "versions": 7}).encode()))
+    (d / "step_000006.jsonl.gz").write_bytes(gzip.compress(b"[1, 2]\n"))
+    (d / "step_000007.jsonl.gz").write_bytes(gzip.compress(b""))
+    for step, why in (
+        (2, "step_000002.jsonl.gz is not a readable rollouts file: BadGzipFile"),
+        (3, "step_000003.jsonl.gz is not a readable rollouts file: EOFError"),
+        (4, "step_000004.jsonl.gz is not a readable rollouts file: JSONDecodeError"),
+        (5, "step_000005.jsonl.gz:1: not a kept trajectory (TypeError"),
+        (6, "step_000006.jsonl.gz:1: not a kept trajectory (a JSON list)"),
+        (7, "step 7 kept no trajectory"),
+    ):
+        assert main(["runs", "show", str(tmp_path / "run"), "--step", str(step)]) == 2
+        err = capsys.readouterr().err
+        assert why in err and len(err.strip().splitlines()) == 1, err
+    assert main(["runs", "show", str(tmp_path / "run")]) == 2  # the listing reads every step: one line too
+    assert "is not a readable rollouts file" in capsys.readouterr().err

@@ -25,6 +25,7 @@ from strop.confined import apply_changes, read_beneath
 from strop.env.harness.context import STRATEGIES
 from strop.errors import UserError
 from strop.outputs import write_atomic
+from strop.terminal import printable
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -98,20 +99,24 @@ def _policy(args):
 
 
 def _show(message: dict) -> None:
+    """Print a message of the episode as it happens; what the policy and the tools wrote goes through
+    `strop.terminal.printable`, so their escape sequences are shown, never obeyed."""
     from strop.env.harness.tools import describe_call
 
     if message["role"] == "assistant":
         if message.get("content"):
-            print(f"agent: {message['content'][:500]}")
+            print(printable(f"agent: {message['content'][:500]}"))
         for call in message.get("tool_calls") or []:
             args = call["function"]["arguments"]
-            print(f"  -> {describe_call(call['function']['name'], json.loads(args))}")
+            print(printable(f"  -> {describe_call(call['function']['name'], json.loads(args))}"))
     else:
         lines = (message.get("content") or "").splitlines() or [""]
         print(
-            "     "
-            + "\n     ".join(lines[:6])
-            + (f"\n     ... ({len(lines) - 6} more lines)" if len(lines) > 6 else "")
+            printable(
+                "     "
+                + "\n     ".join(lines[:6])
+                + (f"\n     ... ({len(lines) - 6} more lines)" if len(lines) > 6 else "")
+            )
         )
     sys.stdout.flush()
 
@@ -207,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
     if not changes:
         print("no changes")
     else:
-        print("".join(_unified(repo_dir, p, d) for p, d in sorted(changes.items())), end="")
+        print(printable("".join(_unified(repo_dir, p, d) for p, d in sorted(changes.items()))), end="")
         apply = args.apply
         if not apply and sys.stdin.isatty():
             apply = input(f"apply {len(changes)} changed file(s) to {repo_dir}? [y/N] ").strip().lower() == "y"

@@ -12,7 +12,8 @@ import json
 import textwrap
 from pathlib import Path
 
-from strop.errors import UserError
+from strop.errors import UserError, one_line
+from strop.terminal import printable
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,8 +37,30 @@ def rollouts_dir(run: str, stage: str) -> Path:
     raise UserError(f"no kept rollouts for {run!r}: looked for {run}/{stage}/rollouts and {run}/rollouts")
 
 
+def _read(path: Path) -> list[dict]:
+    """The records of a kept rollouts file, or UserError in one line: a damaged file (not gzip, cut
+    short, not JSON lines), or a record that is not a kept trajectory (`strop.rl.rollout_log.record`:
+    rendering it fails)."""
+    import zlib
+
+    from strop.rl.rollout_log import read
+
+    try:
+        records = read(path)
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError, ValueError) as e:  # gzip's and json's
+        raise UserError(f"{path} is not a readable rollouts file: {one_line(e)}") from None
+    for n, r in enumerate(records, 1):
+        if not isinstance(r, dict):
+            raise UserError(f"{path}:{n}: not a kept trajectory (a JSON {type(r).__name__})")
+        try:
+            render(r)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+            raise UserError(f"{path}:{n}: not a kept trajectory ({one_line(e)})") from None
+    return records
+
+
 def _rl_records(d: Path, step: int | None) -> dict[int, list[dict]]:
-    from strop.rl.rollout_log import RolloutLog, read
+    from strop.rl.rollout_log import RolloutLog
 
     steps = RolloutLog(d, 1).steps()
     if not steps:
@@ -45,8 +68,8 @@ def _rl_records(d: Path, step: int | None) -> dict[int, list[dict]]:
     if step is not None:
         if step not in steps:
             raise UserError(f"step {step} was not kept in {d}; kept: {_ranges(sorted(steps))}")
-        return {step: read(steps[step])}
-    return {n: read(p) for n, p in steps.items()}
+        return {step: _read(steps[step])}
+    return {n: _read(p) for n, p in steps.items()}
 
 
 def _ranges(ns: list[int]) -> str:
@@ -101,8 +124,13 @@ def render(r: dict, width: int = 100, max_lines: int = 12) -> str:
     return "\n".join(out)
 
 
+def show(text: str) -> None:
+    """Print what a policy or a task wrote (terminal escapes in it shown, never sent: `strop.terminal`)."""
+    print(printable(text))
+
+
 def run(args: argparse.Namespace) -> int:
-    from strop.rl.rollout_log import best_and_worst, read
+    from strop.rl.rollout_log import best_and_worst
 
     d = rollouts_dir(args.run, args.stage)
     width, max_lines = max(args.width, 20), args.max_lines
@@ -110,11 +138,11 @@ def run(args: argparse.Namespace) -> int:
         path = d / f"eval_{args.eval}.jsonl.gz"
         if not path.is_file():
             raise UserError(f"no {args.eval} evaluation kept in {d}")
-        records = [r for r in read(path) if args.task in (None, r["task_id"])]
+        records = [r for r in _read(path) if args.task in (None, r["task_id"])]
         shown = records if args.all or args.task else best_and_worst(records)
         print(f"{path}: {len(records)} episodes, {sum(r['reward'] >= 1 for r in records)} solved")
         for r in shown:
-            print("\n" + render(r, width, max_lines))
+            show("\n" + render(r, width, max_lines))
         return 0
     by_step = _rl_records(d, args.step)
     if args.step is None:
@@ -122,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
             for n, records in by_step.items():
                 for r in records:
                     if r["task_id"] == args.task:
-                        print(headline(r))
+                        show(headline(r))
             return 0
         print(f"{d}: {len(by_step)} steps kept ({_ranges(list(by_step))})")
         print(f"{'step':>6} {'kept':>5} {'reward':>7}  best / worst")
@@ -130,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
             mean = sum(r["reward"] for r in records) / len(records) if records else float("nan")
             ends = best_and_worst(records)
             tasks = " / ".join(f"{r['task_id']} {r['reward']:.2f}" for r in ends)
-            print(f"{n:>6} {len(records):>5} {mean:>7.3f}  {tasks}")
+            show(f"{n:>6} {len(records):>5} {mean:>7.3f}  {tasks}")
         print("`--step N` prints a step's best and worst trajectory.")
         return 0
     (records,) = by_step.values()
@@ -141,6 +169,8 @@ def run(args: argparse.Namespace) -> int:
         shown = records
     else:
         shown = records if args.all else best_and_worst(records)
+    if not records:
+        raise UserError(f"step {args.step} kept no trajectory in {d}")
     labels = ["best", "worst"] if len(shown) == 2 and not (args.all or args.task) else [""] * len(shown)
     print(
         f"step {args.step}: {len(records)} trajectories kept, mean reward "
@@ -148,5 +178,5 @@ def run(args: argparse.Namespace) -> int:
     )
     for label, r in zip(labels, shown):
         print(f"\n== {label} ==" if label else "")
-        print(render(r, width, max_lines))
+        show(render(r, width, max_lines))
     return 0
