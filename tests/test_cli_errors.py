@@ -217,3 +217,21 @@ def test_sft_takes_the_starting_model_as_train_does(tmp_path):
         "strop sft: --base is deprecated; it is now --policy, as for strop train",
         f"strop: error: no policy at '{tmp_path}/none' (a model directory: config.json and *.safetensors)",
     ]
+
+
+def test_online_once_with_an_unreachable_engine_is_one_line(tmp_path):
+    """It ended in an httpx.ConnectError traceback."""
+    import os
+    import socket
+
+    with socket.socket() as s:  # a local port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    argv = ["online", "--once", "--checkpoint", str(tmp_path), "--store", str(tmp_path / "fb.db")]
+    argv += ["--weights-store", str(tmp_path / "w"), "--engine", url, "--run-dir", str(tmp_path / "o")]
+    env = {**os.environ, "STROP_API_KEY": "k"}
+    out = subprocess.run(
+        [sys.executable, "-m", "strop.cli", *argv], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert out.stderr.startswith(f"strop: error: engine {url} is unreachable: ConnectError"), out.stderr

@@ -21,6 +21,7 @@ bit for bit. The trainer's fp32 master weights and optimizer state of each promo
 under the run directory (`trainer/v{V}/`, `RLTrainer.save`); a version without them starts from its bf16 weights.
 """
 
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,16 +68,32 @@ def served(store: Store) -> DeploymentRow:
     return rows[-1]
 
 
-def _post(s: CycleSettings, path: str, body: dict) -> list[dict]:
-    out = []
-    for url in s.engines:
-        r = httpx.post(
-            url.rstrip("/") + path, json=body, headers={"Authorization": f"Bearer {s.admin_key}"}, timeout=600
+def _call(s: CycleSettings, url: str, path: str, body: dict | None = None, timeout: float = 600) -> dict:
+    """One admin request to an engine (a POST of `body`, a GET without one): its JSON object, or
+    ValueError in one line when the engine is unreachable, refuses or answers something else."""
+    try:
+        r = httpx.request(
+            "GET" if body is None else "POST",
+            url.rstrip("/") + path,
+            json=body,
+            headers={"Authorization": f"Bearer {s.admin_key}"},
+            timeout=timeout,
         )
-        if r.status_code != 200:
-            raise ValueError(f"{url}{path} answered {r.status_code}: {r.text[:300]}")
-        out.append(r.json())
-    return out
+    except httpx.HTTPError as e:  # refused, timed out, no such host
+        raise ValueError(f"engine {url} is unreachable: {type(e).__name__}: {e}") from None
+    if r.status_code != 200:
+        raise ValueError(f"{url}{path} answered {r.status_code}: {r.text[:300]}")
+    try:
+        answer = r.json()
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise ValueError(f"{url}{path} answered no JSON object (is it a `strop serve --keys` engine?): {r.text[:100]}")
+    return answer
+
+
+def _post(s: CycleSettings, path: str, body: dict) -> list[dict]:
+    return [_call(s, url, path, body) for url in s.engines]
 
 
 def _record(store: Store, kind: str, version: int, candidate: int | None, through: float, report: dict) -> None:
@@ -88,12 +105,12 @@ def initialize(s: CycleSettings, store: Store) -> int:
     """Record the engines' served version as the initial deployment (once); returns the served version."""
     if store.deployments():
         return served(store).version
-    versions = {
-        httpx.get(
-            url.rstrip("/") + "/weights/version", headers={"Authorization": f"Bearer {s.admin_key}"}, timeout=30
-        ).json()["version"]
-        for url in s.engines
-    }
+    versions = set()
+    for url in s.engines:
+        answer = _call(s, url, "/weights/version", timeout=30)
+        if not isinstance(answer.get("version"), int):
+            raise ValueError(f"{url}/weights/version answered no version: {json.dumps(answer)[:100]}")
+        versions.add(answer["version"])
     if len(versions) != 1:
         raise ValueError(f"the engines serve different versions {sorted(versions)}; bring them to one first")
     version = versions.pop()
