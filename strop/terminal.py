@@ -3,7 +3,9 @@ escape sequences (ESC [ ... moves the cursor, rewrites the title, hides text; OS
 Unicode's invisible controls reorder what a line seems to say, so these are shown as escapes
 (`\\x1b`, `\\u202e`) instead of sent. Line breaks and tabs stay."""
 
+import sys
 import unicodedata
+from typing import TextIO
 
 _KEPT = frozenset("\n\t")
 
@@ -20,3 +22,8 @@ def printable(text: str) -> str:
     return "".join(
         _escape(c) if c not in _KEPT and unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co", "Cn") else c for c in text
     )
+
+
+def show(text: str, file: TextIO | None = None) -> None:
+    """Print `text` (what a policy, a task or a test run wrote) with its escapes shown, never sent."""
+    print(printable(text), file=file or sys.stdout)

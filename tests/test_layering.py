@@ -28,6 +28,7 @@ FOUNDATION = {
     "policy_api",
     "confined",
     "memo",
+    "terminal",
 }
 LAYERS: list[set[str]] = [
     FOUNDATION,

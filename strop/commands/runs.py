@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 from strop.errors import UserError, one_line
-from strop.terminal import printable
+from strop.terminal import show
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -122,11 +122,6 @@ def render(r: dict, width: int = 100, max_lines: int = 12) -> str:
                 call = f"{c['function']['name']}({c['function']['arguments']})"
                 out += [f"    -> {line}" for line in _clip(call, width, max_lines)]
     return "\n".join(out)
-
-
-def show(text: str) -> None:
-    """Print what a policy or a task wrote (terminal escapes in it shown, never sent: `strop.terminal`)."""
-    print(printable(text))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,7 +8,7 @@ import sys
 
 from strop.config import add_config_arguments, config_from_args
 from strop.errors import UserError
-from strop.outputs import claim_dir
+from strop.outputs import claiming
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,10 +30,10 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     harness_config(cfg.rollout, cfg.harness)  # a bad [harness] is refused before any model loads
     base = start or cfg.run_dir / "midtrain" / "model"
-    if not is_model_dir(base) and not (cfg.run_dir / "sft" / "result.json").is_file():
-        if start:
-            raise UserError(f"no policy at {str(base)!r} (a model directory: config.json and *.safetensors)")
-        raise UserError(f"no policy at {str(base)!r}; run `strop midtrain` first or pass --policy DIR")
-    claim_dir(cfg.run_dir / "sft", "sft")  # it overwrites model/ and its caches in there
+    with claiming(cfg.run_dir / "sft", "sft") as out:  # it overwrites model/ and its caches in there
+        if not is_model_dir(base) and not (out / "result.json").is_file():  # refused: nothing left behind
+            if start:
+                raise UserError(f"no policy at {str(base)!r} (a model directory: config.json and *.safetensors)")
+            raise UserError(f"no policy at {str(base)!r}; run `strop midtrain` first or pass --policy DIR")
     print(json.dumps(sft(cfg, start), indent=2))
     return 0

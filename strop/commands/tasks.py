@@ -12,6 +12,7 @@ from pathlib import Path
 from strop.confined import parts_of, write_new
 from strop.errors import UserError
 from strop.outputs import write_atomic
+from strop.terminal import show
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         return _validate(args)
     if args.action == "list":
         for t in load_suite(args.suite, args.split):
-            print(f"{t.id}\t{t.split}\t{t.metadata.get('family', '')}\t{t.metadata.get('difficulty', '')}")
+            show(f"{t.id}\t{t.split}\t{t.metadata.get('family', '')}\t{t.metadata.get('difficulty', '')}")
         return 0
     if args.action == "build":
         if args.suite != "mutated":
@@ -101,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"cannot create {e.filename}: {e.strerror}") from None
         materialize(task, root)
         written = sum(len(files) for d, _, files in os.walk(root) if ".git" not in Path(d).relative_to(root).parts)
-        print(task.instruction)
+        show(task.instruction)
         print(f"wrote {written} files to {root} (instruction also in {root.name}.instruction.txt beside it)")
         return 0
     if not root.is_dir():
@@ -112,22 +113,22 @@ def run(args: argparse.Namespace) -> int:
 
     changes, skipped = workspace_changes(task, root)
     if skipped:  # a symlink in DIR may point anywhere on this host: its target is not the agent's code
-        print(f"left out (not regular files): {', '.join(skipped)}")
+        show(f"left out (not regular files): {', '.join(skipped)}")
     score = check(task, changes, mode=args.mode)
     flags = detect(task, changes, [], score)
     result = {"task": task.id, "changed": sorted(changes), **score.to_dict(), "flags": [f.to_dict() for f in flags]}
-    print(
+    show(
         f"{task.id}: reward {score.reward:g} ({score.reason}); passed {score.passed}, failed {score.failed}, "
         f"errors {score.errors}, skipped {score.skipped}; {score.duration:.1f} s"
     )
     if score.detail:
-        print(f"first check that did not pass: {score.detail}")
+        show(f"first check that did not pass: {score.detail}")
     if score.dropped_paths:
-        print(f"dropped (protected): {', '.join(score.dropped_paths)}")
+        show(f"dropped (protected): {', '.join(score.dropped_paths)}")
     if score.perturbed_reward is not None:
-        print(f"perturbed tests: reward {score.perturbed_reward:g} ({score.perturbed_reason})")
+        show(f"perturbed tests: reward {score.perturbed_reward:g} ({score.perturbed_reason})")
     for f in flags:
-        print(f"hack flag {f.kind}: {f.evidence}")
+        show(f"hack flag {f.kind}: {f.evidence}")
     if args.json:
         write_atomic(args.json, json.dumps(result, indent=2))
     return 0
@@ -173,7 +174,7 @@ def _mine(args: argparse.Namespace) -> int:
     print(f"wrote {report['kept']} tasks ({report['train']} train, {report['eval']} eval) to {out}")
     print(f"yield report: {report_path(out)}")
     if report["kept"] == 0:  # an empty task file is no result: say why, and fail
-        print(f"strop: no tasks: {_no_tasks_why(report)}", file=sys.stderr)
+        show(f"strop: no tasks: {_no_tasks_why(report)}", file=sys.stderr)
         return 1
     return 0
 
@@ -211,10 +212,10 @@ def _validate(args: argparse.Namespace) -> int:
     with ThreadPoolExecutor(args.jobs) as pool:
         verdicts = list(tqdm(pool.map(validate, tasks), total=len(tasks), desc="validating", unit="task"))
     rows = [{"task": v.task, "valid": "yes" if v.ok else "NO", "gold patch": v.gold, "start": v.base} for v in verdicts]
-    print(format_table(rows, ["task", "valid", "gold patch", "start"]))
+    show(format_table(rows, ["task", "valid", "gold patch", "start"]))
     bad = [v for v in verdicts if not v.ok]
     for v in bad:
-        print(v.problem)
+        show(v.problem)
     print(f"{len(verdicts) - len(bad)} of {len(verdicts)} tasks valid")
     if args.json:
         write_atomic(args.json, json.dumps([v.__dict__ for v in verdicts], indent=2))
