@@ -98,9 +98,9 @@ def test_forged_report_earns_nothing(image):
 
 
 def test_timeout_crash_and_exit_are_zero_with_reason(image):
-    t = _tiny(image, timeout_s=3)
+    t = _tiny(image)
     assert check(t, {"m.py": "def f():\n    return 1\n"}).reward == 1
-    hang = check(t, {"m.py": "while True:\n    pass\n"})
+    hang = check(_tiny(image, timeout_s=3), {"m.py": "while True:\n    pass\n"})  # only the hang waits for it
     assert hang.reward == 0 and "timeout" in hang.reason
     broken = check(t, {"m.py": "def f(:\n"})
     assert broken.reward == 0 and broken.errors >= 1

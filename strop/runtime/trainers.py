@@ -208,7 +208,10 @@ class TrainerProcess:
 
     def _call(self, call: str, *args):
         self._in_call = call
-        _send(self.conn, (call, args))
+        try:
+            _send(self.conn, (call, args))
+        except (OSError, ValueError) as e:  # the child is gone (closed or dead) while the request was sent
+            raise RuntimeError(f"the trainer process is gone (exit code {self.proc.exitcode}): {e}") from None
         data = self._recv()
         self._in_call = None
         self.reply_bytes[call] += len(data)
@@ -252,4 +255,5 @@ class TrainerProcess:
         if self.proc.exitcode is None:
             self.proc.kill()
             self.proc.join()
-        self.conn.close()
+        if self._in_call is None:  # a call cut short still reads or writes it: its EOF or EPIPE ends that call
+            self.conn.close()
