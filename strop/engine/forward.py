@@ -178,9 +178,10 @@ class Forward:
                 out.fused[id(a)] = (w, b)
                 out.qkv_sizes[id(a)] = [p.weight.shape[0] for p in projs]
                 heads, kv_heads = a.q_proj.weight.shape[0] // a.head_dim, a.k_proj.weight.shape[0] // a.head_dim
-                out.qk_norm[id(a)] = torch.cat(
-                    [get(a.q_norm.weight).expand(heads, -1), get(a.k_norm.weight).expand(kv_heads, -1)]
-                )
+                if hasattr(a, "q_norm"):  # Qwen3; Llama has no q/k norm
+                    out.qk_norm[id(a)] = torch.cat(
+                        [get(a.q_norm.weight).expand(heads, -1), get(a.k_norm.weight).expand(kv_heads, -1)]
+                    )
         return out
 
     def install(self, derived: Derived) -> None:
@@ -216,7 +217,7 @@ class Forward:
         tokens, slots, positions, ends = _rows(segments)
         if self._step is not None:
             logits, ids = self._step(tokens, slots, positions, ends)
-            return logits, ids.to(routing_dtype(self.num_experts))
+            return logits, ids.to(routing_dtype(self.num_experts)) if self.blocks else None
         model, routing = self.model, []
 
         def attend(li, q, k, v, scale):  # write the rows' keys, then every row reads its own 0..position
@@ -324,7 +325,9 @@ class Forward:
         d = attn.head_dim  # one GEMM, one norm and one rotation for q and k together
         qkv = F.linear(x, *self._fused[id(attn)]).view(N, -1, d)
         nq, nk = (s // d for s in self._qkv_sizes[id(attn)][:2])
-        qk = F.rms_norm(qkv[:, : nq + nk], (d,), None, attn.q_norm.variance_epsilon) * self._qk_norm[id(attn)]
+        qk = qkv[:, : nq + nk]
+        if id(attn) in self._qk_norm:
+            qk = F.rms_norm(qk, (d,), None, attn.q_norm.variance_epsilon) * self._qk_norm[id(attn)]
         qk = qk * cos + qk.roll(d // 2, -1) * sin
         return qk[:, :nq], qk[:, nq:], qkv[:, nq + nk :]
 

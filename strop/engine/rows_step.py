@@ -1,12 +1,13 @@
-"""A whole forward pass of a softmax-routed MoE model as one C call (`forward_rows` in
-`strop/kernels/step.c`), for any rows: a decode step, prompts, prompt suffixes after reused keys.
+"""A whole forward pass of a softmax-routed MoE model or a dense one (Llama, Qwen3) as one C call
+(`forward_rows` in `strop/kernels/step.c`), for any rows: a decode step, prompts, prompt suffixes
+after reused keys.
 
 Why: kernel by kernel, a decode step of the demo model made four ctypes calls and a few torch ops
 per layer, each paying microseconds of argument conversion and tensor plumbing (~15% of a step at
-batch 16). Here every weight the step reads is resolved to a pointer once, when the forward
-refreshes its derived weights, and a call passes only its tokens, slots, positions and output
-rows. It chains the kernels `strop.model.deterministic` calls one by one, so its numbers are
-theirs bit for bit (tested).
+batch 16; a dense 30-layer model such as SmolLM2 makes ten per layer). Here every weight the step
+reads is resolved to a pointer once, when the forward refreshes its derived weights, and a call
+passes only its tokens, slots, positions and output rows. It chains the kernels
+`strop.model.deterministic` calls one by one, so its numbers are theirs bit for bit (tested).
 
 The packed weights (`StepPacks`, built by `pack`) are separate from the call (`RowsStep`, a pointer
 table over them, cheap to build): a weight update packs again only the layers whose tensors it
@@ -25,10 +26,11 @@ from strop.model import deterministic as det
 
 @dataclass(frozen=True)
 class LayerPacks:
-    """What the C step reads of one decoder layer (a softmax-routed MoE without shared experts),
-    derived from its weights, in the step's pointer order: (input norm, fused q/k/v, its bias or
-    None, q/k norm [nq + nk, d], o, o bias or None, post norm, router, gate_up, down); norms and
-    biases fp32, the matrices packed in one dtype."""
+    """What the C step reads of one decoder layer (a softmax-routed MoE without shared experts, or
+    a dense silu MLP), derived from its weights, in the step's pointer order: (input norm, fused
+    q/k/v, its bias or None, q/k norm [nq + nk, d] or None (Llama), o, o bias or None, post norm,
+    router (None: dense), gate_up (experts packed, or a dense MLP's gate and up as one packed
+    linear), down); norms and biases fp32, the matrices packed in one dtype."""
 
     tensors: tuple
     vals: tuple  # (input norm eps, q/k norm eps, post norm eps, attention scale)
@@ -46,30 +48,36 @@ class StepPacks:
     bf16: bool
 
 
+def _dense(model) -> bool:
+    return model.config.model_type in ("qwen3", "llama")
+
+
 def fits(model) -> bool:
-    """Whether the C step runs this model: only qwen3_moe with every layer MoE, widths that are
-    multiples of 32 (hidden, fused q/k/v) and head widths that are multiples of 8."""
-    if model.config.model_type != "qwen3_moe" or model.config.hidden_size % 32:
+    """Whether the C step runs this model: qwen3_moe with every layer MoE, or a dense qwen3 or llama
+    (MLPs without biases, intermediate width a multiple of 16); widths that are multiples of 32
+    (hidden, fused q/k/v) and head widths that are multiples of 8."""
+    cfg = model.config
+    if cfg.model_type not in ("qwen3_moe", "qwen3", "llama") or cfg.hidden_size % 32:
         return False
     for lay in model.model.layers:
-        a = lay.self_attn
+        a, mlp = lay.self_attn, lay.mlp
         width = sum(p.weight.shape[0] for p in (a.q_proj, a.k_proj, a.v_proj))
-        if not hasattr(lay.mlp, "experts") or a.head_dim % 8 or width % 32:
+        if a.head_dim % 8 or width % 32:
+            return False
+        if _dense(model):
+            if hasattr(mlp, "experts") or mlp.gate_proj.bias is not None or mlp.gate_proj.weight.shape[0] % 16:
+                return False
+        elif not hasattr(mlp, "experts"):
             return False
     return True
 
 
 def _matrices(lay) -> list[torch.Tensor]:
     a, mlp = lay.self_attn, lay.mlp
-    return [
-        a.q_proj.weight,
-        a.k_proj.weight,
-        a.v_proj.weight,
-        a.o_proj.weight,
-        mlp.gate.weight,
-        mlp.experts.gate_up_proj,
-        mlp.experts.down_proj,
-    ]
+    attention = [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight]
+    if not hasattr(mlp, "experts"):
+        return attention + [mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight]
+    return attention + [mlp.gate.weight, mlp.experts.gate_up_proj, mlp.experts.down_proj]
 
 
 def _fp32(live: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
@@ -86,12 +94,19 @@ def _pack_layer(lay, bf16: bool, get) -> LayerPacks:
     qkv = kernels.pack_linear(torch.cat([get(p.weight) for p in projs]), bf16).data
     qkv_bias = torch.cat([get(p.bias) for p in projs]).float() if a.q_proj.bias is not None else None
     nq, nk = a.q_proj.weight.shape[0] // a.head_dim, a.k_proj.weight.shape[0] // a.head_dim
-    qk = torch.cat([get(a.q_norm.weight).expand(nq, -1), get(a.k_norm.weight).expand(nk, -1)]).float()
+    qk = None
+    if hasattr(a, "q_norm"):  # Qwen3's per-head q/k norm; Llama has none
+        qk = torch.cat([get(a.q_norm.weight).expand(nq, -1), get(a.k_norm.weight).expand(nk, -1)]).float()
     o = kernels.pack_linear(get(a.o_proj.weight), bf16).data
     o_bias = None if a.o_proj.bias is None else _fp32(a.o_proj.bias, get(a.o_proj.bias))
-    router = kernels.pack_linear(get(mlp.gate.weight), bf16).data
-    experts = kernels.pack_experts(get(mlp.experts.gate_up_proj), get(mlp.experts.down_proj))
-    gate_up, down = (t.to(qkv.dtype) for t in experts)  # one dtype for all: widening bf16 is exact
+    if hasattr(mlp, "experts"):
+        router = kernels.pack_linear(get(mlp.gate.weight), bf16).data
+        experts = kernels.pack_experts(get(mlp.experts.gate_up_proj), get(mlp.experts.down_proj))
+        gate_up, down = (t.to(qkv.dtype) for t in experts)  # one dtype for all: widening bf16 is exact
+    else:  # gate and up as one linear: each output column is summed alone, so fusing changes no bit
+        router = None
+        gate_up = kernels.pack_linear(torch.cat([get(mlp.gate_proj.weight), get(mlp.up_proj.weight)]), bf16).data
+        down = kernels.pack_linear(get(mlp.down_proj.weight), bf16).data
     norm, post = lay.input_layernorm, lay.post_attention_layernorm
     tensors = (
         _fp32(norm.weight, get(norm.weight)),
@@ -105,7 +120,8 @@ def _pack_layer(lay, bf16: bool, get) -> LayerPacks:
         gate_up,
         down,
     )
-    return LayerPacks(tensors, (norm.variance_epsilon, a.q_norm.variance_epsilon, post.variance_epsilon, a.scaling))
+    eps_qk = a.q_norm.variance_epsilon if qk is not None else 0.0
+    return LayerPacks(tensors, (norm.variance_epsilon, eps_qk, post.variance_epsilon, a.scaling))
 
 
 def reads(module, changed: Collection[int] | None) -> bool:
@@ -166,7 +182,11 @@ class RowsStep:
     def __init__(self, model, k_cache: list[torch.Tensor], v_cache: list[torch.Tensor], packs: StepPacks):
         first = model.model.layers[0]
         _, nk, L, d = k_cache[0].shape
-        D, E, K = model.config.hidden_size, first.mlp.gate.weight.shape[0], first.mlp.gate.top_k
+        mlp = first.mlp
+        dense = not hasattr(mlp, "experts")
+        D = model.config.hidden_size
+        E, K = (0, 0) if dense else (mlp.gate.weight.shape[0], mlp.gate.top_k)
+        inter = mlp.down_proj.weight.shape[1] if dense else mlp.experts.down_proj.shape[2]
         held = []
         for lay, kc, vc in zip(packs.layers, k_cache, v_cache):
             held += [*lay.tensors[:7], kc, vc, *lay.tensors[7:]]
@@ -186,8 +206,8 @@ class RowsStep:
             E,
             e_packed,
             K,
-            int(first.mlp.gate.norm_topk_prob),
-            first.mlp.experts.down_proj.shape[2],
+            0 if dense else int(mlp.gate.norm_topk_prob),
+            inter,
             int(packs.bf16),
             packs.head.data.shape[0] * 32,
         ]

@@ -234,24 +234,26 @@ def silu_mul_backward(g: torch.Tensor, u: torch.Tensor, d_act: torch.Tensor, wit
 
 def qk_norm_rope(
     src: torch.Tensor,
-    weight: torch.Tensor,
+    weight: torch.Tensor | None,
     cos: torch.Tensor,
     sin: torch.Tensor,
     positions: torch.Tensor,
     n_q: int,
     eps: float,
+    heads: int | None = None,
 ) -> torch.Tensor:
-    """Per-head RMSNorm (weight [nq + nk, d]) and rotation by position (tables cos, sin [P, d], sin
-    carrying the rotate-half sign) of rows src [N, (nq + nk) d] (row stride free): [N, nq + nk, d]."""
+    """Per-head RMSNorm (weight [nq + nk, d]; None: no norm, `heads` heads, as in Llama) and rotation
+    by position (tables cos, sin [P, d], sin carrying the rotate-half sign) of rows src
+    [N, (nq + nk) d] (row stride free): [N, nq + nk, d]."""
     assert src.dtype == torch.float32 and src.stride(1) == 1 and positions.dtype == torch.int64
-    heads, d = weight.shape
+    heads, d = weight.shape if weight is not None else (heads, src.shape[1] // heads)
     N = src.shape[0]
     assert src.shape[1] == heads * d
     out = torch.empty(N, heads, d)
     _lib.qk_norm_rope(
         src.data_ptr(),
         src.stride(0),
-        _f32(weight).data_ptr(),
+        _ptr(None if weight is None else _f32(weight)),
         cos.data_ptr(),
         sin.data_ptr(),
         positions.contiguous().data_ptr(),

@@ -8,8 +8,8 @@
    same bits. */
 
 /* From rows src [N, (nq + nk) * d] (row stride ss; q heads then k heads): RMS-normalise every head
-   (weights wqk [nq + nk, d]) and rotate it by the row's position (cos, sin [P, d], sin carrying the
-   rotate-half sign) into qk [N, nq + nk, d]. */
+   (weights wqk [nq + nk, d]; NULL: no norm, as in Llama) and rotate it by the row's position (cos,
+   sin [P, d], sin carrying the rotate-half sign) into qk [N, nq + nk, d]. */
 void qk_norm_rope(const float *restrict src, int64_t ss, const float *restrict wqk, const float *restrict cos_t,
                   const float *restrict sin_t, const int64_t *restrict pos, float *restrict qk,
                   int64_t N, int64_t nq, int64_t nk, int64_t d, float eps) {
@@ -18,9 +18,13 @@ void qk_norm_rope(const float *restrict src, int64_t ss, const float *restrict w
     for (int64_t n = 0; n < N; n++) {
         const float *row = src + n * ss, *c = cos_t + pos[n] * d, *s = sin_t + pos[n] * d;
         for (int64_t hh = 0; hh < nq + nk; hh++) {
-            const float *x = row + hh * d, *w = wqk + hh * d;
-            const float r = 1.0f / sqrtf(dot(x, x, d) / (float)d + eps);
-            for (int64_t i = 0; i < d; i++) y[i] = x[i] * r * w[i];
+            const float *x = row + hh * d;
+            if (wqk) {
+                const float *w = wqk + hh * d, r = 1.0f / sqrtf(dot(x, x, d) / (float)d + eps);
+                for (int64_t i = 0; i < d; i++) y[i] = x[i] * r * w[i];
+            } else {
+                memcpy(y, x, d * sizeof(float));
+            }
             float *dst = qk + (n * (nq + nk) + hh) * d;
             for (int64_t i = 0; i < d; i++) dst[i] = y[i] * c[i] + y[i < half ? i + half : i - half] * s[i];
         }
@@ -144,7 +148,7 @@ void attention_rows(const float *restrict q, int64_t qs, const float *restrict k
 
 /* A whole attention block for N rows (any mix of sequences and positions): h += pending (the
    previous MLP's output, may be NULL); input RMSNorm; fused q/k/v projection; q/k norm and
-   rotation; k and v written into the caches; attention over the cache; output projection; h += it;
+   rotation (wqk NULL: rotation only); k and v written into the caches; attention over the cache; output projection; h += it;
    post-attention RMSNorm into x_out. Projection weights come packed (bf16 when `bf16`). A row's
    keys are all written before any row attends, so a prompt's rows see each other. Scratch:
    N * (2D + 3 (nq + nk) d) + L floats. */

@@ -1,5 +1,5 @@
-/* A whole forward step of a softmax-routed MoE model in one call (bound by
-   `strop.engine.rows_step`).
+/* A whole forward step of a softmax-routed MoE model or a dense one (Llama, Qwen3) in one call
+   (bound by `strop.engine.rows_step`).
 
    Compiled after the other kernel files: it chains their kernels (the attention block, the router
    projection and its softmax top-k, the experts, the final norm and the output head) over any rows
@@ -19,8 +19,11 @@ enum { C_LAYERS, C_D, C_NQ, C_NK, C_HEAD_DIM, C_L, C_E, C_E_PACKED, C_K, C_NORM_
    logits through the packed router [E_PACKED / 32, D, 32], softmax top-k, experts, whose output the
    next norm adds), then the final norm and the output head for the S rows `out_rows` (each
    sequence's last row). The last layer's experts run on those S rows alone (nothing else reads
-   their output); its router runs on every row, for the routing record. All packed weights are bf16
-   when C_BF16, else fp32. out: logits [S, vocab]; ids [N, layers, K]: the routing record.
+   their output); its router runs on every row, for the routing record. A dense model (C_E = 0, no
+   routing record) has instead a silu MLP per layer: gate and up as one packed [2I / 32, D, 32]
+   (P_GATE_UP, gate rows first), down packed [D / 32, I, 32] (P_DOWN); no router; the last layer's
+   MLP on the S rows alone. A NULL P_QK_NORM: no per-head q/k norm (Llama). All packed weights are
+   bf16 when C_BF16, else fp32. out: logits [S, vocab]; ids [N, layers, K]: the routing record.
    Scratch: fs floats and is int64s as `forward_rows_scratch` sizes them for N and S. */
 void forward_rows(const int64_t *restrict tokens, const int64_t *restrict slots, const int64_t *restrict pos,
                   int64_t N, const int64_t *restrict out_rows, int64_t S, const int64_t *restrict cfg,
@@ -32,6 +35,7 @@ void forward_rows(const int64_t *restrict tokens, const int64_t *restrict slots,
     float *h = fs, *x = h + N * D, *pending = x + N * D, *logits = pending + N * D, *w = logits + N * EP;
     float *hbuf = w + N * K, *ybuf = hbuf + MOE_GROUP * (3 * I + 2 * D), *hs = ybuf + N * K * D, *xs = hs + S * D;
     float *ws = xs + S * D, *last = ws + S * K, *att = last + S * D;
+    float *gu = att + N * (2 * D + 3 * (nq + nk) * d) + L, *act = gu + N * 2 * I;  /* dense MLPs */
     int64_t *chosen = is, *order = chosen + N * K, *start = order + N * K, *cs = start + E + 1;
     const float *embed = g[G_EMBED];
     for (int64_t n = 0; n < N; n++) memcpy(h + n * D, embed + tokens[n] * D, D * sizeof(float));
@@ -41,6 +45,21 @@ void forward_rows(const int64_t *restrict tokens, const int64_t *restrict slots,
         attn_block(h, l ? pending : NULL, p[P_IN_NORM], v[V_EPS_IN], p[P_QKV], p[P_QKV_BIAS], p[P_QK_NORM],
                    v[V_EPS_QK], g[G_COS], g[G_SIN], slots, pos, (float *)p[P_K_CACHE], (float *)p[P_V_CACHE],
                    p[P_O], p[P_O_BIAS], bf16, p[P_POST_NORM], v[V_EPS_POST], x, att, N, D, nq, nk, d, L, v[V_SCALE]);
+        if (E == 0) {  /* dense: the last layer's MLP on the output rows alone */
+            const int64_t R = l + 1 < layers ? N : S;
+            const float *xin = x;
+            if (l + 1 == layers) {
+                for (int64_t s = 0; s < S; s++) {
+                    memcpy(hs + s * D, h + out_rows[s] * D, D * sizeof(float));
+                    memcpy(xs + s * D, x + out_rows[s] * D, D * sizeof(float));
+                }
+                xin = xs;
+            }
+            linear_rows(xin, R, p[P_GATE_UP], bf16, NULL, gu, D, 2 * I);
+            silu_mul(gu, 2 * I, gu + I, 2 * I, act, R, I);
+            linear_rows(act, R, p[P_DOWN], bf16, NULL, pending, I, D);
+            continue;
+        }
         linear_rows(x, N, p[P_ROUTER], bf16, NULL, logits, D, EP);
         route_softmax(logits, EP, chosen, w, N, E, K, cfg[C_NORM_TOPK]);
         for (int64_t n = 0; n < N; n++) memcpy(ids + (n * layers + l) * K, chosen + n * K, K * sizeof(int64_t));
@@ -66,6 +85,6 @@ void forward_rows(const int64_t *restrict tokens, const int64_t *restrict slots,
 void forward_rows_scratch(const int64_t *restrict cfg, int64_t N, int64_t S, int64_t *restrict sizes) {
     const int64_t D = cfg[C_D], K = cfg[C_K], qk_heads = cfg[C_NQ] + cfg[C_NK];
     sizes[0] = N * (3 * D + cfg[C_E_PACKED] + K + K * D) + MOE_GROUP * (3 * cfg[C_I] + 2 * D) + S * (3 * D + K) +
-               N * (2 * D + 3 * qk_heads * cfg[C_HEAD_DIM]) + cfg[C_L];
+               N * (2 * D + 3 * qk_heads * cfg[C_HEAD_DIM]) + cfg[C_L] + (cfg[C_E] ? 0 : 3 * N * cfg[C_I]);
     sizes[1] = 2 * N * K + cfg[C_E] + 1 + S * K;
 }

@@ -34,7 +34,9 @@ from strop import kernels
 from strop.model import kernel_ops as ops
 from strop.model.routing import moe_blocks, route, sigmoid_weights
 
-ARCHITECTURES = ("qwen3_moe", "qwen3", "deepseek_v3")
+ARCHITECTURES = ("qwen3_moe", "qwen3", "deepseek_v3", "llama")
+# rotary types whose tables change with the sequence's length: a position's rotation would depend on it
+LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
 ROPE_CHUNK = 256  # positions per rotary-table call: a position's value never depends on the table's length
 
 _tables: dict[int, tuple] = {}  # id(rotary module) -> (weakref, cos [P, d], sin [P, d])
@@ -50,6 +52,11 @@ def unsupported(model) -> str | None:
         return f"deterministic mode does not implement the {cfg.model_type} architecture"
     if cfg.hidden_act != "silu":
         return f"deterministic mode computes silu activations only, not {cfg.hidden_act}"
+    rope_type = (getattr(cfg, "rope_parameters", None) or {}).get("rope_type", "default")
+    if rope_type in LENGTH_DEPENDENT_ROPE:
+        return f"deterministic mode computes rotary tables by position alone, not {rope_type!r} ones"
+    if getattr(cfg, "mlp_bias", False):
+        return "deterministic mode computes MLPs without biases"
     if not kernels.available():
         return "deterministic mode runs on strop's C kernels: they need a C compiler (cc) and STROP_NO_KERNELS unset"
     if not all(kernels.experts_fit(b.experts.gate_up_proj) for b in moe_blocks(model)):
@@ -148,15 +155,19 @@ def _norm(mod, x: torch.Tensor) -> torch.Tensor:
     return ops.rms_norm(x, mod.weight, mod.variance_epsilon)
 
 
-def _qwen_attention(model, li: int, attn, x: torch.Tensor, rows: Rows) -> torch.Tensor:
+def _gqa_attention(model, li: int, attn, x: torch.Tensor, rows: Rows) -> torch.Tensor:
     N, d = x.shape[0], attn.head_dim
     q = ops.linear(x, attn.q_proj.weight, attn.q_proj.bias)
     k = ops.linear(x, attn.k_proj.weight, attn.k_proj.bias)
     v = ops.linear(x, attn.v_proj.weight, attn.v_proj.bias)
     nq, nk = q.shape[1] // d, k.shape[1] // d
-    weight = torch.cat([attn.q_norm.weight.expand(nq, d), attn.k_norm.weight.expand(nk, d)])
     tables = rotate_half_tables(model, int(rows.positions.max()) + 1)
-    qk = ops.qk_norm_rope(torch.cat([q, k], dim=1), weight, attn.q_norm.variance_epsilon, tables, rows.positions, nq)
+    if hasattr(attn, "q_norm"):  # Qwen3: per-head RMSNorm of q and k before the rotation
+        weight = torch.cat([attn.q_norm.weight.expand(nq, d), attn.k_norm.weight.expand(nk, d)])
+        eps = attn.q_norm.variance_epsilon
+        qk = ops.qk_norm_rope(torch.cat([q, k], dim=1), weight, eps, tables, rows.positions, nq)
+    else:  # Llama: the rotation alone
+        qk = ops.rope(torch.cat([q, k], dim=1), nq + nk, tables, rows.positions).view(N, nq + nk, d)
     out = rows.attend(li, qk[:, :nq], qk[:, nq:], v.view(N, nk, d), attn.scaling)
     return ops.linear(out.reshape(N, -1), attn.o_proj.weight, attn.o_proj.bias)
 
@@ -198,7 +209,7 @@ def layer(model, li: int, h: torch.Tensor, rows: Rows, mlp_rows: torch.Tensor | 
     """Decoder layer li on rows h [N, D] (fp32): attention, then the MLP; its router sees every row.
     With mlp_rows only those rows go on (their new h, [len(mlp_rows), D]): nothing else reads them."""
     lay = model.model.layers[li]
-    attention = _mla_attention if model.config.model_type == "deepseek_v3" else _qwen_attention
+    attention = _mla_attention if model.config.model_type == "deepseek_v3" else _gqa_attention
     h = h + attention(model, li, lay.self_attn, _norm(lay.input_layernorm, h), rows)
     x = _norm(lay.post_attention_layernorm, h)
     mlp = lay.mlp

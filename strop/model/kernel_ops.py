@@ -220,6 +220,18 @@ def qk_norm_rope(
     return _row_op(lambda x, w: kernels.qk_norm_rope(x, fp32(w), cos, sin, positions, n_q, eps), reference, qk, weight)
 
 
+def rope(qk: torch.Tensor, heads: int, tables: tuple[torch.Tensor, torch.Tensor], positions: torch.Tensor):
+    """`qk_norm_rope` without the norm (Llama): the rotation of rows qk [N, heads * d] by position."""
+    cos, sin = tables
+    d = qk.shape[1] // heads
+
+    def reference(x):
+        y = x.view(-1, heads, d)
+        return y * cos[positions][:, None] + y.roll(d // 2, -1) * sin[positions][:, None]
+
+    return _row_op(lambda x: kernels.qk_norm_rope(x, None, cos, sin, positions, 0, 0.0, heads), reference, qk)
+
+
 def sigmoid(x: torch.Tensor) -> torch.Tensor:
     """`torch.sigmoid` whose value for an element never depends on the tensor's size or layout:
     1 / (1 + exp(-x)), in fp32. ATen's sigmoid rounds differently in its loops' vectorized body and
