@@ -54,6 +54,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "feedback API on loopback per store: req/s, p99, events lost across kill -9",
     ),
     ("bench", "engine"): ("strop.bench.engine", "engine tokens/s vs HF generate at batch 1, 16, 64"),
+    ("bench", "pretrained"): (
+        "strop.bench.pretrained",
+        "a pretrained model (strop model import): engine vs HF generate vs vLLM-CPU at batch 16, bitwise-mode cost",
+    ),
     ("bench", "mismatch"): ("strop.bench.mismatch", "engine-vs-trainer mismatch: default, replay, deterministic, both"),
     ("sync", "encode"): ("strop.commands.sync_encode", "lossless bf16/fp32 weight delta between two safetensors files"),
     ("sync", "decode"): ("strop.commands.sync_decode", "apply a weight delta to its base, verifying every tensor"),

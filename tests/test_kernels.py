@@ -147,3 +147,37 @@ def test_sampler_softmax_matches_torch_and_is_batch_invariant():
         x = torch.randn(20, V, generator=gen) * 4
         assert torch.allclose(kernels.softmax(x), torch.softmax(x, -1), rtol=1e-5, atol=0)
         _check_invariant(lambda rows: kernels.softmax(x[rows]), len(x))
+
+
+def test_avx512_matrix_kernels_give_the_8_lane_kernels_bits(tmp_path):
+    """Where the CPU has AVX-512 the matrix kernels run on 16-float vectors; a machine without it runs
+    the 8-float ones. Both add the same products in the same order per output: the same bits, so an
+    engine and a trainer on different machines still agree (the source built both ways here)."""
+    import ctypes
+    import subprocess
+
+    from strop.native import read_sources
+
+    if "avx512f" not in open("/proc/cpuinfo").read():
+        pytest.skip("no AVX-512 here: only the 8-float kernels are built")
+    (tmp_path / "k.c").write_text(read_sources("strop.kernels", *kernels.SOURCES))
+    libs = []
+    for name, flags in (("wide", []), ("narrow", ["-mno-avx512f"])):
+        so = tmp_path / f"{name}.so"
+        cmd = ["cc", "-O3", "-march=native", *flags, "-shared", "-fPIC", str(tmp_path / "k.c"), "-o", str(so), "-lm"]
+        subprocess.run(cmd, check=True)
+        libs.append(ctypes.CDLL(str(so)))
+    torch.manual_seed(0)
+    P, I64 = ctypes.c_void_p, ctypes.c_int64
+    for rows in (1, 2, 3, 4, 5, 7, 8, 9, 16, 23):
+        for n, m in ((64, 40), (96, 77), (160, 576)):
+            for bf16 in (False, True):
+                w = torch.randn(n, m)
+                packed = kernels.pack_linear(w.bfloat16().float() if bf16 else w, as_bf16=bf16)
+                x, outs = torch.randn(rows, m), []
+                for lib in libs:
+                    y = torch.empty(rows, n)
+                    args = (P(x.data_ptr()), I64(rows), P(packed.data.data_ptr()), I64(int(bf16)), None)
+                    lib.linear_packed(*args, P(y.data_ptr()), I64(m), I64(n))
+                    outs.append(y)
+                assert torch.equal(outs[0], outs[1]), (rows, n, m, bf16)

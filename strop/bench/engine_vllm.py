@@ -28,7 +28,7 @@ from strop.bench.table import format_table, write_json
 BATCH = 16
 
 
-def _generate_all(policy, prompts: list[list[int]], params) -> tuple[float, list]:
+def generate_all(policy, prompts: list[list[int]], params) -> tuple[float, list]:
     """(wall seconds, Generations) of every prompt sent at once from its own thread."""
     t0 = time.perf_counter()
     with ThreadPoolExecutor(len(prompts)) as pool:
@@ -76,16 +76,16 @@ def run_vllm(args: argparse.Namespace, threads: int) -> int:
         )
         try:
             policies["vllm"] = EndpointClient(server.url, model="strop")
-            _generate_all(policies["vllm"], prompts[:2], SamplingParams(max_tokens=2, stop_token_ids=[]))
+            generate_all(policies["vllm"], prompts[:2], SamplingParams(max_tokens=2, stop_token_ids=[]))
             startup_s = time.perf_counter() - t0  # load + first (compiling) batch
-            _generate_all(policies["engine"], prompts[:2], SamplingParams(max_tokens=2, stop_token_ids=[]))
+            generate_all(policies["engine"], prompts[:2], SamplingParams(max_tokens=2, stop_token_ids=[]))
             best = {name: 0.0 for name in policies}
             for rep in range(reps):  # alternating order: drift hits both alike
                 for name in ("vllm", "engine") if rep % 2 == 0 else ("engine", "vllm"):
-                    wall, gens = _generate_all(policies[name], prompts, timed)
+                    wall, gens = generate_all(policies[name], prompts, timed)
                     best[name] = max(best[name], sum(len(g.token_ids) for g in gens) / wall)
             mismatch = {
-                name: engine_vs_trainer(model, list(zip(probe_prompts, _generate_all(p, probe_prompts, sampled)[1])))
+                name: engine_vs_trainer(model, list(zip(probe_prompts, generate_all(p, probe_prompts, sampled)[1])))
                 for name, p in policies.items()
             }
         finally:
