@@ -26,6 +26,7 @@ from pathlib import Path
 from strop.memo import content_key
 
 WARNINGS = ("-Wall", "-Wextra")
+FLAGS = ("-O3", "-march=native", *WARNINGS, "-shared", "-fPIC", "-pthread")  # -pthread: the kernels' worker threads
 
 
 def read_sources(package: str, *names: str) -> str:
@@ -66,7 +67,7 @@ def load_library(name: str, source: str, *, slow_path: str) -> ctypes.CDLL | Non
                 src, tmp = Path(d) / f"{name}.c", Path(d) / f"{name}.so"
                 src.write_text(source)
                 r = subprocess.run(
-                    [cc, "-O3", "-march=native", *WARNINGS, "-shared", "-fPIC", str(src), "-o", str(tmp), "-lm"],
+                    [cc, *FLAGS, str(src), "-o", str(tmp), "-lm"],
                     capture_output=True,
                     text=True,
                     timeout=120,

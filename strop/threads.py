@@ -27,6 +27,9 @@ def set_threads(n: int | None = None) -> int:
             torch.set_num_interop_threads(1)
         except RuntimeError:
             pass  # torch allows this only before its first parallel work; the default then stands
+    kernels = sys.modules.get("strop.kernels")
+    if kernels is not None:  # loaded already: its products split between n threads from now on
+        kernels.set_threads(n)
     return n
 
 

@@ -156,7 +156,7 @@ def test_avx512_matrix_kernels_give_the_8_lane_kernels_bits(tmp_path):
     import ctypes
     import subprocess
 
-    from strop.native import read_sources
+    from strop.native import FLAGS, read_sources
 
     if "avx512f" not in open("/proc/cpuinfo").read():
         pytest.skip("no AVX-512 here: only the 8-float kernels are built")
@@ -164,7 +164,7 @@ def test_avx512_matrix_kernels_give_the_8_lane_kernels_bits(tmp_path):
     libs = []
     for name, flags in (("wide", []), ("narrow", ["-mno-avx512f"])):
         so = tmp_path / f"{name}.so"
-        cmd = ["cc", "-O3", "-march=native", *flags, "-shared", "-fPIC", str(tmp_path / "k.c"), "-o", str(so), "-lm"]
+        cmd = ["cc", *FLAGS, *flags, str(tmp_path / "k.c"), "-o", str(so), "-lm"]
         subprocess.run(cmd, check=True)
         libs.append(ctypes.CDLL(str(so)))
     torch.manual_seed(0)
@@ -181,3 +181,28 @@ def test_avx512_matrix_kernels_give_the_8_lane_kernels_bits(tmp_path):
                     lib.linear_packed(*args, P(y.data_ptr()), I64(m), I64(n))
                     outs.append(y)
                 assert torch.equal(outs[0], outs[1]), (rows, n, m, bf16)
+
+
+def test_threads_split_products_without_changing_a_bit():
+    """Large products split their column blocks between threads: the same bits on 1 and 3 threads, a
+    forked child (which has no workers) still computes, and another Python thread's product meanwhile
+    runs alone rather than waiting."""
+    import multiprocessing
+    from concurrent.futures import ThreadPoolExecutor
+
+    torch.manual_seed(0)
+    w, x = torch.randn(1000, 576), torch.randn(16, 576)
+    packed = kernels.pack_linear(w)
+    kernels.set_threads(1)
+    alone = kernels.linear(x, packed)
+    kernels.set_threads(3)
+    try:
+        assert torch.equal(kernels.linear(x, packed), alone)
+        with ThreadPoolExecutor(4) as pool:
+            assert all(torch.equal(y, alone) for y in pool.map(lambda _: kernels.linear(x, packed), range(8)))
+        child = multiprocessing.get_context("fork").Process(target=kernels.linear, args=(x, packed))
+        child.start()
+        child.join(60)
+        assert child.exitcode == 0
+    finally:
+        kernels.set_threads(1)

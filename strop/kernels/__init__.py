@@ -32,6 +32,7 @@ SLOW_PATH = "PyTorch ops (the torch forward and sampler; no deterministic mode)"
 MOE_GROUP = 16  # moe.c's MOE_GROUP: most rows of one expert per pass (sizes moe_experts' scratch)
 _lib: ctypes.CDLL | None = None
 _tried = False
+_threads = 0  # threads the matrix kernels split products between (0: torch's count when they load)
 _local = threading.local()  # per-thread scratch buffers: engines on different threads never share one
 
 
@@ -64,10 +65,22 @@ def _build() -> ctypes.CDLL | None:
         ("softmax_rows", [P] * 2 + [I64] * 2),
         ("forward_rows_scratch", [P, I64, I64, P]),
         ("forward_rows", [P] * 3 + [I64, P, I64] + [P] * 7),
+        ("set_kernel_threads", [I64]),
     ):
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = None, args
+    lib.set_kernel_threads(_threads or torch.get_num_threads())
     return lib
+
+
+def set_threads(n: int) -> None:
+    """Split the matrix kernels' large products between n threads (`strop.threads.set_threads` calls
+    this; engines pinned to one core run on one). Each output is computed whole by one thread: the
+    bits do not depend on n."""
+    global _threads
+    _threads = n
+    if _lib is not None:
+        _lib.set_kernel_threads(n)
 
 
 def available() -> bool:

@@ -14,6 +14,7 @@
    of any shape give the same bits (tests regroup rows through every shape). Reductions along a row
    (norms, softmax sums, attention scores) use a fixed lane split and a fixed tree. */
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -116,36 +117,36 @@ static inline __attribute__((always_inline)) void tile##SUF(const float *restric
         for (int p = 0; p < P; p++) ST2(y + r * ys + j0 + 16 * p, acc[r][2 * p], acc[r][2 * p + 1]);     \
 }                                                                                                         \
 static void vecmat##SUF(const float *restrict a, int64_t R, const WT *restrict W, float *restrict y,      \
-                        int64_t m, int64_t n) {                                                           \
+                        int64_t ys, int64_t m, int64_t n) {                                                           \
     int64_t j = 0;                                                                                        \
     switch (R) {                                                                                          \
     case 1:                                                                                               \
-        for (; j + 64 <= n; j += 64) tile##SUF(a, m, W, y, n, m, j, 1, 4);                                \
-        for (; j < n; j += 32) tile##SUF(a, m, W, y, n, m, j, 1, 2);                                      \
+        for (; j + 64 <= n; j += 64) tile##SUF(a, m, W, y, ys, m, j, 1, 4);                                \
+        for (; j < n; j += 32) tile##SUF(a, m, W, y, ys, m, j, 1, 2);                                      \
         break;                                                                                            \
-    case 2: for (; j < n; j += 32) tile##SUF(a, m, W, y, n, m, j, 2, 2); break;                           \
-    case 3: for (; j < n; j += 32) tile##SUF(a, m, W, y, n, m, j, 3, 2); break;                           \
-    default: for (; j < n; j += 16) tile##SUF(a, m, W, y, n, m, j, 4, 1);                                 \
+    case 2: for (; j < n; j += 32) tile##SUF(a, m, W, y, ys, m, j, 2, 2); break;                           \
+    case 3: for (; j < n; j += 32) tile##SUF(a, m, W, y, ys, m, j, 3, 2); break;                           \
+    default: for (; j < n; j += 16) tile##SUF(a, m, W, y, ys, m, j, 4, 1);                                 \
     }                                                                                                     \
 }                                                                                                         \
 static void linear##SUF(const float *restrict x, int64_t N, const WT *restrict W, float *restrict y,      \
-                        int64_t m, int64_t n) {                                                           \
+                        int64_t ys, int64_t m, int64_t n) {                                                           \
     if (N <= 4) {                                                                                         \
-        vecmat##SUF(x, N, W, y, m, n);                                                                    \
+        vecmat##SUF(x, N, W, y, ys, m, n);                                                                    \
         return;                                                                                           \
     }                                                                                                     \
     for (int64_t j = 0; j < n; j += 32) {                                                                 \
         int64_t r = 0;                                                                                    \
         for (; r + 6 <= N; r += 6)                                                                        \
-            for (int64_t h = 0; h < 32; h += 16) tile##SUF(x + r * m, m, W, y + r * n, n, m, j + h, 6, 1); \
+            for (int64_t h = 0; h < 32; h += 16) tile##SUF(x + r * m, m, W, y + r * ys, ys, m, j + h, 6, 1); \
         const float *xr = x + r * m;                                                                      \
-        float *yr = y + r * n;                                                                            \
+        float *yr = y + r * ys;                                                                            \
         switch (N - r) {                                                                                  \
-        case 5: for (int64_t h = 0; h < 32; h += 16) tile##SUF(xr, m, W, yr, n, m, j + h, 5, 1); break;   \
-        case 4: for (int64_t h = 0; h < 32; h += 16) tile##SUF(xr, m, W, yr, n, m, j + h, 4, 1); break;   \
-        case 3: tile##SUF(xr, m, W, yr, n, m, j, 3, 2); break;                                            \
-        case 2: tile##SUF(xr, m, W, yr, n, m, j, 2, 2); break;                                            \
-        case 1: tile##SUF(xr, m, W, yr, n, m, j, 1, 2); break;                                            \
+        case 5: for (int64_t h = 0; h < 32; h += 16) tile##SUF(xr, m, W, yr, ys, m, j + h, 5, 1); break;   \
+        case 4: for (int64_t h = 0; h < 32; h += 16) tile##SUF(xr, m, W, yr, ys, m, j + h, 4, 1); break;   \
+        case 3: tile##SUF(xr, m, W, yr, ys, m, j, 3, 2); break;                                            \
+        case 2: tile##SUF(xr, m, W, yr, ys, m, j, 2, 2); break;                                            \
+        case 1: tile##SUF(xr, m, W, yr, ys, m, j, 1, 2); break;                                            \
         }                                                                                                 \
     }                                                                                                     \
 }
@@ -195,46 +196,46 @@ static inline __attribute__((always_inline)) void tile16##SUF(const float *restr
         for (int p = 0; p < P; p++) ST2(y + r * ys + (b0 + p) * 32, acc[r][2 * p], acc[r][2 * p + 1]);   \
 }                                                                                                         \
 static void vecmat16##SUF(const float *restrict a, int64_t R, const WT *restrict W, float *restrict y,    \
-                          int64_t m, int64_t n) {                                                         \
+                          int64_t ys, int64_t m, int64_t n) {                                                         \
     const int64_t nb = n / 32;                                                                            \
     int64_t b = 0;                                                                                        \
     switch (R) {                                                                                          \
     case 1:                                                                                               \
-        for (; b + 4 <= nb; b += 4) tile16##SUF(a, m, W, y, n, m, b, 1, 4);                               \
-        for (; b < nb; b++) tile16##SUF(a, m, W, y, n, m, b, 1, 1);                                       \
+        for (; b + 4 <= nb; b += 4) tile16##SUF(a, m, W, y, ys, m, b, 1, 4);                               \
+        for (; b < nb; b++) tile16##SUF(a, m, W, y, ys, m, b, 1, 1);                                       \
         break;                                                                                            \
     case 2:                                                                                               \
-        for (; b + 2 <= nb; b += 2) tile16##SUF(a, m, W, y, n, m, b, 2, 2);                               \
-        for (; b < nb; b++) tile16##SUF(a, m, W, y, n, m, b, 2, 1);                                       \
+        for (; b + 2 <= nb; b += 2) tile16##SUF(a, m, W, y, ys, m, b, 2, 2);                               \
+        for (; b < nb; b++) tile16##SUF(a, m, W, y, ys, m, b, 2, 1);                                       \
         break;                                                                                            \
     case 3:                                                                                               \
-        for (; b + 2 <= nb; b += 2) tile16##SUF(a, m, W, y, n, m, b, 3, 2);                               \
-        for (; b < nb; b++) tile16##SUF(a, m, W, y, n, m, b, 3, 1);                                       \
+        for (; b + 2 <= nb; b += 2) tile16##SUF(a, m, W, y, ys, m, b, 3, 2);                               \
+        for (; b < nb; b++) tile16##SUF(a, m, W, y, ys, m, b, 3, 1);                                       \
         break;                                                                                            \
     default:                                                                                              \
-        for (; b + 2 <= nb; b += 2) tile16##SUF(a, m, W, y, n, m, b, 4, 2);                               \
-        for (; b < nb; b++) tile16##SUF(a, m, W, y, n, m, b, 4, 1);                                       \
+        for (; b + 2 <= nb; b += 2) tile16##SUF(a, m, W, y, ys, m, b, 4, 2);                               \
+        for (; b < nb; b++) tile16##SUF(a, m, W, y, ys, m, b, 4, 1);                                       \
     }                                                                                                     \
 }                                                                                                         \
 static void linear16##SUF(const float *restrict x, int64_t N, const WT *restrict W, float *restrict y,    \
-                          int64_t m, int64_t n) {                                                         \
+                          int64_t ys, int64_t m, int64_t n) {                                                         \
     if (N <= 4) {                                                                                         \
-        vecmat16##SUF(x, N, W, y, m, n);                                                                  \
+        vecmat16##SUF(x, N, W, y, ys, m, n);                                                                  \
         return;                                                                                           \
     }                                                                                                     \
     for (int64_t b = 0; b < n / 32; b++) {                                                                \
         int64_t r = 0;                                                                                    \
-        for (; r + 8 <= N; r += 8) tile16##SUF(x + r * m, m, W, y + r * n, n, m, b, 8, 1);                \
+        for (; r + 8 <= N; r += 8) tile16##SUF(x + r * m, m, W, y + r * ys, ys, m, b, 8, 1);                \
         const float *xr = x + r * m;                                                                      \
-        float *yr = y + r * n;                                                                            \
+        float *yr = y + r * ys;                                                                            \
         switch (N - r) {                                                                                  \
-        case 7: tile16##SUF(xr, m, W, yr, n, m, b, 7, 1); break;                                          \
-        case 6: tile16##SUF(xr, m, W, yr, n, m, b, 6, 1); break;                                          \
-        case 5: tile16##SUF(xr, m, W, yr, n, m, b, 5, 1); break;                                          \
-        case 4: tile16##SUF(xr, m, W, yr, n, m, b, 4, 1); break;                                          \
-        case 3: tile16##SUF(xr, m, W, yr, n, m, b, 3, 1); break;                                          \
-        case 2: tile16##SUF(xr, m, W, yr, n, m, b, 2, 1); break;                                          \
-        case 1: tile16##SUF(xr, m, W, yr, n, m, b, 1, 1); break;                                          \
+        case 7: tile16##SUF(xr, m, W, yr, ys, m, b, 7, 1); break;                                          \
+        case 6: tile16##SUF(xr, m, W, yr, ys, m, b, 6, 1); break;                                          \
+        case 5: tile16##SUF(xr, m, W, yr, ys, m, b, 5, 1); break;                                          \
+        case 4: tile16##SUF(xr, m, W, yr, ys, m, b, 4, 1); break;                                          \
+        case 3: tile16##SUF(xr, m, W, yr, ys, m, b, 3, 1); break;                                          \
+        case 2: tile16##SUF(xr, m, W, yr, ys, m, b, 2, 1); break;                                          \
+        case 1: tile16##SUF(xr, m, W, yr, ys, m, b, 1, 1); break;                                          \
         }                                                                                                 \
     }                                                                                                     \
 }
@@ -249,12 +250,113 @@ MATRIX_KERNELS(_b16, uint16_t, LD2_BF16, ST2_BF16)
 #define LINEAR_B16 linear_b16
 #endif
 
+/* Threads. `linear_rows` splits a large product's 32-column blocks between `set_kernel_threads`
+   threads: the caller and workers started on first use, woken per product. Each output is still
+   computed whole by one thread, as above, so the split changes no bit. One product is split at a
+   time: a caller that finds the workers busy (another engine on another thread) computes alone. A
+   forked child (Ray, multiprocessing) starts with no workers and computes alone until told again. */
+#define MAX_THREADS 16
+#define SPLIT_MIN (1 << 20)  /* multiply-adds below which waking a worker costs more than it saves */
+typedef struct {
+    const float *x;
+    int64_t N;
+    const void *W;
+    int64_t bf16;
+    float *y;
+    int64_t m, n;
+} LinearJob;
+static struct {
+    pthread_mutex_t mu, busy;
+    pthread_cond_t go, done;
+    int threads, started, pending;
+    uint64_t gen;
+    LinearJob job;
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
+          1, 0, 0, 0, {0}};
+static uint64_t first_gen[MAX_THREADS];
+
+/* Thread t of T: its share of the job's blocks, y's rows keeping their full stride. */
+static void linear_part(const LinearJob *j, int t, int T) {
+    const int64_t nb = j->n / 32, b0 = nb * t / T, b1 = t < T ? nb * (t + 1) / T : b0;
+    if (b0 >= b1) return;
+    const size_t offset = b0 * 32 * j->m;
+    if (j->bf16) LINEAR_B16(j->x, j->N, (const uint16_t *)j->W + offset, j->y + b0 * 32, j->n, j->m, (b1 - b0) * 32);
+    else LINEAR_F32(j->x, j->N, (const float *)j->W + offset, j->y + b0 * 32, j->n, j->m, (b1 - b0) * 32);
+}
+
+static void *worker(void *arg) {
+    const int t = (int)(intptr_t)arg;
+    pthread_mutex_lock(&pool.mu);
+    uint64_t seen = first_gen[t];
+    for (;;) {
+        while (pool.gen == seen) pthread_cond_wait(&pool.go, &pool.mu);
+        seen = pool.gen;
+        const LinearJob job = pool.job;
+        const int T = pool.threads;
+        pthread_mutex_unlock(&pool.mu);
+        linear_part(&job, t, T);
+        pthread_mutex_lock(&pool.mu);
+        if (--pool.pending == 0) pthread_cond_signal(&pool.done);
+    }
+    return NULL;
+}
+
+static void forked_child(void) {
+    pthread_mutex_init(&pool.mu, NULL);
+    pthread_mutex_init(&pool.busy, NULL);
+    pthread_cond_init(&pool.go, NULL);
+    pthread_cond_init(&pool.done, NULL);
+    pool.threads = 1, pool.started = 0, pool.pending = 0;
+}
+
+/* Compute products on n threads (1..MAX_THREADS), starting the workers that are missing. */
+void set_kernel_threads(int64_t n) {
+    static int registered = 0;
+    n = n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : n;
+    pthread_mutex_lock(&pool.busy);
+    pthread_mutex_lock(&pool.mu);
+    if (!registered) registered = !pthread_atfork(NULL, NULL, forked_child);
+    while (pool.started < n - 1) {
+        pthread_t th;
+        const int t = pool.started + 1;
+        first_gen[t] = pool.gen;
+        if (pthread_create(&th, NULL, worker, (void *)(intptr_t)t)) break;  /* no thread: fewer threads */
+        pthread_detach(th);
+        pool.started++;
+    }
+    __atomic_store_n(&pool.threads, n < pool.started + 1 ? (int)n : pool.started + 1, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&pool.mu);
+    pthread_mutex_unlock(&pool.busy);
+}
+
+static void linear_split(const LinearJob *j) {
+    pthread_mutex_lock(&pool.mu);
+    pool.job = *j;
+    pool.pending = pool.started;
+    pool.gen++;
+    const int T = pool.threads;
+    pthread_cond_broadcast(&pool.go);
+    pthread_mutex_unlock(&pool.mu);
+    linear_part(j, 0, T);
+    pthread_mutex_lock(&pool.mu);
+    while (pool.pending) pthread_cond_wait(&pool.done, &pool.mu);
+    pthread_mutex_unlock(&pool.mu);
+}
+
 /* y [N, n] = x [N, m] @ W (+ bias [n], may be NULL) for W packed [n / 32, m, 32] (n % 32 == 0),
    bf16 when `bf16`, else fp32. The bias is added after the sum. */
 static void linear_rows(const float *restrict x, int64_t N, const void *restrict W, int64_t bf16,
                         const float *restrict bias, float *restrict y, int64_t m, int64_t n) {
-    if (bf16) LINEAR_B16(x, N, (const uint16_t *)W, y, m, n);
-    else LINEAR_F32(x, N, (const float *)W, y, m, n);
+    if (__atomic_load_n(&pool.threads, __ATOMIC_RELAXED) > 1 && n >= 64 && N * m * n >= SPLIT_MIN &&
+        pthread_mutex_trylock(&pool.busy) == 0) {
+        const LinearJob job = {x, N, W, bf16, y, m, n};
+        linear_split(&job);
+        pthread_mutex_unlock(&pool.busy);
+    } else if (bf16) {
+        LINEAR_B16(x, N, (const uint16_t *)W, y, n, m, n);
+    } else {
+        LINEAR_F32(x, N, (const float *)W, y, n, m, n);
+    }
     if (bias)
         for (int64_t r = 0; r < N; r++)
             for (int64_t j = 0; j < n; j++) y[r * n + j] += bias[j];
