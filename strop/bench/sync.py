@@ -112,7 +112,7 @@ def _strop(old: dict, new: dict, repeat: int) -> tuple:
     return len(blob), te, td, exact
 
 
-def _rows(case: str, old: dict, new: dict, repeat: int) -> list[dict]:
+def codec_rows(case: str, old: dict, new: dict, repeat: int) -> list[dict]:
     names = sorted(new)
     flat_old = np.concatenate([old[k].data for k in names])
     flat_new = np.concatenate([new[k].data for k in names])
@@ -145,7 +145,8 @@ def _synthetic(n: int, repeat: int) -> list[dict]:
         snaps = adamw_snapshots(n, lr, keep=(15, 19, 20) if lr == 1e-6 else (19, 20))
         pairs = [(tag, 19)] + ([("stale5-lr1e-6", 15)] if lr == 1e-6 else [])
         for case, a in pairs:
-            rows += _rows(case, {"w": Tensor("BF16", (n,), snaps[a])}, {"w": Tensor("BF16", (n,), snaps[20])}, repeat)
+            old, new = {"w": Tensor("BF16", (n,), snaps[a])}, {"w": Tensor("BF16", (n,), snaps[20])}
+            rows += codec_rows(case, old, new, repeat)
         print(f"  synthetic lr {lr:g} done ({time.perf_counter() - t0:.0f} s)", flush=True)
     return rows
 
@@ -306,7 +307,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"strop bench sync: {n:,}-element synthetic cases{' (quick)' if args.quick else ''}", flush=True)
     rows = _synthetic(n, repeat)
     demo, info = loaded or _capture_demo(args.quick)
-    rows += _rows("demo", demo[0], demo[1], repeat)
+    rows += codec_rows("demo", demo[0], demo[1], repeat)
     pause = _engine_pause_ms(demo[0], demo[1])
     print(f"  demo done ({time.perf_counter() - t0:.0f} s)", flush=True)
     fanout = None
