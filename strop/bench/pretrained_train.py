@@ -6,7 +6,8 @@ The model is a directory `strop model import` wrote (SmolLM2-135M-Instruct by de
 its own): a batch of `--batch` rows of `--seq-len` tokens of real code (the standard library's
 held-out files in the model's own tokenizer), the loss on each row's second half as RL's loss covers
 the policy's own tokens (the output head only there, `strop.model.policy.logits_at`), AdamW; one
-warm-up step, then `--steps` timed (best reported, tokens/s = batch x seq-len over it). Variants:
+warm-up step, then `--steps` timed (best reported, tokens/s = batch x seq-len over it; over the
+process's CPU time too, the steadier figure on a shared machine). Variants:
 
   full            every parameter, fp32, AdamW (lr 1e-6, an RL step)
   checkpointing   full, each decoder layer's activations recomputed in the backward
@@ -125,16 +126,17 @@ def _variant(checkpoint: str, name: str, batch: int, seq_len: int, steps: int, t
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=LR.get(name, 1e-6), weight_decay=0.0)
     mode = deterministic_mode(model) if spec.get("deterministic") else contextlib.nullcontext()
-    times, publish, snaps = [], [], []
+    times, cpu, publish, snaps = [], [], [], []
     with mode:
         for step in range(steps + 1):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             loss = F.cross_entropy(logits_at(model, ids, mask), targets)
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
             if step:
                 times.append(time.perf_counter() - t0)
+                cpu.append(time.process_time() - c0)
             if name in ("full", "lora") and step >= steps - 1:
                 t0 = time.perf_counter()
                 if name == "lora":
@@ -147,6 +149,8 @@ def _variant(checkpoint: str, name: str, batch: int, seq_len: int, steps: int, t
         "variant": name,
         "step_s": min(times),
         "tok_s": batch * seq_len / min(times),
+        "cpu_step_s": min(cpu),
+        "cpu_tok_s": batch * seq_len / min(cpu),
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "trainable_m": sum(p.numel() for p in params) / 1e6,
         "loss": float(loss.detach()),
@@ -182,8 +186,8 @@ def run(args: argparse.Namespace) -> int:
                 if r["method"] in ("raw-bf16", "zstd-xor", "strop"):
                     deltas.append({k: r[k] for k in ("case", "method", "bytes", "ratio", "bit_exact")})
     full = next((r for r in rows if r["variant"] == "full"), None)
-    for r in rows:
-        r["vs_full"] = r["tok_s"] / full["tok_s"] if full else None
+    for r in rows:  # CPU time: the steadier comparison on a machine other jobs share
+        r["cpu_vs_full"] = r["cpu_tok_s"] / full["cpu_tok_s"] if full else None
     result = {
         "model": args.checkpoint,
         "batch": batch,
@@ -196,6 +200,7 @@ def run(args: argparse.Namespace) -> int:
     }
     for r in rows:
         result[f"{r['variant']}_tok_s"] = r["tok_s"]
+        result[f"{r['variant']}_cpu_tok_s"] = r["cpu_tok_s"]
     by = {(d["case"], d["method"]): d for d in deltas}
     for case in ("full", "lora"):
         if (case, "strop") in by:
@@ -206,11 +211,8 @@ def run(args: argparse.Namespace) -> int:
         f"training steps of {args.checkpoint}: {batch} x {seq_len} tokens of code per step (loss on each row's "
         f"second half), AdamW, best of {steps} after a warm-up, {result['threads']} thread(s), {result['cpu']}"
     )
-    print(
-        format_table(
-            rows, ["variant", "step_s", "tok_s", "vs_full", "peak_rss_mib", "trainable_m", "publish_s", "loss"]
-        )
-    )
+    columns = ["variant", "step_s", "tok_s", "cpu_tok_s", "cpu_vs_full", "peak_rss_mib", "trainable_m", "publish_s"]
+    print(format_table(rows, [*columns, "loss"]))
     if deltas:
         print("weight deltas between the last two versions (bf16 snapshots an engine is sent):")
         print(format_table(deltas, ["case", "method", "bytes", "ratio", "bit_exact"]))

@@ -42,6 +42,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--weights-store", help="the run's weight store (directory or fsspec URL) admin updates load from"
     )
     parser.add_argument(
+        "--chat-template",
+        default="auto",
+        help="how chat completions render: auto (the checkpoint's own template; strop's format for strop's "
+        "models), strop, or a Jinja template file",
+    )
+    parser.add_argument(
+        "--tool-parser",
+        default="auto",
+        help="tool-call syntax of a checkpoint's template: auto, hermes, llama3_json, none (a template "
+        "without tool calls, as SmolLM2-Instruct's), or a dotted path",
+    )
+    parser.add_argument(
         "--log-sessions",
         metavar="JSONL",
         help="append every chat completion (the request's messages and the reply) to this file as "
@@ -92,7 +104,9 @@ def serve(args: argparse.Namespace, sock: socket.socket) -> None:
     set_threads(args.threads)
     import uvicorn
 
+    from strop.data.chat import StropFormat
     from strop.engine.engine import Engine
+    from strop.env.harness.chat_formats import chat_format
     from strop.online.app import create_serving_app
     from strop.online.auth import KeyFile
     from strop.online.store import Store
@@ -111,17 +125,20 @@ def serve(args: argparse.Namespace, sock: socket.socket) -> None:
         )
     except ValueError as e:  # e.g. --max-len past the model's limit, a bad key file, an unreachable database
         raise UserError(str(e)) from None
+    chat = chat_format(engine.tokenizer, args.chat_template, args.tool_parser)
+    chat = None if isinstance(chat, StropFormat) else chat  # the server's own rendering is strop's format
     name = args.name or Path(args.checkpoint).resolve().name
     engine.start()
     port = sock.getsockname()[1]
     print(
         f"strop serve: {name} on http://{args.host}:{port} (max batch {args.max_batch}, "
         f"{'deterministic' if args.deterministic else 'default'} ops, "
+        f"chat in {'strop format' if chat is None else 'the template ' + chat.name}, "
         f"{f'{len(keys.keys)} API keys' if keys else 'no API keys'}, "
         f"{'completion log ' + args.store if store else 'no completion log'})",
         flush=True,
     )
-    app = create_serving_app(engine, name, keys, store, versions, sessions=args.log_sessions)
+    app = create_serving_app(engine, name, keys, store, versions, sessions=args.log_sessions, chat_format=chat)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=GRACEFUL_S))
     try:
         server.run(sockets=[sock])

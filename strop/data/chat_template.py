@@ -10,8 +10,9 @@ rewrites what it rendered earlier, which `strop.env.harness.chat_formats.check_a
 
 Parsers (entry points of `strop.tool_parsers`) turn a generated turn's text into content and calls:
 `hermes` (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks: Qwen2.5/Qwen3, Hermes;
-it is `strop.data.chat.parse_assistant`, strop's own syntax) and `llama3_json` (Llama 3.1+: the whole
-reply is `{"name": ..., "parameters": {...}}`; one call per turn).
+it is `strop.data.chat.parse_assistant`, strop's own syntax), `llama3_json` (Llama 3.1+: the whole
+reply is `{"name": ..., "parameters": {...}}`; one call per turn) and `none` (a template without tool
+calls, as SmolLM2-Instruct's: every reply is content).
 """
 
 import json
@@ -193,3 +194,8 @@ def parse_llama3_json(text: str) -> AssistantTurn:
 
 
 parse_llama3_json.parallel_calls = False  # Llama's template renders one call per assistant turn
+
+
+def parse_content(text: str) -> AssistantTurn:
+    """A template that teaches no tool-call syntax (SmolLM2's): every reply is content."""
+    return AssistantTurn(content=text.strip())

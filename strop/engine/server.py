@@ -108,9 +108,15 @@ class ClientError(Exception):
 
 
 def create_app(
-    engine: Engine, model_name: str, path_updates: bool = False, on_served: OnServed | None = None
+    engine: Engine,
+    model_name: str,
+    path_updates: bool = False,
+    on_served: OnServed | None = None,
+    chat_format=None,
 ) -> FastAPI:
-    """The app around an engine whose loop thread is running."""
+    """The app around an engine whose loop thread is running. `chat_format`: the one chat completions
+    render and parse in (`strop.data.chat_template.TemplateFormat`: a checkpoint's own template);
+    None: strop's own (`strop.data.chat`)."""
     app = FastAPI(title="strop engine")
     tok = engine.tokenizer
     token_chars = longest_token_chars(tok)
@@ -292,14 +298,25 @@ def create_app(
             ):
                 raise ClientError(400, f"messages[{i}]: needs a role in system/user/assistant/tool and string content")
         tools = None if req.tool_choice == "none" else req.tools
-        try:
-            text = await asyncio.to_thread(render, req.messages, tools, add_generation_prompt=True)
-        except (KeyError, TypeError, AttributeError) as e:
-            raise ClientError(400, f"messages or tools are malformed: {type(e).__name__}: {e}") from None
-        check_length(text)
-        # as the harness does: a special token spelt inside a message is plain text, so no caller can forge a turn
-        ids = await asyncio.to_thread(encode_chat, tok, req.messages, tools, add_generation_prompt=True)
-        sp = params(req, 512, [tok.convert_tokens_to_ids(IM_END), *(req.stop_token_ids or [])])
+        if chat_format is None:
+            try:
+                text = await asyncio.to_thread(render, req.messages, tools, add_generation_prompt=True)
+            except (KeyError, TypeError, AttributeError) as e:
+                raise ClientError(400, f"messages or tools are malformed: {type(e).__name__}: {e}") from None
+            check_length(text)
+            # as the harness does: a special token spelt inside a message is plain text, so no caller can forge a turn
+            ids = await asyncio.to_thread(encode_chat, tok, req.messages, tools, add_generation_prompt=True)
+            stops = [tok.convert_tokens_to_ids(IM_END)]
+        else:  # the checkpoint's template, control tokens inside messages sanitized as the harness's are
+            check_length("".join(str(m.get("content") or "") for m in req.messages))
+            try:
+                ids = await asyncio.to_thread(chat_format.prompt, list(req.messages), tools)
+            except Exception as e:  # the template's own errors (Jinja raises many types) on a caller's messages
+                raise ClientError(400, f"messages or tools do not render: {type(e).__name__}: {e}") from None
+            if len(ids) >= engine.max_len:
+                raise ClientError(400, f"prompt of {len(ids)} tokens leaves no room in this engine's context")
+            stops = list(chat_format.stop_ids)
+        sp = params(req, 512, [*stops, *(req.stop_token_ids or [])])
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if req.stream:
             return _stream(
@@ -331,7 +348,7 @@ def create_app(
         await served(request, "chat", rid, req, ids, outs, t0)
         choices = []
         for i, c in enumerate(outs):
-            turn = parse_assistant(c.text)
+            turn = parse_assistant(c.text) if chat_format is None else chat_format.parse(c.text)
             message = {"role": "assistant", "content": turn.content or None}
             if turn.tool_calls:
                 message["tool_calls"] = [

@@ -82,9 +82,11 @@ def create_serving_app(
     store: Store | None,
     versions: Versions | None,
     sessions: str | None = None,
+    chat_format=None,
 ) -> FastAPI:
     """The app around an engine whose loop thread is running (see the module docstring); with
-    `sessions`, every chat completion is also appended to that JSONL file (`strop.env.harness.sessions`)."""
+    `sessions`, every chat completion is also appended to that JSONL file (`strop.env.harness.sessions`);
+    `chat_format`: the one completions render in (`strop.engine.server.create_app`)."""
 
     async def log(request: Request, served: Served) -> None:
         if sessions and served.endpoint == "chat":
@@ -98,7 +100,8 @@ def create_serving_app(
             raise ClientError(503, f"the completion log is unavailable: {type(e).__name__}") from None
 
     logging = store is not None or sessions
-    app = create_app(engine, model_name, path_updates=False, on_served=log if logging else None)
+    on_served = log if logging else None
+    app = create_app(engine, model_name, path_updates=False, on_served=on_served, chat_format=chat_format)
 
     if store is not None:
 
