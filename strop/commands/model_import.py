@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _cached(source: Path) -> Path:
     """The node cache's import of `source`, made on first use (a failure leaves nothing behind)."""
-    from strop.env.host_account import built, cache_dir
+    from strop.env.host.node_cache import built, cache_dir
     from strop.model import importer
 
     def build(tmp: Path) -> None:
