@@ -88,49 +88,14 @@ def test_llama_torch_path_matches_hf(tiny_tokenizer):
     assert torch.allclose(logits[0].float(), hf, atol=0.1, rtol=0.05)
 
 
-CODING = [
-    "sum a list",
-    "reverse a string",
-    "check if a number is prime",
-    "compute a factorial",
-    "return the n-th Fibonacci number",
-    "merge two sorted lists",
-    "count the vowels in a string",
-    "find the maximum of a list",
-    "flatten a nested list",
-    "remove duplicates from a list",
-    "check for a palindrome",
-    "compute the gcd of two numbers",
-    "convert celsius to fahrenheit",
-    "transpose a matrix",
-    "search a sorted list by bisection",
-    "count the words in a sentence",
-    "find the second largest number",
-    "capitalize each word",
-    "compute the mean of a list",
-    "rotate a list by k places",
-]
-
-
-def smollm2_prompts(tokenizer) -> list[list[int]]:
-    """20 chat prompts in SmolLM2's own template."""
-    return [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": f"Write a Python function to {task}."}],
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=True,
-        )["input_ids"]
-        for task in CODING
-    ]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_smollm2_greedy_equals_hf_generate(smollm2_dir, deterministic):
+    from strop.bench.pretrained import CODING_TASKS, chat_prompts
     from strop.data.tokenizer import load_tokenizer
     from strop.model.policy import load_model
 
     model, tokenizer = load_model(smollm2_dir), load_tokenizer(smollm2_dir)
     assert type(model).__name__ == "LlamaForCausalLM" and model.config.vocab_size == 49152
-    assert_engine_matches_hf(model, tokenizer, smollm2_prompts(tokenizer), 32, deterministic)
+    prompts = chat_prompts(tokenizer, len(CODING_TASKS))  # 20 coding requests in its own template
+    assert_engine_matches_hf(model, tokenizer, prompts, 32, deterministic)

@@ -67,15 +67,17 @@ def _clocks() -> tuple[float, float]:
 
 
 def time_hf(model, tok, prompts: list[list[int]], new_tokens: int) -> tuple[float, float]:
-    """(wall, process CPU) seconds of HF generate."""
+    """(wall, process CPU) seconds of HF generate (prompts of unequal length left-padded, masked)."""
     import torch
 
-    ids = torch.tensor(prompts)
+    width = max(map(len, prompts))
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     w0, c0 = _clocks()
     with torch.no_grad():
         out = model.generate(
             ids,
-            attention_mask=torch.ones_like(ids),
+            attention_mask=mask,
             do_sample=True,
             temperature=1.0,
             top_p=0.95,

@@ -6,15 +6,15 @@ The model is a directory `strop model import` wrote (SmolLM2-135M-Instruct by de
 (the trainer publishes bf16 snapshots; every side computes in fp32 on those values). The prompts are
 16 coding requests rendered in the model's own chat template; each side generates `--new-tokens`
 tokens per prompt (64; 32 with `--quick`) at T=1, top-p 0.95, end tokens ignored, prefill included.
-HF generate gets the batch left-padded with its attention mask; strop's engine (default and
-deterministic mode) runs in this process; vLLM (`make vllm`) in its own, started as an RL run starts
-it (`strop.engine.vllm_server`, fp32, eager), its 16 requests sent at once over HTTP so its scheduler
-batches them (that cost is in its figure, as in a run; its start-up is not). Every side runs on
-`--threads` threads (1 by default, as strop pins each engine to one core). Each side's best of
-`--repeats` interleaved runs; CPU-time tokens/s (this process's CPU time: not for vLLM's own
-process) are reported too, the steadier figure on a shared machine. `det_cost` is the deterministic
-engine's CPU time over the default engine's (median of the repeats' pairs), the cost of bitwise
-mode.
+HF generate gets the batch left-padded with its attention mask (`strop.bench.engine.time_hf`);
+strop's engine (default and deterministic mode) runs in this process; vLLM (`make vllm`) in its
+own, started as an RL run starts it (`strop.engine.vllm_server`, fp32, eager), its 16 requests sent
+at once over HTTP so its scheduler batches them (that cost is in its figure, as in a run; its
+start-up is not). Every side runs on `--threads` threads (1 by default, as strop pins each engine
+to one core). Each side's best of `--repeats` interleaved runs; CPU-time tokens/s (this process's
+CPU time: not for vLLM's own process) are reported too, the steadier figure on a shared machine.
+`det_cost` is the deterministic engine's CPU time over the default engine's (median of the
+repeats' pairs), the cost of bitwise mode.
 """
 
 import argparse
@@ -73,42 +73,13 @@ def chat_prompts(tokenizer, n: int) -> list[list[int]]:
     ]
 
 
-def _clocks() -> tuple[float, float]:
-    return time.perf_counter(), time.process_time()
-
-
-def time_hf(model, prompts: list[list[int]], new_tokens: int, pad_id: int) -> tuple[float, float]:
-    """(wall, process CPU) seconds of HF generate on the left-padded batch."""
-    import torch
-
-    width = max(map(len, prompts))
-    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    w0, c0 = _clocks()
-    with torch.no_grad():
-        out = model.generate(
-            ids,
-            attention_mask=mask,
-            do_sample=True,
-            temperature=1.0,
-            top_p=0.95,
-            top_k=0,
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            pad_token_id=pad_id,
-        )
-    w1, c1 = _clocks()
-    assert out.shape[1] == width + new_tokens
-    return w1 - w0, c1 - c0
-
-
 def run(args: argparse.Namespace) -> int:
     from strop.threads import set_threads
 
     threads = set_threads(args.threads or None)
     import torch
 
-    from strop.bench.engine import time_engine
+    from strop.bench.engine import time_engine, time_hf
     from strop.bench.engine_vllm import generate_all
     from strop.data.tokenizer import load_tokenizer
     from strop.engine.engine import Engine
@@ -127,14 +98,13 @@ def run(args: argparse.Namespace) -> int:
             p.copy_(p.bfloat16().float())
     prompts = chat_prompts(tok, BATCH)
     max_len = max(map(len, prompts)) + new_tokens + 8
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     engines = {
         "engine": Engine(model, tok, max_batch=BATCH, max_len=max_len, reuse_min=0),
         "deterministic": Engine(model, tok, max_batch=BATCH, max_len=max_len, deterministic=True, reuse_min=0),
     }
-    sides = {"hf": lambda: time_hf(model, prompts, new_tokens, pad_id)}
+    sides = {"hf": lambda: time_hf(model, tok, prompts, new_tokens)}
     sides |= {name: (lambda e=e: time_engine(e, prompts, new_tokens)) for name, e in engines.items()}
-    time_hf(model, prompts[:2], 2, pad_id)  # warm up
+    time_hf(model, tok, prompts[:2], 2)  # warm up
     for e in engines.values():
         time_engine(e, prompts[:2], 2)
     use_vllm = installed() and not args.no_vllm
