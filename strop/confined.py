@@ -2,10 +2,11 @@
 it: the one home of strop's "open beneath a directory" needs.
 
 Two ways, for two kinds of directory:
-- beneath (`read_beneath`, `apply_changes`, `read_regular`, `write_new`, `open_append`, `copy_tree`):
-  a link is never followed. For directories a user handed strop (what `strop agent` reads for its
-  diff and writes with `--apply`, what `strop tasks export` writes), files it names (a session log)
-  and trees strop copies (a repository's checkout, an agent's workspace).
+- beneath (`read_beneath`, `exists_beneath`, `apply_changes`, `read_regular`, `write_new`,
+  `open_append`, `copy_tree`): a link is never followed. For directories a user handed strop (what
+  `strop agent` reads for its diff and writes with `--apply`, what `strop tasks export` writes),
+  files it names (a session log) and trees strop copies (a repository's checkout, an agent's
+  workspace).
 - in a root (`open_in_root`, `makedirs_in_root`): a link resolves as it would for a process whose
   root is that directory (openat2 with RESOLVE_IN_ROOT): an absolute link or `..` stays inside. For
   a sandbox's root, an unpacked image and its layers.
@@ -93,6 +94,25 @@ def read_beneath(root: Path, rel: str) -> bytes | None:
         ffd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
         with os.fdopen(ffd, "rb") as f:
             return f.read() if stat.S_ISREG(os.fstat(ffd).st_mode) else None
+    finally:
+        os.close(fd)
+
+
+def exists_beneath(root: Path, rel: str) -> bool:
+    """Whether `rel` names an entry under `root` (a symbolic link counts as itself), reached
+    without following a link."""
+    parts = parts_of(rel)
+    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fd = _walk(root_fd, parts[:-1], create=False)
+    except OSError:  # a component is a link or a file
+        return False
+    finally:
+        os.close(root_fd)
+    if fd is None:
+        return False
+    try:
+        return _lstat(fd, parts[-1]) is not None
     finally:
         os.close(fd)
 

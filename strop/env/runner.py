@@ -4,13 +4,12 @@ pytest, writing a JUnit report in the xunit1 family (whose testcases carry their
 map back to them) to `$STROP_JUNIT`, which the checker replaces by a path the code under test
 never had. Which files are tests: the modules pytest collects by default (`test_*.py`,
 `*_test.py`) anywhere, everything under a test directory, and `conftest.py`; which files configure
-the runner: pytest's configuration files at the repository's top. An agent's changes to either
-never count (`PROTECTED`, the default of `Task.protected`), and the miner splits a commit with the
-same rule (`is_test_path`).
+the runner: pytest's configuration files and conftest.py files, at any depth (`RUNNER_FILES`). An
+agent's changes to either never count (`PROTECTED`, the default of `Task.protected`; the runner's
+files whatever a task says), and the miner splits a commit with the same rule (`is_test_path`).
 """
 
 import fnmatch
-import sys
 from pathlib import PurePosixPath
 
 RUNNER = ["python3", "-m", "pytest"]
@@ -27,23 +26,12 @@ TEST_GLOBS = (
     "conftest.py",
     "**/conftest.py",
 )
-# the files pytest reads its configuration from (pytest.toml and .pytest.ini since pytest 9)
+# the files pytest reads its configuration from (pytest.toml and .pytest.ini since pytest 9), at any
+# depth (pytest looks for them from the tests' common directory upwards), and its conftest.py files:
+# they decide how the runner runs, so the checker protects them whatever a task's `protected` says
 RUNNER_CONFIG = ("pytest.ini", ".pytest.ini", "pytest.toml", "pyproject.toml", "tox.ini", "setup.cfg")
-PROTECTED = (*TEST_GLOBS, *RUNNER_CONFIG)
-# modules the runner imports: a new top-level module of one of these names in the repository
-# (which `python -m pytest` puts first on sys.path) would replace it
-RUNNER_MODULES = frozenset(sys.stdlib_module_names) | {
-    "pytest",
-    "_pytest",
-    "pluggy",
-    "py",
-    "iniconfig",
-    "packaging",
-    "sitecustomize",
-    "usercustomize",
-    "xdist",
-    "pytest_timeout",
-}
+RUNNER_FILES = (*RUNNER_CONFIG, *(f"**/{c}" for c in RUNNER_CONFIG), "conftest.py", "**/conftest.py")
+PROTECTED = tuple(dict.fromkeys((*TEST_GLOBS, *RUNNER_FILES)))
 
 
 def is_test_module(path: str) -> bool:

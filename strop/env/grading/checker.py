@@ -2,19 +2,31 @@
 
 Order matters, because every step closes a way to game the reward:
 1. drop the bytecode and pytest caches among the changes (`source_changes`), and changes to
-   protected paths (the task's globs, the hidden test paths, anything outside
-   the repository, new top-level modules that would shadow the runner such as `pytest.py`),
-   so edited or deleted tests and runner config never count;
+   protected paths: the runner's own files (pytest's configuration files and conftest.py at any
+   depth, `strop.env.runner.RUNNER_FILES`, whatever the task says), the task's globs, the hidden
+   test paths, anything outside the repository, and new modules named like one the image's Python
+   has (`shadows_runner`: `pytest.py`, `pygments.py`, an `attr/` package, in a folder the runner
+   puts on sys.path), so edited tests, runner config and stand-ins for the runner never count;
 2. open a fresh sandbox on the pristine task repository (`strop.env.world.task_world`) and write the
    remaining changes into it from the host;
-3. only then write the hidden tests (`hidden_tests` and what `test_patch` makes) over whatever
-   sits at their paths — no agent code runs before the world is complete;
+3. only then write the hidden tests (`hidden_tests` and what `test_patch` makes) and a fresh module
+   of canary tests (`strop.env.grading.canaries`) over whatever sits at their paths — no agent code
+   runs before the world is complete;
 4. run the test command (on the task's FAIL_TO_PASS and PASS_TO_PASS test ids when it has them,
-   else on the hidden test files) with the JUnit report going to a random path outside the
-   repository that the agent's sandbox never had, and parse that XML, never the test output;
+   else on the hidden test files; the canaries last) with the JUnit report going to a random path
+   outside the repository that the agent's sandbox never had, and parse that XML, never the test
+   output;
 5. count a run with fewer test cases than the task declares (`metadata["n_tests"]`, and
-   `["n_perturbed_tests"]` for the perturbed run) as failed,
-   and a report of all passes from a runner that exited non-zero as forged.
+   `["n_perturbed_tests"]` for the perturbed run) as failed, and a run with passes whose canaries
+   were not reported failed, or whose runner did not exit 1 (tests failed), as forged.
+
+Why canaries: the hidden tests run in the process of the code they import, which reaches all of
+that process (the live pytest config through `gc`, its plugins, its report file, its exit code), so
+no channel out of it is one that code cannot write. What it cannot know is which of the tests
+named on the command line must fail: any forgery that passes what did not pass (a pass-everything
+plugin, an `atexit` rewrite of the report with `os._exit(0)`, a forged report file) passes or loses
+the canaries too, and earns 0. Code that tells the canaries apart and forges only the rest, or a test
+that trusts an object the code returns, is not covered here: tasks graded by values close both.
 
 Tasks graded by values (`task.grader == "values"`) skip steps 3-4: the hidden checks never enter
 the agent's world; a judge sandbox runs them and the agent's code only answers their calls with
@@ -23,10 +35,10 @@ always-equal return value, a patched runner, an exit call) can pass a check.
 
 Timeouts, crashes, missing or malformed reports give reward 0 with a `reason`; `check` never
 raises. `Score.outcome` says in one word of `Outcome` what the checker concluded, for code to
-branch on; `reason` says it in words, for people. The perturbed run (same steps, `task.perturbed_tests` in place
-of the hidden tests)
-is reported separately for the hack monitor and does not change the reward; it runs only when
-the hidden tests gave reward (special-casing test inputs matters only when it paid).
+branch on; `reason` says it in words, for people. The perturbed run (same steps,
+`task.perturbed_tests` in place of the hidden tests) is reported separately for the hack monitor
+and does not change the reward; it runs only when the hidden tests gave reward (special-casing
+test inputs matters only when it paid).
 """
 
 import fnmatch
@@ -37,14 +49,15 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import PurePosixPath
 from typing import Literal
 
+from strop.env.grading.canaries import Canaries, make_canaries, split_report, verdict
 from strop.env.grading.diagnosis import memory_reason, no_report_reason, unknown_tests_reason
 from strop.env.grading.isolated import GradingFailed, grade
 from strop.env.grading.junit import first_failure, junit_outcomes, parse_junit
-from strop.env.runner import RUNNER_MODULES
+from strop.env.runner import RUNNER_FILES
 from strop.env.sandbox.interface import Limits, Sandbox
 from strop.env.task import Task
 from strop.env.world.patches import hidden_tests
-from strop.env.world.task_world import empty_sandbox, repository_has, task_sandbox
+from strop.env.world.task_world import empty_sandbox, installed_modules, repository_has, task_sandbox
 
 Mode = Literal["binary", "fraction"]
 # what a check concluded: every test passed; the tests ran and some did not pass; no test ran;
@@ -92,32 +105,54 @@ def source_changes(changes: dict) -> dict:
     }
 
 
-def shadows_runner(task: Task, path: str) -> bool:
-    """True for a new top-level module named like one the test runner imports (`pytest.py`,
-    `_pytest/`, `json.py`, ...): `python -m pytest` puts the repository first on sys.path."""
-    top = PurePosixPath(path).parts[0]
-    name = top.removesuffix(".py")
-    return name in RUNNER_MODULES and not repository_has(task, top)
+# modules Python imports at start-up from its path, whatever the image has
+_STARTUP_MODULES = frozenset({"sitecustomize", "usercustomize"})
+_MODULE_SUFFIXES = (".py", ".pyc", ".so", ".pyd")
 
 
-def is_protected(task: Task, path: str) -> bool:
-    """True for paths whose changes never count: protected globs, hidden tests, escapes, and
-    modules that would shadow the test runner."""
+def _is_package(task: Task, directory: str, changes: dict | None) -> bool:
+    init = f"{directory}/__init__.py"
+    return repository_has(task, init) and not (changes and init in changes and changes[init] is None)
+
+
+def shadows_runner(task: Task, path: str, changes: dict | None = None) -> bool:
+    """True for a new module named like one the image's Python has (`pytest.py`, `pygments.py`,
+    `json.py`, an `attr/` package), in a directory that is no package of the starting repository
+    (its top, `src/`, any folder without an `__init__.py` there or whose `__init__.py` the
+    `changes` delete): `python -m pytest`, a `pythonpath` setting or pytest's rootdir insertion put
+    such a directory first on sys.path, and the module would replace the installed one for the
+    runner and the tests alike."""
+    parts = PurePosixPath(path).parts
+    if not parts or not parts[-1].endswith(_MODULE_SUFFIXES):
+        return False  # a data file is no module
+    if parts[-1].split(".")[0] == "__init__":
+        parts = parts[:-1]  # a package's own module: the package is what would be new
+    if not parts or (len(parts) > 1 and _is_package(task, "/".join(parts[:-1]), changes)):
+        return False
+    if parts[-1].split(".")[0] not in installed_modules(task.image) | _STARTUP_MODULES:
+        return False
+    return not repository_has(task, "/".join(parts))
+
+
+def is_protected(task: Task, path: str, changes: dict | None = None) -> bool:
+    """True for paths whose changes never count: the runner's own files (`RUNNER_FILES`, whatever
+    the task says), protected globs, hidden tests, escapes, and modules that would shadow an
+    installed one (`shadows_runner`, given the whole change set)."""
     p = PurePosixPath(path)
     if p.is_absolute() or ".." in p.parts or not p.parts or p.parts[0] == ".git":
         return True
     path = str(p)
-    if shadows_runner(task, path):
+    if any(fnmatch.fnmatchcase(path, g) for g in (*RUNNER_FILES, *task.protected)):
         return True
     if path in hidden_tests(task) or path in task.perturbed_tests:
         return True
-    return any(fnmatch.fnmatchcase(path, g) for g in task.protected)
+    return shadows_runner(task, path, changes)
 
 
 def split_changes(
     task: Task, changes: dict[str, bytes | str | None]
 ) -> tuple[dict[str, bytes | str | None], list[str]]:
-    kept = {p: d for p, d in changes.items() if not is_protected(task, p)}
+    kept = {p: d for p, d in changes.items() if not is_protected(task, p, changes)}
     return kept, sorted(p for p in changes if p not in kept)
 
 
@@ -132,39 +167,50 @@ def _write(sandbox: Sandbox, changes: dict[str, bytes | str | None]) -> None:
 @dataclass
 class CheckRun:
     """One run of a task's test command: its exit code, whether it timed out, the JUnit report it
-    wrote (None when it wrote none), and the end of its stderr (what a runner that failed last said)."""
+    wrote without the canaries' testcases (None when it wrote none), the canaries' outcomes, and the
+    end of its stderr (what a runner that failed last said)."""
 
     exit_code: int | None
     timed_out: bool
     report: bytes | None
+    canaries: Canaries
     stderr: str = ""
+    canary_outcomes: dict[str, str] = field(default_factory=dict)
+
+    def forged(self) -> str:
+        """ "" when the canaries say the runner was left alone, else why not (`canaries.verdict`)."""
+        return verdict(self.canaries, self.canary_outcomes, self.exit_code)
 
 
 def run_tests(
     task: Task, changes: dict[str, bytes | str | None], tests: dict[str, str], selected: list[str], limits: Limits
 ) -> CheckRun:
-    """Run `task`'s test command on `selected` (test ids or files) in a fresh sandbox of its world
-    (steps 2-4 of the module docstring): `changes`, then `tests`, written from the host before any
-    command runs; the report goes to a path the code under test never had and comes back as XML."""
+    """Run `task`'s test command on `selected` (test ids or files) and a fresh canary module
+    (`strop.env.grading.canaries`) in a fresh sandbox of its world (steps 2-4 of the module
+    docstring): `changes`, then `tests` and the canaries, written from the host before any command
+    runs; the report goes to a path the code under test never had and comes back as XML."""
     timeout = float(task.metadata.get("timeout_s", TEST_TIMEOUT_S))
+    canaries = make_canaries(selected)
     # a fresh sandbox on the pristine repository; the kept changes and then the tests are written
     # from the host before any command runs, so nothing of the agent's runs while it is assembled
     with task_sandbox(task, limits, kind="check") as sandbox:
         _write(sandbox, changes)
-        _write(sandbox, tests)
+        _write(sandbox, {**tests, canaries.path: canaries.source})
         junit = f"/tmp/strop-junit-{secrets.token_hex(8)}.xml"
-        cmd = [a.replace("$STROP_JUNIT", junit) for a in task.test_command] + selected
+        cmd = [a.replace("$STROP_JUNIT", junit) for a in task.test_command] + selected + [canaries.path]
         # no third-party pytest plugins: hidden tests need none, and loading them (anyio's, from
         # strop's own environment) was a third of every check's time; no bytecode is the sandbox's own setting
         env = {"STROP_JUNIT": junit, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
         result = sandbox.exec(cmd, timeout=timeout, env=env)
         stderr = result.stderr[-STDERR_KEPT:]
         if result.timed_out:
-            return CheckRun(result.exit_code, True, None, stderr)
+            return CheckRun(result.exit_code, True, None, canaries, stderr)
         try:
-            return CheckRun(result.exit_code, False, sandbox.read_file(junit), stderr)
+            report = sandbox.read_file(junit)
         except OSError:
-            return CheckRun(result.exit_code, False, None, stderr)
+            return CheckRun(result.exit_code, False, None, canaries, stderr)
+    report, outcomes = split_report(report, canaries)
+    return CheckRun(result.exit_code, False, report, canaries, stderr, outcomes)
 
 
 def _run(task: Task, kept: dict, tests: dict[str, str], n_tests: int, mode: Mode, limits: Limits) -> Score:
@@ -193,11 +239,8 @@ def _run(task: Task, kept: dict, tests: dict[str, str], n_tests: int, mode: Mode
             score.reason += f"; {memory} in {failure[0]}"
     if (unknown := unknown_tests_reason(task, selected, outcomes)) is not None:
         score.reward, score.reason, score.outcome = 0.0, unknown, "not scored"
-    if (
-        score.reward == 1.0 and run.exit_code != 0
-    ):  # a report of all passes from a failed run was written by someone else
-        score.reward, score.outcome = 0.0, "not scored"
-        score.reason = f"all {score.passed} tests passed in the report but the runner exited {run.exit_code}"
+    if score.reward > 0 and run.forged():  # passes in a report the canaries say was not the runner's own
+        score.reward, score.outcome, score.reason = 0.0, "not scored", run.forged()
     return score
 
 

@@ -5,7 +5,7 @@ import xml.etree.ElementTree as ET
 from collections import Counter
 
 
-def _outcome(case: ET.Element) -> str:
+def case_outcome(case: ET.Element) -> str:
     """How one JUnit <testcase> ended: "error", "failed", "skipped" or "passed" (the first that applies)."""
     tags = {child.tag for child in case}
     return next(
@@ -15,7 +15,7 @@ def _outcome(case: ET.Element) -> str:
 
 def parse_junit(xml: bytes) -> tuple[int, int, int, int]:
     """(passed, failed, errors, skipped) over every <testcase> of a JUnit report."""
-    kinds = Counter(_outcome(case) for case in ET.fromstring(xml).iter("testcase"))
+    kinds = Counter(case_outcome(case) for case in ET.fromstring(xml).iter("testcase"))
     return kinds["passed"], kinds["failed"], kinds["error"], kinds["skipped"]
 
 
@@ -39,7 +39,7 @@ def _cases(xml: bytes) -> list[tuple[str, str, ET.Element]]:
             k = next((k for k in range(len(parts), 0, -1) if "/".join(parts[:k]) + ".py" in files), 0)
             module, classes = ("/".join(parts[:k]) + ".py", parts[k:]) if k else (file, [])
             test_id = "::".join([module, *classes, name])
-        out.append((test_id, _outcome(case), case))
+        out.append((test_id, case_outcome(case), case))
     return out
 
 

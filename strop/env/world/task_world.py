@@ -8,6 +8,8 @@ when it has both), removed when the sandbox closes.
 """
 
 import contextlib
+import functools
+import json
 import os
 import shutil
 import stat
@@ -15,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
-from strop.confined import apply_changes, copy_tree, read_regular
+from strop.confined import apply_changes, copy_tree, exists_beneath, read_regular
 from strop.env.host.account import hand_over
 from strop.env.host.scratch import scratch_dir
 from strop.env.sandbox.backend import open_sandbox
@@ -68,11 +70,35 @@ def empty_sandbox(task: Task, limits: Limits = Limits()) -> contextlib.AbstractC
     return task_sandbox(replace(task, repo="", base_commit="", files={}), limits, kind="check")
 
 
-def repository_has(task: Task, top: str) -> bool:
-    """Whether the task's starting repository has the top-level entry `top`."""
-    if any(f == top or f.startswith(top + "/") for f in task.files):
+def repository_has(task: Task, path: str) -> bool:
+    """Whether the task's starting repository has an entry at `path` (a file, a directory, a link;
+    found without following a link)."""
+    if any(f == path or f.startswith(path + "/") for f in task.files):
         return True
-    return bool(task.repo) and (checkout(task.repo, task.base_commit) / top).exists()
+    return bool(task.repo) and exists_beneath(checkout(task.repo, task.base_commit), path)
+
+
+# the top-level modules an interpreter can import with no repository on its path
+_MODULES = (
+    "import json, pkgutil, sys; print(json.dumps(sorted({*sys.builtin_module_names, "
+    "*getattr(sys, 'stdlib_module_names', ()), *(m.name for m in pkgutil.iter_modules())})))"
+)
+
+
+def installed_modules(image: str) -> frozenset[str]:
+    """The top-level modules the `python3` of the image `image` (a task's `image`) has: its standard
+    library and its site-packages, everything a module of the repository could stand in for."""
+    return _installed_modules(image_root(image))
+
+
+@functools.cache
+def _installed_modules(root: str) -> frozenset[str]:
+    task = Task(id="", suite="", split="eval", instruction="", image=root)
+    with empty_sandbox(task, Limits(timeout_s=60)) as sandbox:
+        run = sandbox.exec(["python3", "-I", "-c", _MODULES])
+    if run.exit_code != 0:
+        return frozenset()  # no python3: the image runs no Python tests either
+    return frozenset(json.loads(run.stdout))
 
 
 def _entries(root: Path) -> tuple[dict[str, Path], list[str]]:
