@@ -2,11 +2,12 @@
 it: the one home of strop's "open beneath a directory" needs.
 
 Two ways, for two kinds of directory:
-- beneath (`read_beneath`, `exists_beneath`, `apply_changes`, `read_regular`, `write_new`,
-  `open_append`, `copy_tree`): a link is never followed. For directories a user handed strop (what
-  `strop agent` reads for its diff and writes with `--apply`, what `strop tasks export` writes),
-  files it names (a session log) and trees strop copies (a repository's checkout, an agent's
-  workspace).
+- beneath (`read_beneath`, `open_beneath`, `lstat_beneath`, `apply_changes`, `read_regular`,
+  `write_new`, `open_append`, `copy_tree`, `walk`, `rmtree`): a link is never followed. For
+  directories a user handed strop (what `strop agent` reads for its diff and writes with `--apply`,
+  what `strop tasks export` writes), files it names (a session log), trees strop copies (a
+  repository's checkout, an agent's workspace) and what a sandbox's code leaves (walked and removed
+  without recursion: it may nest thousands deep).
 - in a root (`open_in_root`, `makedirs_in_root`): a link resolves as it would for a process whose
   root is that directory (openat2 with RESOLVE_IN_ROOT): an absolute link or `..` stays inside. For
   a sandbox's root, an unpacked image and its layers.
@@ -20,9 +21,10 @@ refuses leaves the directory as it was.
 
 import ctypes
 import errno
+import fnmatch
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from strop.errors import UserError
@@ -98,21 +100,21 @@ def read_beneath(root: Path, rel: str) -> bytes | None:
         os.close(fd)
 
 
-def exists_beneath(root: Path, rel: str) -> bool:
-    """Whether `rel` names an entry under `root` (a symbolic link counts as itself), reached
-    without following a link."""
+def lstat_beneath(root: Path, rel: str) -> os.stat_result | None:
+    """The lstat of `rel` under `root` (a symbolic link's own), or None when it is absent or reached
+    only through a link."""
     parts = parts_of(rel)
     root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         fd = _walk(root_fd, parts[:-1], create=False)
     except OSError:  # a component is a link or a file
-        return False
+        return None
     finally:
         os.close(root_fd)
     if fd is None:
-        return False
+        return None
     try:
-        return _lstat(fd, parts[-1]) is not None
+        return _lstat(fd, parts[-1])
     finally:
         os.close(fd)
 
@@ -242,16 +244,18 @@ def open_append(path: str | Path, what: str) -> int:
     return fd
 
 
-def copy_tree(src: Path, dst: Path) -> None:
+def copy_tree(src: Path, dst: Path, ignore: tuple[str, ...] = ()) -> None:
     """Copy the directory `src` to a new `dst` without ever following a symlink: links are copied as
     links (inside a sandbox they resolve in its root, not on the host), regular files with their
-    permission bits (setuid and setgid dropped), directories; fifos, sockets and devices are skipped.
-    `dst` may exist (empty)."""
+    permission bits (setuid and setgid dropped), directories; fifos, sockets and devices are skipped,
+    and so are names matching an `ignore` glob and files strop may not read (unreadable to the
+    sandbox's user as well). `dst` may exist (empty)."""
     os.makedirs(dst, 0o755, exist_ok=True)
-    for dirpath, dirnames, filenames in os.walk(src):
+    for dirpath, dirnames, filenames in walk(src):
         rel = os.path.relpath(dirpath, src)
         out = dst if rel == "." else dst / rel
-        for name in dirnames + filenames:
+        dirnames[:] = [n for n in dirnames if not any(fnmatch.fnmatch(n, g) for g in ignore)]
+        for name in dirnames + [n for n in filenames if not any(fnmatch.fnmatch(n, g) for g in ignore)]:
             s, d = os.path.join(dirpath, name), out / name
             st = os.lstat(s)
             if stat.S_ISLNK(st.st_mode):
@@ -259,12 +263,124 @@ def copy_tree(src: Path, dst: Path) -> None:
             elif stat.S_ISDIR(st.st_mode):
                 os.mkdir(d, stat.S_IMODE(st.st_mode) & 0o1777 | 0o700)
             elif stat.S_ISREG(st.st_mode):
-                fd = os.open(s, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+                try:
+                    fd = os.open(s, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+                except PermissionError:
+                    continue
                 with os.fdopen(fd, "rb") as fin, open(d, "xb") as fout:
                     while chunk := fin.read(1 << 20):
                         fout.write(chunk)
                 os.chmod(d, stat.S_IMODE(st.st_mode) & 0o1777)
         dirnames[:] = [n for n in dirnames if not os.path.islink(os.path.join(dirpath, n))]
+
+
+def walk(top: str | Path) -> Iterator[tuple[str, list[str], list[str]]]:
+    """`os.walk(top)`: (dirpath, dirnames, filenames) top-down, `dirnames` prunable in place, links
+    listed (a link to a directory among `dirnames`) but never followed, unreadable directories
+    left out; without recursion, so a tree nested deeper than Python's recursion limit (a sandbox's
+    code can leave one) is walked like any other (this Python's os.walk recurses)."""
+    stack = [os.fspath(top)]
+    while stack:
+        here = stack.pop()
+        try:
+            with os.scandir(here) as it:
+                entries = list(it)
+        except OSError:
+            continue
+        dirnames, filenames = [], []
+        for e in entries:
+            try:
+                is_dir = e.is_dir()
+            except OSError:
+                is_dir = False
+            (dirnames if is_dir else filenames).append(e.name)
+        yield here, dirnames, filenames
+        for name in reversed(dirnames):
+            path = os.path.join(here, name)
+            if not os.path.islink(path):
+                stack.append(path)
+
+
+def _open_dir(parent: int, name: str) -> int:
+    """A descriptor of the directory `name` in `parent`, never through a link; one that may not be
+    entered (overlay's work dir is mode 000) is made enterable first."""
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except PermissionError:
+        pfd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        try:
+            os.chmod(f"/proc/self/fd/{pfd}", 0o700)  # chmod of an O_PATH descriptor, through /proc
+        finally:
+            os.close(pfd)
+        return os.open(name, _DIR_FLAGS, dir_fd=parent)
+
+
+def _remove_at(op: Callable[..., None], name: str, dir_fd: int) -> None:
+    """`op(name, dir_fd=dir_fd)` (unlink or rmdir), making the directory writable first if it is
+    not; what is already gone is not an error."""
+    try:
+        op(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+    except PermissionError:
+        os.chmod(f"/proc/self/fd/{dir_fd}", 0o700)
+        op(name, dir_fd=dir_fd)
+
+
+def rmtree(path: str | Path, dir_fd: int | None = None) -> None:
+    """Remove `path` (a directory tree, or a file or link itself; a name in the directory `dir_fd`
+    when given) without following a link inside it, making unwritable directories writable on the
+    way, and with one directory open at a time and no recursion: a sandbox's code can leave a tree
+    nested deeper than Python's recursion limit, the descriptor limit and PATH_MAX. Each step up is
+    checked to reach the directory it came from. What another process removes meanwhile is not an
+    error."""
+    path = Path(path)
+    try:
+        fd = os.dup(dir_fd) if dir_fd is not None else os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    name = str(path) if dir_fd is not None else path.name
+    # one level per directory entered: (its name in its parent, the parent's identity, subdirectories left)
+    stack: list[tuple[str, tuple[int, int], list[str]]] = [("", (0, 0), [name])]
+    try:
+        st = _lstat(fd, name)
+        if st is None:
+            return
+        if not stat.S_ISDIR(st.st_mode):
+            _remove_at(os.unlink, name, fd)
+            return
+        while True:
+            name, parent_id, pending = stack[-1]
+            if pending:
+                child = pending.pop()
+                try:
+                    cfd = _open_dir(fd, child)
+                except FileNotFoundError:
+                    continue
+                here = os.fstat(fd)
+                os.close(fd)
+                fd, subdirs = cfd, []
+                with os.scandir(fd) as it:
+                    entries = list(it)
+                for e in entries:
+                    if e.is_dir(follow_symlinks=False):
+                        subdirs.append(e.name)
+                    else:
+                        _remove_at(os.unlink, e.name, fd)
+                stack.append((child, (here.st_dev, here.st_ino), subdirs))
+                continue
+            stack.pop()
+            if not stack:
+                return
+            up = os.open("..", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+            st = os.fstat(up)
+            os.close(fd)
+            fd = up
+            if (st.st_dev, st.st_ino) != parent_id:
+                raise OSError(errno.EXDEV, "moved while being removed", str(path))
+            _remove_at(os.rmdir, name, fd)
+    finally:
+        os.close(fd)
 
 
 class _OpenHow(ctypes.Structure):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from strop.cli import main
+from strop.confined import rmtree
 from strop.env.host import scratch
 from strop.env.sandbox import sched_slice
 from strop.env.sandbox.backend import open_sandbox
@@ -368,7 +369,7 @@ def test_rmtree_removes_nested_unreadable_directories():
     import tempfile
 
     script = (
-        "import os, sys; from pathlib import Path; from strop.env.host.scratch import rmtree\n"
+        "import os, sys; from pathlib import Path; from strop.confined import rmtree\n"
         "root = Path(sys.argv[1]); inner = root / 'sbx' / 'work' / 'work' / 'index'\n"
         "inner.mkdir(parents=True); (inner / 'f').write_text('x')\n"
         "os.chmod(inner, 0); os.chmod(inner.parent, 0)\n"
@@ -387,4 +388,30 @@ def test_rmtree_removes_nested_unreadable_directories():
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).parent.parent)
         assert out.returncode == 0, out.stderr
     finally:
-        scratch.rmtree(base)
+        rmtree(base)
+
+
+def test_deeply_nested_directories_never_break_closing_nor_the_next_sandbox(world, root, tmp_path):
+    """1,200 nested directories left in a workspace (deeper than Python's recursion limit): the diff
+    lists them, closing removes the layer, and the sweep of one left by a killed process removes it
+    too, so the next sandbox on the node starts."""
+    nest = 'p=$(printf \'d/%.0s\' $(seq 1200)); mkdir -p "$p"e && echo x > "$p"f'
+    sb = open_sandbox(world, Limits(timeout_s=30), root)
+    assert sb.exec(nest).exit_code == 0
+    changed = sb.diff()
+    assert list(changed) == ["d/" * 1200 + "f"]
+    layer = sb.dir
+    sb.close()
+    assert not layer.exists()
+    dead = tmp_path / "strop-sbx-99999999-x" / "upper"  # a killed process's leftover, pid 99999999 dead
+    fd = os.open(tmp_path, os.O_RDONLY)
+    for name in ("strop-sbx-99999999-x", "upper", *["d"] * 1200):
+        os.mkdir(name, dir_fd=fd)
+        fd, old = os.open(name, os.O_RDONLY, dir_fd=fd), fd
+        os.close(old)
+    os.close(fd)
+    assert dead.is_dir()
+    scratch.sweep_dead(tmp_path)
+    assert not (tmp_path / "strop-sbx-99999999-x").exists()
+    with open_sandbox(world, Limits(timeout_s=10), root) as again:
+        assert again.exec("true").exit_code == 0

@@ -13,6 +13,8 @@ import os
 import stat
 from pathlib import Path
 
+from strop.confined import walk
+
 SANDBOX_UID = SANDBOX_GID = 65534  # nobody / nogroup: the account sandboxes run as when strop runs as root
 
 
@@ -57,6 +59,6 @@ def hand_over(path: Path) -> None:
         return
     uid, gid = sandbox_account()
     os.chown(path, uid, gid, follow_symlinks=False)
-    for dirpath, dirnames, filenames in os.walk(path):
+    for dirpath, dirnames, filenames in walk(path):
         for name in dirnames + filenames:
             os.chown(os.path.join(dirpath, name), uid, gid, follow_symlinks=False)

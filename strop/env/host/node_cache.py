@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
 
+from strop.confined import rmtree
 from strop.env.host.account import as_root, reachable, sandbox_account
 from strop.errors import UserError
 from strop.memo import content_key
@@ -86,7 +87,7 @@ def built(dest: Path, build: Callable[[Path], None]) -> Path:
             os.rename(tmp, dest)
         finally:
             if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+                rmtree(tmp)
     return dest
 
 

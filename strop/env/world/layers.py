@@ -29,7 +29,7 @@ from typing import IO
 
 import zstandard
 
-from strop.confined import makedirs_in_root, open_in_root
+from strop.confined import makedirs_in_root, open_in_root, rmtree
 
 WHITEOUT, OPAQUE = ".wh.", ".wh..wh..opq"
 _MAGIC = {b"\x1f\x8b": "gz", b"BZh": "bz2", b"\xfd7zXZ\x00": "xz"}
@@ -74,7 +74,7 @@ def _remove_at(pfd: int, name: str) -> None:
     except FileNotFoundError:
         return
     if stat.S_ISDIR(st.st_mode):
-        shutil.rmtree(name, dir_fd=pfd)
+        rmtree(name, dir_fd=pfd)
     else:
         os.unlink(name, dir_fd=pfd)
 

@@ -11,13 +11,12 @@ import contextlib
 import functools
 import json
 import os
-import shutil
 import stat
 from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
-from strop.confined import apply_changes, copy_tree, exists_beneath, read_regular
+from strop.confined import apply_changes, copy_tree, lstat_beneath, read_regular, rmtree, walk
 from strop.env.host.account import hand_over
 from strop.env.host.scratch import scratch_dir
 from strop.env.sandbox.backend import open_sandbox
@@ -50,7 +49,7 @@ def task_repository(task: Task, kind: str = "world") -> Iterator[Path]:
         hand_over(world)
         yield world / "repo"
     finally:
-        shutil.rmtree(world, ignore_errors=True)
+        rmtree(world)
 
 
 @contextlib.contextmanager
@@ -75,7 +74,7 @@ def repository_has(task: Task, path: str) -> bool:
     found without following a link)."""
     if any(f == path or f.startswith(path + "/") for f in task.files):
         return True
-    return bool(task.repo) and exists_beneath(checkout(task.repo, task.base_commit), path)
+    return bool(task.repo) and lstat_beneath(checkout(task.repo, task.base_commit), path) is not None
 
 
 # the top-level modules an interpreter can import with no repository on its path
@@ -106,7 +105,7 @@ def _entries(root: Path) -> tuple[dict[str, Path], list[str]]:
     path of every regular file, and the relative paths of everything else that is not a directory
     (symlinks, fifos, sockets, devices)."""
     regular, others = {}, []
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in walk(root):
         others += [
             os.path.relpath(os.path.join(dirpath, d), root)
             for d in dirnames
