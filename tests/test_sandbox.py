@@ -415,3 +415,16 @@ def test_deeply_nested_directories_never_break_closing_nor_the_next_sandbox(worl
     assert not (tmp_path / "strop-sbx-99999999-x").exists()
     with open_sandbox(world, Limits(timeout_s=10), root) as again:
         assert again.exec("true").exit_code == 0
+
+
+def test_the_diff_never_reads_the_host_through_a_link_of_the_repository(world, root, tmp_path):
+    """A repository's link to a host directory, replaced in the sandbox by a directory holding a file
+    of the same name as a host file: the diff reports the agent's file, never comparing it with (so
+    never reading) the host's through the link."""
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "secret").write_text("x\n")  # the same bytes the agent writes: a read would hide its file
+    os.symlink(host, world / "link")
+    with open_sandbox(world, Limits(timeout_s=10), root) as sb:
+        assert sb.exec("rm link && mkdir link && echo x > link/secret").exit_code == 0
+        assert sb.diff() == {"link": None, "link/secret": b"x\n"}
