@@ -190,3 +190,59 @@ def test_bad_images_are_one_line_and_leave_nothing(tmp_path, test_image):
         assert run.returncode == 2 and run.stderr.decode().count("\n") == 1 and why in run.stderr.decode(), run.stderr
     assert cache_entries() == before
     assert not list((node_cache() / "images").glob(".build-*"))
+
+
+@pytest.mark.parametrize("how", ["absolute", "relative"])
+def test_a_hostile_images_links_take_no_byte_in_or_out_of_the_host(image_layers, tmp_path, how):
+    """An image whose /etc files strop writes (passwd, group, hosts, hostname) and whose scratch
+    directories (/tmp, /var/tmp, /home) are links to host files: a sandbox on it reads none of them
+    (its passwd holds the image's users and `dev`, never a host file's lines) and writes none of
+    them (strop's /etc files and the sandbox's writes stay in its own tree)."""
+    victim = tmp_path / "victim"
+    (victim / "dir").mkdir(parents=True)
+    for name in ("passwd", "group", "hosts", "hostname"):
+        (victim / name).write_text(f"VICTIM-{name}\n")
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in victim.iterdir() if p.is_file()}
+
+    def to(path: Path) -> str:  # a link to a host path, absolute or climbing out with `..`
+        return str(path) if how == "absolute" else "../" * 40 + str(path).lstrip("/")
+
+    links = [(f"etc/{n}", "sym", to(victim / n), 0o777) for n in ("passwd", "group", "hosts", "hostname")]
+    links += [(d, "sym", to(victim / "dir"), 0o777) for d in ("tmp", "home", "var/tmp")]
+    hostile = layer(tmp_path / "hostile.tar", ("var", "dir", "", 0o755), *links)
+    root = image_root(str(oci_layout(tmp_path / "oci", [*image_layers, hostile])))
+    (tmp_path / "w").mkdir()
+    with open_sandbox(tmp_path / "w", Limits(timeout_s=20), root) as sb:
+        r = sb.exec("cat /etc/passwd /etc/group /etc/hosts /etc/hostname; id -un; echo x > /tmp/t; echo x > ~/h")
+        sb.write_file("/tmp/by-strop", "x")
+    assert r.exit_code == 0 and "VICTIM" not in r.stdout and "dev\n" in r.stdout, r
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in victim.iterdir() if p.is_file()} == before
+    assert not list((victim / "dir").iterdir())
+
+
+@pytest.mark.parametrize(
+    "members, why",
+    [
+        ((("usr", "dir", "", 0o755), ("etc", "dir", "", 0o755), ("etc/passwd", "dir", "", 0o755)), "passwd"),
+        ((("usr", "dir", "", 0o755), ("etc", "sym", "/etc", 0o777)), "holds no system root"),
+        ((("usr", "sym", "/usr", 0o777), ("etc", "dir", "", 0o755)), "holds no system root"),
+    ],
+    ids=["passwd-a-directory", "etc-a-link", "usr-a-link"],
+)
+def test_an_image_with_an_unusable_etc_is_one_line(tmp_path, members, why):
+    archive = layer(tmp_path / "bad.tar", *members)
+    run = subprocess.run(
+        [sys.executable, "-m", "strop.cli", "sandbox", "run", "--image", str(archive), "--", "true"],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and why in run.stderr, run.stderr
+
+
+def test_an_image_with_no_passwd_nor_group_gets_the_sandbox_user(tmp_path, image_layers):
+    """An incomplete /etc (a distroless image has no passwd) is no error: the sandbox's files are made."""
+    gone = layer(tmp_path / "gone.tar", ("etc/.wh.passwd", "file", "", 0o644), ("etc/.wh.group", "file", "", 0o644))
+    root = image_root(str(oci_layout(tmp_path / "oci", [*image_layers, gone])))
+    (tmp_path / "w").mkdir()
+    with open_sandbox(tmp_path / "w", Limits(timeout_s=20), root) as sb:
+        assert sb.exec("id -un; cat /etc/group").stdout == "dev\ndev:x:1000:\n"

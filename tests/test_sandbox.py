@@ -3,6 +3,8 @@
 import os
 import socket
 import subprocess
+import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -17,7 +19,7 @@ from strop.env.sandbox.backend import open_sandbox
 from strop.env.sandbox.interface import WORKDIR, Limits
 from strop.env.sandbox.pool import SandboxPool
 from strop.env.world.image import image_root
-from tests.worldkit import image_layers, test_image  # noqa: F401
+from tests.worldkit import calc_repo, image_layers, test_image  # noqa: F401
 
 
 @pytest.fixture
@@ -428,3 +430,40 @@ def test_the_diff_never_reads_the_host_through_a_link_of_the_repository(world, r
     with open_sandbox(world, Limits(timeout_s=10), root) as sb:
         assert sb.exec("rm link && mkdir link && echo x > link/secret").exit_code == 0
         assert sb.diff() == {"link": None, "link/secret": b"x\n"}
+
+
+def test_the_node_cache_is_not_visible_from_a_sandbox(calc_repo, test_image, tmp_path):
+    """With the node cache under /var (where it is by default as root), which a sandbox on the host's
+    root binds, sandbox code finds neither it nor the git mirror holding its task's fix: not on the
+    host's root, not in an image."""
+    base = Path("/var/cache")
+    if not os.access(base, os.W_OK):
+        pytest.skip("needs a node cache under /var, which this account cannot write")
+    cache = Path(tempfile.mkdtemp(prefix="strop-test-cache-", dir=base))
+    os.chmod(cache, 0o755)
+    probe = (
+        "import sys; from pathlib import Path\n"
+        "from strop.env.sandbox.backend import open_sandbox\n"
+        "from strop.env.sandbox.interface import Limits\n"
+        "from strop.env.world.image import image_root\n"
+        "from strop.env.world.repo import history\n"
+        "mirror, _ = history(sys.argv[1])\n"
+        "for image in ('/', image_root(sys.argv[2])):\n"
+        "    with open_sandbox(Path(sys.argv[3]), Limits(timeout_s=30), image) as sb:\n"
+        "        run = sb.exec(f'ls -A {mirror.parent.parent}; git -C {mirror} log --format=%s')\n"
+        "        print(repr(run.stdout))\n"
+    )
+    (tmp_path / "w").mkdir()
+    try:
+        env = {**os.environ, "STROP_CACHE": str(cache)}
+        run = subprocess.run(
+            [sys.executable, "-c", probe, str(calc_repo[0]), test_image, str(tmp_path / "w")],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert run.returncode == 0, run.stderr
+        assert (cache / "git").is_dir()  # the mirror is there, on the host
+        assert run.stdout.splitlines() == ["''", "''"], run.stdout  # and nothing of it inside
+    finally:
+        rmtree(cache)

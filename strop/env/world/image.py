@@ -22,6 +22,7 @@ import io
 import json
 import os
 import platform
+import stat
 import tarfile
 from pathlib import Path
 from typing import IO, Callable
@@ -142,6 +143,12 @@ def _file_digest(path: str) -> str:
     return "sha256-" + h.hexdigest()
 
 
+def _is_system_root(path: Path) -> bool:
+    """Whether `path` holds `usr` and `etc` as directories of its own (a link there is no system root:
+    followed on the host, it would name the host's)."""
+    return all(stat.S_ISDIR(os.lstat(path / d).st_mode) if os.path.lexists(path / d) else False for d in ("usr", "etc"))
+
+
 def _unpack(key: str, apply: Callable[[int], None], what: str) -> str:
     """The cached root of `key`, unpacked by `apply(root_fd)` into a fresh directory on first use."""
 
@@ -153,7 +160,7 @@ def _unpack(key: str, apply: Callable[[int], None], what: str) -> str:
             apply(fd)
         finally:
             os.close(fd)
-        if not ((rootfs / "usr").is_dir() and (rootfs / "etc").is_dir() and not (rootfs / "etc").is_symlink()):
+        if not _is_system_root(rootfs):
             raise LayerError("holds no system root (no usr/ and etc/ directories)")
         os.chmod(rootfs, 0o755)
         (tmp / "source.txt").write_text(what + "\n")
@@ -173,7 +180,7 @@ def image_root(spec: str) -> str:
         raise UserError(f"image {spec!r} does not exist")
     path = path.resolve()
     if path.is_dir() and not (path / "oci-layout").exists():
-        if not ((path / "usr").is_dir() and (path / "etc").is_dir() and not (path / "etc").is_symlink()):
+        if not _is_system_root(path):
             raise UserError(f"image {spec!r} is a directory but not a system root (no usr/ and etc/)")
         if not reachable(path):
             raise UserError(f"image {spec!r} is not reachable by the sandbox account: put it where others may enter")
