@@ -26,6 +26,7 @@ import os
 import stat
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import BinaryIO
 
 from strop.errors import UserError
 
@@ -117,6 +118,29 @@ def lstat_beneath(root: Path, rel: str) -> os.stat_result | None:
         return _lstat(fd, parts[-1])
     finally:
         os.close(fd)
+
+
+def open_beneath(root: Path, rel: str) -> BinaryIO:
+    """The regular file `rel` under `root`, open for reading, reached without following a link;
+    OSError when it is missing, reached through a link, or not a regular file (a fifo or a device
+    is not read: O_NONBLOCK, then fstat)."""
+    parts = parts_of(rel)
+    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fd = _walk(root_fd, parts[:-1], create=False)
+    finally:
+        os.close(root_fd)
+    if fd is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), rel)
+    try:
+        ffd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(os.fstat(ffd).st_mode):
+        os.close(ffd)
+        raise OSError(errno.EINVAL, "not a regular file", rel)
+    os.set_blocking(ffd, True)
+    return os.fdopen(ffd, "rb")
 
 
 def _check(root_fd: int, rel: str, deleted: set[str]) -> None:

@@ -2,7 +2,9 @@
 image's programs and not the host's, bad input is one line and leaves nothing in the cache, and a
 hostile layer writes nothing outside the root and keeps no privilege."""
 
+import hashlib
 import io
+import json
 import os
 import re
 import stat
@@ -246,3 +248,147 @@ def test_an_image_with_no_passwd_nor_group_gets_the_sandbox_user(tmp_path, image
     (tmp_path / "w").mkdir()
     with open_sandbox(tmp_path / "w", Limits(timeout_s=20), root) as sb:
         assert sb.exec("id -un; cat /etc/group").stdout == "dev\ndev:x:1000:\n"
+
+
+def _bomb(path: Path, kind: str, size: int) -> Path:
+    """A layer of one file of `size` zero bytes, compressed (gzip or zstd) to almost nothing."""
+    import gzip
+
+    import zstandard
+
+    with open(path, "wb") as raw:
+        out = gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=1) if kind == "gz" else None
+        out = out or zstandard.ZstdCompressor(level=1).stream_writer(raw, closefd=False)
+        with tarfile.open(fileobj=out, mode="w|") as tar:
+            for name, data in (("usr", None), ("etc", None)):
+                info = tarfile.TarInfo(name)
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            info = tarfile.TarInfo("zeros")
+            info.size = size
+            tar.addfile(info, io.BufferedReader(io.BytesIO(bytes(size))))
+        out.close()
+    return path
+
+
+def _in_layout(layer_path: Path) -> Path:
+    return oci_layout(layer_path.with_suffix(".oci"), [layer_path], gzip_first=False)
+
+
+def _layout_with_blob(tmp_path: Path, plant) -> str:
+    """An OCI layout of one small layer whose blob `plant(blob_path, digest)` then replaces."""
+    layout = oci_layout(
+        tmp_path / "layout",
+        [layer(tmp_path / "l.tar", *BASE, ("etc/u", "file", str(tmp_path), 0o644))],
+        gzip_first=False,
+    )
+    index = json.loads((layout / "index.json").read_text())
+    manifest_path = layout / "blobs/sha256" / index["manifests"][0]["digest"].split(":")[1]
+    manifest = json.loads(manifest_path.read_text())
+    plant(layout, manifest)
+    data = json.dumps(manifest).encode()
+    digest = hashlib.sha256(data).hexdigest()
+    (layout / "blobs/sha256" / digest).write_bytes(data)
+    index["manifests"][0].update(digest=f"sha256:{digest}", size=len(data))
+    (layout / "index.json").write_text(json.dumps(index))
+    return str(layout)
+
+
+def _devzero(layout: Path, manifest: dict) -> None:
+    blob = layout / "blobs/sha256" / manifest["layers"][0]["digest"].split(":")[1]
+    blob.unlink()
+    os.symlink("/dev/zero", blob)
+
+
+def _fifo_blob(layout: Path, manifest: dict) -> None:
+    blob = layout / "blobs/sha256" / manifest["layers"][0]["digest"].split(":")[1]
+    blob.unlink()
+    os.mkfifo(blob)
+
+
+def _md5(layout: Path, manifest: dict) -> None:
+    manifest["layers"][0]["digest"] = "md5:" + "0" * 32
+
+
+def _outside(layout: Path, manifest: dict) -> None:
+    manifest["layers"][0]["digest"] = "sha256:../../../../../etc/passwd"
+
+
+def _wrong_size(layout: Path, manifest: dict) -> None:
+    manifest["layers"][0]["size"] += 1
+
+
+def _not_a_list(layout: Path, manifest: dict) -> None:
+    manifest["layers"] = {"oops": 1}
+
+
+@pytest.mark.parametrize(
+    "plant, why",
+    [
+        (_devzero, "is not a file of the layout"),
+        (_fifo_blob, "is not a file of the layout"),
+        (_md5, "unknown algorithm 'md5'"),
+        (_outside, "is not a digest"),
+        (_wrong_size, "where its descriptor says"),
+        (_not_a_list, "malformed"),
+    ],
+    ids=["digest-at-dev-zero", "blob-a-fifo", "unknown-algorithm", "digest-outside", "wrong-size", "malformed"],
+)
+def test_a_hostile_layout_is_one_line_and_exit_2(tmp_path, plant, why):
+    before = cache_entries()
+    spec = _layout_with_blob(tmp_path, plant)
+    run = subprocess.run(
+        [sys.executable, "-m", "strop.cli", "sandbox", "run", "--image", spec, "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and why in run.stderr, run.stderr
+    assert cache_entries() == before
+
+
+WHITEOUTS = {
+    "empty-name": (("etc/.wh.", "file", "", 0o644),),
+    "dot": (("etc/.wh..", "file", "", 0o644),),
+    "dotdot": (("etc/.wh...", "file", "", 0o644),),
+    "under-a-file": (("etc/passwd/.wh.x", "file", "", 0o644),),
+    "opaque-under-a-file": (("etc/passwd/.wh..wh..opq", "file", "", 0o644),),
+    "under-a-dangling-link": (("d", "sym", "/nowhere", 0o777), ("d/.wh.x", "file", "", 0o644)),
+}
+
+
+@pytest.mark.parametrize("members", list(WHITEOUTS.values()), ids=list(WHITEOUTS))
+def test_hostile_whiteouts_are_one_line_and_remove_nothing_outside(tmp_path, members):
+    before = cache_entries()
+    archive = layer(tmp_path / "hostile.tar", *BASE, *members)
+    with pytest.raises(UserError) as e:
+        image_root(str(archive))
+    assert "\n" not in str(e.value) and "whiteout" in str(e.value)
+    assert cache_entries() == before and (node_cache() / "images").is_dir()
+
+
+@pytest.mark.parametrize(
+    "make, bounds, why",
+    [
+        (lambda p: _bomb(p, "gz", 48 << 20), {"ratio_floor": 8 << 20}, "decompression bomb"),
+        (lambda p: _in_layout(_bomb(p, "zst", 48 << 20)), {"ratio_floor": 8 << 20}, "decompression bomb"),
+        (lambda p: _in_layout(_bomb(p, "zst", 4 << 20)), {"max_bytes": 1 << 20}, "unpacks to more than"),
+        (lambda p: layer(p, *BASE, *((f"f{i}", "file", "", 0o644) for i in range(50))), {"max_files": 20}, "entries"),
+        (lambda p: layer(p, *BASE), {"max_seconds": 0}, "took longer than"),
+    ],
+    ids=["gzip-bomb", "zstd-bomb", "bytes", "files", "time"],
+)
+def test_unpacking_is_bounded(tmp_path, monkeypatch, make, bounds, why):
+    from strop.env.world import layers
+
+    monkeypatch.setattr(layers, "BOUNDS", layers.Bounds(**bounds), raising=False)
+    before = cache_entries()
+    with pytest.raises(UserError, match=why) as e:
+        image_root(str(make(tmp_path / "layer.tar")))
+    assert "\n" not in str(e.value) and cache_entries() == before
+
+
+def test_an_image_path_that_is_a_fifo_is_one_line(tmp_path):
+    os.mkfifo(tmp_path / "image.tar")
+    with pytest.raises(UserError, match="neither a directory nor a file"):
+        image_root(str(tmp_path / "image.tar"))

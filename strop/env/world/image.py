@@ -11,10 +11,14 @@ names into a root directory:
   sandbox of that image on the node.
 
 The key is the image manifest's digest (OCI), the config's digest (Docker), or the tarball's sha256.
-Layers are applied in order with whiteouts honoured (`strop.env.world.layers`), each checked against its
-digest where the format records one. Unpacking goes to a temporary directory renamed into place
-when complete, under a lock per key: a failure (a corrupt or truncated archive, a hostile layer)
-leaves nothing in the cache.
+Layers are applied in order with whiteouts honoured (`strop.env.world.layers`), within the image's
+bounds (bytes, entries, expansion, time), each checked against its digest and size where the format
+records them. An image is untrusted: a digest is one of OCI's registered algorithms over hex (it
+also names the blob's file), a blob is a regular file of the layout reached without a link (never
+/dev/zero or a host file), its index and manifest have the formats' shapes, the image path is a
+directory or a regular file (never a fifo, which would be waited on): anything else is one line.
+Unpacking goes to a temporary directory renamed into place when complete, under a lock per key: a
+failure (a corrupt or truncated archive, a hostile layer) leaves nothing in the cache.
 """
 
 import hashlib
@@ -22,19 +26,35 @@ import io
 import json
 import os
 import platform
+import re
 import stat
 import tarfile
 from pathlib import Path
 from typing import IO, Callable
 
+from strop.confined import lstat_beneath, open_beneath
 from strop.env.host.account import reachable
 from strop.env.host.node_cache import built, cache_dir, fetched, is_url
-from strop.env.world.layers import LayerError, extract_layer
+from strop.env.world.layers import Budget, LayerError, extract_layer
 from strop.errors import UserError
 from strop.memo import by_version
 
 HOST_ROOT = "/"
+_JSON_BYTES = 16 << 20  # the most of an index, manifest or config read
 _ARCH = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
+
+
+DIGEST = re.compile(r"(sha256|sha384|sha512):[0-9a-f]{32,128}")  # OCI's registered algorithms, lower-case hex
+
+
+def _checked(digest: object) -> str:
+    """`digest` if it is one an image may name (`DIGEST`), else LayerError: it also names the blob's file."""
+    if not isinstance(digest, str) or not DIGEST.fullmatch(digest):
+        alg = str(digest).partition(":")[0][:20]
+        if alg not in ("sha256", "sha384", "sha512") and ":" in str(digest):
+            raise LayerError(f"digest {str(digest)[:40]!r} uses an unknown algorithm {alg!r}")
+        raise LayerError(f"{str(digest)[:80]!r} is not a digest")
+    return digest
 
 
 class _Hashing(io.RawIOBase):
@@ -43,17 +63,16 @@ class _Hashing(io.RawIOBase):
     def __init__(self, f: IO[bytes], digest: str, what: str):
         self.f, self.what = f, what
         self.alg, _, self.want = digest.partition(":")
-        self.h = hashlib.new(self.alg) if self.want else None
+        self.h = hashlib.new(self.alg)
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, b) -> int:
         n = self.f.readinto(b)
-        if self.h is not None:
-            self.h.update(memoryview(b)[:n])
-            if n == 0 and self.h.hexdigest() != self.want:
-                raise LayerError(f"{self.what} does not match its digest {self.alg}:{self.want[:12]}...")
+        self.h.update(memoryview(b)[:n])
+        if n == 0 and self.h.hexdigest() != self.want:
+            raise LayerError(f"{self.what} does not match its digest {self.alg}:{self.want[:12]}...")
         return n
 
 
@@ -68,20 +87,33 @@ class _Source:
 
     def exists(self, name: str) -> bool:
         if self.tar is None:
-            return (self.path / name).is_file()
+            st = lstat_beneath(self.path, name)
+            return st is not None and stat.S_ISREG(st.st_mode)
         return name in self.members and self.members[name].isfile()
 
-    def open(self, name: str) -> IO[bytes]:
+    def open(self, name: str, size: int | None = None) -> IO[bytes]:
+        """The blob `name`: a regular file of the layout reached without a link (a link or a device
+        there would read a host file, or forever), of `size` bytes where the descriptor says."""
         if self.tar is None:
-            return open(self.path / name, "rb")
-        f = self.tar.extractfile(self.members[name]) if name in self.members else None
-        if f is None:
-            raise LayerError(f"{name} is not a file in the archive")
+            try:
+                f = open_beneath(self.path, name)
+            except (OSError, UserError):
+                raise LayerError(f"{name} is not a file of the layout") from None
+            actual = os.fstat(f.fileno()).st_size
+        else:
+            member = self.members.get(name)
+            f = self.tar.extractfile(member) if member is not None else None
+            if f is None:
+                raise LayerError(f"{name} is not a file in the archive")
+            actual = member.size
+        if size is not None and actual != size:
+            f.close()
+            raise LayerError(f"{name} holds {actual} bytes where its descriptor says {size}")
         return f
 
     def json(self, name: str, digest: str = "") -> dict:
         with self.open(name) as f:
-            data = f.read(16 << 20)
+            data = f.read(_JSON_BYTES)
         if digest and hashlib.new(digest.partition(":")[0], data).hexdigest() != digest.partition(":")[2]:
             raise LayerError(f"{name} does not match its digest")
         try:
@@ -90,8 +122,8 @@ class _Source:
             raise LayerError(f"{name} is not valid JSON") from None
 
 
-def _blob(digest: str) -> str:
-    alg, _, hexa = digest.partition(":")
+def _blob(digest: object) -> str:
+    alg, _, hexa = _checked(digest).partition(":")
     return f"blobs/{alg}/{hexa}"
 
 
@@ -116,18 +148,32 @@ def _oci_manifest(src: _Source) -> tuple[str, dict]:
     raise LayerError("index.json nests too deep")
 
 
-def _layers(src: _Source) -> tuple[str, list[tuple[str, str]]]:
-    """(cache key, [(blob name, digest or "")]) of an OCI layout or a `docker save` archive."""
-    if src.exists("index.json") and src.exists("oci-layout"):
-        digest, manifest = _oci_manifest(src)
-        return digest.replace(":", "-"), [(_blob(d["digest"]), d["digest"]) for d in manifest["layers"]]
-    entries = src.json("manifest.json")
-    if not isinstance(entries, list) or len(entries) != 1:
-        raise LayerError("manifest.json must describe exactly one image")
-    config = entries[0].get("Config", "")
-    with src.open(config) as f:
-        key = "sha256-" + hashlib.sha256(f.read()).hexdigest()
-    return key, [(name, "") for name in entries[0].get("Layers", [])]
+Layer = tuple[str, str, int | None]  # blob name, digest ("": none recorded), size (None: not recorded)
+
+
+def _layers(src: _Source) -> tuple[str, list[Layer]]:
+    """(cache key, its layers) of an OCI layout or a `docker save` archive; LayerError when its
+    index or manifest is not the shape the formats give them."""
+    try:
+        if src.exists("index.json") and src.exists("oci-layout"):
+            digest, manifest = _oci_manifest(src)
+            layers = [(_blob(d["digest"]), d["digest"], _size(d)) for d in manifest["layers"]]
+            return digest.replace(":", "-"), layers
+        entries = src.json("manifest.json")
+        if not isinstance(entries, list) or len(entries) != 1:
+            raise LayerError("manifest.json must describe exactly one image")
+        with src.open(str(entries[0].get("Config", ""))) as f:
+            key = "sha256-" + hashlib.sha256(f.read(_JSON_BYTES)).hexdigest()
+        return key, [(str(name), "", None) for name in entries[0].get("Layers", [])]
+    except (KeyError, TypeError, AttributeError, IndexError) as e:
+        raise LayerError(f"its index or manifest is malformed ({type(e).__name__}: {str(e)[:80]})") from None
+
+
+def _size(descriptor: dict) -> int | None:
+    size = descriptor.get("size")
+    if size is not None and (type(size) is not int or size < 0):
+        raise LayerError(f"descriptor size {str(size)[:40]!r} is not a size")
+    return size
 
 
 def _is_image_archive(src: _Source) -> bool:
@@ -179,6 +225,8 @@ def image_root(spec: str) -> str:
     if not path.exists():
         raise UserError(f"image {spec!r} does not exist")
     path = path.resolve()
+    if not stat.S_ISDIR(path.stat().st_mode) and not stat.S_ISREG(path.stat().st_mode):
+        raise UserError(f"image {spec!r} is neither a directory nor a file")  # a fifo would be waited on forever
     if path.is_dir() and not (path / "oci-layout").exists():
         if not _is_system_root(path):
             raise UserError(f"image {spec!r} is a directory but not a system root (no usr/ and etc/)")
@@ -202,10 +250,11 @@ def _image_in_cache(path: str) -> str:
             key, layers = _layers(src)
 
             def apply(root_fd: int) -> None:
-                for name, digest in layers:
-                    with src.open(name) as blob:
+                budget = Budget()  # the image's, across its layers
+                for name, digest, size in layers:
+                    with src.open(name, size) as blob:
                         f = io.BufferedReader(_Hashing(blob, digest, name), 1 << 20) if digest else blob
-                        extract_layer(f, root_fd)
+                        extract_layer(f, root_fd, budget)
                         while f.read(1 << 20):  # to the end (tar stops at its end marker): the digest is checked there
                             pass
 

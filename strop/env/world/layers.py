@@ -9,19 +9,24 @@ symlink planted by an earlier member or layer. Names with a `..` component are r
 fifos and sockets are skipped (a sandbox gets a fresh /dev), setuid and setgid bits dropped, and
 owners not kept (the unpacking account owns every file): a layer carries no privilege.
 
+Bounded: one image (all its layers, one `Budget`) unpacks to at most `BOUNDS.max_bytes` and
+`max_files` entries, to at most `max_ratio` times the bytes it read once past `ratio_floor` (a
+gzip or zstd bomb expands thousands of times; real layers a few times), within `max_seconds`.
+Anything a hostile layer does wrong, a whiteout of `..` or under a file included, is a `LayerError`
+naming the member: one line for the user, never a traceback.
+
 Why not a tool: umoci and skopeo (Debian packages) need root to install and a Go runtime, and the
 standard library's tar filters on this Python (3.11.7) have known bypasses (CVE-2025-4517) and
 refuse the absolute symlinks every Debian image holds; `tarfile` here only parses, the kernel confines.
 """
 
-import errno
 import gzip
 import io
 import lzma
 import os
-import shutil
 import stat
 import tarfile
+import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -46,6 +51,62 @@ class LayerStats:
     skipped_special: int = 0  # devices, fifos, sockets
     whiteouts: int = 0
     created: set[str] = field(default_factory=set)  # this layer's paths: its own whiteouts never hide them
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """How much one image may unpack to (see the module docstring)."""
+
+    max_bytes: int = 64 << 30
+    max_files: int = 4_000_000
+    max_ratio: int = 200
+    ratio_floor: int = 256 << 20
+    max_seconds: float = 3600.0
+
+
+BOUNDS = Bounds()
+
+
+class Budget:
+    """What one image has unpacked so far against its bounds (`BOUNDS` unless given): bytes
+    written, bytes read from the (compressed) layers, entries made, time."""
+
+    def __init__(self, bounds: Bounds | None = None):
+        bounds = bounds or BOUNDS
+        self.bounds, self.written, self.read, self.entries = bounds, 0, 0, 0
+        self.deadline = time.monotonic() + bounds.max_seconds
+
+    def charge(self, written: int = 0, entries: int = 0) -> None:
+        """Count `written` bytes and `entries` more; LayerError past a bound."""
+        self.written += written
+        self.entries += entries
+        b = self.bounds
+        if self.written > b.max_bytes:
+            raise LayerError(f"unpacks to more than {b.max_bytes >> 30} GiB")
+        if self.entries > b.max_files:
+            raise LayerError(f"holds more than {b.max_files} entries")
+        if self.written > max(b.ratio_floor, b.max_ratio * self.read):
+            raise LayerError(
+                f"expands more than {b.max_ratio} times ({self.written >> 20} MiB from {self.read >> 20} MiB read):"
+                " a decompression bomb"
+            )
+        if time.monotonic() > self.deadline:
+            raise LayerError(f"took longer than {b.max_seconds:.0f} s to unpack")
+
+
+class _Counted(io.RawIOBase):
+    """A reader that charges what passes through to a budget's bytes read."""
+
+    def __init__(self, f: IO[bytes], budget: Budget):
+        self.f, self.budget = f, budget
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        n = self.f.readinto(b)
+        self.budget.read += n
+        return n
 
 
 def _member_path(name: str) -> str:
@@ -89,27 +150,41 @@ def _mode(member: tarfile.TarInfo) -> int:
     return member.mode & 0o1777  # no setuid, no setgid
 
 
-def extract_layer(f: IO[bytes], root_fd: int) -> LayerStats:
-    """Apply one layer read from `f` to the tree whose root directory is open as `root_fd`."""
+def extract_layer(f: IO[bytes], root_fd: int, budget: Budget | None = None) -> LayerStats:
+    """Apply one layer read from `f` to the tree whose root directory is open as `root_fd`, within
+    `budget` (the image's: shared by its layers; a fresh one by default)."""
+    budget = budget or Budget()
     stats = LayerStats()
+    member = None
     try:
-        with open_layer(f) as tar:
+        with open_layer(io.BufferedReader(_Counted(f, budget), 1 << 20)) as tar:
             for member in tar:
-                _apply(tar, member, root_fd, stats)
+                budget.charge(entries=1)
+                _apply(tar, member, root_fd, stats, budget)
+    except LayerError:
+        raise
     except (tarfile.TarError, EOFError, gzip.BadGzipFile, zlib.error, lzma.LZMAError, zstandard.ZstdError) as e:
         raise LayerError(f"corrupt or truncated layer: {e}") from None
+    except (OSError, ValueError, OverflowError) as e:  # a hostile member the checks above did not foresee
+        what = getattr(e, "strerror", None) or str(e) or type(e).__name__
+        raise LayerError(f"member {member.name if member else '?'!r} cannot be unpacked: {what}") from None
     return stats
 
 
-def _apply(tar: tarfile.TarFile, member: tarfile.TarInfo, root_fd: int, stats: LayerStats) -> None:
+def _apply(tar: tarfile.TarFile, member: tarfile.TarInfo, root_fd: int, stats: LayerStats, budget: Budget) -> None:
     path = _member_path(member.name)
     if not path:
         return  # the root itself
     base = path.rpartition("/")[2]
     if base == OPAQUE or base.startswith(WHITEOUT):
         stats.whiteouts += 1
+        if base != OPAQUE and base[len(WHITEOUT) :] in ("", ".", ".."):
+            raise LayerError(f"whiteout {member.name!r} names no entry")
         parent = path.rpartition("/")[0]
-        mfd = makedirs_in_root(root_fd, parent)
+        try:
+            mfd = makedirs_in_root(root_fd, parent)
+        except (NotADirectoryError, FileExistsError) as e:
+            raise LayerError(f"whiteout {member.name!r} cannot be placed inside the root: {e.strerror}") from None
         pfd = open_in_root(mfd, "/", os.O_RDONLY | os.O_DIRECTORY)  # listable, unlike an O_PATH fd
         os.close(mfd)
         try:
@@ -165,11 +240,11 @@ def _apply(tar: tarfile.TarFile, member: tarfile.TarInfo, root_fd: int, stats: L
             src = tar.extractfile(member)
             fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=pfd)
             with os.fdopen(fd, "wb") as out:
-                shutil.copyfileobj(src, out, 1 << 20)
+                while chunk := src.read(1 << 20):
+                    budget.charge(written=len(chunk))
+                    out.write(chunk)
                 os.fchmod(fd, _mode(member))
     except OSError as e:
-        if e.errno in (errno.ELOOP, errno.EXDEV, errno.ENOTDIR):
-            raise LayerError(f"member {member.name!r} cannot be placed inside the root: {e.strerror}") from None
-        raise
+        raise LayerError(f"member {member.name!r} cannot be placed inside the root: {e.strerror}") from None
     finally:
         os.close(pfd)
