@@ -74,10 +74,10 @@ def _walk(root_fd: int, dirs: list[str], create: bool) -> int | None:
     return fd
 
 
-def read_beneath(root: Path, rel: str) -> bytes | None:
+def read_beneath(root: Path, rel: str, links: bool = True) -> bytes | None:
     """What `rel` under `root` holds: a regular file's bytes, a symbolic link's target path (as the
-    sandbox's diff reports a link), or None when it is absent, something else, or reached only
-    through a link."""
+    sandbox's diff reports a link; None with `links=False`), or None when it is absent, something
+    else, or reached only through a link."""
     parts = parts_of(rel)
     root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -91,7 +91,7 @@ def read_beneath(root: Path, rel: str) -> bytes | None:
     try:
         st = _lstat(fd, parts[-1])
         if st is not None and stat.S_ISLNK(st.st_mode):
-            return os.fsencode(os.readlink(parts[-1], dir_fd=fd))
+            return os.fsencode(os.readlink(parts[-1], dir_fd=fd)) if links else None
         if st is None or not stat.S_ISREG(st.st_mode):
             return None
         ffd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)

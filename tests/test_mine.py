@@ -18,7 +18,7 @@ from strop.env.grading.junit import junit_outcomes
 from strop.env.tasks.mine import mine, report_path
 from strop.env.tasks.suites import load_suite
 from strop.env.tasks.touched_tests import touched_tests
-from tests.worldkit import calc_repo, git, image_layers, test_image  # noqa: F401
+from tests.worldkit import calc_repo, git, image_layers, sources_outside, test_image  # noqa: F401
 
 
 def strop(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:

@@ -15,11 +15,13 @@ import pytest
 
 from strop.env.grading.checker import check, source_changes
 from strop.env.host.node_cache import node_cache
+from strop.env.task import Task
 from strop.env.tasks.suites import load_suite
+from strop.env.world.patches import hidden_tests
 from strop.env.world.repo import apply_patch, checkout
 from strop.env.world.task_world import task_sandbox, workspace_changes
 from strop.errors import UserError
-from tests.worldkit import calc_repo, git  # noqa: F401
+from tests.worldkit import calc_repo, git, sources_outside  # noqa: F401
 
 
 def test_a_commit_is_checked_out_once_with_modes_links_and_bytes(calc_repo):
@@ -145,3 +147,46 @@ def test_tasks_check_reads_no_symlink_out_of_the_workspace(calc_repo, tmp_path):
     assert "reward 0" in run.stdout and "left out (not regular files): calc.py, calc_link.py" in run.stdout, (
         run.stdout + run.stderr
     )
+
+
+def test_a_test_patch_that_makes_a_link_reads_nothing_through_it(calc_repo, tmp_path):
+    """A test_patch creating a symbolic link to a host file: the hidden test is the link's target
+    path, never the file's bytes (which the checker would write into the world)."""
+    repo, shas = calc_repo
+    secret = tmp_path / "secret"
+    secret.write_text("SECRET\n")
+    secret.chmod(0o600)
+    work = tmp_path / "w"
+    git("clone", "-q", str(repo), str(work))
+    os.symlink(secret, work / "tests" / "test_leak.py")
+    git("add", "-A", cwd=work)
+    patch = git("diff", "--cached", "--binary", cwd=work)
+    task = Task(id="t", suite="t", split="eval", instruction="", repo=str(repo), base_commit=shas["fix_add"],
+                test_patch=patch)  # fmt: skip
+    assert hidden_tests(task) == {"tests/test_leak.py": str(secret)}
+    # a patch that edits a file reached through the repository's own link does not apply
+    link_patch = "--- a/up/etc/hostname\n+++ b/up/etc/hostname\n@@ -1 +1 @@\n-x\n+y\n"
+    (tmp_path / "plain").mkdir()
+    os.symlink("/", tmp_path / "plain" / "up")
+    with pytest.raises(UserError, match="git apply"):
+        apply_patch(checkout(str(tmp_path / "plain")), link_patch)
+
+
+def test_a_mined_test_that_is_a_link_to_a_host_file_yields_no_task_reading_it(tmp_path):
+    from strop.env.tasks.mine import mine
+
+    secret = tmp_path / "secret.py"
+    secret.write_text("from m import f  # SECRET\n\n\ndef test_f():\n    assert f() == 1\n")  # a test, if it were read
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git("init", "-q", "-b", "main", cwd=repo)
+    (repo / "m.py").write_text("def f():\n    return 0\n")
+    git("add", "-A", cwd=repo)
+    git("commit", "-q", "-m", "start", cwd=repo)
+    (repo / "m.py").write_text("def f():\n    return 1\n")
+    (repo / "tests").mkdir()
+    os.symlink(secret, repo / "tests" / "test_leak.py")
+    git("add", "-A", cwd=repo)
+    git("commit", "-q", "-m", "fix f", cwd=repo)
+    report = mine(str(repo), tmp_path / "out.jsonl", progress=False)
+    assert report["kept"] == 0 and "SECRET" not in (tmp_path / "out.jsonl").read_text()

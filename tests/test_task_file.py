@@ -132,3 +132,83 @@ def test_a_config_that_leaves_tasks_out_says_so(tmp_path, capsys):
         eval_tasks(none)
     every = load_config(None, [f"rollout.suite={suite}", "rollout.difficulties=[1, 2, 3]"])
     assert len(train_tasks(every)) == 6 and capsys.readouterr().err == ""
+
+
+# ---- a task file is untrusted data -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "field, value, why",
+    [
+        ("repo", "/etc", "is outside the task file's directory"),
+        ("repo", "../../../../../../../../etc", "is outside the task file's directory"),
+        ("repo", "escape", "is outside the task file's directory"),  # a link in the file's folder, out of it
+        ("image", "/etc", "is outside the task file's directory"),
+        ("image", "file:///etc/shadow", "a task file fetches no URL on its own"),
+        ("image", "http://169.254.169.254/latest/meta-data", "a task file fetches no URL on its own"),
+        ("repo", "https://example.com/x.git", "a task file fetches no URL on its own"),
+        ("repo", "git@example.com:x/y.git", "a task file fetches no URL on its own"),
+    ],
+    ids=["repo-abs", "repo-dotdot", "repo-link", "image-abs", "image-file-url", "image-http", "repo-https", "repo-ssh"],
+)
+def test_a_task_file_names_no_host_path_nor_url_on_its_own(tmp_path, monkeypatch, field, value, why):
+    """Only what lies inside the task file's own directory (links resolved), or what the user allows
+    with STROP_TASK_SOURCES; never a URL the user did not allow."""
+    monkeypatch.delenv("STROP_TASK_SOURCES", raising=False)
+    (tmp_path / "escape").symlink_to("/etc")
+    suite = write(tmp_path / "t.jsonl", record(1, **{field: value}))
+    with pytest.raises(UserError, match=re.escape(why)) as e:
+        load_suite(suite)
+    assert "\n" not in str(e.value) and f"field {field!r}" in str(e.value)
+
+
+def test_the_user_allows_more_by_name(tmp_path, monkeypatch):
+    import fsspec
+
+    outside = tmp_path / "outside"
+    (outside / "repo").mkdir(parents=True)
+    (outside / "repo" / "m.py").write_text(ADD["m.py"])
+    (tmp_path / "tasks").mkdir()
+    with fsspec.open("memory://strop-allowed/img.tar", "wb") as f:
+        f.write(b"")
+    suite = write(
+        tmp_path / "tasks" / "t.jsonl",
+        record(1, repo="../outside/repo", image="memory://strop-allowed/img.tar", files={}),
+    )
+    monkeypatch.setenv("STROP_TASK_SOURCES", f"{outside} memory://strop-allowed/")
+    (task,) = load_suite(suite, "eval")
+    assert task.repo == str(outside / "repo") and task.image == "memory://strop-allowed/img.tar"
+
+
+@pytest.mark.parametrize("key", ["../x.py", "/etc/x.py", "a/../../b.py", "", ".", "a//b.py", "a/./b.py", "x\0.py"])
+@pytest.mark.parametrize("field", ["files", "hidden_tests"])
+def test_hostile_key_paths_are_refused_up_front(tmp_path, field, key):
+    rec = record(1)
+    rec[field] = {**rec[field], key: "x = 1\n"}
+    with pytest.raises(UserError, match=f"t.jsonl:1: field '{field}': .* is not a plain relative path"):
+        load_suite(write(tmp_path / "t.jsonl", rec))
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("timeout_s", -1),
+        ("timeout_s", 0),
+        ("timeout_s", 1e9),
+        ("timeout_s", float("nan")),
+        ("timeout_s", "10"),
+        ("memory_mb", 0),
+        ("memory_mb", 10**12),
+        ("cpu_s", 1.5),
+    ],
+)
+@pytest.mark.parametrize("where", ["top", "metadata"])
+def test_bad_limits_are_refused_up_front_with_a_ceiling(tmp_path, field, value, where):
+    rec = record(1, **({field: value} if where == "top" else {"metadata": {field: value}}))
+    with pytest.raises(UserError, match=f"t.jsonl:1: field '{field}' must be a positive number"):
+        load_suite(write(tmp_path / "t.jsonl", rec))
+
+
+def test_a_test_id_is_never_an_option_of_the_runner(tmp_path):
+    with pytest.raises(UserError, match="field 'FAIL_TO_PASS': '--junitxml=/tmp/x' starts with '-'"):
+        load_suite(write(tmp_path / "t.jsonl", record(1, FAIL_TO_PASS=["--junitxml=/tmp/x"])))

@@ -45,3 +45,10 @@ def image_without_pytest(image_layers, tmp_path_factory) -> str:
 def calc_repo(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     path = tmp_path_factory.mktemp("repos") / "calc"
     return path, fix_and_test_repo(path)
+
+
+@pytest.fixture(autouse=True)
+def sources_outside(tmp_path_factory, monkeypatch):
+    """Autouse where imported: the session's repositories and images lie outside each test's task-file
+    directory, which a task file may name only when the user allows it (`STROP_TASK_SOURCES`)."""
+    monkeypatch.setenv("STROP_TASK_SOURCES", str(tmp_path_factory.getbasetemp()))

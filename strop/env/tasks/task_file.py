@@ -21,15 +21,26 @@ Fields (SWE-bench's names where it has one):
   ("pytest" or "values"), `metadata` (object): as in `strop.env.task.Task`.
 Any other field is kept in the task's metadata (SWE-bench's `version`, `created_at`, ...), unless
 it looks like a misspelt known field, which is an error. Errors name the file, line and field.
+
+A task file is untrusted data (datasets are downloaded): naming the file names its directory, and
+nothing else. Its `repo` and `image` must resolve (links followed) inside the task file's
+directory, or inside a directory the user lists in `STROP_TASK_SOURCES` (whitespace-separated
+directories and URL prefixes); a URL only under a prefix listed there, so a task file fetches
+nothing on its own. Checked up front: `files` and `hidden_tests` keys and the files of test ids
+are plain relative paths (a test id never starts with `-`: it is an argument of the test command),
+and the limits a task asks for itself (`timeout_s`, `cpu_s`, `memory_mb`, top level or in
+`metadata`) are positive numbers within `CEILINGS`.
 """
 
 import difflib
 import json
+import math
 import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from strop.confined import parts_of
 from strop.env.host.node_cache import is_url
 from strop.env.runner import TEST_COMMAND
 from strop.env.task import Task
@@ -38,6 +49,9 @@ from strop.jsonl import read_records
 from strop.memo import by_version
 
 _STR, _LIST, _MAP = "a string", "a list of strings", "an object of path -> text"
+SOURCES_ENV = "STROP_TASK_SOURCES"  # directories and URL prefixes a task file may name beyond its own directory
+# the most a task may ask for itself: a task file cannot hold a worker forever nor take a node's memory
+CEILINGS = {"timeout_s": 3600.0, "cpu_s": 7200, "memory_mb": 65536}
 FIELDS: dict[str, str] = {
     "instance_id": _STR,
     "problem_statement": _STR,
@@ -85,6 +99,59 @@ def _check(where: str, name: str, value: Any) -> Any:
     return value
 
 
+def _source(where: str, name: str, value: str, base_dir: Path) -> str:
+    """The repository or image `value` of field `name` as a path or URL strop may open for a task
+    file in `base_dir` (see the module docstring), or UserError."""
+    if not value or (name == "image" and value == "/"):
+        return value
+    allowed = os.environ.get(SOURCES_ENV, "").split()
+    if is_url(value):
+        if any(value.startswith(prefix) for prefix in allowed if is_url(prefix)):
+            return value
+        raise UserError(
+            f"{where}: field {name!r}: a task file fetches no URL on its own ({value[:80]!r}); "
+            f"allow its prefix with {SOURCES_ENV}"
+        )
+    path = (base_dir / value).resolve()
+    roots = [base_dir.resolve(), *(Path(a).resolve() for a in allowed if not is_url(a))]
+    if not any(path == root or root in path.parents for root in roots):
+        raise UserError(
+            f"{where}: field {name!r}: {value!r} is outside the task file's directory {base_dir}; a task file "
+            f"names only what is inside it (allow other directories with {SOURCES_ENV})"
+        )
+    if not path.exists():
+        what = "repository" if name == "repo" else "image"
+        raise UserError(f"{where}: field {name!r}: no {what} at {path} (relative paths start at the task file)")
+    return str(path)
+
+
+def _plain_path(where: str, name: str, path: str) -> None:
+    """UserError unless `path`, a key of field `name` (or a test id's file), is a plain relative path."""
+    try:
+        parts_of(path)
+    except UserError:
+        raise UserError(f"{where}: field {name!r}: {path[:80]!r} is not a plain relative path") from None
+    if path.startswith("-"):  # a test id is an argument of the test command: never one of its options
+        raise UserError(f"{where}: field {name!r}: {path[:80]!r} starts with '-'")
+
+
+def _check_limits(where: str, metadata: dict) -> None:
+    """UserError unless the limits a task asks for itself are numbers within `CEILINGS`."""
+    for key, ceiling in CEILINGS.items():
+        if key not in metadata:
+            continue
+        value = metadata[key]
+        number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not number or not 0 < value <= ceiling or (key != "timeout_s" and value != int(value)):
+            kind = "seconds" if key != "memory_mb" else "MB"
+            raise UserError(
+                f"{where}: field {key!r} must be a positive number of {kind} up to {ceiling}, got {value!r}"
+            )
+    for key in ("n_tests", "n_perturbed_tests"):
+        if key in metadata and (type(metadata[key]) is not int or metadata[key] < 0):
+            raise UserError(f"{where}: field {key!r} must be a count, got {metadata[key]!r}")
+
+
 def task_from_record(record: Any, where: str, base_dir: Path, suite: str) -> tuple[Task, bool]:
     """The Task a task-file line describes, and whether it named its split. `where` prefixes errors
     ("tasks.jsonl:3"); relative repository paths resolve against `base_dir`."""
@@ -106,18 +173,8 @@ def task_from_record(record: Any, where: str, base_dir: Path, suite: str) -> tup
     r = {name: _check(where, name, value) for name, value in record.items() if name in FIELDS}
     if not r["instance_id"]:
         raise UserError(f"{where}: field 'instance_id' is empty")
-    repo = r.get("repo", "")
-    if repo and not is_url(repo):
-        path = (base_dir / repo).resolve()
-        if not path.exists():
-            raise UserError(f"{where}: field 'repo': no repository at {path} (relative paths start at the task file)")
-        repo = str(path)
-    image = r.get("image", "")
-    if image and not is_url(image) and image != "/":
-        path = (base_dir / image).expanduser().resolve()
-        if not path.exists():
-            raise UserError(f"{where}: field 'image': no image at {path} (relative paths start at the task file)")
-        image = str(path)
+    repo = _source(where, "repo", r.get("repo", ""), base_dir)
+    image = _source(where, "image", r.get("image", ""), base_dir)
     if not repo and "files" not in r:
         raise UserError(f"{where}: a task needs a starting repository: field 'repo' or 'files'")
     if r.get("base_commit") and not repo:
@@ -126,6 +183,11 @@ def task_from_record(record: Any, where: str, base_dir: Path, suite: str) -> tup
     if not tests and not r.get("hidden_tests") and not r.get("test_patch"):
         raise UserError(f"{where}: a task needs hidden tests: FAIL_TO_PASS, 'hidden_tests' or 'test_patch'")
     metadata = {**r.get("metadata", {}), **extra}
+    for name in (*r.get("files", {}), *r.get("hidden_tests", {})):
+        _plain_path(where, "files" if name in r.get("files", {}) else "hidden_tests", name)
+    for test in tests:
+        _plain_path(where, "FAIL_TO_PASS" if test in r.get("FAIL_TO_PASS", []) else "PASS_TO_PASS", test.split("::")[0])
+    _check_limits(where, metadata)
     if "difficulty" in r:
         metadata["difficulty"] = r["difficulty"]
     if tests:

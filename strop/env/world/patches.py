@@ -5,6 +5,7 @@ and what the demonstrator plays)."""
 
 import functools
 
+from strop.confined import read_beneath
 from strop.env.task import Task
 from strop.env.world.repo import apply_patch, checkout
 from strop.env.world.task_world import task_repository
@@ -66,9 +67,9 @@ def starting_text(task: Task, path: str) -> str:
     if path in task.files:
         return task.files[path]
     if task.repo:
-        file = checkout(task.repo, task.base_commit) / path
-        if file.is_file() and not file.is_symlink():
-            return file.read_text(errors="replace")
+        data = read_beneath(checkout(task.repo, task.base_commit), path, links=False)  # never through a link
+        if data is not None:
+            return data.decode(errors="replace")
     return ""
 
 

@@ -15,12 +15,11 @@ task's commit, which may hold the answer, is not there.
 """
 
 import os
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
-from strop.confined import copy_tree
+from strop.confined import apply_changes, copy_tree, parts_of, read_beneath, rmtree, walk
 from strop.env.host.account import hand_over
 from strop.env.host.node_cache import built, cache_dir, fetched, is_url, locked
 from strop.env.world.layers import LayerError, extract_layer
@@ -136,7 +135,7 @@ def _stamp(source: str, commit: str = "") -> tuple:
         st = path.stat()
         return (st.st_size, st.st_mtime_ns)
     entries = []
-    for d, dirs, files in sorted(os.walk(path)):
+    for d, dirs, files in sorted(walk(path)):
         for n in sorted(files + dirs):
             st = os.lstat(os.path.join(d, n))
             entries.append((os.path.relpath(os.path.join(d, n), path), st.st_size, st.st_mtime_ns))
@@ -178,7 +177,7 @@ def _plain_tree(path: Path, tree: Path) -> None:
     tarball unpacked like an image layer."""
     if path.is_dir():
         copy_tree(path, tree)
-        shutil.rmtree(tree / ".git", ignore_errors=True)
+        rmtree(tree / ".git")
         return
     if not path.name.endswith(_TARBALL):
         raise UserError(f"repository {str(path)!r} is a file but not a tarball or a git bundle")
@@ -195,7 +194,10 @@ def _plain_tree(path: Path, tree: Path) -> None:
 
 def apply_patch(tree: Path, patch: str) -> dict[str, bytes | None]:
     """The files a unified diff changes, after it applies to `tree` (relative path -> new bytes,
-    None = deleted); `tree` is not modified. UserError with git's reason if it does not apply."""
+    None = deleted; a symbolic link it makes as its target path, as a sandbox's diff reports one);
+    `tree` is not modified. UserError with git's reason if it does not apply. Neither tree is read
+    through a link: a patch that makes a link reads nothing it points at, one that edits a file
+    reached through the repository's own link does not apply."""
     if not patch.strip():
         return {}
     with tempfile.TemporaryDirectory(prefix="strop-patch-") as tmp:
@@ -208,11 +210,9 @@ def apply_patch(tree: Path, patch: str) -> dict[str, bytes | None]:
                 if p
             }
         )
-        work.mkdir()
         for rel in paths:
-            src = tree / rel
-            if src.is_file() and not src.is_symlink():
-                (work / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(src, work / rel)
+            parts_of(rel)  # a plain relative path, or UserError: nothing is made outside `work`
+        work.mkdir()
+        apply_changes(work, {rel: data for rel in paths if (data := read_beneath(tree, rel, links=False)) is not None})
         git("apply", "--whitespace=nowarn", "-", cwd=work, input=patch.encode())
-        return {rel: (work / rel).read_bytes() if (work / rel).is_file() else None for rel in paths}
+        return {rel: read_beneath(work, rel) for rel in paths}
