@@ -276,3 +276,22 @@ def test_bad_input_is_one_line_and_exit_2(calc_repo, tmp_path, args, why):
     assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
     assert re.search(why, run.stderr), run.stderr
     assert sorted(os.listdir(tmp_path)) == before  # nothing half-written
+
+
+@pytest.mark.parametrize("which", ["partial", "report", "partial-link", "report-link"])
+def test_mine_writes_nothing_that_is_not_its_own(calc_repo, tmp_path, which):
+    """Beside the task file it was named, `mine` writes its journal and its report: a user's file at
+    either name, or a link there, is refused before any work, and left as it was."""
+    repo, _ = calc_repo
+    out = tmp_path / "calc.jsonl"
+    target = tmp_path / ("calc.jsonl.partial" if which.startswith("partial") else "calc.report.json")
+    victim = tmp_path / "notes.txt"
+    victim.write_text("my notes\n")
+    if which.endswith("link"):
+        target.symlink_to(victim)
+    else:
+        target.write_text("my notes\n")
+    before = {p.name: p.read_text() for p in tmp_path.iterdir()}
+    run = strop("tasks", "mine", "--repo", str(repo), "--out", str(out))
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and target.name in run.stderr, run.stderr
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == before

@@ -36,7 +36,8 @@ Determinism: the task file and the report hold no clock time and follow the hist
 the same repository and image give the same bytes, whatever the number of jobs; only a test whose
 outcome changes between runs can change them. Nothing is lost on failure: each commit's result is
 appended to `<out>.partial` as it is known, a rerun with the same source, image and limits
-reuses it, and the partial file goes when the task file and `<out>.report.json` are written.
+reuses it, and the partial file goes when the task file and `<out>.report.json` are written. Both
+are `mine`'s own: a link, or a file of another kind, at either name is refused before any work.
 """
 
 import fnmatch
@@ -49,6 +50,7 @@ from pathlib import Path
 from typing import Literal
 from xml.etree.ElementTree import ParseError
 
+from strop.confined import read_regular
 from strop.env.grading.checker import check, run_tests, source_changes, split_changes, task_limits
 from strop.env.grading.diagnosis import no_report_reason, unknown_tests_reason
 from strop.env.grading.junit import junit_outcomes
@@ -324,10 +326,41 @@ def _journal_key(how: Settings) -> str:
     return content_key(json.dumps(what))
 
 
+def _is_journal(path: Path) -> bool:
+    """Whether the file `path` is a mining journal (empty, or JSON lines of {"key", "result"})."""
+    data = read_regular(path, max_bytes=1 << 16)
+    first = (data or b"").split(b"\n", 1)[0]
+    try:
+        return data is not None and (not data or set(json.loads(first)) == {"key", "result"})
+    except (ValueError, TypeError):
+        return False
+
+
+def _is_report(path: Path) -> bool:
+    """Whether the file `path` is a yield report `mine` wrote."""
+    data = read_regular(path, max_bytes=64 << 20)
+    try:
+        return data is not None and {"commits_walked", "candidates", "kept", "dropped"} <= set(json.loads(data))
+    except (ValueError, TypeError):
+        return False
+
+
+def _check_outputs(journal: Path, report: Path) -> None:
+    """UserError, before any work, unless the files `mine` makes beside its task file are its own to
+    write: absent, or its journal and report from an earlier run; never a link, never a user's file."""
+    for path, ours, what in ((journal, _is_journal, "a mining journal"), (report, _is_report, "a yield report")):
+        if path.is_symlink():
+            raise UserError(f"{str(path)!r} is a symbolic link; `strop tasks mine` writes no file through one")
+        if path.exists() and not ours(path):
+            raise UserError(
+                f"{str(path)!r} exists and is not {what} of `strop tasks mine`: move it or choose another --out"
+            )
+
+
 def _read_journal(path: Path, key: str) -> dict[str, dict]:
     done = {}
     if path.exists():
-        for line in path.read_text().splitlines():
+        for line in (read_regular(path) or b"").decode(errors="replace").splitlines():
             try:
                 entry = json.loads(line)
             except json.JSONDecodeError:
@@ -354,22 +387,24 @@ def mine(
     `<out>.report.json` (see the module docstring); returns the report."""
     from tqdm import tqdm
 
-    image_root(image)  # a missing or broken image is refused before any work, and so is one without the runner
+    out = Path(out)
+    journal = out.with_name(out.name + ".partial")
+    _check_outputs(journal, report_path(out))  # as a missing or broken image, refused before any work
+    image_root(image)  # and so is an image without the runner
     check_runner(image, Limits(timeout_s=timeout_s, memory_mb=memory_mb, cpu_s=2 * math.ceil(timeout_s)))
     mirror, sha = history(source, rev)
     source = source if is_url(source) else str(Path(source).resolve())
     how = Settings(source, str(Path(image).resolve()) if image else "", timeout_s, memory_mb, tests)
     walked, found = candidates(mirror, sha, max_commits)
-    out = Path(out)
-    journal = out.with_name(out.name + ".partial")
     key = _journal_key(how)
     results = _read_journal(journal, key)
     todo = [c for c in found if c.sha not in results]
     pool = ThreadPoolExecutor(max(1, jobs))
     try:
         work = [pool.submit(_mine_one, how, mirror, c) for c in todo]
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
         with (
-            open(journal, "a") as log,
+            os.fdopen(os.open(journal, flags, 0o644), "a") as log,
             tqdm(
                 total=len(found),
                 initial=len(found) - len(todo),
