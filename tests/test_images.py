@@ -16,9 +16,11 @@ from pathlib import Path
 import fsspec
 import pytest
 
+from strop.env.grading.checker import check
 from strop.env.host.node_cache import node_cache
 from strop.env.sandbox.backend import open_sandbox
 from strop.env.sandbox.interface import Limits
+from strop.env.task import Task
 from strop.env.world.image import image_root
 from strop.errors import UserError
 from tests.worldkit import MARKER, docker_archive, host_python, image_layers, oci_layout, test_image  # noqa: F401
@@ -218,6 +220,15 @@ def test_a_hostile_images_links_take_no_byte_in_or_out_of_the_host(image_layers,
         r = sb.exec("cat /etc/passwd /etc/group /etc/hosts /etc/hostname; id -un; echo x > /tmp/t; echo x > ~/h")
         sb.write_file("/tmp/by-strop", "x")
     assert r.exit_code == 0 and "VICTIM" not in r.stdout and "dev\n" in r.stdout, r
+    # the workspace: a repository whose test folder is a link out, where the checker writes the hidden tests
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "m.py").write_text("def f():\n    return 1\n")
+    os.symlink(to(victim / "dir"), repo / "tests")
+    hidden = {"tests/test_h.py": "from m import f\n\n\ndef test_f():\n    assert f() == 1\n"}
+    task = Task(id="t", suite="t", split="eval", instruction="", repo=str(repo), hidden_tests=hidden, image=root)
+    score = check(task, {"m.py": "def f():\n    return 1\n"}, perturbed=False)
+    assert score.reward == 0 and "dangles" in score.reason  # the link leads nowhere inside: not written through
     assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in victim.iterdir() if p.is_file()} == before
     assert not list((victim / "dir").iterdir())
 
