@@ -95,3 +95,67 @@ def test_fuzz_image_layers(tmp_path):
 @pytest.mark.slow
 def test_fuzz_image_layers_long(tmp_path):
     fuzz_layers(40 * SLOW, 1, tmp_path)
+
+
+# ---- task-file records -------------------------------------------------------------------------
+
+VALUES = [None, True, -1, 0, 1, 1.5, 1e308, float("nan"), "", "x", "-x", "/etc", "..", [], ["a"], {}, {"a": "b"}]
+PATHS = ["/etc", "/etc/passwd", "..", "../../..", "escape", "escape/passwd", "inside", "file:///etc/shadow"]
+PATHS += ["http://169.254.169.254/", "memory://x/y.tar", "git@h:x/y", "~root", "~/x", ""]
+KEYS = ["m.py", "../m.py", "/m.py", "a/../../m.py", "", ".", "a//b", "-p", "a/./b", "x\0y", "tests/test_m.py"]
+FIELDS = ["repo", "image", "files", "hidden_tests", "FAIL_TO_PASS", "metadata", "timeout_s", "memory_mb", "cpu_s"]
+FIELDS += ["test_command", "split", "base_commit", "instance_id"]
+
+
+def random_record(rng: random.Random) -> dict:
+    """A sound record with one to three fields made hostile."""
+    rec = {"instance_id": "t", "problem_statement": "p", "files": {"m.py": "x = 1\n"}}
+    rec["hidden_tests"] = {"tests/test_m.py": "def test_a():\n    pass\n"}
+    for name in rng.sample(FIELDS, rng.randint(1, 3)):
+        if name in ("repo", "image"):
+            rec[name] = rng.choice(PATHS + VALUES)
+        elif name in ("files", "hidden_tests"):
+            rec[name] = {rng.choice(KEYS): rng.choice(["x = 1\n", 1])} if rng.random() < 0.9 else rng.choice(VALUES)
+        elif name == "FAIL_TO_PASS":
+            rec[name] = [rng.choice(KEYS) + rng.choice(["", "::test_a"])] if rng.random() < 0.8 else rng.choice(VALUES)
+        elif name == "metadata":
+            rec[name] = {rng.choice(["timeout_s", "memory_mb", "cpu_s", "n_tests"]): rng.choice(VALUES + [30, 512])}
+        else:
+            rec[name] = rng.choice(VALUES + [30, 512])
+    return rec
+
+
+def fuzz_records(n: int, seed: int, tmp: Path) -> None:
+    from strop.env.tasks.task_file import CEILINGS, task_from_record
+
+    rng = random.Random(seed)
+    files = tmp / "tasks"
+    (files / "inside").mkdir(parents=True)
+    (files / "escape").symlink_to("/etc")
+    accepted = 0
+    for i in range(n):
+        rec = random_record(rng)
+        try:
+            task, _ = task_from_record(rec, f"t.jsonl:{i}", files, "jsonl:t")
+        except UserError as e:
+            assert "\n" not in str(e) and str(e).startswith(f"t.jsonl:{i}"), e
+            continue
+        accepted += 1
+        for path in (task.repo, task.image):
+            assert not path or path == "/" or Path(path).resolve().is_relative_to(files.resolve()), (rec, path)
+        for key, ceiling in CEILINGS.items():
+            assert 0 < task.metadata.get(key, 1) <= ceiling, rec
+        for key in {**task.files, **task.hidden_tests}:
+            assert not key.startswith(("/", "-")) and ".." not in key.split("/"), rec
+    assert accepted  # the generator draws both kinds
+
+
+def test_fuzz_task_records(tmp_path, monkeypatch):
+    monkeypatch.delenv("STROP_TASK_SOURCES", raising=False)
+    fuzz_records(300 * FAST, 0, tmp_path)
+
+
+@pytest.mark.slow
+def test_fuzz_task_records_long(tmp_path, monkeypatch):
+    monkeypatch.delenv("STROP_TASK_SOURCES", raising=False)
+    fuzz_records(300 * SLOW, 1, tmp_path)
