@@ -21,12 +21,19 @@ and a fresh one is started lazily over the same copy-on-write layer, so files su
 
 Covered: no network, read-only system, hidden host paths, per-command CPU/memory/file-size/process
 limits, wall-clock timeout of the whole tree, bounded output, workspace size (checked every 0.2 s
-while a command runs and after it: exceeding it kills the command and flags the result).
-Not covered: the workspace check is a poll, so a command can overshoot by what it writes in
-0.2 s; `kill -9 -1` cleans up between commands, so background servers do not persist across
-exec calls; RLIMIT_NPROC does not bind when the sandbox user maps to host root (strop run as
-root), so there a pids cgroup (v1 or v2, when writable) bounds processes instead; a process in
-the sandbox may read /proc/1/fd/0 and so disturb its own sandbox's protocol (only its own).
+while a command runs and after it: exceeding it kills the command and flags the result). A hostile
+image: strop's own /etc files are written beneath a copy of its /etc, never through a link it holds
+there, and its links elsewhere resolve inside its root. strop's own directories (the node cache,
+whose git mirrors hold the fixes; scratch and temporary roots of other worlds) are not visible,
+covered where the host's root would show them. What a sandbox's code leaves behind (directories
+nested thousands deep, unwritable ones) is diffed, removed and swept without recursion: closing
+one never fails on it, nor does the next sandbox's start.
+Not covered: the workspace check is a poll, so a command can overshoot by what it writes in 0.2 s,
+and it does not count what lies deeper than PATH_MAX (nor does the diff report it); `kill -9 -1`
+cleans up between commands, so background servers do not persist across exec calls; RLIMIT_NPROC
+does not bind when the sandbox user maps to host root (strop run as root), so there a pids cgroup
+(v1 or v2, when writable) bounds processes instead; a process in the sandbox may read /proc/1/fd/0
+and so disturb its own sandbox's protocol (only its own).
 """
 
 import functools
