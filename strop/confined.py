@@ -74,29 +74,31 @@ def _walk(root_fd: int, dirs: list[str], create: bool) -> int | None:
     return fd
 
 
+def _parent_beneath(root: Path, rel: str) -> tuple[int | None, str]:
+    """(a descriptor of the directory holding `rel` under `root`, which the caller closes, or None when
+    it is missing or reached only through a link; `rel`'s last name)."""
+    parts = parts_of(rel)
+    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return _walk(root_fd, parts[:-1], create=False), parts[-1]
+    except OSError:  # a component is a link or a file
+        return None, parts[-1]
+    finally:
+        os.close(root_fd)
+
+
 def read_beneath(root: Path, rel: str, links: bool = True) -> bytes | None:
     """What `rel` under `root` holds: a regular file's bytes, a symbolic link's target path (as the
     sandbox's diff reports a link; None with `links=False`), or None when it is absent, something
     else, or reached only through a link."""
-    parts = parts_of(rel)
-    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        fd = _walk(root_fd, parts[:-1], create=False)
-    except OSError:  # a component is a link or a file
-        return None
-    finally:
-        os.close(root_fd)
+    fd, name = _parent_beneath(root, rel)
     if fd is None:
         return None
     try:
-        st = _lstat(fd, parts[-1])
+        st = _lstat(fd, name)
         if st is not None and stat.S_ISLNK(st.st_mode):
-            return os.fsencode(os.readlink(parts[-1], dir_fd=fd)) if links else None
-        if st is None or not stat.S_ISREG(st.st_mode):
-            return None
-        ffd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
-        with os.fdopen(ffd, "rb") as f:
-            return f.read() if stat.S_ISREG(os.fstat(ffd).st_mode) else None
+            return os.fsencode(os.readlink(name, dir_fd=fd)) if links else None
+        return read_regular(name, fd) if st is not None and stat.S_ISREG(st.st_mode) else None
     finally:
         os.close(fd)
 
@@ -104,18 +106,11 @@ def read_beneath(root: Path, rel: str, links: bool = True) -> bytes | None:
 def lstat_beneath(root: Path, rel: str) -> os.stat_result | None:
     """The lstat of `rel` under `root` (a symbolic link's own), or None when it is absent or reached
     only through a link."""
-    parts = parts_of(rel)
-    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        fd = _walk(root_fd, parts[:-1], create=False)
-    except OSError:  # a component is a link or a file
-        return None
-    finally:
-        os.close(root_fd)
+    fd, name = _parent_beneath(root, rel)
     if fd is None:
         return None
     try:
-        return _lstat(fd, parts[-1])
+        return _lstat(fd, name)
     finally:
         os.close(fd)
 
@@ -124,16 +119,11 @@ def open_beneath(root: Path, rel: str) -> BinaryIO:
     """The regular file `rel` under `root`, open for reading, reached without following a link;
     OSError when it is missing, reached through a link, or not a regular file (a fifo or a device
     is not read: O_NONBLOCK, then fstat)."""
-    parts = parts_of(rel)
-    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        fd = _walk(root_fd, parts[:-1], create=False)
-    finally:
-        os.close(root_fd)
+    fd, name = _parent_beneath(root, rel)
     if fd is None:
-        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), rel)
+        raise FileNotFoundError(errno.ENOENT, "missing, or reached through a link", rel)
     try:
-        ffd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+        ffd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
     finally:
         os.close(fd)
     if not stat.S_ISREG(os.fstat(ffd).st_mode):
