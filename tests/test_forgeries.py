@@ -90,38 +90,35 @@ def repo_task(calc_repo, image) -> Task:
         ({"calc.py": BUGGY + PLUGIN}, []),
         ({"calc.py": BUGGY + REWRITE_AT_EXIT}, []),
         ({"calc.py": BUGGY + FORGED_REPORT}, []),
-        ({"pygments.py": PLUGIN + REWRITE_AT_EXIT}, ["pygments.py"]),  # imported by the runner, where it is
-        ({"calc.py": BUGGY + "import pygments\n", "pygments/__init__.py": REWRITE_AT_EXIT}, ["pygments/__init__.py"]),
-        ({".pytest.ini": "[pytest]\naddopts = -p forge\n", "forge.py": PLUGIN}, [".pytest.ini"]),
-        ({"pytest.toml": '[pytest]\naddopts = ["-p", "forge"]\n', "forge.py": PLUGIN}, ["pytest.toml"]),
-        ({"tests/pytest.ini": "[pytest]\naddopts = -p forge\n", "forge.py": PLUGIN}, ["tests/pytest.ini"]),
-        ({"test/helpers.py": "X = 1\n"}, ["test/helpers.py"]),
+        # stand-ins for what the runner imports: imported by it where it is, wherever the tests are
+        ({"pygments.py": PLUGIN + REWRITE_AT_EXIT, "_pytest/__init__.py": REWRITE_AT_EXIT}, ["pygments.py", "_pytest/__init__.py"]),
+        # the runner's own configuration, loading a plugin of the agent's, at the top and deeper
+        (
+            {
+                ".pytest.ini": "[pytest]\naddopts = -p forge\n",
+                "pytest.toml": '[pytest]\naddopts = ["-p", "forge"]\n',
+                "tests/pytest.ini": "[pytest]\naddopts = -p forge\n",
+                "test/helpers.py": "X = 1\n",  # a singular test folder backs the tests too
+                "forge.py": PLUGIN,
+            },
+            [".pytest.ini", "pytest.toml", "tests/pytest.ini", "test/helpers.py"],
+        ),
     ],
-    ids=[
-        "gc-plugin",
-        "atexit-rewrite",
-        "forged-report",
-        "shadow-module",
-        "shadow-package",
-        "dot-pytest-ini",
-        "pytest-toml",
-        "nested-ini",
-        "singular-test-dir",
-    ],
+    ids=["gc-plugin", "atexit-rewrite", "forged-report", "shadows", "runner-config"],
 )
 def test_each_forgery_earns_nothing(repo_task, forgery, dropped):
     score = check(repo_task, forgery, perturbed=False)
     assert score.reward == 0 and set(dropped) <= set(score.dropped_paths), score
 
 
-@pytest.mark.parametrize("forgery", [PLUGIN, REWRITE_AT_EXIT, FORGED_REPORT], ids=["gc-plugin", "atexit", "report"])
-def test_a_forgery_over_the_fix_is_seen_and_the_gold_patch_earns_one(repo_task, forgery):
+def test_forgeries_over_the_fix_are_seen_and_the_gold_patch_earns_one(repo_task):
     gold = gold_changes(repo_task)
     score = check(repo_task, gold, perturbed=False)
     assert score.reward == 1 and score.passed == 2 and score.reason == "ok", score
-    forged = check(repo_task, {"calc.py": gold["calc.py"].decode() + forgery}, perturbed=False)
-    assert forged.reward == 0 and forged.outcome == "not scored", forged
-    assert "canary" in forged.reason or "exited" in forged.reason, forged
+    for forgery in (PLUGIN, REWRITE_AT_EXIT, FORGED_REPORT):
+        forged = check(repo_task, {"calc.py": gold["calc.py"].decode() + forgery}, perturbed=False)
+        assert forged.reward == 0 and forged.outcome == "not scored", forged
+        assert "canary" in forged.reason or "exited" in forged.reason, forged
 
 
 def test_the_runners_files_and_stand_ins_are_protected_whatever_the_task_says(repo_task):

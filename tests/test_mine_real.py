@@ -44,7 +44,9 @@ def debian_image(tmp_path_factory) -> str:
 
 
 @pytest.mark.skipif(not BUNDLE.is_file(), reason=f"{BUNDLE} is not here (a clone of strop has no ../shared)")
-def test_mined_more_itertools_tasks_validate_evaluate_and_train(debian_image, tmp_path):
+def test_mined_more_itertools_tasks_validate_evaluate_and_train(debian_image, tmp_path, monkeypatch):
+    # the bundle and the image lie outside the task file's folder: the user names them
+    monkeypatch.setenv("STROP_TASK_SOURCES", f"{BUNDLE.parent} {debian_image}")
     version = strop("sandbox", "run", "--image", debian_image, "--", "python3", "--version", cwd=tmp_path)
     assert version.stdout.strip() == "Python 3.11.2", version.stdout  # bookworm's python3, not strop's
     out = tmp_path / "mined.jsonl"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.worldkit import calc_repo, git  # noqa: F401
+from tests.worldkit import calc_repo, git, sources_outside  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = [
