@@ -91,7 +91,10 @@ def repo_task(calc_repo, image) -> Task:
         ({"calc.py": BUGGY + REWRITE_AT_EXIT}, []),
         ({"calc.py": BUGGY + FORGED_REPORT}, []),
         # stand-ins for what the runner imports: imported by it where it is, wherever the tests are
-        ({"pygments.py": PLUGIN + REWRITE_AT_EXIT, "_pytest/__init__.py": REWRITE_AT_EXIT}, ["pygments.py", "_pytest/__init__.py"]),
+        (
+            {"pygments.py": PLUGIN + REWRITE_AT_EXIT, "_pytest/__init__.py": REWRITE_AT_EXIT},
+            ["pygments.py", "_pytest/__init__.py"],
+        ),
         # the runner's own configuration, loading a plugin of the agent's, at the top and deeper
         (
             {
