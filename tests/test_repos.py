@@ -77,8 +77,8 @@ def test_bad_repositories_are_one_line(calc_repo, tmp_path, source, commit, why)
     (tmp_path / "notgit").mkdir()
     with pytest.raises(UserError, match=why):
         checkout(source.format(repo=repo, tmp=tmp_path), commit)
-    for kind in ("repos", "git"):  # nothing half-written in the cache
-        assert not [p for p in (node_cache() / kind).glob(".*") if not p.name.endswith(".lock")]
+    for kind in ("repos", "git"):  # nothing half-written in the cache (by this process: others build beside it)
+        assert not list((node_cache() / kind).glob(f".build-{os.getpid()}-*"))
 
 
 def test_patches_apply_without_touching_the_tree(calc_repo):
@@ -190,3 +190,12 @@ def test_a_mined_test_that_is_a_link_to_a_host_file_yields_no_task_reading_it(tm
     git("commit", "-q", "-m", "fix f", cwd=repo)
     report = mine(str(repo), tmp_path / "out.jsonl", progress=False)
     assert report["kept"] == 0 and "SECRET" not in (tmp_path / "out.jsonl").read_text()
+
+
+def test_a_killed_builders_leftover_goes_with_the_next_build(tmp_path):
+    stale = node_cache() / "repos" / ".build-99999999-x"  # pid 99999999: dead
+    (stale / "tree" / "deep").mkdir(parents=True)
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "a.py").write_text(str(tmp_path))  # a new checkout: a build
+    checkout(str(tmp_path / "plain"))
+    assert not stale.exists()

@@ -74,13 +74,18 @@ def locked(path: Path) -> Iterator[None]:
 def built(dest: Path, build: Callable[[Path], None]) -> Path:
     """The node cache's entry `dest`, made on first use: `build(tmp)` fills a fresh temporary
     directory beside it, renamed into place once complete, under a lock (one builder per entry; the
-    others wait and find it built), so a failure leaves nothing half-written."""
+    others wait and find it built), so a failure leaves nothing half-written. A builder killed before
+    it could clean up leaves its directory (`.build-<pid>-*`): the next build beside it removes it."""
     if dest.exists():
         return dest
     with locked(dest.parent / f".{dest.name}.lock"):
         if dest.exists():
             return dest
-        tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".build-"))
+        for stale in dest.parent.glob(".build-*-*"):
+            pid = stale.name.split("-")[1]
+            if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                rmtree(stale)
+        tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".build-{os.getpid()}-"))
         try:
             build(tmp)
             os.chmod(tmp, 0o755)
