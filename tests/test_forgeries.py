@@ -6,6 +6,7 @@ earns 0, while the gold patch still earns 1."""
 
 import pytest
 
+from strop.env.grading.canaries import make_canaries, split_report, verdict
 from strop.env.grading.checker import check, is_protected
 from strop.env.task import Task
 from strop.env.world.patches import gold_changes
@@ -142,3 +143,38 @@ def test_the_runners_files_and_stand_ins_are_protected_whatever_the_task_says(re
     for path in ("calc.py", "newmod.py", "data/json.txt", "pygments/lexer.py"):
         assert not is_protected(task, path), path
     assert is_protected(repo_task, "test/helpers.py")  # a singular test folder backs the tests too
+
+
+def test_the_canaries_run_whatever_the_repository_configures():
+    """A repository whose pytest config names tests otherwise and stops at the first failure
+    (`-x`): the canaries are collected all the same, run last, and the fix earns 1."""
+    task = Task(
+        id="cfg",
+        suite="test",
+        split="eval",
+        instruction="",
+        files={
+            "pytest.ini": "[pytest]\npython_functions = check_*\npython_classes = Check\naddopts = -x\n",
+            "m.py": "def f():\n    return 0\n",
+        },
+        hidden_tests={"tests/test_h.py": "from m import f\n\n\ndef check_f():\n    assert f() == 1\n"},
+        metadata={"n_tests": 1},
+    )
+    assert check(task, {"m.py": "def f():\n    return 1\n"}, perturbed=False).reward == 1
+    assert check(task, {}, perturbed=False).reward == 0
+
+
+def test_a_report_is_split_from_its_canaries():
+    canaries = make_canaries(["tests/test_calc.py::test_add"])
+    module = canaries.path.removesuffix(".py").replace("/", ".")
+    cases = "".join(
+        f'<testcase classname="{module}.TestX" name="{n}"><failure message="x"/></testcase>' for n in canaries.names
+    )
+    real = '<testcase classname="tests.test_calc" name="test_add"/>'
+    xml = f"<testsuites><testsuite>{real}{cases}</testsuite></testsuites>"
+    report, outcomes = split_report(xml.encode(), canaries)
+    assert b"TestX" not in report and b"test_add" in report
+    assert verdict(canaries, outcomes, 1) == ""
+    assert "exited 0" in verdict(canaries, outcomes, 0)
+    assert "not reported" in verdict(canaries, {}, 1)
+    assert "passed" in verdict(canaries, dict.fromkeys(canaries.names, "passed"), 1)

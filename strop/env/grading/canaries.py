@@ -5,7 +5,7 @@ all of it: the live pytest config (through `gc`), its plugin manager, its report
 No channel out of that process is one the code cannot write. So the checker does not read a run's
 passes as proof on their own: every pytest-graded run also collects a canary module that the code
 under test never saw, written from the host at a fresh random name beside the hidden tests, whose
-tests fail. A runner left alone reports each canary failed and exits 1 (tests failed); a forgery
+tests fail. A runner left alone reports the canaries failed and exits 1 (tests failed); a forgery
 that passes what did not pass (a pass-everything plugin, a rewritten or forged report, `os._exit(0)`
 in an exit handler) passes the canaries too, or loses them, or changes the exit code. The checker
 scores a run with passes only when `verdict` finds the canaries as an honest runner leaves them.
@@ -21,6 +21,7 @@ can read) and forges only the others' outcome; tests that trust an object the co
 """
 
 import random
+import re
 import secrets
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -49,7 +50,8 @@ def make_canaries(selected: list[str]) -> Canaries:
     repository holds), named like its neighbours."""
     first = PurePosixPath(selected[0].split("::")[0]) if selected else PurePosixPath("test_x.py")
     tag = secrets.token_hex(4)
-    stem = first.stem if first.stem.startswith("test") else f"test_{first.stem}"
+    stem = re.sub(r"\W", "_", first.stem, flags=re.ASCII)  # a module and a class name: identifiers only
+    stem = stem if stem.startswith("test") else f"test_{stem}"
     rng = random.Random(tag)
     words = ("bounds", "empty", "edge", "regression", "types", "large", "order", "repeat", "default", "nested")
     a, b = rng.sample(range(2, 1000), 2)
@@ -80,7 +82,7 @@ def split_report(xml: bytes, canaries: Canaries) -> tuple[bytes, dict[str, str]]
     except ET.ParseError:
         return xml, {}
     found = {}
-    for parent in [root, *root.iter()]:
+    for parent in list(root.iter()):
         for case in [c for c in parent if c.tag == "testcase" and _is_canary(c, canaries)]:
             name = case.get("name", "")
             if found.get(name) not in FAILED:  # a test reported twice keeps its failing report
@@ -90,11 +92,13 @@ def split_report(xml: bytes, canaries: Canaries) -> tuple[bytes, dict[str, str]]
 
 
 def verdict(canaries: Canaries, outcomes: dict[str, str], exit_code: int | None) -> str:
-    """ "" when the canaries are as a runner left alone leaves them (each one failed, exit code 1),
-    else why the run's outcome cannot be trusted."""
-    wrong = [f"{n} {outcomes.get(n, 'not reported')}" for n in canaries.names if outcomes.get(n) not in FAILED]
-    if wrong:
-        return f"the report was forged: the canary tests, which fail, were reported so ({', '.join(wrong)})"
+    """Why the run's outcome cannot be trusted, or "" when the canaries are as a runner left alone
+    leaves them: each one it reports failed, at least one reported (a `-x` stops after the first),
+    exit code 1."""
+    wrong = [f"{n} {outcomes[n]}" for n in canaries.names if n in outcomes and outcomes[n] not in FAILED]
+    if wrong or not outcomes:
+        what = ", ".join(wrong) or "not reported"
+        return f"the report was forged: the canary tests, which fail, were reported so ({what})"
     if exit_code != 1:
         return f"the runner exited {exit_code}, not 1, with failing canary tests in its report"
     return ""

@@ -17,8 +17,8 @@ Order matters, because every step closes a way to game the reward:
    outside the repository that the agent's sandbox never had, and parse that XML, never the test
    output;
 5. count a run with fewer test cases than the task declares (`metadata["n_tests"]`, and
-   `["n_perturbed_tests"]` for the perturbed run) as failed, and a run with passes whose canaries
-   were not reported failed, or whose runner did not exit 1 (tests failed), as forged.
+   `["n_perturbed_tests"]` for the perturbed run) as failed, and a run with passes that reports a
+   canary other than failed, or none, or whose runner did not exit 1 (tests failed), as forged.
 
 Why canaries: the hidden tests run in the process of the code they import, which reaches all of
 that process (the live pytest config through `gc`, its plugins, its report file, its exit code), so

@@ -95,9 +95,12 @@ def _installed_modules(root: str) -> frozenset[str]:
     task = Task(id="", suite="", split="eval", instruction="", image=root)
     with empty_sandbox(task, Limits(timeout_s=60)) as sandbox:
         run = sandbox.exec(["python3", "-I", "-c", _MODULES])
-    if run.exit_code != 0:
-        return frozenset()  # no python3: the image runs no Python tests either
-    return frozenset(json.loads(run.stdout))
+    try:
+        names = json.loads(run.stdout) if run.exit_code == 0 else []
+    except ValueError:
+        names = []
+    # no python3 (the image runs no Python tests either), or one that answers nonsense: nothing to stand in for
+    return frozenset(n for n in names if isinstance(n, str)) if isinstance(names, list) else frozenset()
 
 
 def _entries(root: Path) -> tuple[dict[str, Path], list[str]]:
