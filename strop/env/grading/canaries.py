@@ -98,7 +98,7 @@ def verdict(canaries: Canaries, outcomes: dict[str, str], exit_code: int | None)
     wrong = [f"{n} {outcomes[n]}" for n in canaries.names if n in outcomes and outcomes[n] not in FAILED]
     if wrong or not outcomes:
         what = ", ".join(wrong) or "not reported"
-        return f"the report was forged: the canary tests, which fail, were reported so ({what})"
+        return f"the report cannot be trusted: the canary tests, which fail, were reported so ({what})"
     if exit_code != 1:
         return f"the runner exited {exit_code}, not 1, with failing canary tests in its report"
     return ""

@@ -237,10 +237,10 @@ def _run(task: Task, kept: dict, tests: dict[str, str], n_tests: int, mode: Mode
         score.detail = f"{failure[0]}: {failure[1]}"[:300]
         if (memory := memory_reason(failure[1], limits)) is not None:
             score.reason += f"; {memory} in {failure[0]}"
-    if (unknown := unknown_tests_reason(task, selected, outcomes)) is not None:
-        score.reward, score.reason, score.outcome = 0.0, unknown, "not scored"
-    if score.reward > 0 and run.forged():  # passes in a report the canaries say was not the runner's own
+    if score.passed and run.forged():  # passes in a report the canaries say was not the runner's own
         score.reward, score.outcome, score.reason = 0.0, "not scored", run.forged()
+    elif (unknown := unknown_tests_reason(task, selected, outcomes)) is not None:
+        score.reward, score.reason, score.outcome = 0.0, unknown, "not scored"
     return score
 
 
