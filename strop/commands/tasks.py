@@ -47,6 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-fraction", type=float, default=0.2, help="the newest share of kept tasks held out (0.2)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds one test run may take (default 300)")
     p.add_argument("--memory-mb", type=int, default=4096, help="address space of a test run (default 4096)")
+    _recipe_arguments(p)
     p.add_argument(
         "--tests",
         choices=["modules", "touched"],
@@ -58,6 +59,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--image", default="", help="OS image of the tasks that name none (default: the host's root)")
     p.add_argument("--jobs", type=int, default=1, help="tasks validated at once (default 1)")
     p.add_argument("--json", help="also write the verdicts to this JSON file")
+
+
+def _recipe_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--recipe", help="TOML file: paths, setup, test_command (default: detected from the repository's files)"
+    )
+    p.add_argument("--path", action="append", default=[], help="a directory put on the import path (repeatable)")
+    p.add_argument("--setup", action="append", default=[], help="a shell command run before the tests (repeatable)")
+
+
+def _recipe(args: argparse.Namespace):
+    """(the recipe the user gave, None = detect; the test command, None = the default)."""
+    from strop.env.recipe import Recipe, check_path, read_recipe_file
+
+    recipe, test_command = read_recipe_file(args.recipe) if args.recipe else (None, None)
+    if args.path or args.setup:
+        recipe = recipe or Recipe()
+        paths = tuple(check_path("--path", p) for p in args.path)
+        recipe = Recipe(paths=recipe.paths + paths, setup=recipe.setup + tuple(args.setup), notes=("from the flags",))
+    return recipe, test_command
 
 
 def run(args: argparse.Namespace) -> int:
@@ -151,6 +172,7 @@ def _mine(args: argparse.Namespace) -> int:
     if not args.timeout > 0:
         raise UserError(f"--timeout must be a positive number of seconds, got {args.timeout}")
     out = check_output_file(args.out)
+    recipe, test_command = _recipe(args)
     report = mine(
         args.repo,
         out,
@@ -162,6 +184,8 @@ def _mine(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         memory_mb=args.memory_mb,
         tests=args.tests,
+        recipe=recipe,
+        test_command=test_command,
     )
     rows = [{"outcome": "kept", "commits": report["kept"]}]
     rows += [{"outcome": f"dropped: {reason}", "commits": report["dropped"][reason]} for reason in DROPS]
@@ -170,6 +194,8 @@ def _mine(args: argparse.Namespace) -> int:
         f"commits of {args.repo} at {report['rev'][:12]}"
     )
     print(format_table(rows, ["outcome", "commits"]))
+    for recipe_field, n in report["recipes"].items():
+        print(f"recipe {recipe_field}: {n} tasks")
     print(f"wrote {report['kept']} tasks ({report['train']} train, {report['eval']} eval) to {out}")
     print(f"yield report: {report_path(out)}")
     return 0

@@ -8,7 +8,8 @@ Order matters, because every step closes a way to game the reward:
 2. open a fresh sandbox on the pristine task repository (`strop.env.world.task_world`) and write the
    remaining changes into it from the host;
 3. only then write the hidden tests (`hidden_tests` and what `test_patch` makes) over whatever
-   sits at their paths — no agent code runs before the world is complete;
+   sits at their paths — no agent code runs before the world is complete — and make the repository
+   importable as the task's recipe says (`strop.env.recipe`: its setup commands, its paths);
 4. run the test command (on the task's FAIL_TO_PASS and PASS_TO_PASS test ids when it has them,
    else on the hidden test files) with the JUnit report going to a random path outside the
    repository that the agent's sandbox never had, and parse that XML, never the test output;
@@ -43,7 +44,7 @@ from strop.env.runner import RUNNER_MODULES
 from strop.env.sandbox.interface import Limits, Sandbox
 from strop.env.task import Task
 from strop.env.world.patches import hidden_tests
-from strop.env.world.task_world import empty_sandbox, repository_has, task_sandbox
+from strop.env.world.task_world import empty_sandbox, prepare_world, recipe_env, repository_has, task_sandbox
 
 Mode = Literal["binary", "fraction"]
 # what a check concluded: every test passed; the tests ran and some did not pass; no test ran;
@@ -135,6 +136,7 @@ class CheckRun:
     exit_code: int | None
     timed_out: bool
     report: bytes | None
+    setup_failed: str = ""  # the recipe's setup failed (`strop.env.recipe`): its exit and last output line
 
 
 def run_tests(
@@ -149,11 +151,15 @@ def run_tests(
     with task_sandbox(task, limits, kind="check") as sandbox:
         _write(sandbox, changes)
         _write(sandbox, tests)
+        setup = prepare_world(sandbox, task, timeout)
+        if setup is not None and setup.exit_code != 0:
+            last = (setup.stderr.strip() or setup.stdout.strip() or "no output").splitlines()[-1][:200]
+            return CheckRun(setup.exit_code, setup.timed_out, None, f"exit {setup.exit_code}: {last}")
         junit = f"/tmp/strop-junit-{secrets.token_hex(8)}.xml"
         cmd = [a.replace("$STROP_JUNIT", junit) for a in task.test_command] + selected
         # no third-party pytest plugins: hidden tests need none, and loading them (anyio's, from
         # strop's own environment) was a third of every check's time; no bytecode is the sandbox's own setting
-        env = {"STROP_JUNIT": junit, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+        env = {"STROP_JUNIT": junit, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", **recipe_env(task)}
         result = sandbox.exec(cmd, timeout=timeout, env=env)
         if result.timed_out:
             return CheckRun(result.exit_code, True, None)
@@ -170,6 +176,8 @@ def _run(task: Task, kept: dict, tests: dict[str, str], n_tests: int, mode: Mode
             _write(sandbox, kept)
             return _values_score(sandbox, judge, tests, n_tests, mode, timeout)
     run = run_tests(task, kept, tests, task.fail_to_pass + task.pass_to_pass or sorted(tests), limits)
+    if run.setup_failed:
+        return Score(0.0, reason=f"setup failed: {run.setup_failed}", exit_code=run.exit_code, outcome="not scored")
     if run.timed_out:
         return Score(0.0, reason=f"timeout after {timeout:.0f} s", exit_code=run.exit_code, outcome="not scored")
     if run.report is None:

@@ -9,6 +9,8 @@ that is not documentation, stubs or configuration: `NOT_CODE`) is a candidate:
 
 - instruction = the commit message; test_patch = the test part (the hidden tests); gold patch =
   the code part; repo = the source, base_commit = the parent; image = the image mined in;
+- the repository's recipe (`strop.env.recipe`: what goes on the import path, which setup commands
+  run first) is detected at the commit, unless the caller gives one; the task records it;
 - the tests run twice in the image, through the checker's own path (`strop.env.grading.checker.run_tests`:
   a fresh sandbox, JUnit to a path the code never had): at the parent with the test part applied,
   and with the code part too, as the checker would score it (protected paths dropped). Which tests:
@@ -52,13 +54,14 @@ from xml.etree.ElementTree import ParseError
 from strop.env.grading.checker import check, run_tests, source_changes, split_changes, task_limits
 from strop.env.grading.junit import junit_outcomes
 from strop.env.host.node_cache import is_url
+from strop.env.recipe import Recipe, detect
 from strop.env.runner import TEST_COMMAND, is_test_module, is_test_path
 from strop.env.task import Task
 from strop.env.tasks.task_file import task_from_record, task_record
 from strop.env.tasks.touched_tests import touched_tests
 from strop.env.world.image import image_root
 from strop.env.world.patches import gold_changes, hidden_tests
-from strop.env.world.repo import git, history
+from strop.env.world.repo import checkout, git, history
 from strop.errors import UserError
 from strop.memo import content_key
 from strop.outputs import write_atomic
@@ -112,6 +115,8 @@ class Settings:
     timeout_s: float = TIMEOUT_S
     memory_mb: int = MEMORY_MB
     tests: Scope = "modules"
+    recipe: Recipe | None = None  # None: detected at each commit (`strop.env.recipe.detect`)
+    test_command: tuple[str, ...] = tuple(TEST_COMMAND)
 
 
 @dataclass
@@ -166,12 +171,15 @@ def _name(source: str) -> str:
 
 def _task(how: Settings, mirror: Path, commit: Commit) -> Task:
     message = git("log", "-1", "--format=%B", commit.sha, cwd=mirror).strip()
+    # detected where the fix leaves the repository: a commit that moves the code into src/ needs src
+    recipe = how.recipe if how.recipe is not None else detect(checkout(how.source, commit.sha))
     return Task(
         id=f"{_name(how.source)}-{commit.sha[:12]}",
         suite="",
         split="train",
         instruction=message or f"commit {commit.sha[:12]}",
-        test_command=list(TEST_COMMAND),
+        test_command=list(how.test_command),
+        recipe=replace(recipe, notes=()),
         metadata={
             "source": "mined",
             "commit": commit.sha,
@@ -273,7 +281,8 @@ def _mine_one(how: Settings, mirror: Path, commit: Commit) -> dict:
 def _journal_key(how: Settings) -> str:
     """What a reused result depends on beyond its commit: the settings, the image's content (its
     cache root is named by its digest) and the test command."""
-    what = [how.source, image_root(how.image), TEST_COMMAND, how.timeout_s, how.memory_mb, how.tests, 2]
+    recipe = how.recipe.to_record() if how.recipe is not None else "detected"
+    what = [how.source, image_root(how.image), how.test_command, how.timeout_s, how.memory_mb, how.tests, recipe, 3]
     return content_key(json.dumps(what))
 
 
@@ -301,16 +310,27 @@ def mine(
     timeout_s: float = TIMEOUT_S,
     memory_mb: int = MEMORY_MB,
     tests: Scope = "modules",
+    recipe: Recipe | None = None,
+    test_command: list[str] | None = None,
     progress: bool = True,
 ) -> dict:
     """Mine `source` (a git working copy, bare repository or bundle) into the task file `out` and
-    `<out>.report.json` (see the module docstring); returns the report."""
+    `<out>.report.json` (see the module docstring); returns the report. `recipe` and `test_command`
+    replace what is detected at each commit and the default test command."""
     from tqdm import tqdm
 
     image_root(image)  # a missing or broken image is refused before any work
     mirror, sha = history(source, rev)
     source = source if is_url(source) else str(Path(source).resolve())
-    how = Settings(source, str(Path(image).resolve()) if image else "", timeout_s, memory_mb, tests)
+    how = Settings(
+        source,
+        str(Path(image).resolve()) if image else "",
+        timeout_s,
+        memory_mb,
+        tests,
+        recipe,
+        tuple(test_command or TEST_COMMAND),
+    )
     walked, found = candidates(mirror, sha, max_commits)
     out = Path(out)
     journal = out.with_name(out.name + ".partial")
@@ -359,12 +379,22 @@ def mine(
         "train": len(kept) - n_eval,
         "eval": n_eval,
         "dropped": {reason: sum(r["outcome"] == reason for r in ordered) for reason in DROPS},
+        "recipes": _recipes(r["record"] for r in kept),
         "commits": [{k: r[k] for k in ("commit", "outcome", "detail")} for r in ordered],
     }
     write_atomic(out, "".join(lines))
     write_atomic(report_path(out), json.dumps(report, indent=2, sort_keys=True) + "\n")
     journal.unlink(missing_ok=True)
     return report
+
+
+def _recipes(records) -> dict[str, int]:
+    """How many kept tasks use each recipe (its task-file field as JSON; "{}" = nothing to do)."""
+    counts: dict[str, int] = {}
+    for record in records:
+        key = json.dumps(record.get("recipe", {}), sort_keys=True)
+        counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def report_path(out: Path) -> Path:

@@ -63,6 +63,10 @@ def starting_text(task: Task, path: str) -> str:
     """The text of `path` in the task's starting repository ("" when it has no such file)."""
     if path in task.files:
         return task.files[path]
+    if task.start_patch:
+        started = apply_patch(checkout(task.repo, task.base_commit), task.start_patch)
+        if path in started:
+            return (started[path] or b"").decode(errors="replace")
     if task.repo:
         file = checkout(task.repo, task.base_commit) / path
         if file.is_file() and not file.is_symlink():
