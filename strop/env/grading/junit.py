@@ -1,8 +1,9 @@
-"""Reading the JUnit XML report a test run writes: counts of outcomes, and each test's outcome by
-its pytest node id (how FAIL_TO_PASS names tests)."""
+"""Reading the JUnit XML report a test run writes: counts of outcomes, and each test's outcome (and
+failure output, and properties) by its pytest node id (how FAIL_TO_PASS names tests)."""
 
 import xml.etree.ElementTree as ET
 from collections import Counter
+from dataclasses import dataclass, field
 
 
 def _outcome(case: ET.Element) -> str:
@@ -22,16 +23,34 @@ def parse_junit(xml: bytes) -> tuple[int, int, int, int]:
 _WORST = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
 
 
+@dataclass
+class JunitCase:
+    """One test of a JUnit report: its outcome, what its failure or error said (pytest's message, the
+    exception's line, and its text, the traceback), its duration and its properties (`record_property`)."""
+
+    outcome: str
+    message: str = ""
+    text: str = ""
+    seconds: float = 0.0
+    properties: dict[str, str] = field(default_factory=dict)
+
+
 def junit_outcomes(xml: bytes) -> dict[str, str]:
     """Test id (pytest's node id, as FAIL_TO_PASS names tests) -> "passed", "failed", "error" or
     "skipped", from a JUnit report in the xunit1 family (whose testcases carry their `file`). A test
     reported twice (a failed call, then an error at teardown) keeps its worst outcome; a module that
     failed to import is reported under its file's path."""
+    return {test_id: case.outcome for test_id, case in junit_cases(xml).items()}
+
+
+def junit_cases(xml: bytes) -> dict[str, JunitCase]:
+    """Test id -> its `JunitCase`, as `junit_outcomes` names and ranks them (the worst report of a test
+    gives its outcome and failure output; the durations add up; the properties merge)."""
     cases = list(ET.fromstring(xml).iter("testcase"))
     # the classname is the test's module path, dotted, then its classes: the module is the longest
     # prefix naming a file of the report (a method inherited from another module carries that one's file)
     files = {c.get("file", "") for c in cases}
-    out: dict[str, str] = {}
+    out: dict[str, JunitCase] = {}
     for case in cases:
         kind = _outcome(case)
         classname, name, file = case.get("classname", ""), case.get("name", ""), case.get("file", "")
@@ -42,6 +61,15 @@ def junit_outcomes(xml: bytes) -> dict[str, str]:
             k = next((k for k in range(len(parts), 0, -1) if "/".join(parts[:k]) + ".py" in files), 0)
             module, classes = ("/".join(parts[:k]) + ".py", parts[k:]) if k else (file, [])
             test_id = "::".join([module, *classes, name])
-        if _WORST[kind] >= _WORST.get(out.get(test_id, "passed"), 0):
-            out[test_id] = kind
+        failure = next((c for c in case if c.tag in ("error", "failure")), None)
+        seen = out.setdefault(test_id, JunitCase("passed"))
+        if _WORST[kind] >= _WORST[seen.outcome]:
+            seen.outcome = kind
+            if failure is not None:
+                seen.message, seen.text = failure.get("message", ""), failure.text or ""
+        try:
+            seen.seconds += float(case.get("time", 0) or 0)
+        except ValueError:
+            pass  # a report that says no number says no duration
+        seen.properties.update({p.get("name", ""): p.get("value", "") for p in case.iter("property")})
     return out

@@ -374,7 +374,9 @@ def run_task(
     from strop.env.world.task_world import prepare_world, task_sandbox
 
     with task_sandbox(task, limits) as sandbox:
-        prepare_world(sandbox, task, limits.timeout_s)  # a setup that fails leaves the world as it is: the agent's to see
+        prepare_world(
+            sandbox, task, limits.timeout_s
+        )  # a setup that fails leaves the world as it is: the agent's to see
         episode = harness.run(policy, sandbox, task.instruction, seed=seed)
         changes = sandbox.diff()
     return episode, changes
