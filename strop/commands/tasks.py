@@ -7,7 +7,6 @@ and validate any task file."""
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
 from strop.confined import parts_of, write_new
@@ -35,9 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="binary",
         help="reward: 1 only if every check passes, or the passed share",
     )
-    p = sub.add_parser("build", help="build and cache a suite that needs it (mutated)")
-    p.add_argument("--suite", required=True, help="task suite, e.g. synthetic/parse, humaneval, chain")
-    p.add_argument("--target", type=int, default=240, help="tasks to keep")
+    p = sub.add_parser("build", help="build and cache a suite that needs it (mutated/PACKAGE)")
+    p.add_argument("--suite", required=True, help="mutated/PACKAGE: an installed package whose tests ship in it")
+    p.add_argument("--target", type=int, default=240, help="single-bug tasks to keep (default 240)")
+    p.add_argument("--jobs", type=int, default=2, help="candidates validated at once (default 2)")
     p = sub.add_parser("mine", help="a task file from a repository's history: commits that fix code and test it")
     p.add_argument("--repo", required=True, help="a git repository: a working copy, bare repository or bundle")
     p.add_argument("--image", default="", help="OS image to run the tests in (default: the host's root)")
@@ -122,11 +122,14 @@ def run(args: argparse.Namespace) -> int:
             print(f"{t.id}\t{t.split}\t{t.metadata.get('family', '')}\t{t.metadata.get('difficulty', '')}")
         return 0
     if args.action == "build":
-        if args.suite != "mutated":
-            raise UserError(f"suite {args.suite!r} needs no build (only mutated does)")
+        base, _, package = args.suite.partition("/")
+        if base != "mutated" or not package:
+            raise UserError(f"suite {args.suite!r} needs no build (only mutated/PACKAGE does)")
         from strop.env.suites.mutated import build
 
-        build(target=args.target, log=lambda m: print(m, file=sys.stderr))
+        _at_least_one("--target", args.target)
+        _at_least_one("--jobs", args.jobs)
+        print(f"wrote {build(package, target=args.target, jobs=args.jobs)}")
         return 0
     task = get_task(args.suite, args.id)
     root = Path(args.dir)
