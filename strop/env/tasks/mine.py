@@ -162,7 +162,8 @@ def _diff(mirror: Path, commit: Commit, paths: tuple[str, ...]) -> str:
     )
 
 
-def _name(source: str) -> str:
+def repo_name(source: str) -> str:
+    """A repository's short name from its source (a path or URL, without .bundle or .git): task ids start with it."""
     name = Path(source.rstrip("/")).name
     for suffix in (".bundle", ".git"):
         name = name.removesuffix(suffix)
@@ -174,7 +175,7 @@ def _task(how: Settings, mirror: Path, commit: Commit) -> Task:
     # detected where the fix leaves the repository: a commit that moves the code into src/ needs src
     recipe = how.recipe if how.recipe is not None else detect(checkout(how.source, commit.sha))
     return Task(
-        id=f"{_name(how.source)}-{commit.sha[:12]}",
+        id=f"{repo_name(how.source)}-{commit.sha[:12]}",
         suite="",
         split="train",
         instruction=message or f"commit {commit.sha[:12]}",
@@ -286,8 +287,10 @@ def _journal_key(how: Settings) -> str:
     return content_key(json.dumps(what))
 
 
-def _read_journal(path: Path, key: str) -> dict[str, dict]:
-    done = {}
+def journal_entries(path: Path, key: str) -> list[dict]:
+    """The entries of the journal `path` (JSON lines) written under `key`, in order; a line cut short
+    by a kill, or written under other settings, is left out."""
+    found = []
     if path.exists():
         for line in path.read_text().splitlines():
             try:
@@ -295,8 +298,8 @@ def _read_journal(path: Path, key: str) -> dict[str, dict]:
             except json.JSONDecodeError:
                 continue  # a line cut short by a kill
             if isinstance(entry, dict) and entry.get("key") == key:
-                done[entry["result"]["commit"]] = entry["result"]
-    return done
+                found.append(entry)
+    return found
 
 
 def mine(
@@ -335,7 +338,7 @@ def mine(
     out = Path(out)
     journal = out.with_name(out.name + ".partial")
     key = _journal_key(how)
-    results = _read_journal(journal, key)
+    results = {e["result"]["commit"]: e["result"] for e in journal_entries(journal, key)}
     todo = [c for c in found if c.sha not in results]
     pool = ThreadPoolExecutor(max(1, jobs))
     try:

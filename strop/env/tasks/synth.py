@@ -76,7 +76,7 @@ from strop.env.task import Task
 from strop.env.tasks import bugs as bug_families
 from strop.env.tasks import probe
 from strop.env.tasks.bugs import Bug, combine, function_lines, sound
-from strop.env.tasks.mine import NOT_CODE, report_path, validate
+from strop.env.tasks.mine import NOT_CODE, journal_entries, repo_name, report_path, validate
 from strop.env.tasks.statement import Detail, statement
 from strop.env.tasks.task_file import task_from_record, task_record
 from strop.env.world.image import image_root
@@ -138,13 +138,6 @@ class Candidate:
     @property
     def family(self) -> str:
         return self.parts[0].family if len(self.parts) == 1 else "combined"
-
-
-def _name(source: str) -> str:
-    name = Path(source.rstrip("/")).name
-    for suffix in (".bundle", ".git"):
-        name = name.removesuffix(suffix)
-    return name or "repo"
 
 
 def source_files(tree: Path) -> list[str]:
@@ -392,23 +385,6 @@ def _journal_key(how: Settings, options: list) -> str:
     return content_key(json.dumps([*what, how.timeout_s, how.memory_mb, how.detail, options, 1]))
 
 
-def _read_journal(path: Path, key: str) -> tuple[dict | None, dict[str, dict]]:
-    baseline, done = None, {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut short by a kill
-            if not isinstance(entry, dict) or entry.get("key") != key:
-                continue
-            if "baseline" in entry:
-                baseline = entry["baseline"]
-            elif "result" in entry:
-                done[entry["result"]["id"]] = entry["result"]
-    return baseline, done
-
-
 def _validate_all(
     how: Settings,
     base: Baseline,
@@ -492,12 +468,14 @@ def synth(
         memory_mb,
         detail,
     )
-    name = _name(source)
+    name = repo_name(source)
     options = [sorted(families), per_function, seed, eval_fraction, eval_only, split_by, combine_in]
     key = _journal_key(how, options)
     out = Path(out)
     journal = out.with_name(out.name + ".partial")
-    known, results = _read_journal(journal, key)
+    entries = journal_entries(journal, key)
+    known = next((e["baseline"] for e in entries if "baseline" in e), None)
+    results = {e["result"]["id"]: e["result"] for e in entries if "result" in e}
     if not known and progress and sys.stderr.isatty():  # a note for people; an error stays one line in a log
         print(f"synth: {name} at {sha[:12]}: running its tests once, traced", file=sys.stderr, flush=True)
     base = Baseline.from_dict(known) if known else run_baseline(how, tree)
