@@ -53,7 +53,6 @@ as they are known; a rerun with the same settings reuses them.
 """
 
 import difflib
-import fnmatch
 import hashlib
 import itertools
 import json
@@ -71,12 +70,13 @@ from strop.env.grading.checker import run_tests, task_limits
 from strop.env.grading.junit import JunitCase, junit_cases
 from strop.env.host.node_cache import is_url
 from strop.env.recipe import Recipe, detect
-from strop.env.runner import TEST_COMMAND, is_test_path
+from strop.env.runner import TEST_COMMAND
 from strop.env.task import Task
 from strop.env.tasks import bugs as bug_families
 from strop.env.tasks import probe
 from strop.env.tasks.bugs import Bug, combine, function_lines, sound
-from strop.env.tasks.mine import NOT_CODE, journal_entries, repo_name, report_path, validate
+from strop.env.tasks.mine import journal_entries, repo_name, report_path, validate
+from strop.env.tasks.probe import Baseline
 from strop.env.tasks.statement import Detail, statement
 from strop.env.tasks.task_file import task_from_record, task_record
 from strop.env.world.image import image_root
@@ -91,7 +91,6 @@ TIMEOUT_S, MEMORY_MB = 120.0, 4096
 BASELINE_TIMES = 10  # the traced run of the whole suite may take this many times one test run's limit
 SplitBy = Literal["function", "module"]
 _NOT_REPORTED = JunitCase("error", message="not in the report: its module did not import")
-_GO_ON = "--continue-on-collection-errors"  # the baseline: a module that does not import leaves the others
 
 
 @dataclass(frozen=True)
@@ -109,26 +108,6 @@ class Settings:
     detail: Detail
 
 
-@dataclass
-class Baseline:
-    """The traced run of the whole suite at the commit: the source files, the passing tests (id ->
-    seconds), and for each function (path, first line) the passing tests that ran it (id -> distance)."""
-
-    sources: list[str]
-    collected: int
-    passing: dict[str, float]
-    runs: dict[tuple[str, int], dict[str, int]]
-
-    def to_dict(self) -> dict:
-        runs = [[path, line, tests] for (path, line), tests in sorted(self.runs.items())]
-        return {"sources": self.sources, "collected": self.collected, "passing": self.passing, "runs": runs}
-
-    @staticmethod
-    def from_dict(d: dict) -> "Baseline":
-        runs = {(path, line): tests for path, line, tests in d["runs"]}
-        return Baseline(d["sources"], d["collected"], d["passing"], runs)
-
-
 @dataclass(frozen=True)
 class Candidate:
     id: str
@@ -138,22 +117,6 @@ class Candidate:
     @property
     def family(self) -> str:
         return self.parts[0].family if len(self.parts) == 1 else "combined"
-
-
-def source_files(tree: Path) -> list[str]:
-    """The repository's Python source files: not tests, documentation or hidden directories, not a
-    `setup.py`, never through a link."""
-    found = []
-    for d, dirs, files in os.walk(tree):
-        dirs[:] = sorted(x for x in dirs if not x.startswith(".") and not os.path.islink(os.path.join(d, x)))
-        for f in sorted(files):
-            rel = os.path.relpath(os.path.join(d, f), tree).replace(os.sep, "/")
-            if not f.endswith(".py") or f == "setup.py" or os.path.islink(os.path.join(d, f)):
-                continue
-            if is_test_path(rel) or any(fnmatch.fnmatchcase(rel, g) for g in NOT_CODE):
-                continue
-            found.append(rel)
-    return found
 
 
 def file_diff(path: str, before: str, after: str) -> str:
@@ -184,38 +147,11 @@ def _base_task(how: Settings, name: str) -> Task:
 
 
 def run_baseline(how: Settings, tree: Path) -> Baseline:
-    """The whole suite once with the probe (step 1 of the module docstring); UserError when no test
-    runs or none passes."""
-    sources = source_files(tree)
-    task = _base_task(how, "baseline")
+    """The whole suite once with the probe (step 1 of the module docstring)."""
     limit = BASELINE_TIMES * how.timeout_s  # the whole suite, traced, against one test run's limit
-    task = replace(
-        task,
-        test_command=[*task.test_command, _GO_ON, "-p", probe.MODULE],
-        metadata={**task.metadata, "timeout_s": limit, "cpu_s": 2 * math.ceil(limit)},
-    )
-    run = run_tests(task, {f"{probe.MODULE}.py": probe.plugin(sources)}, {}, [], task_limits(task))
-    where = f"at {how.commit[:12]} in {how.image or 'the host root'}"
-    if run.setup_failed:
-        raise UserError(f"the recipe's setup failed {where}: {run.setup_failed}")
-    if run.timed_out:
-        raise UserError(f"the whole suite, traced, outlived {limit:g} s (10 x --timeout) {where}")
-    try:
-        cases = junit_cases(run.report) if run.report else None
-    except ParseError:
-        cases = None
-    if not cases:
-        why = "no test report" if cases is None else "no tests collected"
-        raise UserError(f"no test ran {where}: {why} (exit {run.exit_code}); does the image have pytest?")
-    passing = {t: round(c.seconds, 3) for t, c in sorted(cases.items()) if c.outcome == "passed"}
-    if not passing:
-        bad = next(t for t, c in sorted(cases.items()))
-        raise UserError(f"no test passes {where} ({len(cases)} collected, e.g. {bad}: {cases[bad].outcome})")
-    runs: dict[tuple[str, int], dict[str, int]] = {}
-    for test_id in passing:
-        for code, depth in probe.calls(cases[test_id], sources).items():
-            runs.setdefault(code, {})[test_id] = depth
-    return Baseline(sources, len(cases), passing, runs)
+    task = _base_task(how, "baseline")
+    task = replace(task, metadata={**task.metadata, "timeout_s": limit, "cpu_s": 2 * math.ceil(limit)})
+    return probe.trace(task, probe.source_files(tree))
 
 
 def split_of(bug: Bug, split_by: SplitBy, eval_fraction: float, eval_only: list[str] | None) -> str:
