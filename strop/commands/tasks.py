@@ -189,18 +189,23 @@ def _at_least_one(name: str, value: int | None) -> None:
         raise UserError(f"{name} must be at least 1, got {value}")
 
 
-def _mine(args: argparse.Namespace) -> int:
-    from strop.bench.table import format_table
-    from strop.env.tasks.mine import DROPS, mine, report_path
-    from strop.outputs import check_output_file
-
-    _at_least_one("--max-commits", args.max_commits)
+def _check_limits(args: argparse.Namespace) -> None:
+    """The options `mine` and `synth` share: --jobs, --memory-mb, --eval-fraction, --timeout."""
     _at_least_one("--jobs", args.jobs)
     _at_least_one("--memory-mb", args.memory_mb)
     if not 0.0 <= args.eval_fraction <= 1.0:
         raise UserError(f"--eval-fraction must be between 0 and 1, got {args.eval_fraction}")
     if not args.timeout > 0:
         raise UserError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+
+
+def _mine(args: argparse.Namespace) -> int:
+    from strop.bench.table import format_table
+    from strop.env.tasks.mine import DROPS, mine, report_path
+    from strop.outputs import check_output_file
+
+    _at_least_one("--max-commits", args.max_commits)
+    _check_limits(args)
     out = check_output_file(args.out)
     recipe, test_command = _recipe(args)
     report = mine(
@@ -240,14 +245,11 @@ def _synth(args: argparse.Namespace) -> int:
     from strop.env.tasks.synth import DROPS, synth
     from strop.outputs import check_output_file
 
-    for name in ("--max-tasks", "--jobs", "--memory-mb", "--per-function"):
-        _at_least_one(name, getattr(args, name[2:].replace("-", "_")))
+    _at_least_one("--max-tasks", args.max_tasks)
+    _at_least_one("--per-function", args.per_function)
+    _check_limits(args)
     if args.combined is not None and args.combined < 0:
         raise UserError(f"--combined must be 0 or more, got {args.combined}")
-    if not 0.0 <= args.eval_fraction <= 1.0:
-        raise UserError(f"--eval-fraction must be between 0 and 1, got {args.eval_fraction}")
-    if not args.timeout > 0:
-        raise UserError(f"--timeout must be a positive number of seconds, got {args.timeout}")
     families = tuple(f.strip() for f in args.families.split(",") if f.strip()) if args.families else FAMILIES
     eval_only = [n.strip() for n in args.eval_only.split(",") if n.strip()] if args.eval_only else None
     out = check_output_file(args.out)

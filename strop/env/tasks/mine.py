@@ -267,16 +267,19 @@ def _mine_one(how: Settings, mirror: Path, commit: Commit) -> dict:
     if not f2p:
         return {**result, "outcome": "no failing test", "detail": f"{len(passing)} tests pass at the parent too"}
     task = replace(task, fail_to_pass=f2p, pass_to_pass=[t for t in passing if was.get(t) == "passed"])
+    return validated(result, task, "parent")
+
+
+def validated(result: dict, task: Task, start: str) -> dict:
+    """A candidate's `result` once `task` is validated as its task-file line will read it (`validate`):
+    "flaky" when the rerun by id disagrees (`start` names the starting state in the detail), else
+    KEPT with its task-file "record"."""
     record = task_record(task)
     verdict = validate(task_from_record(record, task.id, Path("/"), "")[0])
     if not verdict.ok:
-        return {**result, "outcome": "flaky", "detail": f"rerun by id: gold {verdict.gold}; parent {verdict.base}"}
-    return {
-        **result,
-        "outcome": KEPT,
-        "detail": f"{len(f2p)} FAIL_TO_PASS, {len(task.pass_to_pass)} PASS_TO_PASS",
-        "record": record,
-    }
+        return {**result, "outcome": "flaky", "detail": f"rerun by id: gold {verdict.gold}; {start} {verdict.base}"}
+    tests = f"{len(task.fail_to_pass)} FAIL_TO_PASS, {len(task.pass_to_pass)} PASS_TO_PASS"
+    return {**result, "outcome": KEPT, "detail": tests, "record": record}
 
 
 def _journal_key(how: Settings) -> str:

@@ -75,7 +75,7 @@ from strop.env.task import Task
 from strop.env.tasks import bugs as bug_families
 from strop.env.tasks import probe
 from strop.env.tasks.bugs import Bug, combine, function_lines, sound
-from strop.env.tasks.mine import journal_entries, repo_name, report_path, validate
+from strop.env.tasks.mine import journal_entries, repo_name, report_path, validated
 from strop.env.tasks.probe import Baseline
 from strop.env.tasks.statement import Detail, statement
 from strop.env.tasks.task_file import task_from_record, task_record
@@ -302,16 +302,7 @@ def _try(how: Settings, base: Baseline, texts: dict[str, str], name: str, c: Can
             "difficulty": len(c.parts),
         },
     )
-    record = task_record(task)
-    verdict = validate(task_from_record(record, task.id, Path("/"), "")[0])
-    if not verdict.ok:
-        return {**result, "outcome": "flaky", "detail": f"rerun by id: gold {verdict.gold}; start {verdict.base}"}
-    return {
-        **result,
-        "outcome": KEPT,
-        "detail": f"{len(failing)} FAIL_TO_PASS, {len(passing)} PASS_TO_PASS",
-        "record": record,
-    }
+    return validated(result, task, "start")
 
 
 def _journal_key(how: Settings, options: list) -> str:
