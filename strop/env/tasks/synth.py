@@ -204,7 +204,7 @@ def single_candidates(
         for bugs in per_family:
             rng.shuffle(bugs)
         rng.shuffle(per_family)
-        chosen = [b for b in _round_robin(per_family) if sound(b, texts[b.path])][:per_function]
+        chosen = list(itertools.islice((b for b in _round_robin(per_family) if sound(b, texts[b.path])), per_function))
         order.append([Candidate(_candidate_id((b,)), (b,), split(b)) for b in chosen])
     rng.shuffle(order)
     found = {"sites": sites, "sites_not_run": unrun, "functions": len(by_function)}
