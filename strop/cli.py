@@ -84,7 +84,8 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ),
     ("tasks",): (
         "strop.commands.tasks",
-        "task suites: list, export a task's repo, check a workspace, build mutated; mine a repo's history, validate",
+        "task suites: list, export a task's repo, check a workspace, build mutated; mine a repo's history, synth "
+        "bugs into its code, validate",
     ),
     ("bench", "hacks"): (
         "strop.bench.hacks",
@@ -110,6 +111,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "scaleout"): (
         "strop.bench.scaleout",
         "weight sync on a local multi-node Ray cluster: egress per cluster, swap pauses, steps/hour delta vs full",
+    ),
+    ("bench", "curriculum"): (
+        "strop.bench.curriculum",
+        "RL at the policy's edge vs uniform sampling on synthesized tasks: groups with a signal, held-out solve rate",
     ),
 }
 

@@ -283,6 +283,17 @@ class RLSection:
         le=1,
         advanced=True,
     )
+    curriculum: Literal["uniform", "edge"] = opt(
+        "uniform",
+        "how tasks are drawn: a seeded permutation per epoch, or at the policy's edge (tasks whose running "
+        "solve rate is neither 0 nor 1: strop.rl.curriculum)",
+    )
+    curriculum_explore: float = opt(
+        0.25, "edge: the share of draws that go to tasks never drawn yet (while there are any)", ge=0, le=1
+    )
+    curriculum_memory: float = opt(
+        0.5, "edge: the weight of a task's newest group in its running solve rate", gt=0, le=1
+    )
     hack_penalty: float = opt(1.0, "subtracted from the reward of a trajectory flagged with a hack", ge=0)
     degenerate_penalty: float = opt(
         0.0,

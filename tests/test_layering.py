@@ -47,14 +47,14 @@ LAYER = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 
 # Inside strop/env, the same rule between its sub-packages, low to high. The single modules at its
 # top (the records every sub-package passes around) may import each other, without a cycle.
-ENV_FOUNDATION = {"env", "task", "episode", "plugins", "runner"}
+ENV_FOUNDATION = {"env", "task", "episode", "plugins", "runner", "recipe"}
 ENV_LAYERS: list[set[str]] = [
     ENV_FOUNDATION,
     {"host"},  # the sandbox account, the node cache, scratch directories
     {"sandbox"},  # the interface and bubblewrap's parts
     {"world"},  # images, repositories, a task's world opened as a sandbox, its patches
     {"harness", "grading"},  # the agent loop and tools; the checker and hack monitor: peers
-    {"tasks"},  # where Task records come from: suites by name, task files, mining
+    {"tasks"},  # where Task records come from: suites by name, task files, mining, synthesis
     {"suites"},  # strop's built-in suites, found by entry point like a user's
     {"demonstrators"},  # scripted policies that play tasks through the harness
 ]

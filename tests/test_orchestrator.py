@@ -209,7 +209,7 @@ def test_killed_run_resumes_from_checkpoint(tmp_path):
     with pytest.raises(Killed):
         orch.run()
     rt.close()
-    position = json.loads((tmp_path / "rl" / "checkpoint" / "run.json").read_text())["sampler_position"]
+    position = json.loads((tmp_path / "rl" / "checkpoint" / "run.json").read_text())["sampler"]["position"]
     assert len(rows(tmp_path / "rl")) == 5
 
     rt2 = SimRuntime(seed=5)

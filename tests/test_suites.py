@@ -11,7 +11,7 @@ from strop.env.grading.checker import check
 from strop.env.suites import synthetic
 from strop.env.suites.synthetic_lib import FAMILIES, LIBRARY
 from strop.env.tasks.suites import get_task, list_suites, load_suite
-from strop.env.world.patches import apply_edits, reference_edit
+from strop.env.world.patches import apply_edits, gold_changes, reference_edit
 from strop.errors import UserError
 
 
@@ -117,37 +117,23 @@ def test_humaneval_all_canonical_pass_all_stubs_fail():
     assert len(passed) == 164 and stubs == []
 
 
-def test_mutated_small_build_verifies_and_loads(tmp_path, monkeypatch):
+@pytest.mark.slow  # toolz's whole suite, traced, then its candidates: a minute or two (test_synth.py: the fast one)
+def test_mutated_builds_from_an_installed_package_and_loads(tmp_path):
     from strop.env.suites import mutated
 
-    monkeypatch.setattr(mutated, "is_test_module", lambda p: p.endswith("tests/test_itertoolz.py"))  # one baseline run
-    mutated.build(tmp_path, target=2, packages=("toolz",), log=lambda m: None)
-    tasks = mutated.load(cache=tmp_path)
-    assert len(tasks) == 2
-    for t in tasks:
-        assert t.files[t.metadata["path"]] != mutated._package_files("toolz")[t.metadata["path"]]
-        fixed = check(t, apply_edits(t.files, t.metadata["reference_edits"]), perturbed=False)
-        assert fixed.reward == 1 and fixed.passed == t.metadata["n_tests"], fixed
-    with pytest.raises(UserError):
-        mutated.load(cache=tmp_path / "missing")
-
-
-def test_mutations_are_single_token_and_parse():
-    from strop.env.suites.mutated import mutations
-
-    src = "def f(a, b):\n    if a < b and not a:\n        return a + 1\n    return True\n"
-    ms = mutations("m.py", src)
-    assert {m.family for m in ms} == {
-        "comparison_flip",
-        "wrong_operator",
-        "missing_case",
-        "off_by_one",
-        "wrong_constant",
-    }
-    for m in ms:
-        out = m.apply(src)
-        ast.parse(out)
-        assert out != src and sum(x != y for x, y in zip(out.splitlines(), src.splitlines())) == 1
+    task_file = mutated.build("toolz", target=2, progress=False, cache=tmp_path)
+    assert task_file == tmp_path / "toolz.jsonl"
+    tasks = mutated.load(variant="toolz", cache=tmp_path)
+    assert len(tasks) >= 2 and {t.suite for t in tasks} == {"mutated"}
+    assert [t.id for t in mutated.load(cache=tmp_path)] == [t.id for t in tasks]  # every package built
+    for t in tasks[:2]:
+        assert t.metadata["source"] == "synthesized" and t.start_patch and "toolz/" in t.metadata["path"]
+        fixed = check(t, gold_changes(t), perturbed=False)
+        assert fixed.reward == 1 and fixed.passed == len(t.fail_to_pass + t.pass_to_pass), fixed
+    with pytest.raises(UserError, match="not built"):
+        mutated.load(variant="mpmath", cache=tmp_path)
+    with pytest.raises(UserError, match="no installed package"):
+        mutated.build("no_such_package", target=1, progress=False, cache=tmp_path)
 
 
 def test_tasks_cli_export_then_check_round_trip(tmp_path, capsys):

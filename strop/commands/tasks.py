@@ -1,7 +1,8 @@
-"""`strop tasks list|export|check|build|mine|validate`: look at task suites, write a task's starting
+"""`strop tasks list|export|check|build|mine|synth|validate`: look at task suites, write a task's starting
 repository, and score a directory as an agent's final workspace (reward, breakdown, hack flags), so
 anyone can audit the checker with a hand-made solution or a hack; mine a task file from a
-repository's history and validate any task file (`strop.env.tasks.mine`)."""
+repository's history (`strop.env.tasks.mine`), synthesize one from its code (`strop.env.tasks.synth`)
+and validate any task file."""
 
 import argparse
 import json
@@ -35,9 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="binary",
         help="reward: 1 only if every check passes, or the passed share",
     )
-    p = sub.add_parser("build", help="build and cache a suite that needs it (mutated)")
-    p.add_argument("--suite", required=True, help="task suite, e.g. synthetic/parse, humaneval, chain")
-    p.add_argument("--target", type=int, default=240, help="tasks to keep")
+    p = sub.add_parser("build", help="build and cache a suite that needs it (mutated/PACKAGE)")
+    p.add_argument("--suite", required=True, help="mutated/PACKAGE: an installed package whose tests ship in it")
+    p.add_argument("--target", type=int, default=240, help="single-bug tasks to keep (default 240)")
+    p.add_argument("--jobs", type=int, default=2, help="candidates validated at once (default 2)")
     p = sub.add_parser("mine", help="a task file from a repository's history: commits that fix code and test it")
     p.add_argument("--repo", required=True, help="a git repository: a working copy, bare repository or bundle")
     p.add_argument("--image", default="", help="OS image to run the tests in (default: the host's root)")
@@ -48,17 +50,62 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-fraction", type=float, default=0.2, help="the newest share of kept tasks held out (0.2)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds one test run may take (default 300)")
     p.add_argument("--memory-mb", type=int, default=4096, help="address space of a test run (default 4096)")
+    _recipe_arguments(p)
     p.add_argument(
         "--tests",
         choices=["modules", "touched"],
         default="modules",
         help="run every test of the changed test modules, or only the tests the commit touches (much cheaper)",
     )
+    p = sub.add_parser("synth", help="a task file of bugs injected into a repository's functions that its tests catch")
+    p.add_argument("--repo", required=True, help="a git repository: a working copy, bare repository or bundle")
+    p.add_argument("--rev", default="HEAD", help="the commit whose code gets the bugs (default HEAD)")
+    p.add_argument("--image", default="", help="OS image to run the tests in (default: the host's root)")
+    p.add_argument("--out", required=True, help="task file to write (JSONL); its yield report goes beside it")
+    p.add_argument("--jobs", type=int, default=1, help="candidates validated at once (default 1)")
+    p.add_argument("--max-tasks", type=int, help="stop once this many single bugs are kept (default: try all)")
+    p.add_argument("--combined", type=int, help="combined bugs (2-3 in one function) to keep (default: a fifth)")
+    p.add_argument("--combine-in", choices=["function", "module"], default="function", help="where combined bugs sit")
+    p.add_argument("--families", help="comma-separated bug families (default: all; `strop tasks synth --help`)")
+    p.add_argument("--per-function", type=int, default=10, help="candidates tried per function at most (10)")
+    p.add_argument("--eval-fraction", type=float, default=0.2, help="share of functions held out (0.2)")
+    p.add_argument("--eval-only", help="comma-separated functions or modules held out (the rest train)")
+    p.add_argument("--split-by", choices=["function", "module"], default="function", help="the held-out unit")
+    p.add_argument(
+        "--statement",
+        choices=["names", "errors", "full"],
+        default="errors",
+        help="what the problem statement shows of the failing tests: names, one-line errors, full output",
+    )
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds one test run may take (default 120)")
+    p.add_argument("--memory-mb", type=int, default=4096, help="address space of a test run (default 4096)")
+    p.add_argument("--seed", type=int, default=0, help="the order candidates are tried in (default 0)")
+    _recipe_arguments(p)
     p = sub.add_parser("validate", help="check every task of a task file: gold passes, the start fails FAIL_TO_PASS")
     p.add_argument("file", help="the task file (JSONL)")
     p.add_argument("--image", default="", help="OS image of the tasks that name none (default: the host's root)")
     p.add_argument("--jobs", type=int, default=1, help="tasks validated at once (default 1)")
     p.add_argument("--json", help="also write the verdicts to this JSON file")
+
+
+def _recipe_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--recipe", help="TOML file: paths, setup, test_command (default: detected from the repository's files)"
+    )
+    p.add_argument("--path", action="append", default=[], help="a directory put on the import path (repeatable)")
+    p.add_argument("--setup", action="append", default=[], help="a shell command run before the tests (repeatable)")
+
+
+def _recipe(args: argparse.Namespace):
+    """(the recipe the user gave, None = detect; the test command, None = the default)."""
+    from strop.env.recipe import Recipe, check_path, read_recipe_file
+
+    recipe, test_command = read_recipe_file(args.recipe) if args.recipe else (None, None)
+    if args.path or args.setup:
+        recipe = recipe or Recipe()
+        paths = tuple(check_path("--path", p) for p in args.path)
+        recipe = Recipe(paths=recipe.paths + paths, setup=recipe.setup + tuple(args.setup), notes=("from the flags",))
+    return recipe, test_command
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
     set_threads(1)
     if args.action == "mine":
         return _mine(args)
+    if args.action == "synth":
+        return _synth(args)
     if args.action == "validate":
         return _validate(args)
     if args.action == "list":
@@ -75,11 +124,14 @@ def run(args: argparse.Namespace) -> int:
             show(f"{t.id}\t{t.split}\t{t.metadata.get('family', '')}\t{t.metadata.get('difficulty', '')}")
         return 0
     if args.action == "build":
-        if args.suite != "mutated":
-            raise UserError(f"suite {args.suite!r} needs no build (only mutated does)")
+        base, _, package = args.suite.partition("/")
+        if base != "mutated" or not package:
+            raise UserError(f"suite {args.suite!r} needs no build (only mutated/PACKAGE does)")
         from strop.env.suites.mutated import build
 
-        build(target=args.target, log=lambda m: print(m, file=sys.stderr))
+        _at_least_one("--target", args.target)
+        _at_least_one("--jobs", args.jobs)
+        print(f"wrote {build(package, target=args.target, jobs=args.jobs)}")
         return 0
     task = get_task(args.suite, args.id)
     root = Path(args.dir)
@@ -139,19 +191,25 @@ def _at_least_one(name: str, value: int | None) -> None:
         raise UserError(f"{name} must be at least 1, got {value}")
 
 
-def _mine(args: argparse.Namespace) -> int:
-    from strop.bench.table import format_table
-    from strop.env.tasks.mine import DROPS, mine, report_path
-    from strop.outputs import check_output_file
-
-    _at_least_one("--max-commits", args.max_commits)
+def _check_limits(args: argparse.Namespace) -> None:
+    """The options `mine` and `synth` share: --jobs, --memory-mb, --eval-fraction, --timeout."""
     _at_least_one("--jobs", args.jobs)
     _at_least_one("--memory-mb", args.memory_mb)
     if not 0.0 <= args.eval_fraction <= 1.0:
         raise UserError(f"--eval-fraction must be between 0 and 1, got {args.eval_fraction}")
     if not args.timeout > 0:
         raise UserError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+
+
+def _mine(args: argparse.Namespace) -> int:
+    from strop.bench.table import format_table
+    from strop.env.tasks.mine import DROPS, mine, report_path
+    from strop.outputs import check_output_file
+
+    _at_least_one("--max-commits", args.max_commits)
+    _check_limits(args)
     out = check_output_file(args.out)
+    recipe, test_command = _recipe(args)
     report = mine(
         args.repo,
         out,
@@ -163,6 +221,8 @@ def _mine(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         memory_mb=args.memory_mb,
         tests=args.tests,
+        recipe=recipe,
+        test_command=test_command,
     )
     rows = [{"outcome": "kept", "commits": report["kept"]}]
     rows += [{"outcome": f"dropped: {reason}", "commits": report["dropped"][reason]} for reason in DROPS]
@@ -171,6 +231,8 @@ def _mine(args: argparse.Namespace) -> int:
         f"commits of {args.repo} at {report['rev'][:12]}"
     )
     print(format_table(rows, ["outcome", "commits"]))
+    for recipe_field, n in report["recipes"].items():
+        print(f"recipe {recipe_field}: {n} tasks")
     print(f"wrote {report['kept']} tasks ({report['train']} train, {report['eval']} eval) to {out}")
     print(f"yield report: {report_path(out)}")
     if report["kept"] == 0:  # an empty task file is no result: say why, and fail
@@ -186,6 +248,66 @@ def _no_tasks_why(report: dict) -> str:
     reason, n = max(report["dropped"].items(), key=lambda kv: kv[1])
     detail = next(c["detail"] for c in report["commits"] if c["outcome"] == reason)
     return f"{n} of {report['candidates']} candidates dropped as {reason!r}, e.g. {detail}"
+
+
+def _synth(args: argparse.Namespace) -> int:
+    import time
+
+    from strop.bench.table import format_table
+    from strop.env.tasks.bugs import FAMILIES
+    from strop.env.tasks.mine import report_path
+    from strop.env.tasks.synth import DROPS, synth
+    from strop.outputs import check_output_file
+
+    _at_least_one("--max-tasks", args.max_tasks)
+    _at_least_one("--per-function", args.per_function)
+    _check_limits(args)
+    if args.combined is not None and args.combined < 0:
+        raise UserError(f"--combined must be 0 or more, got {args.combined}")
+    families = tuple(f.strip() for f in args.families.split(",") if f.strip()) if args.families else FAMILIES
+    eval_only = [n.strip() for n in args.eval_only.split(",") if n.strip()] if args.eval_only else None
+    out = check_output_file(args.out)
+    recipe, test_command = _recipe(args)
+    start = time.perf_counter()
+    report = synth(
+        args.repo,
+        out,
+        image=args.image,
+        rev=args.rev,
+        jobs=args.jobs,
+        max_tasks=args.max_tasks,
+        combined=args.combined,
+        combine_in=args.combine_in,
+        families=families,
+        per_function=args.per_function,
+        eval_fraction=args.eval_fraction,
+        eval_only=eval_only,
+        split_by=args.split_by,
+        detail=args.statement,
+        timeout_s=args.timeout,
+        memory_mb=args.memory_mb,
+        recipe=recipe,
+        test_command=test_command,
+        seed=args.seed,
+    )
+    seconds = time.perf_counter() - start
+    tests = report["tests"]
+    print(
+        f"{args.repo} at {report['rev'][:12]}: {report['source_files']} source files, {report['sites']} bug sites "
+        f"({report['sites_not_run']} in code no passing test runs) in {report['functions']} functions run by "
+        f"{tests['passing']} of {tests['collected']} tests; recipe {json.dumps(report['recipe'])}"
+    )
+    rows = [{"outcome": "kept", "candidates": report["kept"]}]
+    rows += [{"outcome": f"dropped: {reason}", "candidates": report["dropped"][reason]} for reason in DROPS]
+    print(format_table(rows, ["outcome", "candidates"]))
+    print(format_table([{"family": f, **n} for f, n in report["tried_by_family"].items()], ["family", "kept", *DROPS]))
+    print(
+        f"wrote {report['kept']} tasks ({report['train']} train, {report['eval']} eval) in {len(report['families'])} "
+        f"families and {report['kept_functions']} functions to {out}; {report['tried']} candidates tried in "
+        f"{seconds:.0f} s ({seconds / max(1, report['kept']):.1f} s per kept task)"
+    )
+    print(f"yield report: {report_path(out)}")
+    return 0
 
 
 def _validate(args: argparse.Namespace) -> int:

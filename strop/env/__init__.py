@@ -8,12 +8,14 @@ ordered low to high (`tests/test_layering.py` enforces the order):
   sandbox, a task's patches;
 - `harness` (the agent loop, tools, chat formats, context strategies, sessions) and `grading` (the
   reward checker, isolated grading, the hack monitor, behaviour statistics);
-- `tasks`: where tasks come from: suites found by name, task files, mining a repository's history;
+- `tasks`: where tasks come from: suites found by name, task files, mining a repository's history,
+  synthesizing bugs into its code;
 - `suites`: strop's built-in suites, registered like a user's;
 - `demonstrators`: scripted policies that play tasks for the SFT warm start.
 
 The records every sub-package passes around sit at the top: `task` (Task), `episode` (Segment,
-Episode), `plugins` (finding an extension by name). The environment knows nothing of the trainer
+Episode), `recipe` (how a task's repository is made importable), `runner` (the test runner),
+`plugins` (finding an extension by name). The environment knows nothing of the trainer
 or of a particular engine: the harness is handed a policy client.
 
 A module that moved when the package was split (strop.env.tools, strop.env.sandbox's names, ...) is

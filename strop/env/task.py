@@ -3,6 +3,7 @@
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+from strop.env.recipe import Recipe
 from strop.env.runner import PROTECTED, TEST_COMMAND
 
 
@@ -19,6 +20,10 @@ class Task:
     `test_patch` (a unified diff, SWE-bench's field) adds hidden tests the same way. When
     `fail_to_pass` / `pass_to_pass` name test ids, the checker runs exactly those (reward 1 when
     all pass); else it runs the hidden test files.
+    `recipe` says how the repository is made importable (paths on the import path, setup commands
+    run before the tests and before the agent's first turn: `strop.env.recipe`).
+    `start_patch` (a unified diff) is applied to the repository before `files`: the starting state
+    of a task whose bug was injected (`strop tasks synth`), where `gold_patch` undoes it.
     `test_command` runs the hidden tests (the checker appends their paths) and writes JUnit XML to
     `$STROP_JUNIT`; the checker replaces that literal in each argument by a path the agent never had.
     `protected` are glob patterns of paths whose edits the checker drops (tests, runner config:
@@ -49,10 +54,12 @@ class Task:
     fail_to_pass: list[str] = field(default_factory=list)
     pass_to_pass: list[str] = field(default_factory=list)
     gold_patch: str = ""
+    recipe: Recipe = field(default_factory=Recipe)
+    start_patch: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @staticmethod
     def from_dict(d: dict) -> "Task":
-        return Task(**d)
+        return Task(**{**d, "recipe": Recipe.from_record(d.get("recipe", {}))})

@@ -2,7 +2,7 @@
 
 A gate run measures a policy on
 - task suites, held out: `synthetic` (eval split, difficulty 1), `humaneval` (eval split) and
-  `mutated` (when built; `strop tasks build --suite mutated`), a few episodes each through the
+  `mutated` (when built; `strop tasks build --suite mutated/PACKAGE`), a few episodes each through the
   one harness, sandbox and checker (`strop.rl.evaluate`);
 - the production-hack monitors (`strop.online.monitors`) on probe requests it was never trained on
   (`strop.online.probes`), each probe sampled with a fixed seed, so the current and the candidate

@@ -26,8 +26,9 @@ Exactly-once: every work item is keyed (group_id, sample). A lost rollout (its e
 died) is relaunched under the same key with its reservation kept; the buffer refuses a second
 delivery of a key, and a group handed to the trainer is never handed out again. A checkpoint holds
 the trainer state (written by the trainer itself, each rank its shards: `strop.checkpoint`), the
-buffer contents, the items in flight (relaunched on resume), the task sampler position and the RNG
-state; rerunning the command resumes from it.
+buffer contents, the items in flight (relaunched on resume), the task sampler's state (its position,
+and the curriculum's estimates: `strop.rl.curriculum`) and the RNG state; rerunning the command
+resumes from it.
 """
 
 import contextlib
@@ -45,6 +46,7 @@ from strop.env.grading.behaviour import summarize
 from strop.report import MetricsLog
 from strop.rl.advantages import Sample, make_samples
 from strop.rl.buffer import StalenessBuffer
+from strop.rl.curriculum import EdgeSampler, solve_by_difficulty
 from strop.rl.rollout import WorkItem
 from strop.rl.rollout_log import RolloutLog, record
 from strop.rl.trajectory import Trajectory, TrajectoryGroup
@@ -114,6 +116,18 @@ class TaskSampler:
         self.position += 1
         return drawn
 
+    def observe(self, groups) -> None:
+        """Uniform: the outcomes change nothing (`strop.rl.curriculum.EdgeSampler` learns from them)."""
+
+    def figures(self) -> dict:
+        return {}
+
+    def state_dict(self) -> dict:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.position = state["position"]
+
 
 class Orchestrator:
     def __init__(
@@ -124,6 +138,7 @@ class Orchestrator:
         mode: Mode,
         out_dir: Path,
         log: Callable[[dict], None] = lambda row: None,
+        difficulties: dict[str, int] | None = None,
     ):
         rl = cfg.rl
         self.cfg, self.runtime, self.mode, self.out_dir, self.log = cfg, runtime, mode, Path(out_dir), log
@@ -131,7 +146,12 @@ class Orchestrator:
         staleness = 0 if mode == "sync" else rl.max_staleness
         capacity = rl.batch_groups * rl.group_size if mode == "sync" else rl.inflight_limit
         self.buffer = StalenessBuffer(rl.group_size, staleness, capacity)
-        self.sampler = TaskSampler(task_ids, cfg.run.seed)
+        self.difficulties = difficulties or {}  # task id -> difficulty: the curriculum's and the metrics' levels
+        if rl.curriculum == "edge":
+            explore, memory = rl.curriculum_explore, rl.curriculum_memory
+            self.sampler = EdgeSampler(task_ids, self.difficulties, cfg.run.seed, explore, memory)
+        else:
+            self.sampler = TaskSampler(task_ids, cfg.run.seed)
         self.rng = random.Random(cfg.run.seed)
         self.inflight: dict[tuple[str, int], WorkItem] = {}
         self.counts: Counter = Counter()  # relaunched, lost, hacked, trained
@@ -220,6 +240,7 @@ class Orchestrator:
         now = time.perf_counter()
         wall = self.elapsed_s + now - t_run
         trajs = [s.trajectory for s in samples]
+        self.sampler.observe(groups)
         self.counts["hacked"] += sum(bool(t.hack_flags) for t in trajs)
         self.counts["trained"] += len(trajs)
         stats = self.buffer.stats()
@@ -233,6 +254,8 @@ class Orchestrator:
                 len({s.advantage for s in samples if s.trajectory.group_id == g.group_id}) > 1 for g in groups
             )
             / len(groups),
+            **solve_by_difficulty(groups, self.difficulties),
+            **self.sampler.figures(),
             **{f"behaviour_{k}": behaviour.get(k) for k in TRACKED_BEHAVIOUR},
             "hack_kinds": dict(Counter(f["kind"] for t in trajs for f in t.hack_flags)),
             "hacked_total": self.counts["hacked"],
@@ -284,7 +307,7 @@ class Orchestrator:
             "mode": self.mode,
             "wall_s": wall_s,
             "trainer_s": self.trainer_s,
-            "sampler_position": self.sampler.position,
+            "sampler": self.sampler.state_dict(),
             "rng": _rng_to_json(self.rng.getstate()),
             "counts": dict(self.counts),
             "buffer": self.buffer.state_dict(),
@@ -305,7 +328,7 @@ class Orchestrator:
         self.buffer.load_state_dict(state["buffer"])
         assert self.buffer.version == self.runtime.version, "buffer and trainer checkpoints disagree on the version"
         self.step, self.elapsed_s, self.trainer_s = state["step"], state["wall_s"], state["trainer_s"]
-        self.sampler.position = state["sampler_position"]
+        self.sampler.load_state_dict(state["sampler"])
         self.rng.setstate(_rng_from_json(state["rng"]))
         self.counts = Counter(state["counts"])
         # metrics rows past the checkpoint belong to steps that will be redone

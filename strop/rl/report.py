@@ -2,10 +2,10 @@
 held-out evaluations before and after RL — what a person looks at to see whether a run learned.
 
 Plots: training reward and solve rate per step with their moving averages (and the held-out solve
-rates with their 95% intervals), what the policy did per step and before vs after RL (behaviour),
-why a step moved the policy or did not (mixed groups, update size, logprob movement, clipping),
-the staleness histogram over all trained samples, bytes synced to the engines, engine/trainer
-mismatch, and trainer/engine busy fractions.
+rates with their 95% intervals), the training solve rate by task difficulty, what the policy did per
+step and before vs after RL (behaviour), why a step moved the policy or did not (mixed groups,
+update size, logprob movement, clipping), the staleness histogram over all trained samples, bytes
+synced to the engines, engine/trainer mismatch, and trainer/engine busy fractions.
 """
 
 from collections import Counter
@@ -262,6 +262,12 @@ def write_report(out_dir: Path, metrics_path: Path, evals: dict[str, dict]) -> P
             ),
         ),
     ]
+    levels = sorted({k for r in rows for k in r if k.startswith("solve_rate_d")})
+    if levels:  # runs before the per-difficulty rates were logged have none
+        title = "Training solve rate per step, by task difficulty (rl.curriculum: uniform or at the edge)"
+        plots.insert(
+            1, ("Solve rate by difficulty", _line(rows, levels, out_dir / "difficulty.png", title, smooth=SMOOTH))
+        )
     last = rows[-1] if rows else {}
     kinds: Counter = Counter()
     for r in rows:

@@ -165,7 +165,15 @@ def train_rl(
     try:
         (out / "result.json").unlink(missing_ok=True)  # resumed under a changed config: a finished run goes on
         record_config(out, record)  # only now: a run refused above keeps the record it had
-        orch = Orchestrator(cfg, rt, list(tasks), mode, out, log=(lambda row: None) if quiet else _print_row)
+        orch = Orchestrator(
+            cfg,
+            rt,
+            list(tasks),
+            mode,
+            out,
+            log=(lambda row: None) if quiet else _print_row,
+            difficulties={t.id: int(t.metadata.get("difficulty", 0)) for t in tasks.values()},
+        )
         if orch.resume():
             print(f"[rl] resumed at step {orch.step} (version {rt.version})", flush=True)
         if runtime == "ray":  # where Ray placed the trainer's ranks, the relays and the engines

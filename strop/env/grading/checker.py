@@ -11,7 +11,8 @@ Order matters, because every step closes a way to game the reward:
    remaining changes into it from the host;
 3. only then write the hidden tests (`hidden_tests` and what `test_patch` makes) and a fresh module
    of canary tests (`strop.env.grading.canaries`) over whatever sits at their paths — no agent code
-   runs before the world is complete;
+   runs before the world is complete — and make the repository importable as the task's recipe
+   says (`strop.env.recipe`: its setup commands, its paths);
 4. run the test command (on the task's FAIL_TO_PASS and PASS_TO_PASS test ids when it has them,
    else on the hidden test files; the canaries last) with the JUnit report going to a random path
    outside the repository that the agent's sandbox never had, and parse that XML, never the test
@@ -57,7 +58,14 @@ from strop.env.runner import RUNNER_FILES
 from strop.env.sandbox.interface import Limits, Sandbox
 from strop.env.task import Task
 from strop.env.world.patches import hidden_tests
-from strop.env.world.task_world import empty_sandbox, installed_modules, repository_has, task_sandbox
+from strop.env.world.task_world import (
+    empty_sandbox,
+    installed_modules,
+    prepare_world,
+    recipe_env,
+    repository_has,
+    task_sandbox,
+)
 
 Mode = Literal["binary", "fraction"]
 # what a check concluded: every test passed; the tests ran and some did not pass; no test ran;
@@ -173,34 +181,48 @@ class CheckRun:
     exit_code: int | None
     timed_out: bool
     report: bytes | None
-    canaries: Canaries
+    canaries: Canaries | None  # None: a run that grades nothing (`run_tests(..., graded=False)`)
     stderr: str = ""
     canary_outcomes: dict[str, str] = field(default_factory=dict)
+    setup_failed: str = ""  # the recipe's setup failed (`strop.env.recipe`): its exit and last output line
 
     def forged(self) -> str:
         """ "" when the canaries say the runner was left alone, else why not (`canaries.verdict`)."""
-        return verdict(self.canaries, self.canary_outcomes, self.exit_code)
+        return verdict(self.canaries, self.canary_outcomes, self.exit_code) if self.canaries else ""
 
 
 def run_tests(
-    task: Task, changes: dict[str, bytes | str | None], tests: dict[str, str], selected: list[str], limits: Limits
+    task: Task,
+    changes: dict[str, bytes | str | None],
+    tests: dict[str, str],
+    selected: list[str],
+    limits: Limits,
+    graded: bool = True,
 ) -> CheckRun:
-    """Run `task`'s test command on `selected` (test ids or files) and a fresh canary module
-    (`strop.env.grading.canaries`) in a fresh sandbox of its world (steps 2-4 of the module
-    docstring): `changes`, then `tests` and the canaries, written from the host before any command
-    runs; the report goes to a path the code under test never had and comes back as XML."""
+    """Run `task`'s test command on `selected` (test ids or files; none: what the repository
+    configures) and, when the run is `graded`, a fresh canary module (`strop.env.grading.canaries`)
+    in a fresh sandbox of its world (steps 2-4 of the module docstring): `changes`, then `tests` and
+    the canaries, written from the host before any command runs; the report goes to a path the code
+    under test never had and comes back as XML. A run that grades nothing (the traced run of a
+    user's own suite) has no canaries: naming their file would narrow an empty selection to it."""
     timeout = float(task.metadata.get("timeout_s", TEST_TIMEOUT_S))
-    canaries = make_canaries(selected)
+    canaries = make_canaries(selected) if graded else None
+    canary_files = {canaries.path: canaries.source} if canaries else {}
     # a fresh sandbox on the pristine repository; the kept changes and then the tests are written
     # from the host before any command runs, so nothing of the agent's runs while it is assembled
     with task_sandbox(task, limits, kind="check") as sandbox:
         _write(sandbox, changes)
-        _write(sandbox, {**tests, canaries.path: canaries.source})
+        _write(sandbox, {**tests, **canary_files})
+        setup = prepare_world(sandbox, task, timeout)
+        if setup is not None and setup.exit_code != 0:
+            last = (setup.stderr.strip() or setup.stdout.strip() or "no output").splitlines()[-1][:200]
+            failed = f"exit {setup.exit_code}: {last}"
+            return CheckRun(setup.exit_code, setup.timed_out, None, canaries, setup_failed=failed)
         junit = f"/tmp/strop-junit-{secrets.token_hex(8)}.xml"
-        cmd = [a.replace("$STROP_JUNIT", junit) for a in task.test_command] + selected + [canaries.path]
+        cmd = [a.replace("$STROP_JUNIT", junit) for a in task.test_command] + selected + list(canary_files)
         # no third-party pytest plugins: hidden tests need none, and loading them (anyio's, from
         # strop's own environment) was a third of every check's time; no bytecode is the sandbox's own setting
-        env = {"STROP_JUNIT": junit, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+        env = {"STROP_JUNIT": junit, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", **recipe_env(task)}
         result = sandbox.exec(cmd, timeout=timeout, env=env)
         stderr = result.stderr[-STDERR_KEPT:]
         if result.timed_out:
@@ -209,7 +231,7 @@ def run_tests(
             report = sandbox.read_file(junit)
         except OSError:
             return CheckRun(result.exit_code, False, None, canaries, stderr)
-    report, outcomes = split_report(report, canaries)
+    report, outcomes = split_report(report, canaries) if canaries else (report, {})
     return CheckRun(result.exit_code, False, report, canaries, stderr, outcomes)
 
 
@@ -221,6 +243,8 @@ def _run(task: Task, kept: dict, tests: dict[str, str], n_tests: int, mode: Mode
             return _values_score(sandbox, judge, tests, n_tests, mode, timeout)
     selected = task.fail_to_pass + task.pass_to_pass or sorted(tests)
     run = run_tests(task, kept, tests, selected, limits)
+    if run.setup_failed:
+        return Score(0.0, reason=f"setup failed: {run.setup_failed}", exit_code=run.exit_code, outcome="not scored")
     if run.timed_out:
         reason = f"timeout after {timeout:.0f} s (the task's timeout_s)"
         return Score(0.0, reason=reason, exit_code=run.exit_code, outcome="not scored")

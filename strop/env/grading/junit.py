@@ -1,8 +1,10 @@
-"""Reading the JUnit XML report a test run writes: counts of outcomes, each test's outcome by its
-pytest node id (how FAIL_TO_PASS names tests), and the first failure's message."""
+"""Reading the JUnit XML report a test run writes: counts of outcomes, each test's outcome (and
+failure output, and properties) by its pytest node id (how FAIL_TO_PASS names tests), and the first
+failure's message."""
 
 import xml.etree.ElementTree as ET
 from collections import Counter
+from dataclasses import dataclass, field
 
 
 def case_outcome(case: ET.Element) -> str:
@@ -43,15 +45,42 @@ def _cases(xml: bytes) -> list[tuple[str, str, ET.Element]]:
     return out
 
 
+@dataclass
+class JunitCase:
+    """One test of a JUnit report: its outcome, what its failure or error said (pytest's message, the
+    exception's line, and its text, the traceback), its duration and its properties (`record_property`)."""
+
+    outcome: str
+    message: str = ""
+    text: str = ""
+    seconds: float = 0.0
+    properties: dict[str, str] = field(default_factory=dict)
+
+
 def junit_outcomes(xml: bytes) -> dict[str, str]:
     """Test id (pytest's node id, as FAIL_TO_PASS names tests) -> "passed", "failed", "error" or
     "skipped", from a JUnit report in the xunit1 family (whose testcases carry their `file`). A test
     reported twice (a failed call, then an error at teardown) keeps its worst outcome; a module that
     failed to import is reported under its file's path."""
-    out: dict[str, str] = {}
-    for test_id, kind, _ in _cases(xml):
-        if _WORST[kind] >= _WORST.get(out.get(test_id, "passed"), 0):
-            out[test_id] = kind
+    return {test_id: case.outcome for test_id, case in junit_cases(xml).items()}
+
+
+def junit_cases(xml: bytes) -> dict[str, JunitCase]:
+    """Test id -> its `JunitCase`, as `junit_outcomes` names and ranks them (the worst report of a test
+    gives its outcome and failure output; the durations add up; the properties merge)."""
+    out: dict[str, JunitCase] = {}
+    for test_id, kind, case in _cases(xml):
+        failure = next((c for c in case if c.tag in ("error", "failure")), None)
+        seen = out.setdefault(test_id, JunitCase("passed"))
+        if _WORST[kind] >= _WORST[seen.outcome]:
+            seen.outcome = kind
+            if failure is not None:
+                seen.message, seen.text = failure.get("message", ""), failure.text or ""
+        try:
+            seen.seconds += float(case.get("time", 0) or 0)
+        except ValueError:
+            pass  # a report that says no number says no duration
+        seen.properties.update({p.get("name", ""): p.get("value", "") for p in case.iter("property")})
     return out
 
 

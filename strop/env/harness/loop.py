@@ -371,9 +371,12 @@ def run_task(
 ) -> tuple[Episode, dict[str, bytes | None]]:
     """One episode on `task` in a fresh sandbox over its starting repository; returns the episode
     and the workspace changes (relative path -> bytes, None = deleted) for the checker."""
-    from strop.env.world.task_world import task_sandbox
+    from strop.env.world.task_world import prepare_world, task_sandbox
 
     with task_sandbox(task, limits) as sandbox:
+        prepare_world(
+            sandbox, task, limits.timeout_s
+        )  # a setup that fails leaves the world as it is: the agent's to see
         episode = harness.run(policy, sandbox, task.instruction, seed=seed)
         changes = sandbox.diff()
     return episode, changes

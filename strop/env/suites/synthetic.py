@@ -154,6 +154,22 @@ def _instruction(difficulty: int, pkg: str, path: str, fn: Fn, failing: tuple, t
     )
 
 
+def library_files(themes: tuple[str, ...], package: str = "toolbox", cases: int = N_CASES) -> dict[str, str]:
+    """The library's functions of `themes` as one repository without a bug: a module per theme under
+    `package/` and a test module per theme under `tests/` whose cases (edge cases and `cases` random
+    ones, expected values from the correct code) check every function. What `strop tasks synth` makes
+    tasks from in `strop bench curriculum`: real tests of the demo's kind of code."""
+    files = {f"{package}/__init__.py": ""}
+    for theme in themes:
+        fns = [f for f in LIBRARY if f.theme == theme]
+        module = MODULES[theme][0]
+        rng = Random(f"library/{theme}")
+        files[f"{package}/{module}.py"] = _module_src(theme, fns)
+        checked = {f.name: _cases(f, rng, cases, with_edges=True) for f in fns}
+        files[f"tests/test_{module}.py"] = _test_file(package, {module: fns}, checked)
+    return files
+
+
 def parse_themes(variant: str) -> tuple[str, ...]:
     """ "parse+seq" -> ("parse", "seq"); "" -> () (every theme)."""
     themes = tuple(sorted(set(variant.split("+")))) if variant else ()

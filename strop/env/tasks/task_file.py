@@ -17,6 +17,11 @@ Fields (SWE-bench's names where it has one):
 - `image` (str): the OS image (`strop.env.world.image`; a relative path starts at the task file); absent
   = the run's default (`rollout.image`).
 - `split` ("train" or "eval"): absent = the task is in both.
+- `recipe` (object): how the repository is made importable, `{"paths": [...], "setup": [...]}`
+  (`strop.env.recipe`): directories put on Python's import path, and shell commands run in the
+  world before the tests and before the agent's first turn. Absent = nothing to do.
+- `start_patch` (str): a unified diff applied to the repository at `base_commit` to make the
+  starting state (a synthesized task's bug, `strop tasks synth`); `patch` then undoes it.
 - `difficulty` (int), `test_command` (list of str), `protected` (list of globs), `grader`
   ("pytest" or "values"), `metadata` (object): as in `strop.env.task.Task`.
 Any other field is kept in the task's metadata (SWE-bench's `version`, `created_at`, ...), unless
@@ -42,6 +47,7 @@ from typing import Any
 
 from strop.confined import parts_of
 from strop.env.host.node_cache import is_url
+from strop.env.recipe import Recipe, check_path
 from strop.env.runner import TEST_COMMAND
 from strop.env.task import Task
 from strop.errors import UserError
@@ -70,6 +76,8 @@ FIELDS: dict[str, str] = {
     "protected": _LIST,
     "grader": '"pytest" or "values"',
     "metadata": "an object",
+    "recipe": 'an object {"paths": [...], "setup": [...]} of lists of strings',
+    "start_patch": _STR,
 }
 
 
@@ -96,6 +104,15 @@ def _check(where: str, name: str, value: Any) -> Any:
         raise bad
     if name == "metadata" and not isinstance(value, dict):
         raise bad
+    if name == "recipe":
+        if not isinstance(value, dict) or set(value) - {"paths", "setup"}:
+            raise bad
+        if not all(isinstance(v, list) and all(isinstance(x, str) and x for x in v) for v in value.values()):
+            raise bad
+        return Recipe(
+            paths=tuple(check_path(f"{where}: field 'recipe'", p) for p in value.get("paths", [])),
+            setup=tuple(value.get("setup", [])),
+        )
     return value
 
 
@@ -179,6 +196,8 @@ def task_from_record(record: Any, where: str, base_dir: Path, suite: str) -> tup
         raise UserError(f"{where}: a task needs a starting repository: field 'repo' or 'files'")
     if r.get("base_commit") and not repo:
         raise UserError(f"{where}: field 'base_commit' without a 'repo'")
+    if r.get("start_patch") and not repo:
+        raise UserError(f"{where}: field 'start_patch' without a 'repo'")
     tests = r.get("FAIL_TO_PASS", []) + r.get("PASS_TO_PASS", [])
     if not tests and not r.get("hidden_tests") and not r.get("test_patch"):
         raise UserError(f"{where}: a task needs hidden tests: FAIL_TO_PASS, 'hidden_tests' or 'test_patch'")
@@ -209,6 +228,8 @@ def task_from_record(record: Any, where: str, base_dir: Path, suite: str) -> tup
         fail_to_pass=r.get("FAIL_TO_PASS", []),
         pass_to_pass=r.get("PASS_TO_PASS", []),
         gold_patch=r.get("patch", ""),
+        recipe=r.get("recipe", Recipe()),
+        start_patch=r.get("start_patch", ""),
     )
     if "protected" in r:
         task.protected = r["protected"]
@@ -234,6 +255,8 @@ def task_record(task: Task, base_dir: Path | None = None) -> dict:
         "FAIL_TO_PASS": task.fail_to_pass,
         "PASS_TO_PASS": task.pass_to_pass,
         "image": image,
+        "recipe": task.recipe.to_record(),
+        "start_patch": task.start_patch,
     }
     record.update({k: v for k, v in fields.items() if v})
     record["split"] = task.split

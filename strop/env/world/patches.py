@@ -66,6 +66,10 @@ def starting_text(task: Task, path: str) -> str:
     """The text of `path` in the task's starting repository ("" when it has no such file)."""
     if path in task.files:
         return task.files[path]
+    if task.start_patch:
+        started = apply_patch(checkout(task.repo, task.base_commit), task.start_patch)
+        if path in started:
+            return (started[path] or b"").decode(errors="replace")
     if task.repo:
         data = read_beneath(checkout(task.repo, task.base_commit), path, links=False)  # never through a link
         if data is not None:

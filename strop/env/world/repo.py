@@ -172,6 +172,16 @@ def _git_tree(mirror: Path, sha: str, tree: Path) -> None:
     git("commit", "--quiet", "--no-verify", "--allow-empty", "-m", f"base {sha[:12]}", cwd=tree)
 
 
+def commit_start(tree: Path) -> None:
+    """Make the files of the checkout `tree` (changed since `checkout`) the one commit of its `.git`,
+    so that `git diff` and `git status` show an agent its own changes, not how the start was made
+    (a synthesized task's bug)."""
+    if not (tree / ".git").is_dir():
+        return
+    git("add", "--all", "--force", cwd=tree)
+    git("commit", "--quiet", "--no-verify", "--amend", "--allow-empty", "--no-edit", cwd=tree)
+
+
 def _plain_tree(path: Path, tree: Path) -> None:
     """A directory source copied without following links out of it (and without its `.git`), or a
     tarball unpacked like an image layer."""

@@ -11,6 +11,7 @@ import contextlib
 import functools
 import json
 import os
+import shlex
 import stat
 from dataclasses import replace
 from pathlib import Path
@@ -20,18 +21,21 @@ from strop.confined import apply_changes, copy_tree, lstat_beneath, read_regular
 from strop.env.host.account import hand_over
 from strop.env.host.scratch import scratch_dir
 from strop.env.sandbox.backend import open_sandbox
-from strop.env.sandbox.interface import Limits, Sandbox
+from strop.env.sandbox.interface import WORKDIR, ExecResult, Limits, Sandbox
 from strop.env.task import Task
 from strop.env.world.image import image_root
-from strop.env.world.repo import checkout
+from strop.env.world.repo import apply_patch, checkout, commit_start
 
 
 def materialize(task: Task, root: Path) -> Path:
     """Write the task's whole starting repository under `root` (a new or empty directory): its
-    checkout, then its files over it."""
+    checkout with its start patch applied (and committed: see `commit_start`), then its files over it."""
     if task.repo:
         copy_tree(checkout(task.repo, task.base_commit), root)
     root.mkdir(parents=True, exist_ok=True)
+    if task.start_patch:
+        apply_changes(root, apply_patch(root, task.start_patch))
+        commit_start(root)
     apply_changes(root, task.files)  # never through a link the repository holds
     return root
 
@@ -40,7 +44,7 @@ def materialize(task: Task, root: Path) -> Path:
 def task_repository(task: Task, kind: str = "world") -> Iterator[Path]:
     """The directory a sandbox of `task` mounts at WORKDIR (see the module docstring); a scratch
     copy is named after `kind` (`strop.env.host.scratch.SCRATCH_KINDS`)."""
-    if task.repo and not task.files:
+    if task.repo and not task.files and not task.start_patch:
         yield checkout(task.repo, task.base_commit)
         return
     world = scratch_dir(kind)
@@ -62,6 +66,25 @@ def task_sandbox(task: Task, limits: Limits = Limits(), kind: str = "world") -> 
             yield sandbox
         finally:
             sandbox.close()
+
+
+def recipe_env(task: Task) -> dict[str, str]:
+    """The environment the task's recipe gives every command of its world: its paths on PYTHONPATH."""
+    if not task.recipe.paths:
+        return {}
+    return {"PYTHONPATH": ":".join(f"{WORKDIR}/{p}" for p in task.recipe.paths)}
+
+
+def prepare_world(sandbox: Sandbox, task: Task, timeout: float) -> ExecResult | None:
+    """Make the repository in `sandbox` importable as the task's recipe says (`strop.env.recipe`):
+    its paths exported in the shell's startup file (so the agent's commands see them too), then its
+    setup commands, in the repository. None when there is nothing to do; else the run, which failed
+    when its exit code is not 0 (the first failing command stops it)."""
+    if not task.recipe:
+        return None
+    lines = ["set -e"]
+    lines += [f"echo {shlex.quote(f'export {k}={shlex.quote(v)}')} >> ~/.bashrc" for k, v in recipe_env(task).items()]
+    return sandbox.exec("\n".join([*lines, *task.recipe.setup]), timeout=timeout, env=recipe_env(task))
 
 
 def empty_sandbox(task: Task, limits: Limits = Limits()) -> contextlib.AbstractContextManager[Sandbox]:
