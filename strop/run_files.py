@@ -3,6 +3,8 @@ is generated from. `tests/test_rollouts_kept.py` and `tests/test_tracking.py` ch
 real run writes to `metrics.jsonl` is named here, so the reference cannot fall behind the code.
 """
 
+import re
+
 # (path under runs/<run.name>/, what writes it, what it holds)
 RUN_FILES: list[tuple[str, str, str]] = [
     ("summary.json", "strop demo", "one object per finished stage: its key figures and wall_s (a rerun skips those)"),
@@ -60,6 +62,7 @@ METRICS: dict[str, dict[str, str]] = {
         "reward": "mean checker reward of the step's trajectories",
         "train_reward": "mean training reward (after penalties, shaping, placebo)",
         "solve_rate": "share of the step's trajectories that solved their task",
+        "solve_rate_d<N>": "share of the step's trajectories of difficulty N that solved their task",
         "hacked": "trajectories flagged by the hack monitor this step",
         "hacked_total": "flagged trajectories so far",
         "hack_kinds": "flags by kind this step (degenerate = invalid-call loops, stalls, questions)",
@@ -108,5 +111,7 @@ METRICS: dict[str, dict[str, str]] = {
 
 
 def undocumented(stage: str, rows: list[dict]) -> list[str]:
-    """Keys of a stage's metrics rows that METRICS does not name."""
-    return sorted({k for r in rows for k in r} - METRICS[stage].keys())
+    """Keys of a stage's metrics rows that METRICS does not name (a key per difficulty, `name_d3`,
+    is named by `name_d<N>`)."""
+    keys = {re.sub(r"_d\d+$", "_d<N>", k) for r in rows for k in r}
+    return sorted(keys - METRICS[stage].keys())

@@ -10,7 +10,7 @@ import sys
 from strop.env.grading.diagnosis import no_report_reason, telling_line
 from strop.env.grading.junit import first_failure
 from strop.env.sandbox.interface import Limits
-from tests.worldkit import calc_repo, git, image_layers, image_without_pytest, test_image  # noqa: F401
+from tests.worldkit import calc_repo, git, image_layers, image_without_pytest, sources_outside, test_image  # noqa: F401
 
 CODE = {"m.py": "def add(a, b):\n    return a - b\n"}
 TESTS = {"tests/test_m.py": "from m import add\n\n\ndef test_add():\n    assert add(1, 2) == 3\n"}
