@@ -104,6 +104,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "context strategies on long-horizon chains: solve rate, resets, carried tokens, compaction error",
     ),
     ("train",): ("strop.commands.train", "RL from the warm-started policy: async or sync, inline or on Ray; resumes"),
+    ("bench", "budget"): (
+        "strop.bench.budget",
+        "an RL step's time budget on the demo config: engine, rollout and trainer seconds, the critical path",
+    ),
     ("bench", "async"): (
         "strop.bench.async_rl",
         "async vs sync RL on the same placement: steps/hour, busy fractions, drops",
@@ -135,6 +139,13 @@ def _find(argv: list[str]) -> tuple[tuple[str, ...], list[str]] | None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    from strop.cpu import pin_numerics
+    from strop.threads import wait_passively
+
+    # before any command imports torch: the same numbers on AVX2 and AVX-512 machines, and OpenMP
+    # threads that do not spin on a core another process needs
+    pin_numerics()
+    wait_passively()
     found = _find(argv)
     if found is None:
         if argv and argv[0] not in ("-h", "--help"):

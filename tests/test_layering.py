@@ -19,6 +19,7 @@ FOUNDATION = {
     "memory",
     "lifetime",
     "native",
+    "cpu",
     "config",
     "report",
     "tracking",

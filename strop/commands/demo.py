@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from strop.config import Config, add_config_arguments, load_config
+from strop.cpu import describe, describe_line
 from strop.errors import UserError
 from strop.outputs import claim_dir, remove_output, write_atomic
 
@@ -116,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
         remove_output(cfg.run_dir, "demo")  # only a run directory the demo made
     claim_dir(cfg.run_dir, "demo")  # new, empty or the demo's own: never a folder of the user's
     summary = read_summary(summary_path)
+    cpu = describe()
+    print(f"[demo] cpu: {describe_line(cpu)}", flush=True)
     t_demo = time.perf_counter()
     for name, fn in STAGES:
         if name in summary:
@@ -127,6 +130,8 @@ def run(args: argparse.Namespace) -> int:
         summary[name] = {**result, "wall_s": round(time.perf_counter() - t0, 1)}
         write_atomic(summary_path, json.dumps(summary, indent=2))
         print(f"[demo] {name}: done in {summary[name]['wall_s']:.0f} s")
-    print(f"[demo] finished in {time.perf_counter() - t_demo:.0f} s; summary: {summary_path}")
+    summary["cpu"] = cpu  # the machine of this (last) session
+    write_atomic(summary_path, json.dumps(summary, indent=2))
+    print(f"[demo] finished in {time.perf_counter() - t_demo:.0f} s on {describe_line(cpu)}; summary: {summary_path}")
     print(json.dumps(summary, indent=2))
     return 0
