@@ -23,6 +23,8 @@ def run_cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
         (["eval", "midtrain", "--checkpoint", "/tmp"], "not a model directory"),
         (["eval", "policy", "--policy", "/tmp"], "no policy at"),
         (["bench", "async", "--repeats", "0"], "at least 1"),
+        (["bench", "budget", "--steps", "1"], "at least 2"),
+        (["bench", "budget", "--policy", "/no/such/dir"], "no policy at"),
         (["bench", "engine", "--repeats", "0"], "at least 1"),
         (["bench", "mismatch", "--repeats", "0"], "at least 1"),
         (["frobnicate"], "unknown command"),

@@ -111,8 +111,8 @@ class SimRuntime:
         state = json.loads((path / "sim.json").read_text())
         self._version, self.trained = state["version"], [tuple(k) for k in state["trained"]]
 
-    def engine_busy_s(self) -> float:
-        return 0.0
+    def engine_stats(self) -> dict:
+        return {"busy_s": 0.0, "engines": 1}
 
     def close(self) -> None:
         for t in self.threads:

@@ -89,6 +89,7 @@ class Request:
         self.reused = 0  # leading prompt tokens whose KV came from a parked sequence
         self.generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         self.cancelled = False  # set by Engine.cancel; the loop retires it at its next step
+        self.submitted_at = time.perf_counter()
         self.done = threading.Event()
         self.result: Completion | None = None
 
@@ -199,6 +200,12 @@ class Engine:
         self.peak_batch = 0  # most sequences in one step so far
         self.prefilled_tokens = 0  # prompt tokens run through the model
         self.prefix_reused_tokens = 0  # prompt tokens whose KV came from a parked sequence instead
+        self.decoded_tokens = 0  # rows fed back one token at a time (a running request's last token)
+        # seconds of forward + sampling, split between prefill and decode by each step's share of their
+        # rows (a step runs both in one pass); and seconds requests waited for a slot
+        self.prefill_s = 0.0
+        self.decode_s = 0.0
+        self.queued_s = 0.0
 
     @classmethod
     def from_checkpoint(cls, path: str, **kwargs) -> "Engine":
@@ -262,6 +269,11 @@ class Engine:
             "peak_batch": self.peak_batch,
             "prefilled_tokens": self.prefilled_tokens,
             "prefix_reused_tokens": self.prefix_reused_tokens,
+            "decoded_tokens": self.decoded_tokens,
+            "prefill_s": self.prefill_s,
+            "decode_s": self.decode_s,
+            "queued_s": self.queued_s,
+            "swap_s": sum(self.pauses),
             "parked": len(self._parked),
         }
 
@@ -384,7 +396,10 @@ class Engine:
         self.peak_batch = max(self.peak_batch, len(batch))
         segments = [Segment(r.slot, len(r.prompt_ids) + len(r.token_ids) - 1, [r.token_ids[-1]]) for r in self._running]
         segments += [Segment(r.slot, r.reused, r.prompt_ids[r.reused :]) for r in new]
-        self.prefilled_tokens += sum(len(r.prompt_ids) - r.reused for r in new)
+        prefill = sum(len(r.prompt_ids) - r.reused for r in new)
+        self.prefilled_tokens += prefill
+        self.decoded_tokens += len(self._running)
+        t0 = time.perf_counter()
         try:
             logits, routing = self.forward(segments)
             tokens, logprobs = self._sample(logits, batch)
@@ -393,6 +408,10 @@ class Engine:
             for r in batch:
                 self._finish(r, "error", f"{type(e).__name__}: {e}")
             return True
+        dt = time.perf_counter() - t0
+        share = prefill / (prefill + len(self._running))
+        self.prefill_s += dt * share
+        self.decode_s += dt * (1 - share)
         row = 0
         for r, seg in zip(batch, segments):
             n = len(seg.tokens)
@@ -427,6 +446,7 @@ class Engine:
             if m < self.reuse_min:
                 best, m = None, 0
         # A prompt that holds the whole parked sequence takes its slot over (nothing of it is lost).
+        self.queued_s += time.perf_counter() - req.submitted_at
         take_over = best is not None and m == len(best.tokens)
         m = min(m, len(req.prompt_ids) - 1)  # the last prompt token is always run: it gives the logits
         if take_over:

@@ -139,9 +139,7 @@ def _pass_figures(per_task: list[list[bool]]) -> dict:
 
 def _run(
     engines: list,
-    harness: Harness,
-    tasks: list[Task],
-    items: list[WorkItem],
+    episodes: list[tuple[Harness, Task, WorkItem]],
     limits,
     workers: int,
     desc: str,
@@ -150,9 +148,10 @@ def _run(
     policies = [EnginePolicy(e) for e in engines]
     with ThreadPoolExecutor(workers) as pool:
         done = pool.map(
-            lambda i: rollout(tasks[i], policies[i % len(policies)], harness, items[i], limits), range(len(tasks))
+            lambda i: rollout(episodes[i][1], policies[i % len(policies)], episodes[i][0], episodes[i][2], limits),
+            range(len(episodes)),
         )
-        return list(tqdm(done, total=len(tasks), desc=desc, unit="ep", disable=not progress))
+        return list(tqdm(done, total=len(episodes), desc=desc, unit="ep", disable=not progress))
 
 
 def evaluate(
@@ -187,26 +186,19 @@ def evaluate(
     for e in engines:
         e.start()
     try:
-        items = [WorkItem(t.id, f"eval-{t.id}", 0, cfg.run.seed, engine.version) for t in tasks]
-        trajs = _run(engines, greedy, tasks, items, limits, r.workers, f"held-out eval {policy_dir}", progress)
-        sampled = []
+        # greedy and sampled episodes in one pool: the engines batch them together, and the run has
+        # one tail of stragglers instead of two
+        episodes = [(greedy, t, WorkItem(t.id, f"eval-{t.id}", 0, cfg.run.seed, engine.version)) for t in tasks]
         if samples:
             sampler = Harness(engine.tokenizer, harness_config(r, cfg.harness))
-            many = [
-                (t, WorkItem(t.id, f"eval-{t.id}", k, cfg.run.seed * 1000 + k + 1, engine.version))
+            episodes += [
+                (sampler, t, WorkItem(t.id, f"eval-{t.id}", k, cfg.run.seed * 1000 + k + 1, engine.version))
                 for t in tasks
                 for k in range(samples)
             ]
-            sampled = _run(
-                engines,
-                sampler,
-                [t for t, _ in many],
-                [i for _, i in many],
-                limits,
-                r.workers,
-                f"held-out eval {policy_dir}, {samples} samples per task",
-                progress,
-            )
+        desc = f"held-out eval {policy_dir}" + (f", greedy + {samples} samples per task" if samples else "")
+        done = _run(engines, episodes, limits, r.workers, desc, progress)
+        trajs, sampled = done[: len(tasks)], done[len(tasks) :]
     finally:
         for e in engines:
             e.stop()

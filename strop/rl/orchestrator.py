@@ -19,7 +19,7 @@ The two modes differ in one place, when work may be launched:
 The runtime places the pieces (`strop.runtime.inline`: threads; `strop.runtime.ray.actors`:
 actors) behind the `Runtime` protocol below, and the orchestrator never reaches into it: four calls
 move work (`submit`, `results`, `train`, `wait_synced`), three carry the state a checkpoint holds
-(`version`, `save`, `load`), two report figures (`bytes_synced`, `engine_busy_s`), and `close` is
+(`version`, `save`, `load`), two report figures (`bytes_synced`, `engine_stats`), and `close` is
 for whoever started it (`strop.runtime.rl_run.train_rl`). Components never call back into the orchestrator.
 
 Exactly-once: every work item is keyed (group_id, sample). A lost rollout (its engine or worker
@@ -45,6 +45,7 @@ from strop.config import Config
 from strop.env.grading.behaviour import summarize
 from strop.report import MetricsLog
 from strop.rl.advantages import Sample, make_samples
+from strop.rl.budget import engine_budget, episode_budget
 from strop.rl.buffer import StalenessBuffer
 from strop.rl.curriculum import EdgeSampler, solve_by_difficulty
 from strop.rl.rollout import WorkItem
@@ -76,7 +77,7 @@ class Runtime(Protocol):
     # figures
     bytes_synced: int
 
-    def engine_busy_s(self) -> float: ...
+    def engine_stats(self) -> dict: ...  # engines' counters summed (`strop.rl.budget`), `busy_s`, and `engines`
 
     # for whoever started it
     def close(self) -> None: ...
@@ -232,7 +233,8 @@ class Orchestrator:
         )
         t0 = time.perf_counter()
         row = self.runtime.train(samples)
-        self.trainer_s += time.perf_counter() - t0
+        train_s = time.perf_counter() - t0
+        self.trainer_s += train_s
         if self.mode == "sync":
             self.runtime.wait_synced()  # generation resumes only on the new weights
         self.buffer.set_version(self.runtime.version)
@@ -241,6 +243,15 @@ class Orchestrator:
         wall = self.elapsed_s + now - t_run
         trajs = [s.trajectory for s in samples]
         self.sampler.observe(groups)
+        engines = self.runtime.engine_stats()
+        budget = {
+            "time_step_s": now - t_last,
+            "time_wait_s": t0 - t_last,
+            "time_train_s": train_s,
+            **episode_budget(t.timings for t in trajs),
+            **engine_budget(self._engines_before, engines, now - t_last),
+        }
+        self._engines_before = engines
         self.counts["hacked"] += sum(bool(t.hack_flags) for t in trajs)
         self.counts["trained"] += len(trajs)
         stats = self.buffer.stats()
@@ -265,9 +276,10 @@ class Orchestrator:
             "lost": self.counts["lost"],
             "rollout_tokens_per_s": sum(t.generated_tokens for t in trajs) / max(now - t_last, 1e-9),
             "trainer_busy": self.trainer_s / wall,
-            "engine_busy": self.runtime.engine_busy_s() / wall,
+            "engine_busy": engines.get("busy_s", 0.0) / engines.get("engines", 1) / wall,
             "bytes_synced": self.runtime.bytes_synced,
             "wall_s": wall,
+            **budget,
         }
         self.metrics.write(row)
         if self.cfg.log.rollouts:
@@ -280,6 +292,7 @@ class Orchestrator:
     def run(self) -> dict:
         """Train until `rl.steps`; returns the last metrics row's key figures."""
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        self._engines_before = self.runtime.engine_stats()
         t_run = t_last = time.perf_counter()
         while self.step < self.cfg.rl.steps:
             self._fill()
@@ -288,11 +301,12 @@ class Orchestrator:
             if groups:
                 t_last = self._train(groups, t_run, t_last)
         self.metrics.close()
+        engines = self.runtime.engine_stats()
         return {
             "steps": self.step,
             "wall_s": self.elapsed_s + time.perf_counter() - t_run,
             "trainer_s": self.trainer_s,
-            "engine_busy_s": self.runtime.engine_busy_s(),
+            "engine_busy_s": engines.get("busy_s", 0.0) / engines.get("engines", 1),  # the average engine's
             "buffer": self.buffer.stats(),
             **dict(self.counts),
         }

@@ -5,7 +5,8 @@ Plots: training reward and solve rate per step with their moving averages (and t
 rates with their 95% intervals), the training solve rate by task difficulty, what the policy did per
 step and before vs after RL (behaviour), why a step moved the policy or did not (mixed groups,
 update size, logprob movement, clipping), the staleness histogram over all trained samples, bytes
-synced to the engines, engine/trainer mismatch, and trainer/engine busy fractions.
+synced to the engines, engine/trainer mismatch, and trainer/engine busy fractions; and the steps'
+time budget (`strop.rl.budget`).
 """
 
 from collections import Counter
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from strop.env.grading.behaviour import LABELS
 from strop.report import MetricsLog, plot_metrics
+from strop.rl.budget import budget_lines, budget_table
 
 SMOOTH = 5  # steps in the moving averages of per-step curves
 # the `strop.env.grading.behaviour.summarize` keys the behaviour plot and table compare (the plot's per-step
@@ -302,6 +304,8 @@ def write_report(out_dir: Path, metrics_path: Path, evals: dict[str, dict]) -> P
             f"engine busy {last.get('engine_busy', 0):.2f}; bytes synced {last.get('bytes_synced', 0) / 1e6:.1f} MB.",
             "",
         ]
+        if budget := budget_lines(budget_table(rows)):
+            lines += ["### Where a step's time goes", "", *budget]
     for title, name in plots:
         lines += [f"### {title}", "", f"![{title}]({name})", ""]
     lines += _rollouts_section(out_dir, metrics_path.parent / "rollouts")

@@ -14,6 +14,7 @@ raises `RolloutLost` and the runtime relaunches the item on another engine.
 Plain data in and out, so a worker can live in a thread or a Ray actor.
 """
 
+import time
 from dataclasses import asdict, dataclass, replace
 
 from strop.config import RolloutSection
@@ -76,15 +77,21 @@ def score_changes(task: Task, changes: dict, limits: Limits = Limits()) -> Score
 def rollout(
     task: Task, policy: PolicyClient, harness: Harness, item: WorkItem, limits: Limits = Limits()
 ) -> Trajectory:
-    """One episode of `task` scored and flagged; raises `RolloutLost` when the policy failed."""
+    """One episode of `task` scored and flagged; raises `RolloutLost` when the policy failed.
+    Its timings add to the harness's (policy_s, tools_s, total_s) `sandbox_s` (the episode's
+    sandbox: start, diff, close) and `monitor_s` (the hack monitor); the checker's is `check_s`."""
     # the task's own memory and CPU limits hold in its episodes too: the agent can run what the checker runs
     own = replace(task_limits(task, limits), timeout_s=limits.timeout_s)
+    t0 = time.perf_counter()
     episode, changes = run_task(harness, policy, task, own, seed=item.seed)
+    sandbox_s = time.perf_counter() - t0 - episode.timings["total_s"]
     changes = source_changes(changes)
     if episode.stop_reason == "policy_error":
         raise RolloutLost(f"{item.key}: {episode.detail}")
     score = score_changes(task, changes, limits)
+    t1 = time.perf_counter()
     flags = detect(task, changes, episode.tool_calls, score, _final_message(episode.messages))
+    episode.timings.update(sandbox_s=sandbox_s, monitor_s=time.perf_counter() - t1)
     return Trajectory.from_episode(
         episode,
         task_id=task.id,

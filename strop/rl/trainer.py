@@ -196,8 +196,10 @@ class RLTrainer:
             for learn, part in ((True, learning), (False, idle))
             for chunk, counted in self.ranks.share([part[i : i + mb] for i in range(0, len(part), mb)], weightless)
         ]
+        clock: Counter = Counter()  # seconds: forward (with the loss), backward, optimizer, measure
         for learn, chunk, counted in chunks:
             batch = build_batch(chunk, self.pad_id).to(self.device)
+            t_fwd = time.perf_counter()
             with self.replay_ctx(self.model, batch), torch.set_grad_enabled(learn):
                 with self.precision.autocast(self.device):
                     logprobs = token_logprobs(self.model, batch)
@@ -210,11 +212,14 @@ class RLTrainer:
                         self.rl,
                         self._reference_logprobs(batch),
                     )
+                t_bwd = time.perf_counter()
+                clock["forward_s"] += t_bwd - t_fwd
                 if learn:
                     # weights carry the normalisation: micro-batch losses add up to the batch loss. Inside
                     # the replay context: activation checkpointing recomputes the forward here.
                     loss.backward()
                     learned.append((batch, logprobs.detach(), counted))
+                    clock["backward_s"] += time.perf_counter() - t_bwd
             if not counted:
                 continue
             loss_total += loss.item() if learn else 0.0
@@ -223,13 +228,17 @@ class RLTrainer:
             tokens += int(batch.lengths_B.sum())
             for k, v in m.items():
                 sums[k] += v * m["tokens"] if k != "tokens" else v
+        t_opt = time.perf_counter()
         clip = self.rl.grad_clip if self.rl.grad_clip > 0 else float("inf")
         grad_norm = whole(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
         every = self.rl.measure_every
         measured = bool(learned) and every > 0 and self.version % every == 0
         before = [local(p).detach().clone() for p in self.model.parameters()] if measured else []
         self.optimizer.step()
+        t_measure = time.perf_counter()
+        clock["optimizer_s"] += t_measure - t_opt
         update = self._update_metrics(before, learned) if before else {}
+        clock["measure_s"] += time.perf_counter() - t_measure
         parts = self.ranks.gather((loss_total, sums, tokens, behavior_lp, trainer_lp))
         loss_total, tokens = sum(p[0] for p in parts), sum(p[2] for p in parts)
         sums = sum((p[1] for p in parts), Counter())
@@ -262,6 +271,7 @@ class RLTrainer:
             "staleness_max": max(staleness),
             "staleness_hist": {str(k): staleness[k] for k in sorted(staleness)},
             "step_s": seconds,
+            **{k: clock[k] for k in ("forward_s", "backward_s", "optimizer_s", "measure_s")},
             "publish_s": publish_s,
             "peak_mem_mib": peak_memory_mib(self.device),  # rank 0's: GPU memory allocated, or the process's RSS
         }

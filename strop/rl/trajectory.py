@@ -31,7 +31,7 @@ class Trajectory:
     breakdown: dict = field(default_factory=dict)  # the checker's Score fields (passed, failed, reason, ...)
     hack_flags: list[dict] = field(default_factory=list)  # HackFlag dicts: kind, evidence
     stop_reason: str = ""
-    timings: dict[str, float] = field(default_factory=dict)  # policy_s, tools_s, total_s, check_s
+    timings: dict[str, float] = field(default_factory=dict)  # policy_s, tools_s, total_s, sandbox_s, check_s, monitor_s
     start_version: int = 0  # policy version the worker was admitted under (see `min_version`)
     behaviour: dict = field(default_factory=dict)  # what the agent did (`strop.env.grading.behaviour.episode_stats`)
     context: dict = field(default_factory=dict)  # its context resets (`strop.env.harness.context.episode_context`)

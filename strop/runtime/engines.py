@@ -18,6 +18,7 @@ directory on this machine, or, on a node without one (a Ray engine actor), from 
 import os
 import time
 import warnings
+from collections import Counter
 from pathlib import Path
 from typing import Protocol
 
@@ -46,12 +47,22 @@ class RunEngine(Protocol):
 
     def policy(self) -> PolicyClient: ...
 
-    @property
-    def busy_s(self) -> float: ...
+    def stats(self) -> dict:
+        """Figures since start: `busy_s` (seconds it was working), and for strop's engine its
+        counters (`strop.engine.engine.Engine.stats`)."""
+        ...
 
     def wait_version(self, version: int, timeout: float | None = None) -> bool: ...
 
     def close(self) -> None: ...
+
+
+def summed_stats(stats: list[dict]) -> dict[str, float]:
+    """Engines' counters (`RunEngine.stats`: seconds `*_s` and token counts `*_tokens`) added up."""
+    total: Counter = Counter()
+    for s in stats:
+        total.update({k: v for k, v in s.items() if k.endswith(("_s", "_tokens"))})
+    return dict(total)
 
 
 def check_engine_available(engine: str) -> None:

@@ -34,7 +34,7 @@ from strop.rl.advantages import Sample
 from strop.rl.rollout import RolloutLost, WorkItem, rollout, sandbox_limits
 from strop.rl.trajectory import Trajectory
 from strop.runtime.cpus import CpuSplit, pin
-from strop.runtime.engines import RunEngine, start_engine
+from strop.runtime.engines import RunEngine, start_engine, summed_stats
 from strop.runtime.trainers import TrainerProcess, start_trainer
 from strop.runtime.weights import relay_keep, sync_seconds
 from strop.sync.relay import Relay
@@ -174,9 +174,9 @@ class InlineRuntime:
         self.wait_synced()
         return sync_seconds(self.trainer.sync_stats()["published_at"], [e.sync.swapped_at for e in self.engines])
 
-    def engine_busy_s(self) -> float:
-        """Busy seconds of the average engine."""
-        return sum(e.busy_s for e in self.engines) / len(self.engines)
+    def engine_stats(self) -> dict:
+        """The engines' figures (`RunEngine.stats`) summed, and `engines`, how many."""
+        return {**summed_stats([e.stats() for e in self.engines]), "engines": len(self.engines)}
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)

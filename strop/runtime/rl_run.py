@@ -217,7 +217,8 @@ def _print_row(row: dict) -> None:
         f"[rl] step {row['step']} v{row['version']} reward {row['reward']:.3f} solve {row['solve_rate']:.3f} "
         f"k3 {row['k3']:.4f} clip {row['clip_frac']:.3f} stale<= {row['staleness_max']} dropped {row['dropped_stale']} "
         f"hacked {row['hacked']} trainer {row['trainer_busy']:.2f} engine {row['engine_busy']:.2f} "
-        f"{row['rollout_tokens_per_s']:.0f} tok/s {row['wall_s']:.0f} s",
+        f"{row['rollout_tokens_per_s']:.0f} tok/s; step {row['time_step_s']:.1f} s (waited {row['time_wait_s']:.1f}, "
+        f"trained {row['time_train_s']:.1f}) {row['wall_s']:.0f} s",
         flush=True,
     )
     if row.get("objective_gain", 0.0) < 0:

@@ -160,9 +160,8 @@ class ServedEngine:
     def policy(self) -> PolicyClient:
         return self
 
-    @property
-    def busy_s(self) -> float:
-        return self.gate.busy_s
+    def stats(self) -> dict:
+        return {"busy_s": self.gate.busy_s}
 
     def wait_version(self, version: int, timeout: float | None = None) -> bool:
         return self.sync.wait_version(version, timeout)

@@ -64,9 +64,8 @@ class SyncedEngine:
     def policy(self) -> PolicyClient:
         return EnginePolicy(self.engine)
 
-    @property
-    def busy_s(self) -> float:
-        return self.engine.busy_s  # a TimedEngine's
+    def stats(self) -> dict:
+        return {**self.engine.stats(), "busy_s": self.engine.busy_s}  # a TimedEngine's
 
     def close(self) -> None:
         """Stop following the relay (the thread ends at its next poll), then the engine's loop."""

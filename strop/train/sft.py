@@ -81,13 +81,15 @@ def sft(cfg: Config, base: str | None = None) -> dict:
     tokenizer = load_tokenizer(base_dir)
     if cfg.sft.traces:  # bad lines are the user's to fix before any rank starts
         trace_segments(trace_harness(cfg, tokenizer), cfg.sft.traces, cfg.model.max_positions, cfg.sft.max_traces)
+    t0 = time.perf_counter()
     if uses_demonstrations(cfg):
         load_demonstrations(cfg, tokenizer, out / "demos.jsonl")  # cached before other ranks read it
+    demos_s = round(time.perf_counter() - t0, 1)  # ~0 when they were cached
     if n == 1:
-        return fit(Ranks(device=rank_device(kind)), cfg, str(base_dir))
+        return {**fit(Ranks(device=rank_device(kind)), cfg, str(base_dir)), "demos_s": demos_s}
     ranks, procs = start_ranks(n, fit, (cfg, str(base_dir)), threads, kind)
     try:
-        return fit(ranks, cfg, str(base_dir))
+        return {**fit(ranks, cfg, str(base_dir)), "demos_s": demos_s}
     finally:
         stop_ranks(procs)
 
@@ -131,8 +133,11 @@ def fit(ranks, cfg: Config, base_dir: str) -> dict:
     if main:
         log.reset()
 
+    clock = {"val_s": 0.0, "save_s": 0.0}
+
     def evaluate() -> float:
         """Held-out loss (every rank runs every batch: a sharded forward is a collective), rank 0's."""
+        t_val = time.perf_counter()
         model.eval()
         total, count = 0.0, 0
         with torch.no_grad():
@@ -141,6 +146,7 @@ def fit(ranks, cfg: Config, base_dir: str) -> dict:
                     loss, n = masked_nll(model, val[i : i + s.batch_size], pad_id)
                 total, count = total + loss.item() * n, count + n
         model.train()
+        clock["val_s"] += time.perf_counter() - t_val
         return ranks.broadcast(total / max(1, count))
 
     def snapshot() -> dict:
@@ -157,6 +163,7 @@ def fit(ranks, cfg: Config, base_dir: str) -> dict:
             plain.load_state_dict(whole_state)
         save_model(plain, tokenizer, out / "model", extra=extra)
 
+    t_loop = time.perf_counter()
     best_loss, best_state, best_step, bad_evals = evaluate(), snapshot(), 0, 0
     if main:
         log.write({"step": 0, "val_loss": best_loss})
@@ -182,7 +189,9 @@ def fit(ranks, cfg: Config, base_dir: str) -> dict:
             if row["val_loss"] < best_loss - 1e-4:
                 best_loss, best_state, best_step, bad_evals = row["val_loss"], snapshot(), step, 0
                 # on disk at once: a run killed later still leaves its best policy to evaluate or keep
+                t_save = time.perf_counter()
                 save({"sft": {"step": step, "val_loss": best_loss, "finished": False}})
+                clock["save_s"] += time.perf_counter() - t_save
             else:
                 bad_evals += 1
         if main:
@@ -193,6 +202,7 @@ def fit(ranks, cfg: Config, base_dir: str) -> dict:
             break
     bar.close()
     log.close()
+    loop_s = time.perf_counter() - t_loop
     model.load_state_dict(best_state)
     model.eval()
     result = {
@@ -205,6 +215,9 @@ def fit(ranks, cfg: Config, base_dir: str) -> dict:
         "ranks": ranks.size,
         "device": ranks.device.type,
         "peak_mem_mib": peak_memory_mib(ranks.device),  # rank 0's
+        # the loop's seconds: training steps, held-out loss evaluations, saving the best weights
+        "train_s": round(loop_s - clock["val_s"] - clock["save_s"], 1),
+        **{k: round(v, 1) for k, v in clock.items()},
     }
     save({"config": to_dict(cfg), "sft": result})
     if main:

@@ -42,6 +42,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import ray
@@ -54,7 +55,7 @@ from strop.rl.advantages import Sample
 from strop.rl.rollout import RolloutLost, WorkItem
 from strop.rl.trajectory import Trajectory
 from strop.runtime.cpus import CpuSplit
-from strop.runtime.engines import VLLM_START_TIMEOUT_S
+from strop.runtime.engines import VLLM_START_TIMEOUT_S, summed_stats
 from strop.runtime.inline import SYNC_TIMEOUT_S
 from strop.runtime.ray.placement import cluster_layout, engine_resources, on_cluster, start_actor_process
 from strop.runtime.ray.relay import RelayActor
@@ -107,7 +108,7 @@ class EngineActor:
         return {
             "label": self.label,
             "version": s.version,
-            "busy_s": self.engine.busy_s,
+            "stats": self.engine.stats(),
             "pid": os.getpid(),
             "node": ray.get_runtime_context().get_node_id(),
             "swaps": swaps,
@@ -214,8 +215,8 @@ class RayRuntime:
         self.workers = [self._new_worker(per_actor) for _ in range(rollout_actors)]
         self.per_actor = per_actor
         self.inflight: dict = {}  # object ref -> (item, worker index, worker handle, engine name)
-        self._busy_lost = 0.0  # busy seconds of engines that left
-        self._last_busy: dict[str, float] = {}
+        self._stats_lost: Counter = Counter()  # figures of engines that left
+        self._last_stats: dict[str, dict] = {}
         self._next = 0
 
     def _new_worker(self, concurrency: int):
@@ -259,7 +260,7 @@ class RayRuntime:
     def remove_engine(self, name: str) -> None:
         """Take an engine away (its in-flight work comes back lost and is relaunched elsewhere)."""
         engine = self.engines.pop(name)
-        self._busy_lost += self._last_busy.pop(name, 0.0)
+        self._stats_lost.update(self._last_stats.pop(name, {}))
         ray.kill(engine)
 
     # ---- rollouts --------------------------------------------------------------------------
@@ -290,7 +291,7 @@ class RayRuntime:
                     self.workers[w] = self._new_worker(self.per_actor)
             if lost is not None and name in self.engines and not self._alive(self.engines[name]):
                 self.engines.pop(name)
-                self._busy_lost += self._last_busy.pop(name, 0.0)
+                self._stats_lost.update(self._last_stats.pop(name, {}))
             out.append((item, traj, lost))
         return out
 
@@ -351,14 +352,15 @@ class RayRuntime:
         swapped = [{v: at for v, _, at in ray.get(e.info.remote(), timeout=30)["swaps"]} for e in self.engines.values()]
         return sync_seconds(self.trainer.sync_stats()["published_at"], swapped)
 
-    def engine_busy_s(self) -> float:
+    def engine_stats(self) -> dict:
+        """The engines' figures (`RunEngine.stats`) summed, those that left included, and `engines`,
+        the configured count."""
         for name, e in list(self.engines.items()):
             try:
-                self._last_busy[name] = ray.get(e.info.remote(), timeout=30)["busy_s"]
+                self._last_stats[name] = ray.get(e.info.remote(), timeout=30)["stats"]
             except LOST + (ray.exceptions.GetTimeoutError,):
                 pass
-        # engines that left keep their busy seconds; divided by the configured engine count
-        return (sum(self._last_busy.values()) + self._busy_lost) / self.cfg.rollout.engines
+        return {**summed_stats([*self._last_stats.values(), self._stats_lost]), "engines": self.cfg.rollout.engines}
 
     def placement(self) -> dict:
         """Where Ray placed the run's actors (node ids from each actor's own runtime context): the
