@@ -140,12 +140,13 @@ def _find(argv: list[str]) -> tuple[tuple[str, ...], list[str]] | None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     from strop.cpu import pin_numerics
-    from strop.threads import wait_passively
+    from strop.threads import hand_over_gil_quickly, wait_passively
 
     # before any command imports torch: the same numbers on AVX2 and AVX-512 machines, and OpenMP
     # threads that do not spin on a core another process needs
     pin_numerics()
     wait_passively()
+    hand_over_gil_quickly()  # engines share this process with rollout threads
     found = _find(argv)
     if found is None:
         if argv and argv[0] not in ("-h", "--help"):

@@ -42,6 +42,18 @@ def wait_passively() -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+GIL_SWITCH_S = 0.0005
+
+
+def hand_over_gil_quickly() -> None:
+    """Make a thread that holds the GIL running Python hand it over after 0.5 ms instead of
+    Python's 5 ms. An engine's loop thread releases the GIL for every kernel and torch call and
+    must win it back each time; beside rollout threads that run Python (sandbox I/O, tokenizing,
+    the checker), each win waited up to 5 ms, and an engine decoded at 81 tokens/s beside 8 such
+    threads where it decodes 622 alone; at 0.5 ms, 642."""
+    sys.setswitchinterval(GIL_SWITCH_S)
+
+
 @contextmanager
 def child_environment(**overrides: str) -> Iterator[None]:
     """`os.environ` with `overrides` while a child process starts (it copies the environment then),
