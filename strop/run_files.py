@@ -102,7 +102,7 @@ METRICS: dict[str, dict[str, str]] = {
         "time_episode_monitor_s": "the hack monitor",
         "time_engine_prefill_s": "engines' seconds prefilling (summed over engines; a step's share of rows)",
         "time_engine_decode_s": "engines' seconds decoding",
-        "time_engine_queued_s": "requests' seconds waiting for an engine slot",
+        "time_engine_queued_s": "requests' seconds from submission to admission (a step under way, no free slot)",
         "time_engine_swap_s": "engines' seconds paused for weight swaps",
         "time_engine_other_s": "engines' busy seconds outside forward and sampling: scheduling, Python",
         "time_engine_idle_s": "engines' seconds with no request to run",

@@ -47,8 +47,8 @@ def run(args: argparse.Namespace) -> int:
 
     from strop.report import MetricsLog
     from strop.rl.budget import budget_lines, budget_table
-    from strop.runtime.rl_run import train_rl
     from strop.runtime.cpus import split_cores
+    from strop.runtime.rl_run import train_rl
     from strop.threads import set_threads
 
     set_threads(cfg.run.threads or None)

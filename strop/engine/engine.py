@@ -202,7 +202,8 @@ class Engine:
         self.prefix_reused_tokens = 0  # prompt tokens whose KV came from a parked sequence instead
         self.decoded_tokens = 0  # rows fed back one token at a time (a running request's last token)
         # seconds of forward + sampling, split between prefill and decode by each step's share of their
-        # rows (a step runs both in one pass); and seconds requests waited for a slot
+        # rows (a step runs both in one pass); and seconds requests waited to be admitted (the step under
+        # way, or no free slot)
         self.prefill_s = 0.0
         self.decode_s = 0.0
         self.queued_s = 0.0
