@@ -104,6 +104,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "context strategies on long-horizon chains: solve rate, resets, carried tokens, compaction error",
     ),
     ("train",): ("strop.commands.train", "RL from the warm-started policy: async or sync, inline or on Ray; resumes"),
+    ("bench", "kernel-width"): (
+        "strop.bench.kernel_width",
+        "the matrix kernel built for this CPU (AVX-512) vs for x86-64-v3: time per call, same bits",
+    ),
     ("bench", "budget"): (
         "strop.bench.budget",
         "an RL step's time budget on the demo config: engine, rollout and trainer seconds, the critical path",

@@ -3,12 +3,10 @@
 Used for the few hot loops that numpy or torch cannot express cheaply (the engine's CPU
 kernels, the weight-sync delta coder). Their C lives in `.c` files shipped inside the package
 (`read_sources` joins a package's files into one translation unit, with `#line` marks so that a
-compiler message names the file and line it is about). The shared object is built with -O3, for
-the instruction set strop's numerics are pinned to (`strop.cpu.kernel_march`: x86-64-v3 on any
-CPU with AVX2 and FMA, so an AVX-512 machine computes what an AVX2 machine does; else native), and
-warnings on (-Wall -Wextra), and cached under ~/.cache/strop (or $XDG_CACHE_HOME/strop) keyed by a
-hash of the source, this CPU's flags and that target, so a cached copy built for another machine
-is never loaded. Warnings are printed to stderr when a build emits them: once,
+compiler message names the file and line it is about). The shared object is built with -O3
+-march=native and warnings on (-Wall -Wextra), and cached under ~/.cache/strop (or
+$XDG_CACHE_HOME/strop) keyed by a hash of the source and this CPU's flags, so a cached copy built
+for another machine is never loaded. Warnings are printed to stderr when a build emits them: once,
 since the result is cached.
 
 Without a C compiler, or when the build fails, `load_library` says so in one line on stderr naming
@@ -25,7 +23,6 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-from strop.cpu import kernel_march
 from strop.memo import content_key
 
 WARNINGS = ("-Wall", "-Wextra")
@@ -43,7 +40,7 @@ def _key(source: str) -> str:
         flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
     except (OSError, StopIteration):
         flags = ""
-    return content_key(source, flags, kernel_march())
+    return content_key(source, flags)
 
 
 def _first_error(stderr: str) -> str:
@@ -69,9 +66,8 @@ def load_library(name: str, source: str, *, slow_path: str) -> ctypes.CDLL | Non
             with tempfile.TemporaryDirectory() as d:
                 src, tmp = Path(d) / f"{name}.c", Path(d) / f"{name}.so"
                 src.write_text(source)
-                march = f"-march={kernel_march()}"
                 r = subprocess.run(
-                    [cc, *FLAGS, march, str(src), "-o", str(tmp), "-lm"],
+                    [cc, *FLAGS, str(src), "-o", str(tmp), "-lm"],
                     capture_output=True,
                     text=True,
                     timeout=120,

@@ -15,7 +15,7 @@ They compute in fp32 over fp32 or bf16 weights (widened exactly) packed by `pack
 `pack_experts` (rebuilt after every weight update). Without a C compiler (or with
 STROP_NO_KERNELS set), `available()` is False and callers run PyTorch ops instead (`SLOW_PATH`).
 The shared object is cached under ~/.cache/strop keyed by the source and this CPU's flags (it is
-built for `strop.cpu.kernel_march()`), so a copy built on another machine is never loaded.
+built with -march=native), so a copy built on another machine is never loaded.
 """
 
 import ctypes
