@@ -11,10 +11,18 @@ import os
 import shutil
 import tempfile
 
-import pytest
-import torch
+from strop.cpu import pin_numerics
+from strop.threads import wait_passively
 
-from strop.threads import set_threads
+# as `strop.cli.main` does, before torch loads: the tests' own process computes as the strop
+# processes they start (and the rank processes it spawns) do, whichever test called `main` first
+pin_numerics()
+wait_passively()
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from strop.threads import set_threads  # noqa: E402
 
 set_threads(1)
 if "STROP_CACHE" not in os.environ:
