@@ -3,8 +3,10 @@ cores, so it is the README's claim checked end to end): RL lifts the SFT warm st
 rate by at least 20 points, greedy and sampled at T = 1, each over 200 episodes, with the two 95%
 intervals apart; and the summary names the CPU and the numerics it ran with.
 
-Measured on fresh clones (docs/results/demo.md): +41.0 greedy and +31.5 sampled on an AVX-512 VM,
-+16.5 and +15.0 on an AVX2 VM before the numerics were pinned; the margin is what issue 54 accepts.
+Measured on a fresh clone with the numerics pinned (docs/results/demo.md, 2026-12-07): +22.0 greedy
+and +27.5 sampled, intervals apart. Before the pin the gain moved with the CPU's warm start (+41.0
+greedy from an 11.5% start on an AMD EPYC, +16.5 from 39.5% on an AVX2 VM); the margin is what
+issue 54 accepts.
 """
 
 import json
