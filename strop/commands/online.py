@@ -45,7 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--gate-suites", default="synthetic,humaneval,mutated", help="held-out task suites the gates run"
     )
     parser.add_argument("--gate-episodes", type=int, default=6, help="episodes per gate suite")
-    parser.add_argument("--requests", type=int, default=192, help="--simulate: requests per cycle")
+    parser.add_argument(
+        "--requests", type=int, default=384, help="--simulate: requests per cycle (the ratings one update trains on)"
+    )
     parser.add_argument("--users", type=int, default=8, help="--simulate: simulated users")
     parser.add_argument(
         "--seed", type=int, default=0, help="seed of the gates' sampling (with --simulate, of the policy and users too)"

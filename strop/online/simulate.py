@@ -79,7 +79,7 @@ def simulate(
     run_dir: Path,
     tokenizer,
     *,
-    requests: int = 192,
+    requests: int = 384,
     users: int = 8,
     warm_steps: int = 1000,
     lr: float = 3e-4,
