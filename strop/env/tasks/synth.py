@@ -43,7 +43,8 @@ code a training task touches.
 
 Dropped, for one `DROPS` reason: "no failing test" (the tests that run the function still pass: an
 equivalent change, or a gap in the tests), "timeout" (the buggy code outlived the run's limit: an
-endless loop; the limit is the tests' traced time times 5 plus 30 s, at most `timeout_s`), "crash"
+endless loop; the limit is the tests' traced time times 3 plus `QUICK_S`, at most `timeout_s`:
+the traced time already overstates a plain run's, and a margin of seconds covers the runner's start), "crash"
 (no report: the run died), "flaky" (the validation's rerun by id disagreed).
 
 Deterministic (the task file and the report hold no clock time; the same repository, commit,
@@ -88,6 +89,7 @@ from strop.outputs import write_atomic
 DROPS = ("no failing test", "timeout", "crash", "flaky")
 KEPT = "kept"
 TIMEOUT_S, MEMORY_MB = 120.0, 4096
+QUICK_S = 10.0  # an endless loop is told from a slow run in this margin over the tests' traced time
 BASELINE_TIMES = 10  # the traced run of the whole suite may take this many times one test run's limit
 SplitBy = Literal["function", "module"]
 _NOT_REPORTED = JunitCase("error", message="not in the report: its module did not import")
@@ -267,7 +269,7 @@ def _try(how: Settings, base: Baseline, texts: dict[str, str], name: str, c: Can
         gold_patch=file_diff(bug.path, buggy, text),
     )
     # an endless loop is found in the time the tests took (traced) and a margin, not in --timeout
-    quick = min(how.timeout_s, 30.0 + 5 * sum(base.passing[t] for t in selected))
+    quick = min(how.timeout_s, QUICK_S + 3 * sum(base.passing[t] for t in selected))
     run = run_tests(replace(task, metadata={**task.metadata, "timeout_s": quick}), {}, {}, selected, task_limits(task))
     if run.timed_out:
         return {**result, "outcome": "timeout", "detail": f"after {quick:.0f} s"}
