@@ -17,7 +17,7 @@ from strop.env.tasks.synth import synth
 from strop.env.world.patches import reference_edits
 from strop.env.world.repo import git
 from strop.env.world.task_world import task_sandbox
-from tests.worldkit import sources_outside  # noqa: F401
+from tests.worldkit import image_layers, image_without_pytest, sources_outside  # noqa: F401
 
 SHAPES = """def area(w, h):
     if w < 0 or h < 0:
@@ -155,6 +155,38 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, files, args, why):
     assert os.listdir(out) == []  # no task file, no report, no journal
     for kind in ("repos", "git"):  # nothing half-written in the cache
         assert not [p for p in (node_cache() / kind).glob(".*") if not p.name.endswith(".lock")]
+
+
+def test_an_image_without_the_test_runner_is_one_line(shapes_repo, image_without_pytest, tmp_path):
+    run = strop(
+        "tasks",
+        "synth",
+        "--repo",
+        str(shapes_repo),
+        "--image",
+        image_without_pytest,
+        "--out",
+        str(tmp_path / "t.jsonl"),
+    )
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert "the test runner does not start in image" in run.stderr, run.stderr
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("beside", ["t.jsonl.partial", "t.report.json"])
+def test_the_files_beside_the_task_file_are_never_a_users(shapes_repo, tmp_path, beside):
+    """Like `tasks mine`: no write through a link at OUT.partial / OUT.report.json, nor over a user's file."""
+    mine = tmp_path / "mine.txt"
+    mine.write_text("the user's own\n")
+    (tmp_path / beside).symlink_to(mine)
+    run = strop("tasks", "synth", "--repo", str(shapes_repo), "--out", str(tmp_path / "t.jsonl"))
+    assert run.returncode == 2 and "is a symbolic link" in run.stderr and len(run.stderr.strip().splitlines()) == 1
+    (tmp_path / beside).unlink()
+    (tmp_path / beside).write_text("the user's own\n")
+    run = strop("tasks", "synth", "--repo", str(shapes_repo), "--out", str(tmp_path / "t.jsonl"))
+    assert run.returncode == 2 and "is not a" in run.stderr and "strop tasks synth" in run.stderr, run.stderr
+    assert mine.read_text() == (tmp_path / beside).read_text() == "the user's own\n"
+    assert sorted(os.listdir(tmp_path)) == sorted(["mine.txt", beside])
 
 
 def test_the_report_says_what_was_tried(shapes_repo, tmp_path):

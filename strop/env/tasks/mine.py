@@ -339,35 +339,52 @@ def _journal_key(how: Settings) -> str:
     return content_key(json.dumps(what))
 
 
-def _is_journal(path: Path) -> bool:
-    """Whether the file `path` is a mining journal (empty, or JSON lines of {"key", "result"})."""
+def _is_journal(path: Path, first: frozenset[str]) -> bool:
+    """Whether the file `path` is a journal whose first line has the keys `first` (or is empty)."""
     data = read_regular(path, max_bytes=1 << 16)
-    first = (data or b"").split(b"\n", 1)[0]
+    line = (data or b"").split(b"\n", 1)[0]
     try:
-        return data is not None and (not data or set(json.loads(first)) == {"key", "result"})
+        return data is not None and (not data or set(json.loads(line)) == first)
     except (ValueError, TypeError):
         return False
 
 
-def _is_report(path: Path) -> bool:
-    """Whether the file `path` is a yield report `mine` wrote."""
+def _is_report(path: Path, keys: frozenset[str]) -> bool:
+    """Whether the file `path` is a yield report holding the keys `keys`."""
     data = read_regular(path, max_bytes=64 << 20)
     try:
-        return data is not None and {"commits_walked", "candidates", "kept", "dropped"} <= set(json.loads(data))
+        return data is not None and keys <= set(json.loads(data))
     except (ValueError, TypeError):
         return False
 
 
-def _check_outputs(journal: Path, report: Path) -> None:
-    """UserError, before any work, unless the files `mine` makes beside its task file are its own to
-    write: absent, or its journal and report from an earlier run; never a link, never a user's file."""
-    for path, ours, what in ((journal, _is_journal, "a mining journal"), (report, _is_report, "a yield report")):
+JOURNAL_FIRST = frozenset({"key", "result"})  # the first line of a mining journal
+REPORT_KEYS = frozenset({"commits_walked", "candidates", "kept", "dropped"})  # a mining report has these
+
+
+def check_outputs(
+    out: Path, command: str, journal_first: frozenset[str] = JOURNAL_FIRST, report_keys: frozenset[str] = REPORT_KEYS
+) -> None:
+    """UserError, before any work, unless the files `command` (`strop tasks mine`, `strop tasks synth`)
+    makes beside its task file `out` are its own to write: absent, or its journal (first line with
+    the keys `journal_first`) and report (with `report_keys`) from an earlier run; never a link,
+    never a user's file."""
+    journal, report = out.with_name(out.name + ".partial"), report_path(out)
+    for path, ours, what in (
+        (journal, lambda p: _is_journal(p, journal_first), "a journal"),
+        (report, lambda p: _is_report(p, report_keys), "a yield report"),
+    ):
         if path.is_symlink():
-            raise UserError(f"{str(path)!r} is a symbolic link; `strop tasks mine` writes no file through one")
+            raise UserError(f"{str(path)!r} is a symbolic link; `{command}` writes no file through one")
         if path.exists() and not ours(path):
-            raise UserError(
-                f"{str(path)!r} exists and is not {what} of `strop tasks mine`: move it or choose another --out"
-            )
+            raise UserError(f"{str(path)!r} exists and is not {what} of `{command}`: move it or choose another --out")
+
+
+def open_journal(path: Path):
+    """The journal `path` opened for appending, never through a link (`check_outputs` refused one
+    before the work began; this refuses one made since)."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.fdopen(os.open(path, flags, 0o644), "a")
 
 
 def journal_entries(path: Path, key: str) -> list[dict]:
@@ -407,7 +424,7 @@ def mine(
 
     out = Path(out)
     journal = out.with_name(out.name + ".partial")
-    _check_outputs(journal, report_path(out))  # as a missing or broken image, refused before any work
+    check_outputs(out, "strop tasks mine")  # as a missing or broken image, refused before any work
     image_root(image)  # and so is an image without the runner
     check_runner(image, Limits(timeout_s=timeout_s, memory_mb=memory_mb, cpu_s=2 * math.ceil(timeout_s)))
     mirror, sha = history(source, rev)
@@ -428,9 +445,8 @@ def mine(
     pool = ThreadPoolExecutor(max(1, jobs))
     try:
         work = [pool.submit(_mine_one, how, mirror, c) for c in todo]
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
         with (
-            os.fdopen(os.open(journal, flags, 0o644), "a") as log,
+            open_journal(journal) as log,
             tqdm(
                 total=len(found),
                 initial=len(found) - len(todo),

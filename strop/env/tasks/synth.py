@@ -72,11 +72,20 @@ from strop.env.grading.junit import JunitCase, junit_cases
 from strop.env.host.node_cache import is_url
 from strop.env.recipe import Recipe, detect
 from strop.env.runner import TEST_COMMAND
+from strop.env.sandbox.interface import Limits
 from strop.env.task import Task
 from strop.env.tasks import bugs as bug_families
 from strop.env.tasks import probe
 from strop.env.tasks.bugs import Bug, combine, function_lines, sound
-from strop.env.tasks.mine import journal_entries, repo_name, report_path, validated
+from strop.env.tasks.mine import (
+    check_outputs,
+    check_runner,
+    journal_entries,
+    open_journal,
+    repo_name,
+    report_path,
+    validated,
+)
 from strop.env.tasks.probe import Baseline
 from strop.env.tasks.statement import Detail, statement
 from strop.env.tasks.task_file import task_from_record, task_record
@@ -92,6 +101,8 @@ TIMEOUT_S, MEMORY_MB = 120.0, 4096
 QUICK_S = 10.0  # an endless loop is told from a slow run in this margin over the tests' traced time
 BASELINE_TIMES = 10  # the traced run of the whole suite may take this many times one test run's limit
 SplitBy = Literal["function", "module"]
+JOURNAL_FIRST = frozenset({"key", "baseline"})  # the first line of a synthesis journal
+REPORT_KEYS = frozenset({"candidates", "tried", "kept", "dropped", "tried_by_family"})  # a synthesis report has these
 _NOT_REPORTED = JunitCase("error", message="not in the report: its module did not import")
 
 
@@ -383,7 +394,10 @@ def synth(
     unknown = sorted(set(families) - set(bug_families.FAMILIES))
     if unknown:
         raise UserError(f"unknown bug family {unknown[0]!r}; the families: {', '.join(bug_families.FAMILIES)}")
-    image_root(image)  # a missing or broken image is refused before any work
+    out = Path(out)
+    check_outputs(out, "strop tasks synth", JOURNAL_FIRST, REPORT_KEYS)  # refused before any work, as are
+    image_root(image)  # a missing or broken image
+    check_runner(image, Limits(timeout_s=timeout_s, memory_mb=memory_mb, cpu_s=2 * math.ceil(timeout_s)))
     _, sha = history(source, rev)
     source = source if is_url(source) else str(Path(source).resolve())
     tree = checkout(source, sha)
@@ -400,7 +414,6 @@ def synth(
     name = repo_name(source)
     options = [sorted(families), per_function, seed, eval_fraction, eval_only, split_by, combine_in]
     key = _journal_key(how, options)
-    out = Path(out)
     journal = out.with_name(out.name + ".partial")
     entries = journal_entries(journal, key)
     known = next((e["baseline"] for e in entries if "baseline" in e), None)
@@ -414,7 +427,7 @@ def synth(
     if not singles:
         what = "no function" if not found["sites"] else "no bug site in code the passing tests run"
         raise UserError(f"{what} to inject bugs into in {len(base.sources)} source files of {source} at {sha[:12]}")
-    with open(journal, "a") as log_file:
+    with open_journal(journal) as log_file:
         if not known:
             log_file.write(json.dumps({"key": key, "baseline": base.to_dict()}) + "\n")
 
