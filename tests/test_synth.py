@@ -17,6 +17,7 @@ from strop.env.tasks.synth import synth
 from strop.env.world.patches import reference_edits
 from strop.env.world.repo import git
 from strop.env.world.task_world import task_sandbox
+from strop.errors import UserError
 from tests.worldkit import image_layers, image_without_pytest, sources_outside  # noqa: F401
 
 SHAPES = """def area(w, h):
@@ -187,6 +188,20 @@ def test_the_files_beside_the_task_file_are_never_a_users(shapes_repo, tmp_path,
     assert run.returncode == 2 and "is not a" in run.stderr and "strop tasks synth" in run.stderr, run.stderr
     assert mine.read_text() == (tmp_path / beside).read_text() == "the user's own\n"
     assert sorted(os.listdir(tmp_path)) == sorted(["mine.txt", beside])
+
+
+def test_a_journal_whose_baseline_is_long_is_its_own(tmp_path):
+    """A real project's baseline (its first line) outgrows what the check reads: it is still synth's."""
+    from strop.env.tasks.mine import check_outputs
+    from strop.env.tasks.synth import JOURNAL_FIRST, REPORT_KEYS
+
+    journal = tmp_path / "t.jsonl.partial"
+    journal.write_text(
+        json.dumps({"key": "3fc33b50", "baseline": {"passing": {f"t{i}": 0.1 for i in range(20000)}}}) + "\n"
+    )
+    check_outputs(tmp_path / "t.jsonl", "strop tasks synth", JOURNAL_FIRST, REPORT_KEYS)  # no error
+    with pytest.raises(UserError, match="is not a journal of `strop tasks mine`"):
+        check_outputs(tmp_path / "t.jsonl", "strop tasks mine")
 
 
 def test_the_report_says_what_was_tried(shapes_repo, tmp_path):
