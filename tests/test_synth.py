@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from strop.env.host.node_cache import node_cache
+from strop.env.tasks.bugs import FAMILIES
 from strop.env.tasks.suites import load_suite
 from strop.env.tasks.synth import synth
 from strop.env.world.patches import reference_edits
@@ -202,6 +203,23 @@ def test_a_journal_whose_baseline_is_long_is_its_own(tmp_path):
     check_outputs(tmp_path / "t.jsonl", "strop tasks synth", JOURNAL_FIRST, REPORT_KEYS)  # no error
     with pytest.raises(UserError, match="is not a journal of `strop tasks mine`"):
         check_outputs(tmp_path / "t.jsonl", "strop tasks mine")
+
+
+def test_candidates_of_functions_with_slow_tests_come_last():
+    """A function whose tests took minutes makes each of its candidates cost minutes: they are tried
+    after every other function's, which still go round the functions."""
+    from strop.env.tasks.bugs import bugs
+    from strop.env.tasks.probe import Baseline
+    from strop.env.tasks.synth import SLOW_S, single_candidates
+
+    texts = {"shapes.py": SHAPES}
+    lines = {b.function: b.code[1] for b in bugs("shapes.py", SHAPES)}
+    passing = {"t::fast": 0.1, "t::slow": SLOW_S + 1}
+    runs = {("shapes.py", lines["area"]): {"t::slow": 1}, ("shapes.py", lines["clamp"]): {"t::fast": 1}}
+    base = Baseline(["shapes.py"], 2, passing, runs)
+    order, found = single_candidates(texts, base, FAMILIES, 3, 0, lambda bug: "train")
+    assert [c.parts[0].function for c in order] == ["clamp"] * 3 + ["area"] * 3
+    assert found["slow_functions"] == 1 and found["functions"] == 2
 
 
 def test_the_report_says_what_was_tried(shapes_repo, tmp_path):
