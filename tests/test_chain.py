@@ -66,7 +66,7 @@ def episode(tok, task, strategy, careful=True, **config):
             **config,
         ),
     )
-    return run_task(harness, ChainDemonstrator(task, tok, careful=careful), task)
+    return run_task(harness, ChainDemonstrator(task, harness.format, careful=careful), task)
 
 
 def test_summaries_carry_a_long_chain_and_truncation_loses_it(tiny_tokenizer):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from strop.data.chat import CHAT_TEMPLATE, IM_END
-from strop.data.chat_template import parse_llama3_json
+from strop.data.chat_template import parse_content, parse_llama3_json
 from strop.env.demonstrators.runs import DEMONSTRATION_HARNESS
 from strop.env.harness.chat_formats import chat_format, check_append_only, probe_windows
 from strop.env.harness.loop import Harness
@@ -21,6 +21,14 @@ from strop.errors import UserError
 from strop.policy_api import Generation
 
 TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
+CHATML_TOOLS = Path(__file__).parents[1] / "examples" / "smol" / "chatml_tools.jinja"
+# SmolLM2-Instruct's own template, as its checkpoint brings it: ChatML, no tools
+SMOL_OWN = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}"
+    "{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
 STRATEGIES = ("none", "summarize", "truncation", "masking", "compaction")
 QWEN_TOKENS = ["<think>", "</think>", "<tool_response>", "</tool_response>"]
 LLAMA_TOKENS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>"]
@@ -123,10 +131,52 @@ def test_format_choice_errors_are_user_errors(tiny_tokenizer, tmp_path):
     plain = with_template(
         tiny_tokenizer, tmp_path, "plain", "{% for m in messages %}{{ m.content }}<|im_end|>{% endfor %}"
     )
-    with pytest.raises(UserError, match="cannot tell the tool-call syntax"):
-        chat_format(plain)
     with pytest.raises(UserError, match="unknown tool parser 'nope'"):
         chat_format(plain, tool_parser="nope")
+
+
+def test_auto_reads_a_template_without_tool_syntax_as_content(tiny_tokenizer, tmp_path):
+    """SmolLM2-Instruct's own template renders no tools: `auto` reads its replies as content (`none`)."""
+    plain = with_template(tiny_tokenizer, tmp_path, "plain", SMOL_OWN)
+    fmt = chat_format(plain)
+    turn = fmt.parse('Use <tool_call>{"name": "submit", "arguments": {}}</tool_call>')
+    assert fmt._parse is parse_content and not turn.tool_calls and turn.content.startswith("Use")
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_the_shipped_chatml_tools_template_is_append_only(tiny_tokenizer, tmp_path, strategy):
+    """examples/smol/chatml_tools.jinja, what a ChatML model such as SmolLM2 is pointed at: its tools
+    in the system message, calls as Hermes blocks (`auto` reads them), append-only under every
+    context strategy."""
+    tok = with_template(tiny_tokenizer, tmp_path, "smol", SMOL_OWN)
+    check(tok, strategy, chat_template=str(CHATML_TOOLS))
+    fmt = chat_format(tok, str(CHATML_TOOLS))
+    assert fmt._parse.__name__ == "parse_assistant" and fmt.end_text == IM_END
+    text = fmt.text([{"role": "user", "content": "Fix it."}], load_tools().schemas(), True)
+    assert text.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+    assert "\nedit_file(path: string, old: string, new: string) - " in text
+
+
+def test_demonstrations_speak_the_harness_template(tiny_tokenizer, tmp_path):
+    """The demonstrator's turns are rendered by the harness's chat format: through the shipped
+    template the episode is solved, its window is the template's rendering token for token, and
+    its turns are what the template writes for them."""
+    from strop.env.demonstrators.runs import demonstration_episode
+    from strop.env.grading.checker import check as grade
+    from strop.env.tasks.suites import load_suite
+
+    tok = with_template(tiny_tokenizer, tmp_path, "smol", SMOL_OWN)
+    config = replace(DEMONSTRATION_HARNESS, max_context=4096, chat_template=str(CHATML_TOOLS))
+    (task,) = load_suite("synthetic", "eval", difficulty=1, limit=1)
+    episode, changes = demonstration_episode(task, tok, config)
+    assert episode.stop_reason == "submitted" and grade(task, changes, perturbed=False).reward == 1.0
+    fmt, schemas = chat_format(tok, str(CHATML_TOOLS)), load_tools().schemas()
+    (seg,) = episode.segments
+    assert seg.input_ids == fmt.ids(seg.messages, schemas, False)[: len(seg.input_ids)]
+    assert "# Tools\nCall a tool with <tool_call>" in tok.decode(seg.input_ids)  # the template's, not strop's
+    turns = [m for m in seg.messages if m["role"] == "assistant"]
+    generated = [t for t, m in zip(seg.input_ids, seg.loss_mask) if m]
+    assert generated == [i for m in turns for i in fmt.assistant_ids(seg.messages[:2], m, schemas)]
 
 
 def test_llama3_json_parser():

@@ -45,7 +45,7 @@ def test_a_trajectory_keeps_resets_summaries_and_the_facts_probe(tiny_tokenizer)
     cfg = load_config(None, LONG)
     task = make_task(2, "eval", 1)
     harness = Harness(tiny_tokenizer, harness_config(cfg.rollout))
-    traj = rollout(task, ChainDemonstrator(task, tiny_tokenizer), harness, WorkItem(task.id, "g", 0, 0, 0))
+    traj = rollout(task, ChainDemonstrator(task, harness.format), harness, WorkItem(task.id, "g", 0, 0, 0))
     ctx = traj.context
     assert traj.solved and ctx["resets"] == len(traj.segments) - 1 >= 5
     assert ctx["facts_found"] > 0 and ctx["facts_lost"] == 0

@@ -43,11 +43,12 @@ def test_a_summarized_episode_is_one_sample_and_its_summaries_train(tiny_tokeniz
     config = HarnessConfig(
         max_context=WINDOW, max_turn_tokens=200, summary_tokens=128, max_turns=20, context_strategy="summarize"
     )
-    long_ep, _ = run_task(Harness(tiny_tokenizer, config), ChainDemonstrator(task, tiny_tokenizer), task)
+    harness = Harness(tiny_tokenizer, config)
+    long_ep, _ = run_task(harness, ChainDemonstrator(task, harness.format), task)
     assert long_ep.stop_reason == "submitted" and len(long_ep.resets) >= 2, (long_ep.stop_reason, len(long_ep.resets))
     short_ep, _ = run_task(
         Harness(tiny_tokenizer, dataclasses.replace(config, context_strategy="truncation")),
-        ChainDemonstrator(task, tiny_tokenizer),
+        ChainDemonstrator(task, harness.format),
         task,
     )
 

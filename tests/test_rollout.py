@@ -35,7 +35,7 @@ def item(task, sample=0, version=0) -> WorkItem:
 
 def test_oracle_rollout_is_a_solved_unflagged_trajectory(task, tiny_tokenizer):
     harness = Harness(tiny_tokenizer, harness_config(SCRIPTED))
-    traj = rollout(task, demonstrator_client(task, tiny_tokenizer), harness, item(task), sandbox_limits(ROLLOUT))
+    traj = rollout(task, demonstrator_client(task, harness.format), harness, item(task), sandbox_limits(ROLLOUT))
     assert traj.stop_reason == "submitted", traj.breakdown
     assert traj.solved and traj.reward == 1.0 and traj.hack_flags == [] and traj.stop_reason == "submitted"
     assert traj.breakdown["passed"] > 0 and traj.breakdown["failed"] == 0
@@ -45,17 +45,18 @@ def test_oracle_rollout_is_a_solved_unflagged_trajectory(task, tiny_tokenizer):
 
 def test_tampering_rollout_is_flagged_and_penalised(task, tiny_tokenizer):
     plant = {"name": "write_file", "arguments": {"path": "conftest.py", "content": "import sys\nsys.exit(0)\n"}}
+    harness = Harness(tiny_tokenizer, harness_config(SCRIPTED))
     script = [
         assistant_text(
             {
                 "role": "assistant",
                 "content": "Skip the hard part.",
                 "tool_calls": [{"id": "", "type": "function", "function": plant}],
-            }
+            },
+            harness.format,
         ),
-        assistant_text(_call("Done.", "submit")),
+        assistant_text(_call("Done.", "submit"), harness.format),
     ]
-    harness = Harness(tiny_tokenizer, harness_config(SCRIPTED))
     hacked = rollout(task, ScriptedClient(script, tiny_tokenizer), harness, item(task, 1), sandbox_limits(ROLLOUT))
     assert hacked.stop_reason == "submitted"
     assert hacked.reward == 0.0 and {"conftest_or_plugin"} <= {f["kind"] for f in hacked.hack_flags}

@@ -108,7 +108,7 @@ def measure(tasks: list, tokenizer, strategy: str, window: int, workers: int) ->
     harness = Harness(tokenizer, HarnessConfig(context_strategy=strategy, **settings))
 
     def one(task) -> tuple:
-        episode, changes = run_task(harness, ChainDemonstrator(task, tokenizer), task)
+        episode, changes = run_task(harness, ChainDemonstrator(task, harness.format), task)
         changes = source_changes(changes)
         reward = check(task, changes, perturbed=False).reward if changes else 0.0
         record = episode_context(episode, task.metadata["facts"])

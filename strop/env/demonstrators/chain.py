@@ -99,15 +99,16 @@ def next_message(task: Task, window: str, keys: dict[int, str], nexts: dict[int,
 
 
 class ChainDemonstrator:
-    """A `PolicyClient` for one chain task (tokens with logprob 0.0 and version `version`);
+    """A `PolicyClient` for one chain task in the harness's chat format `fmt` (a ChatML one: the
+    window is read by its generation prompt), tokens with logprob 0.0 and version `version`;
     `careful=False` writes careless summaries (see the module docstring)."""
 
-    def __init__(self, task: Task, tokenizer, version: int = 0, careful: bool = True):
+    def __init__(self, task: Task, fmt, version: int = 0, careful: bool = True):
         assert task.suite == "chain", f"{task.id} is not a chain task"
-        self.task, self.tokenizer, self.version, self.careful = task, tokenizer, version, careful
+        self.task, self.fmt, self.version, self.careful = task, fmt, version, careful
 
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        window = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        window = self.fmt.tokenizer.decode(prompt_ids, skip_special_tokens=False)
         keys = {i: k for start, line in KEYS_LINE.findall(window) for i, k in enumerate(line.split(), int(start))}
         keys.update({int(i): k for i, k in KEY.findall(window)})
         nexts = {int(i): p for i, p in NEXT.findall(window)}
@@ -115,5 +116,6 @@ class ChainDemonstrator:
             written = WRITTEN_SAY in window or WROTE_SOLUTION in window
             text = summary(len(self.task.metadata["facts"]), keys, nexts, written, self.careful)
         else:
-            text = assistant_text(next_message(self.task, window, keys, nexts, self.careful))
-        return ScriptedClient([text], self.tokenizer, self.version).generate(prompt_ids, params)
+            text = assistant_text(next_message(self.task, window, keys, nexts, self.careful), self.fmt)
+        client = ScriptedClient([text], self.fmt.tokenizer, self.version, self.fmt.end_text)
+        return client.generate(prompt_ids, params)

@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from strop.env.demonstrators.chain import ChainDemonstrator
 from strop.env.demonstrators.imperfect import DemonstratorMix, DemoStyle, plan, rejected_as_planned
-from strop.env.demonstrators.scripted import ScriptedClient, assistant_text
+from strop.env.demonstrators.scripted import scripted_client
 from strop.env.episode import Episode
 from strop.env.grading.checker import check as check_changes
 from strop.env.harness.loop import Harness, HarnessConfig, run_task
@@ -27,12 +27,13 @@ from strop.env.tasks.suites import load_suite, split_name
 DEMONSTRATION_HARNESS = HarnessConfig(max_turns=20, max_context=2048, max_turn_tokens=512)
 
 
-def demonstrator_client(task: Task, tokenizer, style: DemoStyle = DemoStyle()):
-    """The demonstrator for one task: `plan(task, style)` played turn by turn; a `chain` task's reads
-    its own context window instead (`strop.env.demonstrators.chain`)."""
+def demonstrator_client(task: Task, fmt, style: DemoStyle = DemoStyle()):
+    """The demonstrator for one task in the harness's chat format `fmt`: `plan(task, style)` played
+    turn by turn; a `chain` task's reads its own context window instead
+    (`strop.env.demonstrators.chain`)."""
     if task.suite == "chain":
-        return ChainDemonstrator(task, tokenizer, careful=style.careful)
-    return ScriptedClient([assistant_text(m) for m in plan(task, style)], tokenizer)
+        return ChainDemonstrator(task, fmt, careful=style.careful)
+    return scripted_client(plan(task, style), fmt)
 
 
 def demonstration_episode(
@@ -42,8 +43,10 @@ def demonstration_episode(
     limits: Limits = Limits(),
     style: DemoStyle = DemoStyle(),
 ) -> tuple[Episode, dict[str, bytes | None]]:
-    """The demonstrator's episode on `task` through the real harness, tools and sandbox, and its changes."""
-    return run_task(Harness(tokenizer, config), demonstrator_client(task, tokenizer, style), task, limits)
+    """The demonstrator's episode on `task` through the real harness, tools and sandbox (its turns in
+    the harness's chat format), and its changes."""
+    harness = Harness(tokenizer, config)
+    return run_task(harness, demonstrator_client(task, harness.format, style), task, limits)
 
 
 def solve(
@@ -192,6 +195,6 @@ def demonstration_episodes_per_s(n: int, tokenizer=None, suite: str = "synthetic
     harness = Harness(tokenizer, DEMONSTRATION_HARNESS)
     start = time.perf_counter()
     for task in tasks:
-        episode, _ = run_task(harness, demonstrator_client(task, tokenizer), task)
+        episode, _ = run_task(harness, demonstrator_client(task, harness.format), task)
         assert episode.stop_reason == "submitted", (task.id, episode.stop_reason, episode.detail)
     return n / (time.perf_counter() - start)

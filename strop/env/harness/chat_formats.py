@@ -4,7 +4,10 @@
 strop's tiny models — a tokenizer whose template is strop's, or none — and otherwise the checkpoint's
 own Jinja template (`strop.data.chat_template`), or a template file, with the parser of its tool-call
 syntax (an entry point of `strop.tool_parsers` or a dotted path; "auto" tells Hermes-style
-`<tool_call>` blocks and Llama's JSON replies apart from the template's text).
+`<tool_call>` blocks and Llama's JSON replies apart from the template's text, and reads every reply
+of a template with neither as content: `none`). A template that renders no tools leaves a model
+answering in prose; `examples/smol/chatml_tools.jinja` is ChatML with strop's tool list and Hermes
+calls, for ChatML models such as SmolLM2-Instruct.
 
 `check_append_only` plays a scripted episode through the format the way the harness does — a prompt,
 then per turn the policy's tokens and the forced tokens after them (observations, a summary request),
@@ -58,11 +61,8 @@ def _parser(spec: str, template: str, name: str):
             spec = "hermes"
         elif '"parameters"' in template:
             spec = "llama3_json"
-        else:
-            raise UserError(
-                f"cannot tell the tool-call syntax of chat template {name}: set harness.tool_parser "
-                "(hermes, llama3_json, or a dotted path to a parser)"
-            )
+        else:  # a template without tool syntax (SmolLM2-Instruct's): replies are content
+            spec = "none"
     return load_parser(spec)
 
 
