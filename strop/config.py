@@ -425,8 +425,8 @@ class HarnessSection:
     )
     tool_parser: str = opt(
         "auto",
-        "how tool calls are read from a chat template's replies: auto (told from the template), hermes, "
-        "llama3_json, or a dotted path to a parser",
+        "how tool calls are read from a chat template's replies: auto (told from the template; none when "
+        "it shows no tool syntax), hermes, llama3_json, none (every reply is content), or a dotted path to a parser",
     )
 
 
@@ -489,6 +489,14 @@ class TrainerSection:
         False,
         "recompute each decoder layer's activations in the backward pass instead of keeping them: "
         "less memory for about one more forward pass per step",
+    )
+    frozen_layers: float = opt(
+        0.0,
+        "fraction of the decoder layers, from the bottom, not trained (with the embeddings and a head "
+        "tied to them): no backward below them, no optimizer state; 2/3 nearly halves a pretrained "
+        "model's CPU step (strop.train.device.freeze_lower)",
+        ge=0.0,
+        le=1.0,
     )
 
 

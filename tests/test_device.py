@@ -14,7 +14,7 @@ from strop.config import Config, ParallelSection, RLSection, TrainerSection, loa
 from strop.model.policy import load_model
 from strop.rl.orchestrator import router_replay
 from strop.rl.trainer import RLTrainer
-from strop.train.device import Precision, checkpoint_activations, device_type
+from strop.train.device import Precision, checkpoint_activations, device_type, freeze_lower
 from strop.train.midtrain import midtrain
 from tests.test_midtrain import REPO, tiny_run_toml
 from tests.test_parallel import compare, step_batches
@@ -89,6 +89,24 @@ def test_activation_checkpointing_recomputes_through_router_replay_to_the_same_w
     a, b = plain.state_dict()["model"], checkpointed.state_dict()["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)  # the recompute replays the same experts: same numbers
     assert [r["loss"] for r in rows] == [r["loss"] for r in plain_rows]
+
+
+def test_frozen_lower_layers_stay_put_and_hold_no_optimizer_state(tiny_policy_dir):
+    """`trainer.frozen_layers`: the embeddings (tied to the head) and the lower layers keep their
+    weights through RL steps and get no AdamW state; the layers above train."""
+    batches = step_batches(tiny_policy_dir, [8, 8])
+    model = load_model(tiny_policy_dir)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    n = len(model.model.layers) - 1
+    assert n >= 1 and freeze_lower(model, n / (n + 1)) == n and freeze_lower(model, 0.0) == 0
+    trainer = RLTrainer(model, RLSection(lr=1e-2, micro_batch=4), pad_id=0, replay_ctx=router_replay)
+    rows = [trainer.step(b) for b in batches]
+    after = trainer.state_dict()["model"]
+    moved = {k for k in before if not torch.equal(before[k], after[k])}
+    assert moved and all(k.startswith(f"model.layers.{n}.") or k.startswith("model.norm") for k in moved), moved
+    frozen = {id(p) for p in model.parameters() if not p.requires_grad}
+    assert frozen and not frozen & {id(p) for p in trainer.optimizer.state}
+    assert all(r["loss"] == r["loss"] for r in rows)  # finite steps, not skipped
 
 
 def test_two_checkpointed_ranks_train_as_one_process(tiny_policy_dir, tiny_tokenizer, tmp_path):

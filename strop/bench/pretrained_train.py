@@ -103,7 +103,7 @@ def _variant(checkpoint: str, name: str, batch: int, seq_len: int, steps: int, t
     from strop.data.tokenizer import load_tokenizer
     from strop.model.deterministic import deterministic_mode
     from strop.model.policy import load_model, logits_at
-    from strop.train.device import checkpoint_activations
+    from strop.train.device import checkpoint_activations, freeze_lower
 
     spec = VARIANTS[name]
     torch.manual_seed(0)
@@ -112,11 +112,7 @@ def _variant(checkpoint: str, name: str, batch: int, seq_len: int, steps: int, t
     targets = ids[:, 1:][mask[:, :-1]]
     if spec.get("checkpointing"):
         checkpoint_activations(model)
-    if "frozen" in spec:
-        layers = model.model.layers
-        frozen = [model.model.embed_tokens, *layers[: round(len(layers) * spec["frozen"])]]
-        for module in frozen:
-            module.requires_grad_(False)
+    freeze_lower(model, spec.get("frozen", 0.0))
     if "lora_rank" in spec:
         from peft import LoraConfig, get_peft_model
 

@@ -53,7 +53,9 @@ def rank_trainer(
     from strop.train.shard_load import load_policy
 
     checkpointing = cfg.trainer.activation_checkpointing
-    model = load_policy(policy_dir, ranks, checkpointing).float()  # sharded: built on meta, each rank reads its shards
+    model = load_policy(
+        policy_dir, ranks, checkpointing, cfg.trainer.frozen_layers
+    ).float()  # sharded: built on meta, each rank reads its shards
     # The reference is the warm start on a resumed run too: `policy_dir` stays the run's `--policy`.
     reference = load_policy(policy_dir, ranks) if cfg.rl.ref_kl_coef > 0 else None
     sync = trainer_sync(cfg, store_url, host, ranks=ranks if ranks.size > 1 else None)

@@ -146,7 +146,7 @@ def fit(ranks, cfg: Config, tokenizer, val_tokens, stop_after: int | None, threa
     val = PackedBatches(val_tokens, cfg.data.seq_len, m.batch_size, cfg.run.seed)
 
     if cfg.model.path:  # sharded: built on meta, each rank reads its shards
-        model = load_policy(cfg.model.path, ranks, cfg.trainer.activation_checkpointing)
+        model = load_policy(cfg.model.path, ranks, cfg.trainer.activation_checkpointing, cfg.trainer.frozen_layers)
     else:  # a new model: built whole on every rank (the same seed), then sharded
         model = build_model(cfg.model, tokenizer, cfg.run.seed).to(ranks.device)
         if cfg.trainer.activation_checkpointing:

@@ -118,7 +118,7 @@ def fit(ranks, cfg: Config, base_dir: str) -> dict:
     out = cfg.run_dir / "sft"
     main = ranks.rank == 0
     # sharded: built on meta, each rank reads its shards; on the ranks' device either way
-    model = load_policy(base_dir, ranks, cfg.trainer.activation_checkpointing)
+    model = load_policy(base_dir, ranks, cfg.trainer.activation_checkpointing, cfg.trainer.frozen_layers)
     precision = Precision.of(cfg.trainer, ranks.device.type)
     tokenizer = load_tokenizer(base_dir)
     pad_id = tokenizer.pad_token_id

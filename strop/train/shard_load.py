@@ -90,15 +90,18 @@ def load_sharded_model(path: str | Path, ranks: Ranks, checkpointing: bool = Fal
     return model
 
 
-def load_policy(path: str | Path, ranks: Ranks, checkpointing: bool = False):
+def load_policy(path: str | Path, ranks: Ranks, checkpointing: bool = False, frozen: float = 0.0):
     """The policy in `path` as a trainer on `ranks` holds it, on the ranks' device: whole in one
-    process, else in its shards. `checkpointing`: with activation checkpointing."""
+    process, else in its shards. `checkpointing`: with activation checkpointing; `frozen`: the
+    fraction of its lower layers not trained (`strop.train.device.freeze_lower`)."""
     from strop.model.policy import load_model
-    from strop.train.device import checkpoint_activations
+    from strop.train.device import checkpoint_activations, freeze_lower
 
     if ranks.size > 1:
-        return load_sharded_model(path, ranks, checkpointing)
-    model = load_model(path).to(ranks.device)
-    if checkpointing:
-        checkpoint_activations(model)
+        model = load_sharded_model(path, ranks, checkpointing)
+    else:
+        model = load_model(path).to(ranks.device)
+        if checkpointing:
+            checkpoint_activations(model)
+    freeze_lower(model, frozen)
     return model
