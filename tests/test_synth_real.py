@@ -18,10 +18,22 @@ pytestmark = [
 FAMILIES = "comparison,off_by_one,remove_return,wrong_variable"
 
 
-def test_synthesized_more_itertools_tasks_validate_and_repeat(debian_image, tmp_path):  # noqa: F811
+def test_synthesized_more_itertools_tasks_validate_and_repeat(debian_image, tmp_path, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("STROP_TASK_SOURCES", f"{BUNDLE.parent} {debian_image}")  # outside the task file's folder
     out = tmp_path / "synth.jsonl"
     args = ["tasks", "synth", "--repo", str(BUNDLE), "--image", debian_image, "--rev", "v11.1.0"]
-    args += ["--families", FAMILIES, "--max-tasks", "4", "--combined", "1", "--per-function", "2"]
+    args += [
+        "--families",
+        FAMILIES,
+        "--max-tasks",
+        "4",
+        "--combined",
+        "1",
+        "--combine-in",
+        "module",
+        "--per-function",
+        "2",
+    ]
     run = strop(*args, "--out", str(out), "--jobs", "2", cwd=tmp_path)
     report = json.loads((tmp_path / "synth.report.json").read_text())
     assert report["kept"] == 5 and report["families"].get("combined") == 1, run.stdout
