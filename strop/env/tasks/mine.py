@@ -493,6 +493,12 @@ def mine(
         "recipes": _recipes(r["record"] for r in kept),
         "commits": [{k: r[k] for k in ("commit", "outcome", "detail")} for r in ordered],
     }
+    return write_outputs(out, lines, report, journal)
+
+
+def write_outputs(out: Path, lines: list[str], report: dict, journal: Path) -> dict:
+    """Write a finished run's task file `out` (its `lines`) and yield report, then drop its journal
+    (what `mine` and `synth` both end with); returns the report."""
     write_atomic(out, "".join(lines))
     write_atomic(report_path(out), json.dumps(report, indent=2, sort_keys=True) + "\n")
     journal.unlink(missing_ok=True)

@@ -85,8 +85,8 @@ from strop.env.tasks.mine import (
     journal_entries,
     open_journal,
     repo_name,
-    report_path,
     validated,
+    write_outputs,
 )
 from strop.env.tasks.probe import Baseline
 from strop.env.tasks.statement import Detail, statement
@@ -95,7 +95,6 @@ from strop.env.world.image import image_root
 from strop.env.world.repo import checkout, history
 from strop.errors import UserError
 from strop.memo import content_key
-from strop.outputs import write_atomic
 
 DROPS = ("no failing test", "timeout", "crash", "flaky")
 KEPT = "kept"
@@ -497,10 +496,7 @@ def synth(
             for c in tried
         ],
     }
-    write_atomic(out, "".join(lines))
-    write_atomic(report_path(out), json.dumps(report, indent=2, sort_keys=True) + "\n")
-    journal.unlink(missing_ok=True)
-    return report
+    return write_outputs(out, lines, report, journal)
 
 
 def _count(values) -> dict[str, int]:
