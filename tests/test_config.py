@@ -81,4 +81,7 @@ def test_the_sandbox_limits_are_config_keys_and_a_task_amends_them():
     assert task_limits(replace(task, metadata={"memory_mb": 900}), limits).memory_mb == 900
     score = score_changes(task, {"m.py": "def f():\n    return 1\n"}, limits)
     assert score.reward == 0 and "memory limit reached (memory_mb = 8)" in score.reason, score
+    for mb in (16, 28, 30, 32, 34):  # cut short at start, mid-collection (an INTERNALERROR report), in a test
+        score = score_changes(task, {"m.py": "def f():\n    return 1\n"}, replace(limits, memory_mb=mb))
+        assert score.reward == 1 or f"memory limit reached (memory_mb = {mb})" in score.reason, (mb, score)
     assert score_changes(task, {"m.py": "def f():\n    return 1\n"}).reward == 1

@@ -262,7 +262,10 @@ def _run(task: Task, kept: dict, tests: dict[str, str], n_tests: int, mode: Mode
         if (memory := memory_reason(failure[1], limits)) is not None:
             score.reason += f"; {memory} in {failure[0]}"
     if score.passed and run.forged():  # passes in a report the canaries say was not the runner's own
-        score.reward, score.outcome, score.reason = 0.0, "not scored", run.forged()
+        # a runner the memory limit cut short mid-collection writes an INTERNALERROR report without
+        # the canaries: its own words say why better than "cannot be trusted" (either way: reward 0)
+        score.reward, score.outcome = 0.0, "not scored"
+        score.reason = memory_reason(run.stderr, limits) or run.forged()
     elif (unknown := unknown_tests_reason(task, selected, outcomes)) is not None:
         score.reward, score.reason, score.outcome = 0.0, unknown, "not scored"
     return score
