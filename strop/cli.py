@@ -78,6 +78,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "what an agent can probe inside a sandbox vs on the host, and what differs",
     ),
     ("bench", "sandbox"): ("strop.bench.sandbox", "sandbox start/exec latency, idle footprint, max concurrent"),
+    ("bench", "checker"): (
+        "strop.bench.checker",
+        "scoring an episode of the demo's suite: the judge's first round run every time vs remembered, same verdicts",
+    ),
     ("bench", "envs"): (
         "strop.bench.envs",
         "real worlds: image vs host-root sandbox start, repository checkout cold/cached, mining yield and s/commit",

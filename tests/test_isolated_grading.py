@@ -1,6 +1,7 @@
 """Isolated grading: what the agent's code does inside its own process earns nothing a correct value
 would not. Real sandboxes, the real checker, the hack catalogue of `strop bench hacks`."""
 
+import collections
 import dataclasses
 import math
 from concurrent.futures import ThreadPoolExecutor
@@ -72,6 +73,27 @@ def test_honest_answers_pass_and_failures_say_why():
     assert raised.reward == 0 and raised.errors > 0 and "KeyError" in raised.detail, raised
     half = check(TASK, {}, mode="fraction", perturbed=False)  # the buggy function: some cases right
     assert 0 < half.reward < 1 and half.passed + half.failed + half.errors == TASK.metadata["n_tests"]
+
+
+def test_the_judges_first_round_is_remembered_with_the_same_verdicts(monkeypatch):
+    """The judge's first round runs none of the agent's code, so it is remembered per (image, checks):
+    a task graded again runs the answerer and the judge's last round only, and scores the same as
+    with every round run."""
+    from strop.env.grading import isolated
+
+    ran = []
+    real = isolated._python
+    monkeypatch.setattr(isolated, "_python", lambda sb, args, timeout: ran.append(args[0]) or real(sb, args, timeout))
+    monkeypatch.setattr(isolated, "_first_rounds", collections.OrderedDict())
+    fixed = apply_edits(TASK.files, TASK.metadata["reference_edits"])
+    scores = [check(TASK, changes, perturbed=False) for changes in (fixed, fixed, {})]
+    assert ran == ["judge", "answer", "judge"] + ["answer", "judge"] * 2
+    monkeypatch.setattr(isolated, "FIRST_ROUNDS_KEPT", 0)  # none remembered: every round runs
+    ran.clear()
+    unremembered = [check(TASK, changes, perturbed=False) for changes in (fixed, {})]
+    assert ran == ["judge", "answer", "judge"] * 2 and not isolated._first_rounds
+    verdict = [{k: v for k, v in s.to_dict().items() if k != "duration"} for s in (*scores[1:], *unremembered)]
+    assert verdict[0] == verdict[2] and verdict[1] == verdict[3] and scores[0].reward == 1 > scores[2].reward
 
 
 def test_humaneval_always_equal_earns_nothing_and_the_canonical_passes():

@@ -240,7 +240,7 @@ def _run(task: Task, kept: dict, tests: dict[str, str], n_tests: int, mode: Mode
     if task.grader == "values":  # the checks never enter the agent's world: a judge on an empty one runs them
         with task_sandbox(task, limits, kind="check") as sandbox, empty_sandbox(task, limits) as judge:
             _write(sandbox, kept)
-            return _values_score(sandbox, judge, tests, n_tests, mode, timeout)
+            return _values_score(sandbox, judge, tests, n_tests, mode, timeout, task.image)
     selected = task.fail_to_pass + task.pass_to_pass or sorted(tests)
     run = run_tests(task, kept, tests, selected, limits)
     if run.setup_failed:
@@ -271,12 +271,14 @@ def _run(task: Task, kept: dict, tests: dict[str, str], n_tests: int, mode: Mode
     return score
 
 
-def _values_score(answerer, judge, checks: dict[str, str], n_tests: int, mode: Mode, timeout: float) -> Score:
-    """The score of checks graded by values (`strop.env.grading.isolated`)."""
+def _values_score(
+    answerer, judge, checks: dict[str, str], n_tests: int, mode: Mode, timeout: float, image: str
+) -> Score:
+    """The score of checks graded by values (`strop.env.grading.isolated`) on the image `image`."""
     outcomes = []
     try:
         for source in checks.values():
-            outcomes += grade(source, answerer, judge, timeout)
+            outcomes += grade(source, answerer, judge, timeout, image)
     except GradingFailed as e:
         return Score(0.0, reason=str(e), outcome="not scored")
     kinds = [kind for _, kind, _ in outcomes]

@@ -19,22 +19,36 @@ and the checks and their expected values never enter the agent's sandbox. Both p
 
 Covered: any in-process trick (always-equal or other forged objects, monkeypatched runners or
 builtins, exit calls, forged reports, fake output) earns nothing a correct value would not.
+The judge's first round runs no code of the agent's: its verdict (which calls the checks make,
+given no answers) follows from the check module alone, since `random` is reseeded before each check.
+It is remembered per (image, check module) in this process (`FIRST_ROUNDS_KEPT` of them), so the
+checks of a task graded again (a group's samples, the evaluations of each policy, the perturbed run
+of every task that paid) cost two runs, the answerer's and the judge's last, where they cost three.
+
 Not covered: special-casing the inputs a call receives at run time (the perturbed checks are there
 for that); tasks graded by their own pytest suites (`mutated`) still run in-process.
 """
 
+import functools
 import json
 import secrets
+import threading
+from collections import OrderedDict
 
 from strop.env.sandbox.interface import Sandbox
+from strop.memo import content_key
 
 MAX_ROUNDS = 8  # rounds of calls whose arguments depend on earlier answers (one is the rule)
+FIRST_ROUNDS_KEPT = 4096  # the judge's first verdicts remembered (a few KiB each): more tasks than a run grades
+_first_rounds: OrderedDict[str, dict] = OrderedDict()
+_first_rounds_lock = threading.Lock()  # rollout workers grade in threads
 
 
 class GradingFailed(Exception):
     """The code under test gave no usable answers (timeout, exit before answering): reward 0."""
 
 
+@functools.cache
 def _programs() -> str:
     from pathlib import Path
 
@@ -45,22 +59,49 @@ def _python(sandbox: Sandbox, args: list[str], timeout: float):
     return sandbox.exec(["python", "-I", "-B", "-c", _programs(), *args], timeout=timeout)
 
 
-def grade(checks: str, answerer: Sandbox, judge: Sandbox, timeout: float) -> list[tuple[str, str, str]]:
-    """(name, "passed" | "failed" | "error", detail) for every check in the module source `checks`;
+def _remembered(key: str) -> dict | None:
+    with _first_rounds_lock:
+        verdict = _first_rounds.get(key)
+        if verdict is not None:
+            _first_rounds.move_to_end(key)
+        return verdict
+
+
+def _remember(key: str, verdict: dict) -> None:
+    with _first_rounds_lock:
+        _first_rounds[key] = verdict
+        while len(_first_rounds) > FIRST_ROUNDS_KEPT:
+            _first_rounds.popitem(last=False)
+
+
+def _judge(judge: Sandbox, checks_path: str, verdict_path: str, rounds: list[str], timeout: float) -> dict:
+    """The judge's verdict on the answers of `rounds` (calls and answers paths, in pairs)."""
+    res = _python(judge, ["judge", checks_path, verdict_path, *rounds], timeout)
+    if res.timed_out:  # a check looping on an answer (or the reference on a nudged input)
+        raise GradingFailed(f"the checks did not finish within {timeout:.0f} s")
+    try:
+        return json.loads(judge.read_file(verdict_path))
+    except (OSError, ValueError):
+        raise RuntimeError(f"the judge failed (exit code {res.exit_code}): {res.stderr.strip()[-300:]}") from None
+
+
+def grade(
+    checks: str, answerer: Sandbox, judge: Sandbox, timeout: float, image: str = ""
+) -> list[tuple[str, str, str]]:
+    """(name, "passed" | "failed" | "error", detail) for every check in the module source `checks`,
+    judged on the image `image` (a task's `image`: the key of its remembered first round);
     raises GradingFailed when the code under test gave no answers."""
     tag = secrets.token_hex(8)  # nothing the agent could have guessed or planted
     checks_path = f"/tmp/strop-checks-{tag}.py"
     judge.write_file(checks_path, checks)
+    first = content_key(image, checks)
     rounds: list[str] = []
     for r in range(MAX_ROUNDS):
-        verdict_path = f"/tmp/strop-verdict-{tag}-{r}.json"
-        res = _python(judge, ["judge", checks_path, verdict_path, *rounds], timeout)
-        if res.timed_out:  # a check looping on an answer (or the reference on a nudged input)
-            raise GradingFailed(f"the checks did not finish within {timeout:.0f} s")
-        try:
-            verdict = json.loads(judge.read_file(verdict_path))
-        except (OSError, ValueError):
-            raise RuntimeError(f"the judge failed (exit code {res.exit_code}): {res.stderr.strip()[-300:]}") from None
+        verdict = _remembered(first) if r == 0 else None
+        if verdict is None:
+            verdict = _judge(judge, checks_path, f"/tmp/strop-verdict-{tag}-{r}.json", rounds, timeout)
+            if r == 0:
+                _remember(first, verdict)
         if not verdict["pending"]:
             return [tuple(c) for c in verdict["checks"]]
         calls = json.dumps(verdict["pending"])

@@ -27,12 +27,13 @@ and bytes of them, at most `MAX_DEPTH` deep. `type(v) is ...`, never isinstance:
 int with a forged `__eq__` is refused, not passed on as the int it claims to be.
 """
 
-import ast
 import base64
 import builtins
 import json
-import random
 import sys
+
+# `ast` and `random` are the judge's alone, imported where it uses them: the answerer, which starts
+# for every check, is spared their ~12 ms of imports
 
 MAX_DEPTH = 64
 SEED = 0  # `random` is reseeded before each check, so every run of a check draws the same arguments
@@ -165,22 +166,25 @@ def _strop_failed(message) -> None:
     _failures.append("assertion failed" if message is None else str(message)[:200])
 
 
-class _SoftAsserts(ast.NodeTransformer):
-    """`assert test, msg` -> `if not (test): _strop_failed(msg)`."""
-
-    def visit_Assert(self, node: ast.Assert) -> ast.If:
-        record = ast.Call(ast.Name("_strop_failed", ast.Load()), [node.msg or ast.Constant(None)], [])
-        return ast.copy_location(ast.If(ast.UnaryOp(ast.Not(), node.test), [ast.Expr(record)], []), node)
-
-
 def run_source(source: str, ns: dict, name: str = "checks") -> None:
     """exec `source` in `ns` with its asserts recording failures instead of raising."""
-    tree = ast.fix_missing_locations(_SoftAsserts().visit(ast.parse(source)))
+    import ast
+
+    class SoftAsserts(ast.NodeTransformer):
+        """`assert test, msg` -> `if not (test): _strop_failed(msg)`."""
+
+        def visit_Assert(self, node: ast.Assert) -> ast.If:
+            record = ast.Call(ast.Name("_strop_failed", ast.Load()), [node.msg or ast.Constant(None)], [])
+            return ast.copy_location(ast.If(ast.UnaryOp(ast.Not(), node.test), [ast.Expr(record)], []), node)
+
+    tree = ast.fix_missing_locations(SoftAsserts().visit(ast.parse(source)))
     ns.update(_strop_failed=_strop_failed, run_source=run_source)
     exec(compile(tree, name, "exec"), ns)
 
 
 def judge(checks_path: str, out_path: str, rounds: list[str]) -> None:
+    import random
+
     known: dict[str, dict] = {}
     for calls_path, results_path in zip(rounds[::2], rounds[1::2]):
         with open(calls_path) as f:

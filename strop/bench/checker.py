@@ -1,0 +1,97 @@
+"""`strop bench checker [--tasks N] --json F`: what scoring an episode costs, on the demo's suite
+(`synthetic/parse`, graded by values: `strop.env.grading.isolated`), with the judge's first round
+run for every check (as before it was remembered: `FIRST_ROUNDS_KEPT = 0`) and remembered, side by
+side in one run on the same change sets, and the verdicts of the two compared.
+
+Each held-out task of difficulties 1 and 2 is scored with two change sets: the reference fix (it
+pays, so the perturbed tests run too: two gradings) and an edit that changes nothing the checks see
+(one grading, failed). Both modes score every change set once per round, alternating which goes
+first; the remembered mode's first round of a task was computed in an earlier round, as in a run,
+where a task is graded again and again (a group's samples, each policy's evaluations). Wall-clock
+seconds per check, and this process's CPU seconds (the checker's host side: sandboxes, files,
+waiting; the programs inside the sandboxes are not this process's children and do not count).
+"""
+
+import argparse
+import os
+import resource
+import time
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tasks", type=int, default=10, help="held-out tasks per difficulty (default 10)")
+    p.add_argument("--rounds", type=int, default=2, help="times each change set is scored per mode (default 2)")
+    p.add_argument("--json", help="write results to this JSON file")
+
+
+def _cpu_s() -> float:
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    return me.ru_utime + me.ru_stime
+
+
+def _change_sets(task) -> dict[str, dict[str, str]]:
+    edit = task.metadata["reference_edits"][0]
+    source = task.files[edit["path"]]
+    return {
+        "fix": {edit["path"]: source.replace(edit["old"], edit["new"])},
+        "no-op": {edit["path"]: source + "\n# changes nothing the checks see\n"},
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    from statistics import median
+
+    from strop.bench.table import format_table, write_json
+    from strop.env.grading import isolated
+    from strop.env.grading.checker import check
+    from strop.env.suites.synthetic import make_task, parse_themes
+
+    kept = isolated.FIRST_ROUNDS_KEPT
+    tasks = [make_task(d, "eval", i, parse_themes("parse")) for d in (1, 2) for i in range(args.tasks)]
+    cases = [(t, name, changes) for t in tasks for name, changes in _change_sets(t).items()]
+    wall: dict[str, list[float]] = {"every round run": [], "first round remembered": []}
+    cpu = dict.fromkeys(wall, 0.0)
+    verdicts: dict[str, list[dict]] = {k: [] for k in wall}
+    load = os.getloadavg()[0]
+    check(*cases[0][::2])  # warm: per-process setup (the image's module list, the sandbox account)
+    for r in range(args.rounds):
+        for i, (task, _, changes) in enumerate(cases):
+            modes = list(wall) if (i + r) % 2 == 0 else list(wall)[::-1]
+            for mode in modes:
+                isolated.FIRST_ROUNDS_KEPT = 0 if mode == "every round run" else kept
+                if mode != "every round run" and r == 0:
+                    check(task, changes)  # the task graded before, as in a run
+                c0, t0 = _cpu_s(), time.perf_counter()
+                score = check(task, changes)
+                wall[mode].append(time.perf_counter() - t0)
+                cpu[mode] += _cpu_s() - c0
+                verdicts[mode].append({k: v for k, v in score.to_dict().items() if k != "duration"})
+    isolated.FIRST_ROUNDS_KEPT = kept
+    same = verdicts["every round run"] == verdicts["first round remembered"]
+    n = len(cases) * args.rounds
+    rows = [
+        {
+            "mode": mode,
+            "wall_p50_ms": median(xs) * 1e3,
+            "wall_mean_ms": sum(xs) / len(xs) * 1e3,
+            "cpu_ms_per_check": cpu[mode] / n * 1e3,
+            "checks": n,
+        }
+        for mode, xs in wall.items()
+    ]
+    old, new = rows
+    res = {
+        "rows": rows,
+        "wall_ratio": new["wall_mean_ms"] / old["wall_mean_ms"],
+        "cpu_ratio": new["cpu_ms_per_check"] / old["cpu_ms_per_check"],
+        "same_verdicts": same,
+        "passed": sum(v["reward"] == 1.0 for v in verdicts["first round remembered"]),
+        "loadavg_1m": load,
+    }
+    print(format_table(rows, ["mode", "wall_p50_ms", "wall_mean_ms", "cpu_ms_per_check", "checks"]))
+    print(
+        f"remembered / run: wall {res['wall_ratio']:.2f}, host CPU {res['cpu_ratio']:.2f}; "
+        f"same verdicts: {same} ({res['passed']} of {n} passed); load average {load:.2f}"
+    )
+    write_json(args.json, res)
+    return 0 if same else 1
