@@ -64,6 +64,27 @@ def test_identity_matches_production(sb):
     assert out.split() == ["dev", "1000", "devbox", "/home/dev", "pytest"]
 
 
+def test_bwrap_runs_on_the_host_as_the_sandbox_account_with_no_groups(sb, monkeypatch):
+    """Root drops to the sandbox account by exec'ing setpriv (`strop.env.sandbox.spawner`): the same
+    account and no supplementary groups as Popen's user/group arguments gave, without their fork of
+    the whole (large) calling process: Popen is never asked to change the account."""
+    from strop.env.host.account import sandbox_account
+    from strop.env.sandbox import spawner
+
+    sb.exec("true")  # bwrap has started (the shell that moves it into a cgroup has become it)
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{sb.proc.pid}/status").read_text().splitlines())
+    uid, gid = sandbox_account()
+    assert status["Uid"].split() == [str(uid)] * 4 and status["Gid"].split() == [str(gid)] * 4
+    if os.geteuid() == 0:
+        assert status["Groups"].split() == []
+    asked = []
+    real = subprocess.Popen
+    monkeypatch.setattr(spawner.subprocess, "Popen", lambda *a, **kw: asked.append(kw) or real(*a, **kw))
+    with open_sandbox(sb.repo_dir, Limits(timeout_s=10)) as other:
+        assert other.exec("id -un").stdout == "dev\n"
+    assert asked and not any({"user", "group", "extra_groups", "preexec_fn"} & kw.keys() for kw in asked)
+
+
 def test_the_test_runner_is_installed_with_its_bytecode(world):
     """As an installed package: `python -m pytest` in a host-root sandbox loads pytest's bytecode
     instead of compiling it again on every run (the site-packages is read-only there)."""

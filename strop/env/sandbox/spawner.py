@@ -149,8 +149,12 @@ class Spawner:
         cgroup = self._cgroup() if self.root is not None else None
         uid, gid = sandbox_account()
         # bwrap runs as the sandbox account (see strop.env.host.node_cache) with an empty environment:
-        # it is pid 1 of the sandbox, whose /proc/1/environ every process inside can read
-        as_account: dict = {"user": uid, "group": gid, "extra_groups": []} if as_root() else {}
+        # it is pid 1 of the sandbox, whose /proc/1/environ every process inside can read. Root drops
+        # to that account by exec'ing setpriv, not through Popen's user/group arguments: with those,
+        # Python forks instead of vforking, copying this process's page tables with the GIL held
+        # (~130 ms for a 3 GiB process here, every engine and rollout thread stopped: the RL loop's
+        # process holds the engines' models and caches), where a vfork and one more exec cost ~0.2 ms
+        drop = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"] if as_root() else []
         try:
             if cgroup is not None:
                 if self._max.get(cgroup) != max_procs:  # reused cgroups keep their limit
@@ -159,11 +163,10 @@ class Spawner:
                 if self._here != cgroup:
                     # cgroup v2 moves whole processes only: a shell joins (as root, who may), then
                     # becomes bwrap under the sandbox account
-                    drop = f"setpriv --reuid={uid} --regid={gid} --clear-groups -- " if as_account else ""
-                    argv = ["/bin/sh", "-c", f'echo $$ > "$0" && exec {drop}"$@"', str(cgroup / "cgroup.procs"), *argv]
-                    as_account = {}
+                    argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup / "cgroup.procs"), *drop, *argv]
+                    drop = []
             proc = subprocess.Popen(
-                argv,
+                [*drop, *argv],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -171,7 +174,6 @@ class Spawner:
                 start_new_session=has_ctty(),
                 bufsize=0,
                 env={},
-                **as_account,
             )
         except BaseException:
             if cgroup is not None:
