@@ -89,6 +89,7 @@ def test_the_judges_first_round_is_remembered_with_the_same_verdicts(monkeypatch
     scores = [check(TASK, changes, perturbed=False) for changes in (fixed, fixed, {})]
     assert ran == ["judge", "answer", "judge"] + ["answer", "judge"] * 2
     monkeypatch.setattr(isolated, "FIRST_ROUNDS_KEPT", 0)  # none remembered: every round runs
+    monkeypatch.setattr(isolated, "_first_rounds", collections.OrderedDict())
     ran.clear()
     unremembered = [check(TASK, changes, perturbed=False) for changes in (fixed, {})]
     assert ran == ["judge", "answer", "judge"] * 2 and not isolated._first_rounds

@@ -1,6 +1,6 @@
 """`strop bench checker [--tasks N] --json F`: what scoring an episode costs, on the demo's suite
 (`synthetic/parse`, graded by values: `strop.env.grading.isolated`), with the judge's first round
-run for every check (as before it was remembered: `FIRST_ROUNDS_KEPT = 0`) and remembered, side by
+run for every check (as before it was remembered: an empty memo keeping none) and remembered, side by
 side in one run on the same change sets, and the verdicts of the two compared.
 
 Each held-out task of difficulties 1 and 2 is scored with two change sets: the reference fix (it
@@ -39,6 +39,7 @@ def _change_sets(task) -> dict[str, dict[str, str]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from collections import OrderedDict
     from statistics import median
 
     from strop.bench.table import format_table, write_json
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from strop.env.grading.checker import check
     from strop.env.suites.synthetic import make_task, parse_themes
 
-    kept = isolated.FIRST_ROUNDS_KEPT
+    kept, remembered = isolated.FIRST_ROUNDS_KEPT, isolated._first_rounds
     tasks = [make_task(d, "eval", i, parse_themes("parse")) for d in (1, 2) for i in range(args.tasks)]
     cases = [(t, name, changes) for t in tasks for name, changes in _change_sets(t).items()]
     wall: dict[str, list[float]] = {"every round run": [], "first round remembered": []}
@@ -58,15 +59,17 @@ def run(args: argparse.Namespace) -> int:
         for i, (task, _, changes) in enumerate(cases):
             modes = list(wall) if (i + r) % 2 == 0 else list(wall)[::-1]
             for mode in modes:
-                isolated.FIRST_ROUNDS_KEPT = 0 if mode == "every round run" else kept
-                if mode != "every round run" and r == 0:
+                run_all = mode == "every round run"  # then an empty memo that keeps nothing
+                memo = (0, OrderedDict()) if run_all else (kept, remembered)
+                isolated.FIRST_ROUNDS_KEPT, isolated._first_rounds = memo
+                if not run_all and r == 0:
                     check(task, changes)  # the task graded before, as in a run
                 c0, t0 = _cpu_s(), time.perf_counter()
                 score = check(task, changes)
                 wall[mode].append(time.perf_counter() - t0)
                 cpu[mode] += _cpu_s() - c0
                 verdicts[mode].append({k: v for k, v in score.to_dict().items() if k != "duration"})
-    isolated.FIRST_ROUNDS_KEPT = kept
+    isolated.FIRST_ROUNDS_KEPT, isolated._first_rounds = kept, remembered
     same = verdicts["every round run"] == verdicts["first round remembered"]
     n = len(cases) * args.rounds
     rows = [

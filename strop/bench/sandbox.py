@@ -17,6 +17,11 @@
   spent; `mib_per_sandbox` is the proportional set size (PSS) of their processes (bwrap, its init and
   the in-sandbox shell), `kernel_mib_per_sandbox` the drop in MemAvailable per sandbox (kernel objects:
   namespaces, mounts, page tables; noisy on a shared machine);
+- a spawn from a large process (run as root, which starts bwrap as the sandbox account): `Popen` of
+  `true` from a process holding `--ballast-gib` GiB (the RL loop's process holds the engines, their
+  models and caches), dropping to the account with Popen's user/group arguments (Python then forks,
+  copying the page tables with the GIL held) and through `setpriv` (as `strop.env.sandbox.spawner`
+  does: a vfork), with the longest stall of a Python thread ticking beside (an engine's stand-in);
 - oracle episodes/s from `strop.env.demonstrators.runs.demonstration_episodes_per_s` when that module exists.
 
 Latencies on a shared machine depend on its load; the load average is recorded with the results.
@@ -39,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs", type=int, default=None, help="start+exit runs (default 1000, --quick 200)")
     p.add_argument("--max", type=int, default=1000, help="most idle sandboxes to hold at once (default 1000)")
     p.add_argument("--oracle-episodes", type=int, default=None, help="oracle episodes to time (default 30, --quick 1)")
+    p.add_argument(
+        "--ballast-gib", type=float, default=2.0, help="memory held while timing a spawn from a large process"
+    )
     p.add_argument("--json", help="write results to this JSON file")
 
 
@@ -179,6 +187,51 @@ def _idle(world: Path, most: int, budget_s: float) -> dict:
     }
 
 
+def _large_process_spawns(ballast_gib: float, runs: int) -> dict:
+    """Median Popen seconds, and a ticking thread's longest stall, per way of dropping to the sandbox
+    account, from this process holding `ballast_gib` GiB (see the module docstring); {} unless root."""
+    import shutil
+    import subprocess
+    import threading
+
+    from strop.env.host.account import as_root, sandbox_account
+
+    if not as_root() or shutil.which("setpriv") is None:
+        return {}
+    ballast = bytearray(int(ballast_gib * (1 << 30)))
+    ballast[::4096] = b"\1" * len(ballast[::4096])  # touched: mapped, as a live process's memory is
+    uid, gid = sandbox_account()
+    ways = {
+        "fork": ([], {"user": uid, "group": gid, "extra_groups": []}),
+        "vfork": (["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"], {}),
+    }
+    out = {}
+    for name, (prefix, kwargs) in ways.items():
+        gaps, spawns, stop = [0.0], [], threading.Event()
+
+        def tick() -> None:
+            last = time.perf_counter()
+            while not stop.is_set():
+                sum(range(1000))
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+
+        ticker = threading.Thread(target=tick)
+        ticker.start()
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            proc = subprocess.Popen([*prefix, "true"], env={}, stdout=subprocess.DEVNULL, **kwargs)
+            spawns.append(time.perf_counter() - t0)
+            proc.wait()
+        stop.set()
+        ticker.join()
+        out[f"spawn_{name}_p50_ms"] = _pct(spawns, 0.5)
+        out[f"spawn_{name}_stall_max_ms"] = max(gaps) * 1e3
+    del ballast
+    return out
+
+
 def _oracle(n: int) -> tuple[float | None, str]:
     try:
         from strop.env.demonstrators.runs import demonstration_episodes_per_s
@@ -207,6 +260,7 @@ def run(args: argparse.Namespace) -> int:
         ex, sh = _exec(world, 100 if args.quick else runs)
         tests, tests_uncached = _test_runs(world, 10 if args.quick else 50)
         idle = _idle(world, args.max, 5.0 if args.quick else 300.0)
+    spawns = _large_process_spawns(args.ballast_gib, 20 if args.quick else 100)
     oracle, oracle_note = _oracle(args.oracle_episodes or (1 if args.quick else 30))
     res = {
         "start_p50_ms": _pct(start, 0.5),
@@ -221,6 +275,8 @@ def run(args: argparse.Namespace) -> int:
         "pytest_run_p50_ms": _pct(tests, 0.5),
         "pytest_run_no_bytecode_p50_ms": _pct(tests_uncached, 0.5),
         **idle,
+        **spawns,
+        "ballast_gib": args.ballast_gib,
         "oracle_episodes_per_s": oracle,
         "start_runs": runs,
         "loadavg_1m": load,
@@ -264,6 +320,18 @@ def run(args: argparse.Namespace) -> int:
         {"measure": "kernel memory per idle sandbox", "p50": res["kernel_mib_per_sandbox"], "unit": "MiB"},
         {"measure": "oracle episodes/s", "p50": oracle, "unit": "episodes/s"},
     ]
+    for name, how in (("fork", "Popen's user/group: a fork"), ("vfork", "setpriv: a vfork")):
+        if f"spawn_{name}_p50_ms" in res:
+            rows.append(
+                {
+                    "measure": f"spawn from {args.ballast_gib:g} GiB, {how}",
+                    "p50": res[f"spawn_{name}_p50_ms"],
+                    "unit": "ms",
+                }
+            )
+            rows.append(
+                {"measure": "  a Python thread's longest stall", "p50": res[f"spawn_{name}_stall_max_ms"], "unit": "ms"}
+            )
     print(format_table(rows, ["measure", "p50", "p99", "unit", "n"]))
     print(f"load average {load:.2f} on {os.cpu_count()} CPUs; oracle: {oracle_note}; {res['wall_s']:.1f} s")
     write_json(args.json, res)
