@@ -1,15 +1,16 @@
 """`strop bench checker [--tasks N] --json F`: what scoring an episode costs, on the demo's suite
 (`synthetic/parse`, graded by values: `strop.env.grading.isolated`), with the judge's first round
-run for every check (as before it was remembered: an empty memo keeping none) and remembered, side by
-side in one run on the same change sets, and the verdicts of the two compared.
+run for every check (as before it was remembered: an empty memo keeping none) and remembered, side
+by side in one run on the same change sets, and the verdicts of the two compared.
 
-Each held-out task of difficulties 1 and 2 is scored with two change sets: the reference fix (it
-pays, so the perturbed tests run too: two gradings) and an edit that changes nothing the checks see
-(one grading, failed). Both modes score every change set once per round, alternating which goes
-first; the remembered mode's first round of a task was computed in an earlier round, as in a run,
-where a task is graded again and again (a group's samples, each policy's evaluations). Wall-clock
-seconds per check, and this process's CPU seconds (the checker's host side: sandboxes, files,
-waiting; the programs inside the sandboxes are not this process's children and do not count).
+Each held-out task of difficulties 1 and 2 is scored with four change sets: the reference fix (it
+pays, so the perturbed tests run too: two gradings), an edit that changes nothing the checks see, a
+module that exits on import, and an always-equal forgery (one grading each, failed). Both modes
+score every change set once per round, alternating which goes first; the remembered mode's first
+round of a task was computed before, as in a run, where a task is graded again and again (a group's
+samples, each policy's evaluations). Wall-clock seconds per check, and this process's CPU seconds
+(the checker's host side: sandboxes, files, waiting; the programs inside the sandboxes are not this
+process's children and do not count).
 """
 
 import argparse
@@ -32,9 +33,13 @@ def _cpu_s() -> float:
 def _change_sets(task) -> dict[str, dict[str, str]]:
     edit = task.metadata["reference_edits"][0]
     source = task.files[edit["path"]]
+    always = "\n\nclass Always:\n    def __eq__(self, other):\n        return True\n\n\n"
+    forged = always + f"def {task.metadata['function']}(*a):\n    return Always()\n"
     return {
         "fix": {edit["path"]: source.replace(edit["old"], edit["new"])},
         "no-op": {edit["path"]: source + "\n# changes nothing the checks see\n"},
+        "crash": {edit["path"]: source + "\nraise SystemExit(0)\n"},
+        "always-equal": {edit["path"]: source + forged},
     }
 
 
