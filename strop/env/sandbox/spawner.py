@@ -3,8 +3,10 @@ that bound a sandbox's processes when strop runs as root (RLIMIT_NPROC does not 
 user a sandbox then maps to), created per process, reused per sandbox, and swept when their owner
 died (`sweep_dead_cgroups`)."""
 
+import functools
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import threading
@@ -153,8 +155,11 @@ class Spawner:
         # to that account by exec'ing setpriv, not through Popen's user/group arguments: with those,
         # Python forks instead of vforking, copying this process's page tables with the GIL held
         # (~130 ms for a 3 GiB process here, every engine and rollout thread stopped: the RL loop's
-        # process holds the engines' models and caches), where a vfork and one more exec cost ~0.2 ms
-        drop = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"] if as_root() else []
+        # process holds the engines' models and caches), where a vfork and one more exec cost ~0.2 ms.
+        # A host without setpriv keeps Popen's arguments, and the fork
+        setpriv = _setpriv() if as_root() else None
+        drop = [setpriv or "setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"] if as_root() else []
+        as_account: dict = {"user": uid, "group": gid, "extra_groups": []} if as_root() and not setpriv else {}
         try:
             if cgroup is not None:
                 if self._max.get(cgroup) != max_procs:  # reused cgroups keep their limit
@@ -164,9 +169,9 @@ class Spawner:
                     # cgroup v2 moves whole processes only: a shell joins (as root, who may), then
                     # becomes bwrap under the sandbox account
                     argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup / "cgroup.procs"), *drop, *argv]
-                    drop = []
+                    drop, as_account = [], {}
             proc = subprocess.Popen(
-                [*drop, *argv],
+                [*drop, *argv] if not as_account else argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -174,6 +179,7 @@ class Spawner:
                 start_new_session=has_ctty(),
                 bufsize=0,
                 env={},
+                **as_account,
             )
         except BaseException:
             if cgroup is not None:
@@ -201,6 +207,12 @@ class Spawner:
             (cg / "tasks").write_text(str(self._tid))
             self._here = cg
         return cg
+
+
+@functools.cache
+def _setpriv() -> str | None:
+    """The host's setpriv (util-linux), or None."""
+    return shutil.which("setpriv", path=os.defpath)
 
 
 def _read(p: Path) -> str:
