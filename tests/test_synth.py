@@ -228,3 +228,4 @@ def test_the_report_says_what_was_tried(shapes_repo, tmp_path):
     assert report == json.loads((tmp_path / "r.report.json").read_text())
     assert report["tried"] == len(report["candidates_tried"]) >= 2
     assert sum(report["dropped"].values()) + report["kept"] == report["tried"]
+    assert report["reused"] == 0 and report["run"] >= report["tried"]  # a first sitting runs all it tries

@@ -303,8 +303,9 @@ def _synth(args: argparse.Namespace) -> int:
     print(format_table([{"family": f, **n} for f, n in report["tried_by_family"].items()], ["family", "kept", *DROPS]))
     print(
         f"wrote {report['kept']} tasks ({report['train']} train, {report['eval']} eval) in {len(report['families'])} "
-        f"families and {report['kept_functions']} functions to {out}; {report['tried']} candidates tried in "
-        f"{seconds:.0f} s ({seconds / max(1, report['kept']):.1f} s per kept task)"
+        f"families and {report['kept_functions']} functions to {out}; {report['tried']} candidates tried "
+        f"({report['reused']} from the journal); {report['run']} validated in {seconds:.0f} s "
+        f"({seconds / max(1, report['run']):.1f} s each)"
     )
     print(f"yield report: {report_path(out)}")
     return 0

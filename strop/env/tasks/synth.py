@@ -429,6 +429,7 @@ def synth(
     entries = journal_entries(journal, key)
     known = next((e["baseline"] for e in entries if "baseline" in e), None)
     results = {e["result"]["id"]: e["result"] for e in entries if "result" in e}
+    journaled = set(results)  # what an earlier sitting validated: reused, not run again
     if not known and progress and sys.stderr.isatty():  # a note for people; an error stays one line in a log
         print(f"synth: {name} at {sha[:12]}: running its tests once, traced", file=sys.stderr, flush=True)
     base = Baseline.from_dict(known) if known else run_baseline(how, tree)
@@ -479,6 +480,8 @@ def synth(
         **found,
         "candidates": len(singles) + len(pairs),
         "tried": len(tried),
+        "reused": sum(c.id in journaled for c in tried),  # from the journal of an earlier sitting
+        "run": len(results) - len(journaled),  # validated in this sitting (with a chunk past the target)
         "kept": len(kept),
         "train": sum(r["split"] == "train" for r in kept_tasks),
         "eval": sum(r["split"] == "eval" for r in kept_tasks),
