@@ -15,6 +15,7 @@ from tqdm import tqdm
 from strop.env.demonstrators.chain import ChainDemonstrator
 from strop.env.demonstrators.imperfect import DemonstratorMix, DemoStyle, plan, rejected_as_planned
 from strop.env.demonstrators.scripted import scripted_client
+from strop.env.demonstrators.trace import TraceDemonstrator, traceable
 from strop.env.episode import Episode
 from strop.env.grading.checker import check as check_changes
 from strop.env.harness.loop import Harness, HarnessConfig, run_task
@@ -27,12 +28,16 @@ from strop.env.tasks.suites import load_suite, split_name
 DEMONSTRATION_HARNESS = HarnessConfig(max_turns=20, max_context=2048, max_turn_tokens=512)
 
 
-def demonstrator_client(task: Task, fmt, style: DemoStyle = DemoStyle()):
+def demonstrator_client(task: Task, fmt, style: DemoStyle = DemoStyle(), trace: bool = True):
     """The demonstrator for one task in the harness's chat format `fmt`: `plan(task, style)` played
     turn by turn; a `chain` task's reads its own context window instead
-    (`strop.env.demonstrators.chain`)."""
+    (`strop.env.demonstrators.chain`), and so does a task whose failing tests are in its repository
+    (`strop.env.demonstrators.trace`: it follows their traceback), unless `trace` is False (the
+    old opening, kept to measure against: `strop bench oracle --opening`)."""
     if task.suite == "chain":
         return ChainDemonstrator(task, fmt, careful=style.careful)
+    if trace and traceable(task):
+        return TraceDemonstrator(task, fmt, style)
     return scripted_client(plan(task, style), fmt)
 
 
@@ -45,8 +50,18 @@ def demonstration_episode(
 ) -> tuple[Episode, dict[str, bytes | None]]:
     """The demonstrator's episode on `task` through the real harness, tools and sandbox (its turns in
     the harness's chat format), and its changes."""
+    return played(task, tokenizer, config, limits, style)[:2]
+
+
+def played(
+    task: Task, tokenizer, config: HarnessConfig, limits: Limits, style: DemoStyle, trace: bool = True
+) -> tuple[Episode, dict[str, bytes | None], bool]:
+    """`demonstration_episode`'s episode and changes, and whether the demonstrator found the code
+    blind (by a name it never saw: `TraceDemonstrator.blind`)."""
     harness = Harness(tokenizer, config)
-    return run_task(harness, demonstrator_client(task, harness.format, style), task, limits)
+    client = demonstrator_client(task, harness.format, style, trace)
+    episode, changes = run_task(harness, client, task, limits)
+    return episode, changes, getattr(client, "blind", False)
 
 
 def solve(
@@ -58,20 +73,22 @@ def solve(
     mix: DemonstratorMix = DemonstratorMix(),
     workers: int = 1,
     seed: int = 0,
+    trace: bool = True,
 ) -> dict:
-    """Run the demonstrator on `tasks`, each in a style drawn from `mix` (seeded by `seed` and the
-    task id), and score each episode with the real checker (unless `check` is False; then "solved"
-    means submitted). `workers` episodes run at once (threads: their sandboxes and checker runs are
-    child processes). Returns tasks, solved, rate, episodes_per_s (episodes alone, checking
-    excluded, per worker), stop_reasons, styles (how many demonstrations were careful, had a wrong
-    first attempt, recovered, went off plan), results (one dict per task, in order: id,
-    difficulty, stop_reason, reward, reason, episode_s, tokens, careful, wrong) and episodes (task
-    id -> Episode: the solved ones that went as planned)."""
+    """Run the demonstrator on `tasks` (`trace`: see `demonstrator_client`), each in a style drawn
+    from `mix` (seeded by `seed` and the task id), and score each episode with the real checker
+    (unless `check` is False; then "solved" means submitted). `workers` episodes run at once
+    (threads: their sandboxes and checker runs are child processes). Returns tasks, solved, rate,
+    episodes_per_s (episodes alone, checking excluded, per worker), stop_reasons, styles (how many
+    demonstrations were careful, had a wrong first attempt, recovered, went off plan, found the
+    code blind), results (one dict per task, in order: id, difficulty, stop_reason, reward,
+    reason, episode_s, tokens, careful, wrong, blind) and episodes (task id -> Episode: the solved
+    ones that went as planned and not blind: a guess is not what a policy should learn)."""
 
     def one(task: Task) -> tuple[Task, Episode, dict]:
         style = mix.draw(task, Random(f"{seed}/{task.id}"))
         t = time.perf_counter()
-        episode, changes = demonstration_episode(task, tokenizer, config, style=style)
+        episode, changes, blind = played(task, tokenizer, config, Limits(), style, trace)
         episode_s = time.perf_counter() - t
         reason = episode.stop_reason + (f": {episode.detail}" if episode.detail else "")
         reward = 1.0 if episode.stop_reason == "submitted" else 0.0
@@ -93,6 +110,7 @@ def solve(
                 "careful": style.careful,
                 "wrong": wrong,
                 "as_planned": rejected_as_planned(episode, style),
+                "blind": blind,
             },
         )
 
@@ -102,7 +120,7 @@ def solve(
         "stop_reasons": {},
         "results": [],
         "episodes": {},
-        "styles": {"careful": 0, "wrong_first": 0, "recovered": 0, "gave_up": 0, "off_plan": 0},
+        "styles": {"careful": 0, "wrong_first": 0, "recovered": 0, "gave_up": 0, "off_plan": 0, "blind": 0},
     }
     styles = report["styles"]
     with ThreadPoolExecutor(workers) as pool:
@@ -114,9 +132,10 @@ def solve(
             styles["recovered"] += result["wrong"] > 0 and result["careful"]
             styles["gave_up"] += result["wrong"] > 0 and not result["careful"]
             styles["off_plan"] += not result["as_planned"]
+            styles["blind"] += result["blind"]
             if result["reward"] == 1.0:
                 report["solved"] += 1
-                if result["as_planned"]:
+                if result["as_planned"] and not result["blind"]:
                     report["episodes"][task.id] = episode
             if progress:
                 progress(i + 1, report)
