@@ -43,13 +43,14 @@ from strop.policy_api import Generation, SamplingParams
 
 MAX_SPAN = 40  # lines of a function read in one go; a longer one is read around what matters
 AROUND = 8  # lines read before a line of interest in a long function (and half as many after)
-MAX_LEADS = 8  # reads and greps before it gives up following leads and greps blind
+MAX_LEADS = 16  # reads and greps before it gives up following leads and greps blind
 READ_CHARS = 1800  # a read must show whole under the harness's observation limit (2,000 chars)
 MERGE_LINES = 6  # hunks of a fix closer than this are one edit
 # a location the window shows: "path.py:12: in f" (a short traceback), "path.py:12: Error" (a long
 # one), "path.py:12:def f(" (a grep hit)
 LOCATION = re.compile(r"(?<![\w./-])([\w./-]+\.py):(\d+):")
 NAME = re.compile(r"[A-Za-z_]\w*")
+HEAD_LINES = 15  # of the first run's output: its first failure
 RUN_SAY = "Let me run the failing test."
 RERUN_SAY = "Now the failing tests."
 
@@ -178,6 +179,12 @@ def traceable(task: Task) -> bool:
     )
 
 
+def _asserted(instruction: str, test: str) -> bool:
+    """Whether the statement says `test` failed its own assertion (an AssertionError)."""
+    line = next((l for l in instruction.splitlines() if l.startswith(f"{test}: ")), "")
+    return line[len(test) + 2 :].startswith("AssertionError")
+
+
 def locations(window: str) -> list[tuple[str, int]]:
     """The `path:line` locations the window shows, in order, first sightings only."""
     seen: dict[tuple[str, int], None] = {}
@@ -196,7 +203,11 @@ class TraceDemonstrator:
         assert self.edits, f"task {task.id} has no reference solution (reference_edits or a gold patch)"
         self.index = code_index(task)
         self.texts = {e["path"]: starting_text(task, e["path"]) for e in self.edits}
-        self.tests = [t for t in task.fail_to_pass if t in task.instruction]
+        # the failing tests it can see, those whose message is an error raised in the code (not
+        # the test's own assertion) first: their traceback goes down into the code
+        named = [t for t in task.fail_to_pass if t in task.instruction]
+        self.tests = sorted(named, key=lambda t: _asserted(task.instruction, t))
+        self.said: list[str] = []  # its own turns: a name it wrote itself is no lead
         self.done = 0  # edits made
         self.ran = False  # the failing tests ran since the last edit
         self.read: set[tuple[str, int, int]] = set()
@@ -210,6 +221,7 @@ class TraceDemonstrator:
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         window = self.fmt.tokenizer.decode(prompt_ids, skip_special_tokens=False)
         text = assistant_text(self.next_message(window), self.fmt)
+        self.said.append(text)
         return ScriptedClient([text], self.fmt.tokenizer, self.version, self.fmt.end_text).generate(prompt_ids, params)
 
     def next_message(self, window: str) -> dict:
@@ -241,9 +253,11 @@ class TraceDemonstrator:
 
     def _run_tests(self, say: str, first_only: bool) -> dict:
         self.ran = True
-        ids = self.tests[:1] if first_only else self.tests
-        flags = "-x -q --tb=short" if first_only else "-q --tb=short"
-        return tool_call_message(say, "run", command=f"python -m pytest {flags} {shlex.join(ids)}")
+        if first_only:  # its first failure (and a test of many subtests fails many times)
+            command = f"python -m pytest -x -q --tb=short {shlex.quote(self.tests[0])} | head -n {HEAD_LINES}"
+        else:
+            command = f"python -m pytest -q --tb=short {shlex.join(self.tests)}"
+        return tool_call_message(say, "run", command=command)
 
     def _located(self, window: str, target: Node) -> bool:
         """Whether the window already shows a location in code on the way to the bug (a
@@ -292,21 +306,22 @@ class TraceDemonstrator:
         return self._first_fitting(target.path, spans + [(start - AROUND, end + AROUND // 2), (start - 1, end + 1)])
 
     def _node_range(self, node: Node, line: int, dist: dict[Node, int]) -> tuple[int, int]:
-        """A function on the way to the bug: whole when short, else around its first reference to
-        a name one step nearer (or the line the lead showed)."""
+        """A function on the way to the bug: from its `def` (or the line the lead showed) to its
+        first reference to a name one step nearer, else around that reference."""
         nearer = {n.name for n, d in dist.items() if d == dist[node] - 1}
         text = self._text(node.path).splitlines()
-        at = next((i for i in range(node.start, node.end + 1) if set(NAME.findall(text[i - 1])) & nearer), line)
-        return self._first_fitting(
-            node.path, [(node.start, node.end), (max(node.start, at - AROUND), at + AROUND // 2), (at - 2, at + 2)]
-        )
+        body = range(node.start + 1, node.end + 1)
+        at = next((i for i in body if set(NAME.findall(text[i - 1])) & nearer), node.end)
+        start = line if line < at else node.start
+        return self._first_fitting(node.path, [(start, at + 2), (at - AROUND, at + 2), (at - 2, at + 2)])
 
     def _text(self, path: str) -> str:
         return self.texts.get(path) or starting_text(self.task, path)
 
     def _lead(self, window: str, target: Node) -> dict | None:
-        """The nearest lead in view (a location to read, else a name to grep) as the next turn; a
-        failing test's frame to read when nothing else leads on; None when nothing does."""
+        """The nearest lead in view (a location to read, else a name to grep) as the next turn,
+        None when nothing in view leads to the bug. A failing test's frame counts as one call above
+        the nearest name its test refers to."""
         dist = self.index.distances(target)
         by_name: dict[str, int] = {}
         for n, d in dist.items():
@@ -316,21 +331,30 @@ class TraceDemonstrator:
             (p, n.start) for p, s, e in sorted(self.read) for n in self.index.nodes.get(p, []) if s <= n.start <= e
         ]
         for order, (path, line) in enumerate(locations(window) + read_defs):
-            node = self.index.at(path, line)
-            if node is None or node not in dist or self._was_read(node, target):
+            node, d = self.index.at(path, line), -1
+            if node is not None and node in dist:
+                d = dist[node]
+            elif is_test_path(path):  # a test: one call above the nearest name it refers to
+                node = CodeIndex({path: file_nodes(path, self._text(path))}).at(path, line)
+                d = 1 + min((by_name[r] for r in node.refs if r in by_name), default=-2) if node else -1
+            if d < 0 or self._was_read(node, target):
                 continue
-            if best is None or (2 * dist[node], order) < best[0]:
-                best = ((2 * dist[node], order), node, line)
+            if best is None or (2 * d, order) < best[0]:
+                best = ((2 * d, order), node, line)
         seen = window.split(self.task.instruction[:40], 1)[-1]  # the instruction on: not the tool list
+        for text in self.said:
+            seen = seen.replace(text.strip(), "")
         for order, name in enumerate(dict.fromkeys(NAME.findall(seen))):
             if name in by_name and name not in self.grepped:
                 if best is None or (2 * by_name[name] + 1, order) < best[0]:
                     best = ((2 * by_name[name] + 1, order), name, None)
         if best is None:
-            return self._read_test(window)
+            return None
         _, what, line = best
         if isinstance(what, str):
             return self._grep(what)
+        if is_test_path(what.path):  # from its `def` (at most `2 * AROUND` lines up) to the failing line
+            return self._read_range(what.path, (max(what.start, line - 2 * AROUND), line + 1), None)
         if what == target:
             return self._read_range(what.path, self._target_range(self.edits[self.done], target, line), what)
         return self._read_range(what.path, self._node_range(what, line, dist), what)
@@ -339,16 +363,6 @@ class TraceDemonstrator:
         if node == target:  # read enough only once the edit is in view (`_in_view`)
             return self._covered(node.path, *self._edit_lines(self.edits[self.done]))
         return any(p == node.path and s <= node.end and node.start <= e for p, s, e in self.read)
-
-    def _read_test(self, window: str) -> dict | None:
-        """The failing test's frame, read from its `def` (at most `2 * AROUND` lines up) to its
-        failing line."""
-        for path, line in reversed(locations(window)):
-            if is_test_path(path) and not any(p == path and s <= line <= e for p, s, e in self.read):
-                test = CodeIndex({path: file_nodes(path, self._text(path))}).at(path, line)
-                start = max(test.start if test else 1, line - 2 * AROUND)
-                return self._read_range(path, (start, line + 1), None)
-        return None
 
     def _read_range(self, path: str, span: tuple[int, int], node: Node | None) -> dict:
         self.read.add((path, *span))
