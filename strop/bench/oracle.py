@@ -25,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--opening",
         default="trace",
         choices=["trace", "guess", "both"],
-        help="how a demonstration of a task with failing tests in its repository opens (see above)",
+        help="a task with its failing tests in its repository: trace = follow their traceback, guess = grep the "
+        "buggy function's name from the task's metadata (the old opening), both = each, side by side",
     )
     parser.add_argument("--config", help="run config whose demonstration harness to use (`strop sft`'s)")
     parser.add_argument("--json", help="write results to this JSON file")

@@ -3,6 +3,11 @@ through the real harness and tools with the task's reference solution (`metadata
 or the edits of its gold patch: `strop.env.world.patches.reference_edits`), with a configurable
 share of the mistakes real logged traces have.
 
+A task whose failing tests are in its repository (synthesized from a project's code) is the
+traceback-following demonstrator's (`strop.env.demonstrators.trace`, which draws its mistakes from
+the same `DemoStyle`): the opening below greps for a function the statement of such a task never
+names.
+
 At its best (the default `DemoStyle`) it behaves like a careful agent — locate the code (read the
 named file; or grep for the function that the instruction, or the failing tests it names, point
 to; or list the repository), read the file (whole when it is short, so the demonstration never

@@ -1,7 +1,8 @@
 """Demonstrations: the demonstrator of each task played through the real harness, tools and sandbox
-(the chain suite's reads its own window, `strop.env.demonstrators.chain`; every other task's plays
-its reference solution, `strop.env.demonstrators.imperfect`), scored by the real checker: the SFT
-warm start's data, and the demonstrator benchmarks."""
+(the chain suite's reads its own window, `strop.env.demonstrators.chain`; a task whose failing tests
+are in its repository follows their traceback, `strop.env.demonstrators.trace`; every other task's
+plays its reference solution, `strop.env.demonstrators.imperfect`), scored by the real checker: the
+SFT warm start's data, and the demonstrator benchmarks."""
 
 import functools
 import itertools
