@@ -7,22 +7,26 @@ window showed it first.
 An agent is told only which tests fail (`strop.env.tasks.statement`); the buggy function is 1 to 9
 calls below them. So, like a developer:
 
-1. it runs the failing tests the statement names (the first of them, `--tb=short`), unless the
-   statement's own traceback already points into the code;
+1. it runs the first failing test the statement names (one whose message is an error raised in the
+   code before one that failed its own assertion: `pytest -x -q --tb=short ID | head`), unless the
+   statement's own traceback already points into the code on the way to the bug;
 2. it follows a *lead* the window shows: a traceback frame or grep hit (`path:line`) in a function
-   of the repository, which it reads in a line range (`read_file` with start and end); or a name
-   in code it has read (a traceback's source line, a test, a function) whose `def` it greps for;
+   of the repository, which it reads in a line range (`read_file` with start and end: the bug's
+   function whole when it fits, a function on the way from its `def` to the call that leads on);
+   a failing test's frame, read from the test's `def` to the failing line; or a name in code or
+   output it has seen (not in its own words), whose definition it greps for (`(def|class) NAME\b`);
 3. once the window shows the bug's lines, it makes the edit (in the style `DemoStyle` draws:
    misremembered first, careless, ...: `strop.env.demonstrators.imperfect`), runs the failing
-   tests again, and submits. A fix of several parts (a combined bug) is one edit per hunk; when
-   no lead to the next part is in view it runs the tests again for one.
+   tests again, and submits. A fix that changes several functions (a combined bug) is one edit per
+   function; when no lead to the next one is in view it runs a failing test again for one.
 
 Which lead is the right one it decides with the gold patch (it is a demonstrator): the function
-holding the bug's next hunk, and a static call graph of the starting repository (`CodeIndex`:
-each function's distance, in references, to that function). Among the leads in view it takes the
-nearest; a frame to read before a name to grep at the same distance. When no lead in view reaches
-the bug (a call through a variable, say) it falls back to the old opening, a grep for the buggy
-function's name, and says so in `blind` (`strop.env.demonstrators.runs` counts those).
+holding the next edit, and a static call graph of the starting repository (`CodeIndex`: each
+function's distance, in references by name, to that function). Among the leads in view it takes the
+nearest; a location to read before a name to grep at the same distance. When nothing in view
+reaches the bug (a call through a variable, say), or after `MAX_LEADS` leads, it falls back to the
+old opening, a grep for the buggy function's name, and says so in `blind`: `strop.env.
+demonstrators.runs` counts those and leaves them out of the SFT data.
 """
 
 import ast
@@ -33,6 +37,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
+from strop.confined import read_beneath
 from strop.env.demonstrators.imperfect import FIRST_EDIT, RETRY, SUBMIT, DemoStyle
 from strop.env.demonstrators.scripted import ScriptedClient, assistant_text, tool_call_message
 from strop.env.runner import is_test_path
@@ -113,18 +118,19 @@ class CodeIndex:
 
 @functools.lru_cache(maxsize=8)
 def _starting_sources(repo: str, commit: str, start_patch: str) -> dict[str, str]:
+    """The Python source files (tests left out) of a repository at `commit` with `start_patch` applied."""
     tree = checkout(repo, commit)
     texts: dict[str, str] = {}
     for root, dirs, files in os.walk(tree):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for f in files:
-            rel = os.path.relpath(os.path.join(root, f), tree)
-            if f.endswith(".py") and not is_test_path(rel) and not os.path.islink(os.path.join(root, f)):
-                with open(os.path.join(root, f), "rb") as fh:
-                    texts[rel] = fh.read().decode(errors="replace")
+        for rel in (os.path.relpath(os.path.join(root, f), tree) for f in files if f.endswith(".py")):
+            if not is_test_path(rel) and (data := read_beneath(tree, rel, links=False)) is not None:
+                texts[rel] = data.decode(errors="replace")
     for rel, data in (apply_patch(tree, start_patch) if start_patch else {}).items():
         if rel.endswith(".py") and not is_test_path(rel):
-            texts.pop(rel, None) if data is None else texts.__setitem__(rel, data.decode(errors="replace"))
+            texts.pop(rel, None)
+            if data is not None:
+                texts[rel] = data.decode(errors="replace")
     return texts
 
 
@@ -139,9 +145,9 @@ def code_index(task: Task) -> CodeIndex:
 
 
 def hunk_edits(task: Task) -> list[dict]:
-    """The task's reference edits, one per function the fix changes (and hunks closer than
-    `MERGE_LINES` lines together), each unique in the file as the earlier ones leave it: the parts of a combined bug
-    are found and fixed one at a time."""
+    """The task's reference edits, one per function the fix changes (hunks closer than
+    `MERGE_LINES` lines together), each unique in the file as the earlier ones leave it: the parts
+    of a combined bug are found and fixed one at a time."""
     out = []
     for edit in reference_edits(task):
         if not edit["old"]:
