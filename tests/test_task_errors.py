@@ -81,7 +81,8 @@ def test_the_runners_words_pick_the_telling_line():
     assert no_report_reason(1, crash, limits).startswith("memory limit reached (memory_mb = 300): MemoryError")
     assert no_report_reason(137, "Killed\n", limits).startswith("killed (exit code 137): the CPU limit (cpu_s = 30)")
     assert no_report_reason(2, "", limits) == "no junit report (exit code 2)"
-    assert no_report_reason(-11, "", limits) == "crashed (exit code -11, SIGSEGV; memory_mb = 300, a likely cause)"
+    segv = "crashed (exit code -11, SIGSEGV): a stack overflow or the memory limit (memory_mb = 300)"
+    assert no_report_reason(-11, "", limits) == segv
     assert no_report_reason(2, "x" * 900, limits).endswith("...") and len(no_report_reason(2, "x" * 900, limits)) < 260
 
 

@@ -14,7 +14,7 @@ from strop.env.task import Task
 # exception, the dynamic loader's and libc's words, C++'s
 MEMORY_SIGNS = ("MemoryError", "failed to map segment", "annot allocate memory", "out of memory", "bad_alloc")
 KILLED = (137, -9)  # SIGKILL: the CPU limit's hard end (`Limits.cpu_s`) or a signal from outside
-SEGFAULT = (139, -11)  # SIGSEGV: under RLIMIT_AS, mostly a C extension that did not check an allocation
+SEGFAULT = (139, -11)  # SIGSEGV: deep recursion past the C stack, or an allocation RLIMIT_AS refused unchecked
 LINE = 200  # characters of the runner's words kept in a reason
 
 
@@ -50,9 +50,8 @@ def no_report_reason(exit_code: int | None, stderr: str, limits: Limits) -> str:
     if "No module named pytest" in words or "No module named 'pytest'" in words:
         return f"no pytest in the image (the task's image or test_command): {words}"
     if exit_code in SEGFAULT:
-        return f"crashed (exit code {exit_code}, SIGSEGV; memory_mb = {limits.memory_mb}, a likely cause)" + (
-            f": {words}" if words else ""
-        )
+        why = f"a stack overflow or the memory limit (memory_mb = {limits.memory_mb})"
+        return f"crashed (exit code {exit_code}, SIGSEGV): {why}" + (f": {words}" if words else "")
     if exit_code in KILLED:
         return f"killed (exit code {exit_code}): the CPU limit (cpu_s = {limits.cpu_s}) or a signal"
     return f"no junit report (exit code {exit_code})" + (f": {words}" if words else "")
