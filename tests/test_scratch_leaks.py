@@ -61,6 +61,6 @@ def test_killed_tasks_check_leaves_no_world(tmp_path, sig):
     task, repo = "synthetic-d1-eval-0000", tmp_path / "repo"
     assert strop("tasks", "export", "--suite", "synthetic", task, str(repo), tmp=tmp_path).wait(timeout=120) == 0
     proc = strop("tasks", "check", "--suite", "synthetic", task, str(repo), tmp=tmp_path)
-    wait_for(lambda: any("-check-" in p.name for p in leftovers(proc.pid, tmp_path)) or proc.poll() is not None)
+    wait_for(lambda: any("-world-" in p.name for p in leftovers(proc.pid, tmp_path)) or proc.poll() is not None)
     assert proc.poll() is None, "the check finished before it could be killed"
     after_kill(proc, sig, tmp_path)

@@ -210,7 +210,7 @@ def run_tests(
     canary_files = {canaries.path: canaries.source} if canaries else {}
     # a fresh sandbox on the pristine repository; the kept changes and then the tests are written
     # from the host before any command runs, so nothing of the agent's runs while it is assembled
-    with task_sandbox(task, limits, kind="check") as sandbox:
+    with task_sandbox(task, limits) as sandbox:
         _write(sandbox, changes)
         _write(sandbox, {**tests, **canary_files})
         setup = prepare_world(sandbox, task, timeout)
@@ -238,7 +238,7 @@ def run_tests(
 def _run(task: Task, kept: dict, tests: dict[str, str], n_tests: int, mode: Mode, limits: Limits) -> Score:
     timeout = float(task.metadata.get("timeout_s", TEST_TIMEOUT_S))
     if task.grader == "values":  # the checks never enter the agent's world: a judge on an empty one runs them
-        with task_sandbox(task, limits, kind="check") as sandbox, empty_sandbox(task, limits) as judge:
+        with task_sandbox(task, limits) as sandbox, empty_sandbox(task, limits) as judge:
             _write(sandbox, kept)
             return _values_score(sandbox, judge, tests, n_tests, mode, timeout, task.image)
     selected = task.fail_to_pass + task.pass_to_pass or sorted(tests)

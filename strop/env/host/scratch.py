@@ -12,7 +12,7 @@ from strop.confined import rmtree
 from strop.env.host.account import hand_over, reachable
 from strop.env.host.node_cache import cache_dir
 
-SCRATCH_KINDS = ("sbx", "world", "check")  # host directories strop-<kind>-<pid>-*, swept when <pid> is dead
+SCRATCH_KINDS = ("sbx", "world")  # host directories strop-<kind>-<pid>-*, swept when <pid> is dead
 
 
 def scratch_base() -> Path:
@@ -37,9 +37,9 @@ def scratch_dir(kind: str) -> Path:
 
 def sweep_dead(*bases: Path) -> None:
     """Remove what processes killed before their exit handlers ran left behind (temp roots named
-    strop-sbx-<pid>-*, worlds strop-world-<pid>-* and strop-check-<pid>-* holding a task's
-    repository, see `scratch_dir`): a crashed rollout worker must not
-    leak RAM in /dev/shm, nor a killed `strop tasks check` a copy of the task in /tmp."""
+    strop-sbx-<pid>-*, worlds strop-world-<pid>-* holding a task's repository, see `scratch_dir`):
+    a crashed rollout worker must not leak RAM in /dev/shm, nor a killed `strop tasks check` a copy
+    of the task in /tmp."""
     for base in bases:
         for d in base.glob("strop-*-*-*"):
             kind, pid = d.name.split("-")[1:3]

@@ -6,7 +6,8 @@ library dirs read-only, an empty /sys; a copy of its /etc without host secrets a
 and hostname `devbox`; everything else, e.g. /root, /work, /opt, absent or empty), the interpreter
 strop runs on with a trimmed site-packages (see `strop.env.sandbox.python`), private size-bounded /tmp,
 /var/tmp, /home and /dev/shm, a fresh /dev and /proc, the task repository copy-on-write at
-WORKDIR (overlay; the upper layer is a host temp dir), no network (--unshare-all), no
+WORKDIR (overlay; the upper layer is a host temp dir of the sandbox's own, the lower one is never
+written and may be shared by the sandboxes of a task: `strop.env.world.shared_repos`), no network (--unshare-all), no
 capabilities, --die-with-parent, no controlling terminal (see `strop.env.sandbox.ctty`). Its processes request
 a short scheduler slice: on a busy machine they preempt long-running work when they wake, with
 unchanged CPU shares (see `strop.env.sandbox.sched_slice`). Every bwrap of a process starts from one

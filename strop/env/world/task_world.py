@@ -4,7 +4,8 @@ opened as a sandbox. The one way an episode, the checker, the judge and `strop t
 The repository a sandbox mounts at WORKDIR is the node's cached checkout itself (read-only, shared
 by every sandbox of that commit: the sandbox's overlay takes the writes) when the task has a `repo`
 and no `files`; otherwise a scratch directory holding the task's files (over a copy of the checkout
-when it has both), removed when the sandbox closes.
+when it has both), as read-only and as shared: one per content in this process, kept for the next
+sandbox of the task (`strop.env.world.shared_repos`).
 """
 
 import contextlib
@@ -17,14 +18,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
-from strop.confined import apply_changes, copy_tree, lstat_beneath, read_regular, rmtree, walk
-from strop.env.host.account import hand_over
-from strop.env.host.scratch import scratch_dir
+from strop.confined import apply_changes, copy_tree, lstat_beneath, read_regular, walk
 from strop.env.sandbox.backend import open_sandbox
 from strop.env.sandbox.interface import WORKDIR, ExecResult, Limits, Sandbox
 from strop.env.task import Task
 from strop.env.world.image import image_root
 from strop.env.world.repo import apply_patch, checkout, commit_start
+from strop.env.world.shared_repos import SHARED
+from strop.memo import content_key
 
 
 def materialize(task: Task, root: Path) -> Path:
@@ -41,26 +42,23 @@ def materialize(task: Task, root: Path) -> Path:
 
 
 @contextlib.contextmanager
-def task_repository(task: Task, kind: str = "world") -> Iterator[Path]:
-    """The directory a sandbox of `task` mounts at WORKDIR (see the module docstring); a scratch
-    copy is named after `kind` (`strop.env.host.scratch.SCRATCH_KINDS`)."""
+def task_repository(task: Task) -> Iterator[Path]:
+    """The directory a sandbox of `task` mounts at WORKDIR (see the module docstring), never to be
+    written: it stays while the block runs."""
     if task.repo and not task.files and not task.start_patch:
         yield checkout(task.repo, task.base_commit)
         return
-    world = scratch_dir(kind)
-    try:
-        materialize(task, world / "repo")
-        hand_over(world)
-        yield world / "repo"
-    finally:
-        rmtree(world)
+    base = str(checkout(task.repo, task.base_commit)) if task.repo else ""  # named by its content
+    files = [part for path, data in sorted(task.files.items()) for part in (path, content_key(data))]
+    with SHARED.use(content_key(base, task.start_patch, *files), lambda root: materialize(task, root)) as repo:
+        yield repo
 
 
 @contextlib.contextmanager
-def task_sandbox(task: Task, limits: Limits = Limits(), kind: str = "world") -> Iterator[Sandbox]:
+def task_sandbox(task: Task, limits: Limits = Limits()) -> Iterator[Sandbox]:
     """A fresh sandbox on `task`'s image with its starting repository at WORKDIR; closed on exit."""
     image = image_root(task.image)
-    with task_repository(task, kind) as repo:
+    with task_repository(task) as repo:
         sandbox = open_sandbox(repo, limits, image)
         try:
             yield sandbox
@@ -89,7 +87,7 @@ def prepare_world(sandbox: Sandbox, task: Task, timeout: float) -> ExecResult | 
 
 def empty_sandbox(task: Task, limits: Limits = Limits()) -> contextlib.AbstractContextManager[Sandbox]:
     """A fresh sandbox on `task`'s image with an empty WORKDIR (the judge of values grading)."""
-    return task_sandbox(replace(task, repo="", base_commit="", files={}), limits, kind="check")
+    return task_sandbox(replace(task, repo="", base_commit="", files={}), limits)
 
 
 def repository_has(task: Task, path: str) -> bool:
