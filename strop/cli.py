@@ -77,10 +77,14 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "strop.commands.env_parity",
         "what an agent can probe inside a sandbox vs on the host, and what differs",
     ),
-    ("bench", "sandbox"): ("strop.bench.sandbox", "sandbox start/exec latency, idle footprint, max concurrent"),
+    ("bench", "sandbox"): (
+        "strop.bench.sandbox",
+        "sandbox start/exec latency, where a task sandbox's open and close spend it, idle footprint, max concurrent",
+    ),
     ("bench", "checker"): (
         "strop.bench.checker",
-        "scoring an episode of the demo's suite: the judge's first round run every time vs remembered, same verdicts",
+        "scoring an episode of the demo's suite: the judge's first round run every time vs remembered, "
+        "a fresh vs a shared copy of the repository, same verdicts",
     ),
     ("bench", "envs"): (
         "strop.bench.envs",

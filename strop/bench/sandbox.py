@@ -1,5 +1,8 @@
 """`strop bench sandbox`: what a sandbox costs on this machine.
 
+- the steps of a task sandbox's open and close (`strop.bench.sandbox_steps`: the world, the layer
+  directories, bwrap's start, the first command, the kill, the removals), with a fresh copy of the
+  task's repository per sandbox and with the copy its sandboxes share, alternately in one run;
 - start+exit: `open_sandbox` + the first command (`true`) + `close`, cold (a new bwrap each time):
   wall-clock percentiles, the fastest run, and the CPU time per run (user+sys of strop, bwrap and
   bwrap's init, which sets up the namespaces and mounts; what a start costs whatever the machine's
@@ -39,7 +42,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="under a minute: 200 start+exit runs, 50 pooled, 100 execs, a 5 s idle-footprint budget, 1 oracle episode",
+        help="under a minute: 200 start+exit runs, 50 pooled, 100 execs, 50 step runs a mode, a 5 s "
+        "idle-footprint budget, 1 oracle episode",
+    )
+    p.add_argument(
+        "--step-runs", type=int, default=None, help="task sandboxes a mode in the step table (default 200, --quick 50)"
     )
     p.add_argument("--runs", type=int, default=None, help="start+exit runs (default 1000, --quick 200)")
     p.add_argument("--max", type=int, default=1000, help="most idle sandboxes to hold at once (default 1000)")
@@ -244,11 +251,13 @@ def run(args: argparse.Namespace) -> int:
     from strop.threads import set_threads
 
     set_threads(1)
+    from strop.bench.sandbox_steps import MODES, STEPS, step_times
     from strop.bench.table import format_table, write_json
 
     runs = args.runs or (200 if args.quick else 1000)
     t_all = time.perf_counter()
     load = os.getloadavg()[0]
+    steps = step_times(args.step_runs or (50 if args.quick else 200))
     with tempfile.TemporaryDirectory(prefix="strop-bench-world-") as d:
         world = Path(d)
         (world / "main.py").write_text("print('hello')\n")
@@ -278,6 +287,8 @@ def run(args: argparse.Namespace) -> int:
         **spawns,
         "ballast_gib": args.ballast_gib,
         "oracle_episodes_per_s": oracle,
+        "steps": steps,
+        "steps_whole_mean_ratio": steps[MODES[1]]["whole mean_ms"] / steps[MODES[0]]["whole mean_ms"],
         "start_runs": runs,
         "loadavg_1m": load,
         "cpus": os.cpu_count(),
@@ -333,6 +344,12 @@ def run(args: argparse.Namespace) -> int:
                 {"measure": "  a Python thread's longest stall", "p50": res[f"spawn_{name}_stall_max_ms"], "unit": "ms"}
             )
     print(format_table(rows, ["measure", "p50", "p99", "unit", "n"]))
+    step_rows = [{"step (p50 ms)": k, **{m: steps[m][f"{k} p50_ms"] for m in MODES}} for k in (*STEPS, "whole")] + [
+        {"step (p50 ms)": "whole (mean ms)", **{m: steps[m]["whole mean_ms"] for m in MODES}}
+    ]
+    print(format_table(step_rows, ["step (p50 ms)", *MODES]))
+    ratio = res["steps_whole_mean_ratio"]
+    print(f"a task sandbox's open, first command and close, shared / fresh copy: {ratio:.2f} (means)")
     print(f"load average {load:.2f} on {os.cpu_count()} CPUs; oracle: {oracle_note}; {res['wall_s']:.1f} s")
     write_json(args.json, res)
     return 0
