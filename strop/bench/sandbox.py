@@ -2,7 +2,9 @@
 
 - the steps of a task sandbox's open and close (`strop.bench.sandbox_steps`: the world, the layer
   directories, bwrap's start, the first command, the kill, the removals), with a fresh copy of the
-  task's repository per sandbox and with the copy its sandboxes share, alternately in one run;
+  task's repository per sandbox and with the copy its sandboxes share, alternately in one run, in
+  an idle process and with `--busy-threads` Python threads spinning beside (the RL loop's engines
+  and rollout workers are threads of one process);
 - start+exit: `open_sandbox` + the first command (`true`) + `close`, cold (a new bwrap each time):
   wall-clock percentiles, the fastest run, and the CPU time per run (user+sys of strop, bwrap and
   bwrap's init, which sets up the namespaces and mounts; what a start costs whatever the machine's
@@ -47,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--step-runs", type=int, default=None, help="task sandboxes a mode in the step table (default 200, --quick 50)"
+    )
+    p.add_argument(
+        "--busy-threads", type=int, default=2, help="Python threads spinning beside the step table's second run"
     )
     p.add_argument("--runs", type=int, default=None, help="start+exit runs (default 1000, --quick 200)")
     p.add_argument("--max", type=int, default=1000, help="most idle sandboxes to hold at once (default 1000)")
@@ -257,7 +262,9 @@ def run(args: argparse.Namespace) -> int:
     runs = args.runs or (200 if args.quick else 1000)
     t_all = time.perf_counter()
     load = os.getloadavg()[0]
-    steps = step_times(args.step_runs or (50 if args.quick else 200))
+    step_runs = args.step_runs or (50 if args.quick else 200)
+    busy = f"{args.busy_threads} busy threads"
+    steps = {"idle": step_times(step_runs), busy: step_times(step_runs, args.busy_threads)}
     with tempfile.TemporaryDirectory(prefix="strop-bench-world-") as d:
         world = Path(d)
         (world / "main.py").write_text("print('hello')\n")
@@ -288,7 +295,9 @@ def run(args: argparse.Namespace) -> int:
         "ballast_gib": args.ballast_gib,
         "oracle_episodes_per_s": oracle,
         "steps": steps,
-        "steps_whole_mean_ratio": steps[MODES[1]]["whole mean_ms"] / steps[MODES[0]]["whole mean_ms"],
+        "steps_whole_mean_ratio": {
+            k: by_mode[MODES[1]]["whole mean_ms"] / by_mode[MODES[0]]["whole mean_ms"] for k, by_mode in steps.items()
+        },
         "start_runs": runs,
         "loadavg_1m": load,
         "cpus": os.cpu_count(),
@@ -344,12 +353,17 @@ def run(args: argparse.Namespace) -> int:
                 {"measure": "  a Python thread's longest stall", "p50": res[f"spawn_{name}_stall_max_ms"], "unit": "ms"}
             )
     print(format_table(rows, ["measure", "p50", "p99", "unit", "n"]))
-    step_rows = [{"step (p50 ms)": k, **{m: steps[m][f"{k} p50_ms"] for m in MODES}} for k in (*STEPS, "whole")] + [
-        {"step (p50 ms)": "whole (mean ms)", **{m: steps[m]["whole mean_ms"] for m in MODES}}
+    columns = {f"{m}, {k}": (k, m) for k in steps for m in MODES}
+    step_rows = [
+        {"step (p50 ms)": step, **{c: steps[k][m][f"{step} p50_ms"] for c, (k, m) in columns.items()}}
+        for step in (*STEPS, "whole")
     ]
-    print(format_table(step_rows, ["step (p50 ms)", *MODES]))
-    ratio = res["steps_whole_mean_ratio"]
-    print(f"a task sandbox's open, first command and close, shared / fresh copy: {ratio:.2f} (means)")
+    step_rows.append(
+        {"step (p50 ms)": "whole (mean ms)", **{c: steps[k][m]["whole mean_ms"] for c, (k, m) in columns.items()}}
+    )
+    print(format_table(step_rows, ["step (p50 ms)", *columns]))
+    ratios = ", ".join(f"{k} {r:.2f}" for k, r in res["steps_whole_mean_ratio"].items())
+    print(f"a task sandbox's open, first command and close, shared / fresh copy (means): {ratios}")
     print(f"load average {load:.2f} on {os.cpu_count()} CPUs; oracle: {oracle_note}; {res['wall_s']:.1f} s")
     write_json(args.json, res)
     return 0

@@ -9,16 +9,22 @@ rest of the first command (bwrap's namespaces and mounts, the server's start, on
 kill and reap, the layer directories removed. The two ways of getting the world are timed
 alternately in one run: a fresh copy per sandbox (`strop.env.world.shared_repos.KEPT = 0`, as before
 copies were shared), and the copy shared by the task's sandboxes.
+
+With `busy_threads`, that many Python threads spin beside, as the RL loop's process runs its engines
+and rollout workers as threads: a thread back from a system call that blocked (a removal waiting
+for the disk, a wait for a child) then waits for the GIL until the running thread yields it, up to
+the switch interval (5 ms), so a step costs about that per blocking call it makes.
 """
 
 import contextlib
 import functools
+import threading
 import time
 from collections import defaultdict
 from statistics import median
 from typing import Iterator
 
-MODES = ("fresh copy per sandbox", "shared copy")
+MODES = ("fresh copy", "shared copy")
 
 
 @contextlib.contextmanager
@@ -55,16 +61,47 @@ def _one(task, steps: dict[str, float]) -> None:
     steps["close"] += t3 - t2
 
 
-def step_times(runs: int) -> dict:
-    """Per mode: each step's median milliseconds over `runs` sandboxes, and the whole's median and mean."""
-    from strop.env.sandbox.bwrap import BwrapSandbox
+@contextlib.contextmanager
+def _busy(threads: int) -> Iterator[None]:
+    """`threads` Python threads running pure Python until the block exits."""
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            sum(range(1000))
+
+    spinners = [threading.Thread(target=spin, daemon=True) for _ in range(threads)]
+    for t in spinners:
+        t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for t in spinners:
+            t.join()
+
+
+def step_times(runs: int, busy_threads: int = 0) -> dict:
+    """Per mode: each step's median milliseconds over `runs` sandboxes, and the whole's median and
+    mean, with `busy_threads` Python threads spinning beside."""
     from strop.env.suites.synthetic import make_task, parse_themes
     from strop.env.world import shared_repos, task_world
 
     task = make_task(1, "eval", 0, parse_themes("parse"))
     kept, shared = shared_repos.KEPT, task_world.SHARED
-    fresh = shared_repos.SharedRepositories()  # of its own: the shared mode's copy stays in the other
     per_mode: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
+    with _busy(busy_threads):
+        _runs(task, runs, per_mode)
+    shared_repos.KEPT, task_world.SHARED = kept, shared
+    return {mode: _summary(of) for mode, of in per_mode.items()}
+
+
+def _runs(task, runs: int, per_mode: dict[str, list[dict[str, float]]]) -> None:
+    from strop.env.sandbox.bwrap import BwrapSandbox
+    from strop.env.world import shared_repos, task_world
+
+    kept, shared = shared_repos.KEPT, task_world.SHARED
+    fresh = shared_repos.SharedRepositories()  # of its own: the shared mode's copy stays in the other
     for i in range(runs + 2):  # the first two warm (the image's root, the sandbox account)
         for mode in MODES if i % 2 == 0 else MODES[::-1]:
             shared_repos.KEPT, task_world.SHARED = (0, fresh) if mode == MODES[0] else (kept, shared)
@@ -83,8 +120,6 @@ def step_times(runs: int) -> dict:
                 _one(task, steps)
             if i >= 2:
                 per_mode[mode].append(steps)
-    shared_repos.KEPT, task_world.SHARED = kept, shared
-    return {mode: _summary(of) for mode, of in per_mode.items()}
 
 
 WORLD_MADE = ("world: scratch directory", "world: the task's files written", "world: handed to the sandbox account")
