@@ -113,3 +113,14 @@ def test_one_copy_made_for_concurrent_users_and_none_left_by_a_failure(own):
     assert not failed[0].parent.exists()
     with own.use("broken", make) as repo:  # made again by the next user
         assert repo.is_dir() and len(made) == 2
+
+
+def test_the_step_table_times_every_step_and_a_shared_copy_makes_no_world():
+    from strop.bench.sandbox_steps import MODES, STEPS, step_times
+
+    kept = shared_repos.KEPT
+    table = step_times(2, busy_threads=1)
+    fresh, shared = (table[m] for m in MODES)
+    assert all(fresh[f"{s} p50_ms"] > 0 for s in STEPS)
+    assert all(shared[f"{s} p50_ms"] == 0 for s in STEPS if s.startswith("world"))
+    assert task_world.SHARED is shared_repos.SHARED and shared_repos.KEPT == kept  # restored
