@@ -223,8 +223,9 @@ def single_candidates(
         order.append([Candidate(_candidate_id((b,)), (b,), split(b)) for b in chosen])
     rng.shuffle(order)
     # a function whose tests take minutes makes every candidate of it cost minutes: those come last
-    slow = [o for o in order if o and _traced_s(base, o[0]) > SLOW_S]
-    fast = [o for o in order if not (o and _traced_s(base, o[0]) > SLOW_S)]
+    is_slow = [bool(o) and _traced_s(base, o[0]) > SLOW_S for o in order]
+    slow = [o for o, s in zip(order, is_slow) if s]
+    fast = [o for o, s in zip(order, is_slow) if not s]
     found = {"sites": sites, "sites_not_run": unrun, "functions": len(by_function), "slow_functions": len(slow)}
     return list(_round_robin(fast)) + list(_round_robin(slow)), found
 
