@@ -23,6 +23,8 @@ import os
 import platform
 from functools import cache
 
+from strop.native import march
+
 # what each library reads, at load, to compute as an AVX2 machine does
 PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 SHOWN_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_bf16", "avx_vnni", "amx_tile")
@@ -78,6 +80,7 @@ def describe() -> dict:
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "flags": [f for f in SHOWN_FLAGS if f in have],
         "numerics": numerics(),
+        "kernels": march(),
         "pinned": {k: os.environ[k] for k in PINNED if k in os.environ},
     }
 
@@ -86,4 +89,6 @@ def describe_line(cpu: dict) -> str:
     """`describe()` in one line."""
     pinned = ", ".join(f"{k}={v}" for k, v in cpu["pinned"].items()) or "nothing pinned"
     flags = " ".join(cpu["flags"])
-    return f"{cpu['model']}, {cpu['cores']} cores, flags {flags}; numerics {cpu['numerics']} ({pinned})"
+    kernels = cpu.get("kernels", "native")  # summaries written before the field
+    numerics = f"numerics {cpu['numerics']} ({pinned}); kernels -march={kernels}"
+    return f"{cpu['model']}, {cpu['cores']} cores, flags {flags}; {numerics}"

@@ -4,9 +4,10 @@ Used for the few hot loops that numpy or torch cannot express cheaply (the engin
 kernels, the weight-sync delta coder). Their C lives in `.c` files shipped inside the package
 (`read_sources` joins a package's files into one translation unit, with `#line` marks so that a
 compiler message names the file and line it is about). The shared object is built with -O3
--march=native and warnings on (-Wall -Wextra), and cached under ~/.cache/strop (or
-$XDG_CACHE_HOME/strop) keyed by a hash of the source and this CPU's flags, so a cached copy built
-for another machine is never loaded. Warnings are printed to stderr when a build emits them: once,
+-march=native (or -march=$STROP_MARCH: `x86-64-v3` builds what an AVX2 machine would) and warnings
+on (-Wall -Wextra), and cached under ~/.cache/strop (or $XDG_CACHE_HOME/strop) keyed by a hash of
+the source, the target and this CPU's flags, so a cached copy built for another machine is never
+loaded. Warnings are printed to stderr when a build emits them: once,
 since the result is cached.
 
 Without a C compiler, or when the build fails, `load_library` says so in one line on stderr naming
@@ -26,7 +27,12 @@ from pathlib import Path
 from strop.memo import content_key
 
 WARNINGS = ("-Wall", "-Wextra")
-FLAGS = ("-O3", "-march=native", *WARNINGS, "-shared", "-fPIC", "-pthread")  # -pthread: the kernels' worker threads
+FLAGS = ("-O3", *WARNINGS, "-shared", "-fPIC", "-pthread")  # -pthread: the kernels' worker threads
+
+
+def march() -> str:
+    """The CPU the C is built for: this one, or STROP_MARCH (a gcc -march value)."""
+    return os.environ.get("STROP_MARCH") or "native"
 
 
 def read_sources(package: str, *names: str) -> str:
@@ -40,7 +46,7 @@ def _key(source: str) -> str:
         flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
     except (OSError, StopIteration):
         flags = ""
-    return content_key(source, flags)
+    return content_key(source, march(), flags)
 
 
 def _first_error(stderr: str) -> str:
@@ -67,7 +73,7 @@ def load_library(name: str, source: str, *, slow_path: str) -> ctypes.CDLL | Non
                 src, tmp = Path(d) / f"{name}.c", Path(d) / f"{name}.so"
                 src.write_text(source)
                 r = subprocess.run(
-                    [cc, *FLAGS, str(src), "-o", str(tmp), "-lm"],
+                    [cc, *FLAGS, f"-march={march()}", str(src), "-o", str(tmp), "-lm"],
                     capture_output=True,
                     text=True,
                     timeout=120,

@@ -59,3 +59,18 @@ def test_shipped_sources_are_package_files_marked_by_line():
         source.startswith('#line 1 "strop/sync/delta_encode.c"\n') and '#line 1 "strop/sync/delta_decode.c"\n' in source
     )
     assert "delta_scan" in source and "delta_decode" in source
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler here")
+def test_strop_march_builds_for_another_cpu_in_its_own_cache_file(tmp_path, monkeypatch):
+    from strop.cpu import describe
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("STROP_NO_KERNELS", raising=False)
+    monkeypatch.delenv("STROP_MARCH", raising=False)
+    assert load_library("t", SOURCE, slow_path="python").add_one(1) == 2
+    assert describe()["kernels"] == "native"
+    monkeypatch.setenv("STROP_MARCH", "x86-64-v3")  # what an AVX2 machine builds
+    assert load_library("t", SOURCE, slow_path="python").add_one(1) == 2
+    assert len(list((tmp_path / "strop").glob("t_*.so"))) == 2  # never the native build's file
+    assert describe()["kernels"] == "x86-64-v3"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 # (rows, out features, in features): the demo's MoE expert and head, SmolLM2-135M's MLP and head
 SHAPES = ((16, 4096, 128), (1, 1536, 576), (16, 1536, 576), (16, 576, 1536), (16, 49152, 576))
-BUILDS = {"this CPU": (), "x86-64-v3": ("-march=x86-64-v3",)}
+BUILDS = {"this CPU": ("-march=native",), "x86-64-v3": ("-march=x86-64-v3",)}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
