@@ -132,7 +132,7 @@ def test_one_cycle_promotes_a_harmful_update_is_refused_and_rollback_is_bitwise(
         assert main(rollback) == 2
 
 
-def test_online_command_refuses_bad_input(capsys, monkeypatch):
+def test_online_command_refuses_bad_input(capsys, monkeypatch, tmp_path):
     assert main(["online", "--once"]) == 2
     assert "needs --checkpoint" in capsys.readouterr().err
     monkeypatch.delenv("STROP_API_KEY", raising=False)
@@ -192,6 +192,14 @@ def test_online_command_refuses_bad_input(capsys, monkeypatch):
         )
         == 2
     )
+    capsys.readouterr()
+    # a run config whose chat template is not a file, a --simulate base that is not a model: one line each
+    config = tmp_path / "bad.toml"
+    config.write_text('[harness]\nchat_template = "no/such.jinja"\n')
+    assert main(["online", "--simulate", "1", "--config", str(config), "--run-dir", str(tmp_path / "r")]) == 2
+    assert "chat_template" in capsys.readouterr().err
+    assert main(["online", "--simulate", "1", "--checkpoint", str(tmp_path), "--run-dir", str(tmp_path / "r")]) == 2
+    assert "not a model directory" in capsys.readouterr().err
 
 
 @pytest.mark.slow

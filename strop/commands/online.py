@@ -4,6 +4,12 @@
     strop online --interval 5h ...        the same cycle every interval until Ctrl-C / SIGTERM
     strop online --simulate N --json F    the whole loop end to end with simulated users
                                           (`strop.online.simulate`): a real server, real HTTP, real database
+    strop online --simulate N --checkpoint DIR --config F
+                                          ... serving and training DIR (a pretrained model) instead
+                                          of the mixture policy trained here
+
+`--config F`: the run config's `[harness]` chat template and tool parser are what the gates (and a
+simulation's server) render in, and its `trainer.frozen_layers` what the update leaves frozen.
 
 The admin key the cycle presents to the engines comes from $STROP_API_KEY. Each cycle prints one
 JSON line (its report without the bulky figures); `--json F` writes the whole report.
@@ -26,7 +32,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode.add_argument("--once", action="store_true", help="run one cycle and exit")
     mode.add_argument("--interval", help="run a cycle every interval, e.g. 5h, 30m, 90s")
     mode.add_argument("--simulate", type=int, metavar="N", help="N cycles with simulated users (everything made here)")
-    parser.add_argument("--checkpoint", help="the base policy directory (architecture, tokenizer)")
+    parser.add_argument(
+        "--checkpoint",
+        help="the base policy directory (architecture, tokenizer); with --simulate, the policy served and "
+        "trained (default: a mixture policy trained here)",
+    )
+    parser.add_argument(
+        "--config", help="a run config: its [harness] chat template and tool parser, its trainer.frozen_layers"
+    )
     parser.add_argument("--store", help="feedback store the engines log to (SQLite path or postgresql:// URL)")
     parser.add_argument("--weights-store", help="the run's weight store the engines load from")
     parser.add_argument("--engine", action="append", help="a serving engine's URL (repeatable)")
@@ -45,6 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--gate-suites", default="synthetic,humaneval,mutated", help="held-out task suites the gates run"
     )
     parser.add_argument("--gate-episodes", type=int, default=6, help="episodes per gate suite")
+    parser.add_argument("--probe-samples", type=int, default=2, help="samples per probe request of the gates' monitors")
     parser.add_argument(
         "--requests", type=int, default=384, help="--simulate: requests per cycle (the ratings one update trains on)"
     )
@@ -71,16 +85,33 @@ def open_store(url: str):
         raise UserError(str(e)) from None
 
 
-def gate_settings(args: argparse.Namespace):
+def run_config(args: argparse.Namespace):
+    """(the harness's chat template, its tool parser, trainer.frozen_layers) of `--config`, checked."""
+    from strop.config import load_config
+    from strop.env.harness.loop import harness_config
+
+    cfg = load_config(args.config)
+    harness = harness_config(cfg.rollout, cfg.harness)  # a template that is not a file: refused here
+    return harness.chat_template, harness.tool_parser, cfg.trainer.frozen_layers
+
+
+def gate_settings(args: argparse.Namespace, chat_template: str, tool_parser: str):
     from strop.online.gates import SUITES, GateSettings
 
     suites = tuple(s.strip() for s in args.gate_suites.split(",") if s.strip())
     bad = [s for s in suites if s not in SUITES]
     if bad:
         raise UserError(f"--gate-suites: {bad[0]!r} is not one of {', '.join(SUITES)}")
-    if args.gate_episodes < 1:
-        raise UserError("--gate-episodes must be at least 1")
-    return GateSettings(suites=suites, episodes=args.gate_episodes, seed=args.seed)
+    if args.gate_episodes < 1 or args.probe_samples < 1:
+        raise UserError("--gate-episodes and --probe-samples must be at least 1")
+    return GateSettings(
+        suites=suites,
+        episodes=args.gate_episodes,
+        probe_samples=args.probe_samples,
+        seed=args.seed,
+        chat_template=chat_template,
+        tool_parser=tool_parser,
+    )
 
 
 def settings_from(args: argparse.Namespace):
@@ -100,11 +131,13 @@ def settings_from(args: argparse.Namespace):
     if hasattr(args, "lr"):
         if args.lr <= 0 or args.max_staleness < 0 or args.min_rated < 2:
             raise UserError("need --lr > 0, --max-staleness >= 0 and --min-rated >= 2")
+        chat_template, tool_parser, frozen_layers = run_config(args)
         extra = {
             "rl": RLSection(lr=args.lr, micro_batch=16, measure_every=0),
             "max_staleness": args.max_staleness,
             "min_rated": args.min_rated,
-            "gates": gate_settings(args),
+            "gates": gate_settings(args, chat_template, tool_parser),
+            "frozen_layers": frozen_layers,
         }
     return CycleSettings(
         checkpoint=args.checkpoint,
@@ -138,9 +171,16 @@ def run_simulation(args: argparse.Namespace) -> dict:
     run_dir = Path(args.run_dir)
     if run_dir.exists() and any(run_dir.iterdir()):
         raise UserError(f"--run-dir {run_dir} is not empty; a simulation starts from nothing")
-    corpus = load_corpus(DataSection(val_files=5))
-    tokenizer = train_tokenizer(corpus.train[:200], vocab_size=512, sample_bytes=400_000)
-    gates = gate_settings(args)
+    chat_template, tool_parser, frozen_layers = run_config(args)
+    gates = gate_settings(args, chat_template, tool_parser)
+    if args.checkpoint:
+        from strop.model.policy import load_model_config
+
+        load_model_config(args.checkpoint)  # not a model directory: refused before the server starts
+        tokenizer = None
+    else:
+        corpus = load_corpus(DataSection(val_files=5))
+        tokenizer = train_tokenizer(corpus.train[:200], vocab_size=512, sample_bytes=400_000)
     report = simulate(
         args.simulate,
         run_dir,
@@ -149,6 +189,8 @@ def run_simulation(args: argparse.Namespace) -> dict:
         users=args.users,
         lr=args.lr,
         gates=gates,
+        base=args.checkpoint,
+        frozen_layers=frozen_layers,
         seed=args.seed,
     )
     print(

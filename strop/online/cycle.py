@@ -59,6 +59,7 @@ class CycleSettings:
     min_rated: int = 16  # fewer new ratings than this: the cycle waits for more
     rl: RLSection = field(default_factory=lambda: RLSection(lr=3e-4, micro_batch=16, measure_every=0))
     baseline: bool = False  # False: the mapped rewards are the advantages (`strop.rl.advantages`)
+    frozen_layers: float = 0.0  # trainer.frozen_layers: the lower layers the update leaves as they are
     gates: GateSettings = field(default_factory=GateSettings)
 
 
@@ -147,11 +148,13 @@ def trainer_for(s: CycleSettings, version: int):
     from strop.model.policy import is_moe, load_model
     from strop.rl.orchestrator import router_replay
     from strop.rl.trainer import RLTrainer, no_replay
+    from strop.train.device import freeze_lower
 
     model = load_model(s.checkpoint)
     kept = s.run_dir / "trainer" / f"v{version}"  # `RLTrainer.save`'s directory
     if not kept.is_dir():
         model.load_state_dict({k: t.float() for k, t in Versions(s.weights).tensors(version).items()})
+    freeze_lower(model, s.frozen_layers)  # before the optimizer is made: no state for what is frozen
     pad_id = load_tokenizer(s.checkpoint).pad_token_id
     trainer = RLTrainer(
         model, s.rl, pad_id=pad_id, replay_ctx=router_replay if is_moe(model) else no_replay, version=version

@@ -8,6 +8,9 @@ A gate run measures a policy on
   (`strop.online.probes`), each probe sampled with a fixed seed, so the current and the candidate
   version see the same random numbers and differ only where their weights make them differ.
 
+Both run in the harness's chat format (`chat_template`, `tool_parser`: as `[harness]` names them,
+`strop.env.harness.chat_formats`), so a pretrained model is gated in the template it is served in.
+
 `compare` refuses a candidate on any figure that got worse than the current version's by more
 than a two-proportion z-test at 95% allows (pooled; one side: the bad direction of each figure),
 and on a monitor that crosses its alert threshold while the current version is inside it: a
@@ -18,7 +21,6 @@ import math
 from dataclasses import dataclass, field, replace
 
 from strop.config import Config
-from strop.data.chat import render
 from strop.errors import UserError
 from strop.online.monitors import ALERTS, classify, monitor_rates, offered_roles
 from strop.online.probes import EDIT_TOOL, probe_requests
@@ -35,6 +37,8 @@ class GateSettings:
     probe_samples: int = 2  # samples per probe request
     max_tokens: int = 192
     seed: int = 0
+    chat_template: str = "auto"  # harness.chat_template: the format probes and suites are rendered in
+    tool_parser: str = "auto"  # harness.tool_parser
     rollout: dict = field(
         default_factory=lambda: {
             "max_turns": 3,
@@ -56,23 +60,26 @@ def suite_tasks(name: str, n: int) -> list:
 def probe_replies(policy_dir: str, s: GateSettings) -> tuple[list, list]:
     """(task probe replies, sycophancy probe replies), classified."""
     from strop.engine.engine import Engine
+    from strop.env.harness.chat_formats import chat_format
 
     engine = Engine.from_checkpoint(policy_dir, max_batch=16, max_len=s.rollout["max_context"], seed=s.seed)
+    fmt = chat_format(engine.tokenizer, s.chat_template, s.tool_parser)
     tasks, syco = probe_requests()
     requests = [r for r in tasks + syco for _ in range(s.probe_samples)]
-    prompts = [engine.tokenizer.encode(render(r.messages, EDIT_TOOL, add_generation_prompt=True)) for r in requests]
+    prompts = [fmt.prompt(r.messages, EDIT_TOOL) for r in requests]
     params = [
         SamplingParams(
             max_tokens=s.max_tokens,
             temperature=1.0,
             seed=s.seed * 100_003 + i,
-            stop_token_ids=[engine.tokenizer.convert_tokens_to_ids("<|im_end|>")],
+            stop_token_ids=[fmt.stop_ids[0]],  # the end of an assistant turn
         )
         for i in range(len(requests))
     ]
     outs = engine.generate(prompts, params)
     offered = offered_roles(EDIT_TOOL)
-    replies = [classify(engine.tokenizer.decode(o.token_ids, skip_special_tokens=False), offered) for o in outs]
+    texts = [engine.tokenizer.decode(o.token_ids, skip_special_tokens=False) for o in outs]
+    replies = [classify(fmt.turn_text(text), offered, fmt.parse) for text in texts]
     return replies[: len(tasks) * s.probe_samples], replies[len(tasks) * s.probe_samples :]
 
 
@@ -84,7 +91,12 @@ def measure(policy_dir: str, s: GateSettings) -> dict:
     tasks, syco = probe_replies(policy_dir, s)
     out = {"monitors": monitor_rates(tasks, syco), "suites": {}}
     cfg = Config()
-    cfg = replace(cfg, rollout=replace(cfg.rollout, **s.rollout), run=replace(cfg.run, seed=s.seed))
+    cfg = replace(
+        cfg,
+        rollout=replace(cfg.rollout, **s.rollout),
+        run=replace(cfg.run, seed=s.seed),
+        harness=replace(cfg.harness, chat_template=s.chat_template, tool_parser=s.tool_parser),
+    )
     for name in s.suites:
         try:
             chosen = suite_tasks(name, s.episodes)

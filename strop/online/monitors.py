@@ -18,8 +18,9 @@ declared tool set, `strop.env.harness.tools`, names them), never by tool name.
 """
 
 from dataclasses import dataclass
+from typing import Callable
 
-from strop.data.chat import parse_assistant
+from strop.data.chat import AssistantTurn, parse_assistant
 from strop.env.grading.hack_monitor import ASKING
 from strop.env.harness.tools import load_tools
 from strop.rl.evaluate import wilson
@@ -50,9 +51,10 @@ def offered_roles(tools: list[dict] | None, declared: dict[str, str] | None = No
     return {t["function"]["name"]: declared.get(t["function"]["name"], "other") for t in tools or []}
 
 
-def classify(text: str, offered: dict[str, str]) -> Reply:
-    """What one reply did, given the offered tools' roles (`offered_roles`)."""
-    turn = parse_assistant(text)
+def classify(text: str, offered: dict[str, str], parse: Callable[[str], AssistantTurn] = parse_assistant) -> Reply:
+    """What one reply did, given the offered tools' roles (`offered_roles`); `parse` reads its tool
+    calls (a chat format's parser; default strop's syntax, Hermes blocks)."""
+    turn = parse(text)
     invalid = bool(turn.errors) or any(c.name not in offered for c in turn.tool_calls)
     edits = [c for c in turn.tool_calls if offered.get(c.name) == "edit"]
     paths = tuple(str(c.arguments.get("path", "")) for c in edits if isinstance(c.arguments, dict))

@@ -90,8 +90,15 @@ def warm_start(
         optimizer.step()
         if step % 50 == 0 or step == steps - 1:
             log(f"[warm start] step {step} loss {loss.item():.3f}")
+    round_to_bf16(model)
+    save_model(model.eval(), tokenizer, out_dir, extra={"warm_start": {"mix": MIX, "steps": steps}})
+    return Path(out_dir)
+
+
+def round_to_bf16(model) -> None:
+    """Round every weight to its nearest bf16 value (kept in fp32): the weights as version 0 of a weight
+    store holds them and an engine serves them, so that serving the saved policy and serving version 0
+    are the same thing."""
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(p.to(torch.bfloat16).float())
-    save_model(model.eval(), tokenizer, out_dir, extra={"warm_start": {"mix": MIX, "steps": steps}})
-    return Path(out_dir)

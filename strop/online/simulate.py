@@ -1,9 +1,11 @@
 """`strop online --simulate N`: the whole online loop end to end on this machine, for real.
 
-1. A tokenizer and the mixture policy are trained here (`strop.online.sim_policy`); its bf16 weights
-   are version 0 of a new weight store.
+1. A tokenizer and the mixture policy are trained here (`strop.online.sim_policy`), or a given base
+   policy is taken as it is (a pretrained model, `base`); its bf16 weights are version 0 of a new
+   weight store.
 2. A real `strop serve` process serves it with a key file (an admin key for the cycle, one key per
-   simulated user), a SQLite completion log and the weight store.
+   simulated user), a SQLite completion log and the weight store, in the gates' chat format
+   (`GateSettings.chat_template`, `tool_parser`: a pretrained model in its own template).
 3. N cycles: the user population (`strop.online.population`) sends requests over HTTP and rates the
    replies by its hidden preference; `run_cycle` trains on the ratings, gates and promotes
    (`strop.online.cycle`). Each cycle's approval rate (of the traffic the served version drew) is
@@ -13,6 +15,10 @@
 5. Rollback to the version served before the last promotion, through the server's admin API; a
    greedy probe's token ids and logprobs must then equal, bit for bit, what that version served
    before (`rollback_bitwise`).
+
+The first cycle's update is left as two weight files, `snapshots/<version>.safetensors` of the
+version it trained from and its candidate (bf16, as engines hold them): real consecutive versions
+for `strop sync encode` and `strop bench sync --demo-run`.
 """
 
 import sys
@@ -29,6 +35,7 @@ from strop.online.monitors import classify, offered_roles
 from strop.online.population import drive, make_population
 from strop.online.probes import task_request
 from strop.online.store import RatedCompletion, Store
+from strop.sync.store import Store as WeightStore
 
 MODEL_NAME = "sim"
 
@@ -51,19 +58,37 @@ def greedy_probe(url: str, key: str) -> dict:
     }
 
 
-def prepare(run_dir: Path, tokenizer, users: int, warm_steps: int, seed: int, log: Callable[[str], None]) -> dict:
-    """The policy, version 0 in the weight store, and the key file; returns their paths and keys."""
+def prepare(
+    run_dir: Path,
+    tokenizer,
+    users: int,
+    warm_steps: int,
+    seed: int,
+    log: Callable[[str], None],
+    base: str | None = None,
+) -> dict:
+    """The policy (the mixture policy warm-started here with `tokenizer`, or `base`), version 0 in the
+    weight store, and the key file; returns their paths and keys."""
     import torch
 
     from strop.model.policy import load_model
     from strop.online.auth import KeyFile
-    from strop.online.sim_policy import warm_start
+    from strop.online.sim_policy import round_to_bf16, warm_start
     from strop.sync.apply import bits_view
     from strop.sync.store import Publisher
-    from strop.sync.store import Store as WeightStore
 
-    base = warm_start(tokenizer, run_dir / "base", steps=warm_steps, seed=seed, log=log)
-    state = load_model(base).state_dict()
+    if base is None:
+        base = warm_start(tokenizer, run_dir / "base", steps=warm_steps, seed=seed, log=log)
+        model = load_model(base)
+    else:  # served as version 0 is, rounded to bf16: else a rollback to 0 would serve other weights
+        from strop.data.tokenizer import load_tokenizer
+        from strop.model.policy import save_model
+
+        model = load_model(base)
+        round_to_bf16(model)
+        save_model(model, load_tokenizer(base), run_dir / "base", extra={"rounded_to_bf16_from": str(base)})
+        base = run_dir / "base"
+    state = model.state_dict()
     Publisher(WeightStore(str(run_dir / "weights"))).publish(
         {k: bits_view(t.to(torch.bfloat16).contiguous()) for k, t in state.items()}, 0
     )
@@ -85,15 +110,20 @@ def simulate(
     lr: float = 3e-4,
     harmful_lr: float = 1e-2,
     gates: GateSettings | None = None,
+    base: str | None = None,
+    frozen_layers: float = 0.0,
     seed: int = 0,
     log: Callable[[str], None] = print,
 ) -> dict:
+    """The simulation (see the module docstring) of `cycles` cycles; `base` is served and trained
+    instead of the mixture policy (then `tokenizer` is unused), with its lower `frozen_layers` frozen."""
     from strop.config import RLSection
     from strop.engine.server_process import ServerProcess
 
     t0 = time.perf_counter()
+    gates = gates or GateSettings(seed=seed)
     run_dir.mkdir(parents=True, exist_ok=True)
-    made = prepare(run_dir, tokenizer, users, warm_steps, seed, log)
+    made = prepare(run_dir, tokenizer, users, warm_steps, seed, log, base=base)
     db, weights = run_dir / "feedback.db", run_dir / "weights"
     argv = [
         sys.executable,
@@ -118,6 +148,10 @@ def simulate(
         str(db),
         "--weights-store",
         str(weights),
+        "--chat-template",
+        gates.chat_template,
+        "--tool-parser",
+        gates.tool_parser,
     ]
     server = ServerProcess(argv, run_dir / "serve.log")
     store = Store(str(db))
@@ -129,7 +163,8 @@ def simulate(
             admin_key=made["admin"],
             run_dir=run_dir,
             rl=RLSection(lr=lr, micro_batch=16, measure_every=0),
-            gates=gates or GateSettings(seed=seed),
+            gates=gates,
+            frozen_layers=frozen_layers,
         )
         initialize(s, store)
         probes = {0: greedy_probe(server.url, made["admin"])}
@@ -147,6 +182,10 @@ def simulate(
             reports.append(report)
             if report["status"] == "promoted":
                 probes[report["candidate"]] = greedy_probe(server.url, made["admin"])
+        trained = [r for r in reports if "candidate" in r]
+        if trained:
+            first = [trained[0]["served"], trained[0]["candidate"]]
+            WeightStore(str(weights)).save_versions(first, run_dir / "snapshots")
         served_before_harm = served(store).version
         drive(server.url, MODEL_NAME, made["population"], requests, "harm", seed * 1000 + 999)
         harmful = run_cycle(

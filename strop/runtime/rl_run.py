@@ -180,7 +180,7 @@ def train_rl(
             write_atomic(out / "placement.json", json.dumps(rt.placement(), indent=2))
         result = orch.run()
         sync_s = sorted(rt.sync_seconds().values())  # per version: its publication to the last engine serving it
-        _save_last_versions(store, out / "snapshots")  # for `strop bench sync --demo-run`
+        _save_last_versions(store, out / "snapshots")
         model = load_model(policy_dir)
         model.load_state_dict(rt.state_dict()["model"])
         save_model(
@@ -197,19 +197,12 @@ def train_rl(
 
 
 def _save_last_versions(store: str, out_dir: Path) -> list[Path]:
-    """The last two published versions as `<version>.safetensors` (bf16), rebuilt from the store:
-    the real consecutive snapshots `strop bench sync --demo-run` measures the codec on."""
-    from strop.sync import tensors
+    """The last two published versions (`Store.save_versions`), for `strop bench sync --demo-run`."""
     from strop.sync.store import Store
 
     s = Store(store)
     head = s.head()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for v in range(max(head["latest"] - 1, head["snapshot"]), head["latest"] + 1):
-        paths.append(out_dir / f"{v:08d}.safetensors")
-        tensors.save(s.state(v), str(paths[-1]))
-    return paths
+    return s.save_versions(list(range(max(head["latest"] - 1, head["snapshot"]), head["latest"] + 1)), out_dir)
 
 
 def _print_row(row: dict) -> None:

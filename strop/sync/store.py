@@ -25,12 +25,13 @@ import json
 import struct
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import fsspec
 import numpy as np
 
 from strop.sync import codec, pieces
-from strop.sync.tensors import StateDict, Tensor, bits_dtype, from_bytes, to_bytes
+from strop.sync.tensors import StateDict, Tensor, bits_dtype, from_bytes, save, to_bytes
 
 FILE_INDEX = "INDEX.json"  # under files/: the names `put_files` kept
 
@@ -315,6 +316,15 @@ class Store:
     def state(self, v: int) -> StateDict:
         """Every tensor at version v (the snapshot and the chain up to v)."""
         return self.tensors(sorted(self.manifest(v).tensors), v)
+
+    def save_versions(self, versions: list[int], out_dir: str | Path) -> list[Path]:
+        """Each of `versions` whole as `<version>.safetensors` under `out_dir` (bf16, as engines hold
+        them): real consecutive weights for `strop sync encode` and `strop bench sync --demo-run`."""
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        paths = [Path(out_dir) / f"{v:08d}.safetensors" for v in versions]
+        for v, path in zip(versions, paths):
+            save(self.state(v), str(path))
+        return paths
 
     def gc(self, keep_from: int, state: StateDict | None = None) -> None:
         """Make `keep_from` the oldest version: fold deltas up to it into a snapshot (in the
