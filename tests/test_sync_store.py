@@ -64,6 +64,18 @@ def test_chain_reaches_latest_bit_exact(root, versions):
     assert m.base_version == 2 and m.tensors["frozen"][2] == m.tensors["frozen"][2]
 
 
+def test_versions_saved_whole_as_safetensors(tmp_path, versions):
+    from strop.sync.tensors import load
+
+    store = publish_all(str(tmp_path / "store"), versions)
+    paths = store.save_versions([2, 3], tmp_path / "snapshots")
+    assert [p.name for p in paths] == ["00000002.safetensors", "00000003.safetensors"]
+    for path, v in zip(paths, (2, 3)):
+        saved = load(str(path))
+        assert sorted(saved) == sorted(versions[v])
+        assert all(saved[k].shape == t.shape and np.array_equal(saved[k].data, t.data) for k, t in versions[v].items())
+
+
 def test_single_tensor_served_at_full_precision(root, versions):
     store = publish_all(root, versions)
     assert np.array_equal(store.tensor("b", 4).data, versions[4]["b"].data)  # rebuilt with its group-mate
