@@ -1,10 +1,15 @@
 """The delta codec: bit-exact on every kind of change, and every kind of damage detected."""
 
+import json
+import struct
+
 import numpy as np
 import pytest
+import zstandard
 
 from strop.cli import main
 from strop.sync import codec, tensors
+from strop.sync import tensor_codec as tc
 from strop.sync.bits import BitReader, mask_buffer, nonzero, rice_decode, rice_encode
 from strop.sync.synthetic import adamw_snapshots
 from strop.sync.tensors import Tensor
@@ -100,7 +105,7 @@ def test_fp32_f16_shape_dtype_and_set_changes(snaps):
     blob = roundtrip(base, new)
     methods = {e.name: e.method for e in codec.read_header(blob).entries}
     assert methods == {
-        "dense32": "full",
+        "dense32": "xor",
         "sparse32": "delta",
         "half": "delta",
         "reshaped": "full",
@@ -109,6 +114,71 @@ def test_fp32_f16_shape_dtype_and_set_changes(snaps):
         "same": "same",
         "added": "full",
     }
+
+
+@pytest.fixture(scope="module")
+def dense() -> dict[int, np.ndarray]:
+    """AdamW at a pretraining learning rate: step 1 moves nearly every element, step 20 about 70%,
+    by a few bf16 steps each."""
+    return adamw_snapshots(N, 3e-4, keep=(0, 1, 19, 20))
+
+
+@pytest.mark.parametrize("old_step,new_step", [(0, 1), (19, 20)])
+def test_dense_small_step_change_goes_as_xor_and_round_trips(dense, old_step, new_step):
+    old, new = dense[old_step], dense[new_step]
+    assert np.count_nonzero(old != new) > 0.6 * N
+    blob = roundtrip({"w": bf16(old)}, {"w": bf16(new)})
+    assert codec.read_header(blob).entries[0].method == "xor"
+    # smaller than the delta the encoder passed over, and than zstd of the plain XOR's bytes
+    assert len(blob) < len(tc.encode_delta(old, new, "BF16"))
+    assert len(blob) < len(zstandard.ZstdCompressor(level=3).compress((old ^ new).tobytes()))
+
+
+def test_encoder_picks_delta_for_sparse_and_xor_for_dense(snaps, dense):
+    base = {"sparse": bf16(snaps[1e-6][19]), "dense": bf16(dense[0])}
+    new = {"sparse": bf16(snaps[1e-6][20]), "dense": bf16(dense[1])}
+    blob = roundtrip(base, new)
+    assert {e.name: e.method for e in codec.read_header(blob).entries} == {"sparse": "delta", "dense": "xor"}
+
+
+def test_xor_wrong_base_and_corrupt_payload_are_caught(dense):
+    base, new, other = ({"w": bf16(dense[s])} for s in (0, 1, 19))
+    blob = codec.encode(base, new, version=1, base_version=0)
+    e = codec.read_header(blob).entry("w")
+    assert e.method == "xor"
+    with pytest.raises(codec.DeltaError, match="wrong base") as err:
+        codec.decode(other, blob)
+    assert err.value.tensors == ["w"]
+    with pytest.raises(codec.DeltaError, match="fails its checksum"):
+        codec.decode(other, blob, check_base=False)  # the result crc catches it
+    bad = bytearray(blob)
+    bad[codec.header_end(blob) + e.offset + e.length // 2] ^= 0x04
+    with pytest.raises(codec.DeltaError, match="'w'.*corrupt") as err:
+        codec.decode(base, bytes(bad))
+    assert err.value.tensors == ["w"]
+
+
+def _with_header(blob: bytes, **changes) -> bytes:
+    """`blob` with fields of its header changed (and the header's crc made right again)."""
+    end = codec.header_end(blob)
+    head = json.loads(zstandard.ZstdDecompressor().decompress(blob[codec.PREFIX_SIZE : end]))
+    head.update(changes)
+    hb = zstandard.ZstdCompressor().compress(json.dumps(head).encode())
+    return struct.pack("<8sII", codec.MAGIC, len(hb), tensors.crc32(hb)) + hb + blob[end:]
+
+
+def test_format_3_is_read_and_others_refused(snaps):
+    base, new = {"w": bf16(snaps[1e-6][19])}, {"w": bf16(snaps[1e-6][20])}
+    blob = codec.encode(base, new, version=1, base_version=0)
+    # format 3 is format 4 without `xor`: a delta written before it still applies
+    assert np.array_equal(codec.decode(base, _with_header(blob, format=3))["w"].data, new["w"].data)
+    with pytest.raises(codec.DeltaError, match="format 2 is not supported"):
+        codec.decode(base, _with_header(blob, format=2))
+    e = codec.read_header(blob).entries[0]
+    row = [e.name, "zigzag", e.dtype, list(e.shape), e.offset, e.length, e.payload_crc32, e.base_crc32, e.crc32, None]
+    with pytest.raises(codec.DeltaError, match="unknown method") as err:
+        codec.read_header(_with_header(blob, tensors=[row]))
+    assert err.value.tensors == ["w"]
 
 
 @pytest.fixture()

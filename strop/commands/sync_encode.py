@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     write_atomic(args.output, blob)  # a kill mid-write leaves the previous file, never a truncated one
     raw = sum(x.nbytes for x in states[1].values())
     h = codec.read_header(blob)
-    methods = {m: sum(e.method == m for e in h.entries) for m in ("same", "delta", "full")}
+    methods = {m: sum(e.method == m for e in h.entries) for m in codec.METHODS}
     print(
         f"{args.output}: {len(blob):,} bytes for {raw:,} bytes of weights ({raw / max(len(blob), 1):.1f}x), "
         f"tensors {methods}, {raw / dt / 1e6:.0f} MB/s"

@@ -20,7 +20,9 @@ changed and *by how much*, in terms the receiver can predict from what it holds:
   positions of the rare |step| > 1 as Rice-coded gaps, and their sizes Rice-coded.
 
 Steps are taken modulo 2^bits, so every bit pattern (NaN, inf, -0) round-trips exactly.
-Tensors that change densely fall back to a zstd'd byte-shuffled full copy (`encode_full`).
+Tensors that change densely (most elements, as one AdamW step at a pretraining learning rate
+moves them) go as the zstd'd byte planes of old XOR new (`encode_xor`), and tensors with no
+usable base as a zstd'd byte-shuffled full copy (`encode_full`).
 
 This module is the format's reference, in numpy. When a C compiler is at hand the per-change
 work runs in C instead (`native_coder`), producing the same bytes.
@@ -38,7 +40,7 @@ from strop.sync.bits import BitReader, gaps, mask_buffer, nonzero, positions, ri
 FLOATS: dict[str, tuple[int, int]] = {"BF16": (7, 8), "F16": (10, 5), "F32": (23, 8)}
 CLASS_COST_BITS = 256  # header bytes plus the extra passes, priced as bits
 SAMPLE = 1 << 14  # elements sampled to estimate the exponent histograms (enough to place one bound)
-DENSE = 0.4  # above this fraction of changed elements a full copy is usually smaller
+DENSE = 0.8  # above this fraction of changed elements an XOR is smaller than a delta (on AdamW steps)
 
 
 def order_key(u: np.ndarray) -> np.ndarray:
@@ -279,6 +281,20 @@ def encode_full(data: np.ndarray, level: int = 3) -> bytes:
     """zstd of the byte planes (all high bytes, then all low bytes...): exponents compress."""
     planes = np.ascontiguousarray(data.view(np.uint8).reshape(-1, data.itemsize).T)
     return zstandard.ZstdCompressor(level=level).compress(planes.tobytes())
+
+
+def encode_xor(old: np.ndarray, new: np.ndarray) -> bytes:
+    """`encode_full` of old XOR new: for a dense change by small steps the sign, the exponent and
+    the high mantissa bits mostly stay, so the high planes are runs of zeros and only the low
+    plane carries the change."""
+    return encode_full(np.bitwise_xor(old, new))
+
+
+def apply_xor(old: np.ndarray, payload: bytes | memoryview) -> np.ndarray:
+    """The new tensor from `old` and an `encode_xor` payload. Raises ValueError like `decode_full`."""
+    out = decode_full(payload, old.itemsize, len(old))
+    out ^= old
+    return out
 
 
 def decode_full(payload: bytes | memoryview, itemsize: int, n: int) -> np.ndarray:
