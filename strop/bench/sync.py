@@ -9,7 +9,8 @@ Methods (each encodes version v given version v-1 and decodes it back, on one co
                the previous manifest as the publisher does; decode verifies every tensor)
 
 Cases: synthetic RL updates (`strop.sync.synthetic`: 50M elements, 5M with --quick) at lr 1e-6,
-3e-6, 1e-5 comparing steps 19->20, and a 5-step-stale delta (15->20 at lr 1e-6); and `demo`:
+3e-6, 1e-5 comparing steps 19->20, and a 5-step-stale delta (15->20 at lr 1e-6); a dense one, lr
+3e-4 (a pretraining rate: ~70% of the bf16 values change a step); and `demo`:
 deltas between the last two snapshots in `--demo-run DIR` (*.safetensors in name order; by
 default the last two versions `make demo`'s RL run published, `runs/demo/rl/snapshots`), or,
 when there are none, captured here from real AdamW steps of a tiny Qwen3-MoE (random init,
@@ -141,7 +142,7 @@ def _synthetic(n: int, repeat: int) -> list[dict]:
 
     t0 = time.perf_counter()
     rows = []
-    for lr, tag in ((1e-6, "lr1e-6"), (3e-6, "lr3e-6"), (1e-5, "lr1e-5")):
+    for lr, tag in ((1e-6, "lr1e-6"), (3e-6, "lr3e-6"), (1e-5, "lr1e-5"), (3e-4, "dense-lr3e-4")):
         snaps = adamw_snapshots(n, lr, keep=(15, 19, 20) if lr == 1e-6 else (19, 20))
         pairs = [(tag, 19)] + ([("stale5-lr1e-6", 15)] if lr == 1e-6 else [])
         for case, a in pairs:
@@ -327,13 +328,14 @@ def run(args: argparse.Namespace) -> int:
         "lr1e-6_vs_zstd_xor>=1.8": by["lr1e-6", "strop"]["ratio"] >= 1.8 * by["lr1e-6", "zstd-xor"]["ratio"],
         "stale5_ratio>=40": by["stale5-lr1e-6", "strop"]["ratio"] >= 40,
         "lr1e-5_ratio>=25": by["lr1e-5", "strop"]["ratio"] >= 25,
+        "dense_vs_zstd_xor>1": by["dense-lr3e-4", "strop"]["ratio"] > by["dense-lr3e-4", "zstd-xor"]["ratio"],
         "demo_vs_zstd_xor>=1.5": by["demo", "strop"]["ratio"] >= 1.5 * by["demo", "zstd-xor"]["ratio"],
         "encode_decode>=500MB/s_all_cases": all(
             min(r["encode_mb_s"], r["decode_mb_s"]) >= 500 for r in rows if r["method"] == "strop"
         ),
         "engine_pause<50ms": pause < 50,
     }
-    for case in ("lr1e-6", "lr3e-6", "lr1e-5", "stale5-lr1e-6", "demo"):
+    for case in ("lr1e-6", "lr3e-6", "lr1e-5", "stale5-lr1e-6", "dense-lr3e-4", "demo"):
         print(
             f"{case}: strop {by[case, 'strop']['ratio']:.1f}x = "
             f"{by[case, 'strop']['ratio'] / by[case, 'zstd-xor']['ratio']:.2f}x zstd-xor"
