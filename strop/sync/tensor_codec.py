@@ -40,7 +40,9 @@ from strop.sync.bits import BitReader, gaps, mask_buffer, nonzero, positions, ri
 FLOATS: dict[str, tuple[int, int]] = {"BF16": (7, 8), "F16": (10, 5), "F32": (23, 8)}
 CLASS_COST_BITS = 256  # header bytes plus the extra passes, priced as bits
 SAMPLE = 1 << 14  # elements sampled to estimate the exponent histograms (enough to place one bound)
-DENSE = 0.8  # above this fraction of changed elements an XOR is smaller than a delta (on AdamW steps)
+# above this fraction of changed elements `encode_xor` is smaller than `encode_delta`, or within 1%, on
+# AdamW steps (SmolLM2's real lr-3e-4 update: 12.25 MB at 0.6, 12.23 MB coding every tensor both ways)
+DENSE = 0.6
 
 
 def order_key(u: np.ndarray) -> np.ndarray:
@@ -277,24 +279,31 @@ def apply_delta(old: np.ndarray, payload: bytes | memoryview, dtype: str, out: n
     return out
 
 
-def encode_full(data: np.ndarray, level: int = 3) -> bytes:
-    """zstd of the byte planes (all high bytes, then all low bytes...): exponents compress."""
-    planes = np.ascontiguousarray(data.view(np.uint8).reshape(-1, data.itemsize).T)
-    return zstandard.ZstdCompressor(level=level).compress(planes.tobytes())
-
-
-def encode_xor(old: np.ndarray, new: np.ndarray) -> bytes:
-    """`encode_full` of old XOR new: for a dense change by small steps the sign, the exponent and
-    the high mantissa bits mostly stay, so the high planes are runs of zeros and only the low
-    plane carries the change."""
-    return encode_full(np.bitwise_xor(old, new))
-
-
-def apply_xor(old: np.ndarray, payload: bytes | memoryview) -> np.ndarray:
-    """The new tensor from `old` and an `encode_xor` payload. Raises ValueError like `decode_full`."""
-    out = decode_full(payload, old.itemsize, len(old))
-    out ^= old
+def _planes(data: np.ndarray) -> np.ndarray:
+    """The byte planes of flat unsigned integers, least significant first (bytes j of every element,
+    then j + 1...): shifts and narrowing copies, ~10x faster than transposing a byte view."""
+    n = len(data)
+    out = np.empty(data.itemsize * n, dtype=np.uint8)
+    shifted = np.empty_like(data)
+    for j in range(data.itemsize):
+        np.right_shift(data, j * 8, out=shifted)
+        np.copyto(out[j * n : (j + 1) * n], shifted, casting="unsafe")  # keeps the low byte
     return out
+
+
+def _join_planes(planes: np.ndarray, itemsize: int) -> np.ndarray:
+    """Inverse of `_planes`."""
+    n = len(planes) // itemsize
+    out = planes[(itemsize - 1) * n :].astype(f"<u{itemsize}")
+    for j in reversed(range(itemsize - 1)):
+        out <<= 8
+        out |= planes[j * n : (j + 1) * n]
+    return out
+
+
+def encode_full(data: np.ndarray, level: int = 3) -> bytes:
+    """zstd of the byte planes (all low bytes, then the next...): exponents compress."""
+    return zstandard.ZstdCompressor(level=level).compress(_planes(data))
 
 
 def decode_full(payload: bytes | memoryview, itemsize: int, n: int) -> np.ndarray:
@@ -304,5 +313,19 @@ def decode_full(payload: bytes | memoryview, itemsize: int, n: int) -> np.ndarra
         raise ValueError(f"corrupt full copy: {e}") from None
     if len(raw) != n * itemsize:
         raise ValueError("corrupt full copy: wrong size")
-    planes = np.frombuffer(raw, dtype=np.uint8).reshape(itemsize, n)
-    return np.ascontiguousarray(planes.T).view(f"<u{itemsize}").ravel()
+    return _join_planes(np.frombuffer(raw, dtype=np.uint8), itemsize)
+
+
+def encode_xor(old: np.ndarray, new: np.ndarray) -> bytes:
+    """`encode_full` of old XOR new: for a dense change by small steps the sign, the exponent and
+    the high mantissa bits mostly stay, so the high planes are runs of zeros and only the low
+    plane carries the change. zstd level 1: on such planes both faster and smaller than level 3
+    (dense AdamW steps of SmolLM2 and of `synthetic`: 5-9% smaller at 1.7-2.3x the speed)."""
+    return encode_full(np.bitwise_xor(old, new), level=1)
+
+
+def apply_xor(old: np.ndarray, payload: bytes | memoryview) -> np.ndarray:
+    """The new tensor from `old` and an `encode_xor` payload. Raises ValueError like `decode_full`."""
+    out = decode_full(payload, old.itemsize, len(old))
+    out ^= old
+    return out
