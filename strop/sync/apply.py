@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from strop.sync.relay import RelayLink, tensor_fetcher
-from strop.sync.replica import Patch, Replica, SyncReport
+from strop.sync.replica import DENSE, Patch, Replica, SyncReport
 from strop.sync.store import MissingPiece, Store
 from strop.sync.tensors import Tensor
 
@@ -41,7 +41,6 @@ _DTYPES = {
     torch.float32: ("F32", torch.int32),
 }
 _TORCH = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
-DENSE = 16  # a CPU tensor with more than 1/DENSE of its elements changed is copied whole, not scattered
 
 
 def bits_view(t: torch.Tensor) -> Tensor:
