@@ -93,15 +93,19 @@ def served_tiny_moe(tokenizer, **engine_kwargs):
 
 
 def write_delta_files(d, elements: int = 64) -> None:
-    """`d/base.safetensors`, `d/new.safetensors` (10% of the bf16 values changed) and `d/delta.bin`
-    taking one to the other: real inputs for the sync commands and their fuzzing."""
+    """`d/base.safetensors`, `d/new.safetensors` (10% of the bf16 values of `w` changed, 90% of `x`)
+    and `d/delta.bin` taking one to the other (`w` as a delta, `x` as an xor): real inputs for the
+    sync commands and their fuzzing."""
     import numpy as np
 
     from strop.sync import codec, tensors
 
     rng = np.random.default_rng(0)
-    base = {"w": tensors.Tensor("BF16", (elements,), rng.integers(0, 1 << 15, elements, dtype=np.uint16))}
-    new = {"w": tensors.Tensor("BF16", (elements,), base["w"].data ^ (rng.random(elements) < 0.1).astype(np.uint16))}
+    base = {k: tensors.Tensor("BF16", (elements,), rng.integers(0, 1 << 15, elements, dtype=np.uint16)) for k in "wx"}
+    new = {
+        k: tensors.Tensor("BF16", (elements,), base[k].data ^ (rng.random(elements) < p).astype(np.uint16))
+        for k, p in (("w", 0.1), ("x", 0.9))
+    }
     tensors.save(base, str(d / "base.safetensors"))
     tensors.save(new, str(d / "new.safetensors"))
     (d / "delta.bin").write_bytes(codec.encode(base, new, version=1, base_version=0))

@@ -112,5 +112,5 @@ def test_online_simulation_serves_and_trains_smollm2(smollm2_dir, tmp_path, monk
     assert main(["sync", "encode", "--base", str(snapshots[0]), "--new", str(snapshots[1]), "-o", str(delta)]) == 0
     assert main(["sync", "decode", "--base", str(snapshots[0]), str(delta), "-o", str(decoded)]) == 0
     assert bits(tensors.load(str(decoded))) == v1
-    # the frozen two thirds cost next to nothing (6.5x the raw bf16 at the cycle's lr 3e-4 here)
+    # the frozen two thirds cost next to nothing (the trained third: docs/results/bench/pretrained.md)
     assert delta.stat().st_size < snapshots[1].stat().st_size / 3
