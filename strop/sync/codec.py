@@ -21,6 +21,8 @@ overhead than in coding, so deltas of up to SMALL elements are coded in groups: 
 for the concatenation of several same-dtype tensors, shared by their entries, each of which
 holds its element offset in the group (`part`) and its own base and result crcs. A damaged
 group payload costs re-fetching its members — at most GROUP elements, never a whole model.
+Groups hold deltas only: a small tensor whose change is denser than `tensor_codec.DENSE` is
+coded alone (as `xor`, or `full`), for the few such tensors a model has.
 
 Every failure raises `DeltaError` naming the affected tensors, so a receiver can repair just
 those (see `store`).
