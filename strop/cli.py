@@ -112,6 +112,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "context strategies on long-horizon chains: solve rate, resets, carried tokens, compaction error",
     ),
     ("train",): ("strop.commands.train", "RL from the warm-started policy: async or sync, inline or on Ray; resumes"),
+    ("bench", "engine-threads"): (
+        "strop.bench.engine_threads",
+        "an engine's decode step beside busy Python threads, as in RL: ms per step, torch calls per step",
+    ),
     ("bench", "kernel-width"): (
         "strop.bench.kernel_width",
         "the matrix kernel built for this CPU (AVX-512) vs for x86-64-v3: time per call, same bits",
