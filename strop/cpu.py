@@ -89,6 +89,5 @@ def describe_line(cpu: dict) -> str:
     """`describe()` in one line."""
     pinned = ", ".join(f"{k}={v}" for k, v in cpu["pinned"].items()) or "nothing pinned"
     flags = " ".join(cpu["flags"])
-    kernels = cpu.get("kernels", "native")  # summaries written before the field
-    numerics = f"numerics {cpu['numerics']} ({pinned}); kernels -march={kernels}"
+    numerics = f"numerics {cpu['numerics']} ({pinned}); kernels -march={cpu['kernels']}"
     return f"{cpu['model']}, {cpu['cores']} cores, flags {flags}; {numerics}"
