@@ -8,7 +8,6 @@ Default model: the random demo-size qwen3_moe of `strop bench engine`.
 """
 
 import argparse
-import threading
 import time
 from collections import Counter
 
@@ -21,29 +20,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", help="write results to this JSON file")
 
 
-def _beside_workers(busy: float, work) -> float:
-    """Seconds `work()` took while WORKERS threads ran Python `busy` of every 2 ms (none at 0)."""
-    stop = threading.Event()
-
-    def worker() -> None:
-        while not stop.is_set():
-            t = time.perf_counter()
-            while time.perf_counter() - t < busy * 0.002:
-                sum(range(200))
-            time.sleep((1 - busy) * 0.002)
-
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(WORKERS if busy else 0)]
-    for t in threads:
-        t.start()
-    t0 = time.perf_counter()
-    work()
-    seconds = time.perf_counter() - t0
-    stop.set()
-    for t in threads:
-        t.join()
-    return seconds
-
-
 def run(args: argparse.Namespace) -> int:
     from strop.threads import hand_over_gil_quickly, set_threads
 
@@ -52,6 +28,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from torch.profiler import profile
 
+    from strop.bench.busy_threads import busy_threads
     from strop.bench.engine_inputs import prompts_from, setup
     from strop.bench.table import format_table, write_json
     from strop.cpu import describe, describe_line
@@ -73,8 +50,12 @@ def run(args: argparse.Namespace) -> int:
 
     rows = []
     for busy in BUSY:
-        ms = _beside_workers(busy, decode) / NEW_TOKENS * 1e3
-        rows.append({"workers": WORKERS if busy else 0, "busy": busy, "ms_per_step": ms})
+        workers = WORKERS if busy else 0
+        with busy_threads(workers, duty=busy):
+            t0 = time.perf_counter()
+            decode()
+            ms = (time.perf_counter() - t0) / NEW_TOKENS * 1e3
+        rows.append({"workers": workers, "busy": busy, "ms_per_step": ms})
     for row in rows:
         row["vs_alone"] = row["ms_per_step"] / rows[0]["ms_per_step"]
     steps = 20

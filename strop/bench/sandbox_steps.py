@@ -18,7 +18,6 @@ the switch interval (5 ms), so a step costs about that per blocking call it make
 
 import contextlib
 import functools
-import threading
 import time
 from collections import defaultdict
 from statistics import median
@@ -61,36 +60,17 @@ def _one(task, steps: dict[str, float]) -> None:
     steps["close"] += t3 - t2
 
 
-@contextlib.contextmanager
-def _busy(threads: int) -> Iterator[None]:
-    """`threads` Python threads running pure Python until the block exits."""
-    stop = threading.Event()
-
-    def spin() -> None:
-        while not stop.is_set():
-            sum(range(1000))
-
-    spinners = [threading.Thread(target=spin, daemon=True) for _ in range(threads)]
-    for t in spinners:
-        t.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        for t in spinners:
-            t.join()
-
-
 def step_times(runs: int, busy_threads: int = 0) -> dict:
     """Per mode: each step's median milliseconds over `runs` sandboxes, and the whole's median and
     mean, with `busy_threads` Python threads spinning beside."""
+    from strop.bench.busy_threads import busy_threads as spinning
     from strop.env.suites.synthetic import make_task, parse_themes
     from strop.env.world import shared_repos, task_world
 
     task = make_task(1, "eval", 0, parse_themes("parse"))
     kept, shared = shared_repos.KEPT, task_world.SHARED
     per_mode: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
-    with _busy(busy_threads):
+    with spinning(busy_threads):
         _runs(task, runs, per_mode)
     shared_repos.KEPT, task_world.SHARED = kept, shared
     return {mode: _summary(of) for mode, of in per_mode.items()}
