@@ -2,6 +2,7 @@
 
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -133,27 +134,39 @@ def _nucleus_reference(probs, top_p):
 
 
 def test_top_p_sampler_keeps_the_sorted_nucleus():
+    """The C sampler and its numpy fallback keep the textbook nucleus, pick the same token for the
+    same uniform, take the argmax on greedy rows, and draw with the renormalised nucleus' frequencies."""
     from strop import kernels
     from strop.engine import sampling
 
+    def compiled(x, top_p, u, greedy):
+        return kernels.sample_rows(x, top_p, u, greedy)[1:]
+
     gen = torch.Generator().manual_seed(0)
-    samplers = [sampling._sample_torch] + ([kernels.sample_top_p] if kernels.available() else [])
+    samplers = [sampling._sample_numpy] + ([compiled] if kernels.available() else [])
     for scale in (0.05, 1.0, 5.0):  # near-uniform (random init) to peaked rows
-        probs = torch.softmax(torch.randn(8, 4096, generator=gen) * scale, -1)
+        logits = torch.randn(8, 4096, generator=gen) * scale
+        probs = torch.softmax(logits, -1)
+        greedy = np.array([0] * 6 + [1] * 2, np.int64)
         for p in (1e-6, 0.5, 0.95, 1.0):
             t = _nucleus_reference(probs, p) if p < 1 else torch.zeros(8, 1)
             mass = torch.where(probs >= t, probs, 0.0).sum(-1)
-            u = 1 - torch.rand(8, generator=gen)
-            picks = [f(probs, torch.full((8,), p), u) for f in samplers]
+            u = (1 - torch.rand(8, generator=gen)).numpy()
+            picks = [f(logits.numpy(), np.full(8, p, np.float32), u, greedy) for f in samplers]
             for tok, ratio in picks:
+                tok, ratio = torch.from_numpy(tok), torch.from_numpy(ratio)
                 chosen = probs.gather(1, tok[:, None])[:, 0]
                 assert (chosen >= t[:, 0]).all() and torch.allclose(ratio, chosen / mass, rtol=1e-5)
-            assert all(torch.equal(tok, picks[0][0]) for tok, _ in picks)  # the same token for the same uniform
-    rows = torch.softmax(torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0]), -1).expand(40000, -1).contiguous()
+                assert torch.equal(tok[6:], logits[6:].argmax(-1))
+            assert all((tok == picks[0][0]).all() for tok, _ in picks)  # the same token for the same uniform
+    row = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
+    logits = row.expand(40000, -1).contiguous().numpy()
     for f in samplers:  # frequencies follow the renormalised nucleus {0, 1, 2} of top_p 0.8
-        tok, _ = f(rows, torch.full((40000,), 0.8), 1 - torch.rand(40000, generator=gen))
-        freq = torch.bincount(tok, minlength=5) / 40000
-        want = torch.cat([rows[0, :3] / rows[0, :3].sum(), torch.zeros(2)])
+        u = (1 - torch.rand(40000, generator=gen)).numpy()
+        tok, _ = f(logits, np.full(40000, 0.8, np.float32), u, np.zeros(40000, np.int64))
+        freq = torch.bincount(torch.from_numpy(tok), minlength=5) / 40000
+        probs = torch.softmax(row, -1)
+        want = torch.cat([probs[:3] / probs[:3].sum(), torch.zeros(2)])
         assert (freq - want).abs().max() < 0.01
 
 

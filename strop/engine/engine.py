@@ -30,6 +30,7 @@ About 500 lines: the scheduler, the slot cache and prefix reuse share one lock a
 they stay in one module (the forward pass and sampling are in `forward.py` and `sampling.py`).
 """
 
+import random
 import threading
 import time
 from collections import OrderedDict, deque
@@ -63,7 +64,7 @@ class _Parked:
 
     slot: int
     tokens: np.ndarray  # [T] ids whose KV is cached, positions 0..T-1
-    routing: torch.Tensor | None  # [T, n_moe_layers, k]
+    routing: np.ndarray | None  # [T, n_moe_layers, k]
 
 
 def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -83,11 +84,11 @@ class Request:
         self.token_ids: list[int] = []
         self.logprobs: list[float] = []
         self.versions: list[int] = []
-        self.routing: list[torch.Tensor] = []
+        self.routing: list[np.ndarray] = []
         self.text: str | None = None  # set early only when a stop string cut it
         self.slot = -1
         self.reused = 0  # leading prompt tokens whose KV came from a parked sequence
-        self.generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        self.generator = random.Random(params.seed) if params.seed is not None else None
         self.cancelled = False  # set by Engine.cancel; the loop retires it at its next step
         self.submitted_at = time.perf_counter()
         self.done = threading.Event()
@@ -174,7 +175,7 @@ class Engine:
         self.max_len = max_len or min(limit, 2048)
         self.forward = Forward(model, max_batch, self.max_len, deterministic=deterministic)
         self.version = version
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = random.Random(seed)
         self.end_ids = sorted(
             {
                 i
@@ -403,7 +404,10 @@ class Engine:
         t0 = time.perf_counter()
         try:
             logits, routing = self.forward(segments)
-            tokens, logprobs = self._sample(logits, batch)
+            tokens, logprobs = self._sample(
+                (logits if logits.dtype == torch.float32 else logits.float()).numpy(), batch
+            )
+            routing = None if routing is None else routing.numpy()
         except Exception as e:  # fail this batch's requests, keep the engine alive
             self._running = []
             for r in batch:
@@ -468,7 +472,7 @@ class Engine:
                 req.routing.append(best.routing[:m])
             self.prefix_reused_tokens += m
 
-    def _sample(self, logits: torch.Tensor, batch: list[Request]) -> tuple[list[int], list[float]]:
+    def _sample(self, logits: np.ndarray, batch: list[Request]) -> tuple[list[int], list[float]]:
         """One token per row and its logprob under the distribution sampled from (temperature, then
         top-p renormalised); temperature 0 takes the argmax."""
         return sample(
@@ -496,7 +500,7 @@ class Engine:
         return None
 
     def _finish(self, r: Request, reason: str, error: str | None = None) -> None:
-        routing = torch.cat(r.routing) if r.routing else None
+        routing = np.concatenate(r.routing) if r.routing else None
         with self._lock:
             # The KV of every token but the last sampled one is cached: park it for a later prompt to extend.
             cached = len(r.prompt_ids) + len(r.token_ids) - 1
@@ -504,13 +508,12 @@ class Engine:
                 pass  # never admitted (aborted while waiting): no slot to give back
             elif reason != "error" and self.reuse_min > 0 and cached >= self.reuse_min:
                 tokens = np.asarray(r.prompt_ids + r.token_ids[:-1])
-                self._parked[r.slot] = _Parked(r.slot, tokens, None if routing is None else routing.clone())
+                self._parked[r.slot] = _Parked(r.slot, tokens, None if routing is None else routing.copy())
             else:
                 self._free.append(r.slot)
                 self._free.sort()
         if r.text is None:  # the stop token itself is not part of the text
             r.text = self.tokenizer.decode(r.token_ids[:-1] if reason == "stop" else r.token_ids)
-        routing = routing.numpy() if routing is not None else None
         r.result = Completion(r.prompt_ids, r.token_ids, r.logprobs, r.versions, r.text, reason, routing, error)
         r.done.set()
         _notify(r.on_done, r)

@@ -25,6 +25,7 @@ Two paths:
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -70,22 +71,18 @@ class _Plan:
     groups: list[torch.Tensor]  # [G, n] rows of G prefills of n tokens from position 0
 
 
-def _rows(segments: list[Segment]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(tokens, slots, positions) per row and each segment's last row, as int64 tensors."""
-    tokens = [t for s in segments for t in s.tokens]
+def _rows(segments: list[Segment]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(tokens, slots, positions) per row and each segment's last row, as int64 arrays (numpy: unlike
+    torch calls, building them never gives up the GIL; see `strop.engine.sampling`)."""
+    tokens = np.array([t for s in segments for t in s.tokens], np.int64)
+    slots = np.array([s.slot for s in segments], np.int64)
+    starts = np.array([s.start for s in segments], np.int64)
     if len(tokens) == len(segments):  # a pure decode step
-        return (
-            torch.tensor(tokens),
-            torch.tensor([s.slot for s in segments]),
-            torch.tensor([s.start for s in segments]),
-            torch.arange(len(segments)),
-        )
-    lens = torch.tensor([len(s.tokens) for s in segments])
-    slots = torch.repeat_interleave(torch.tensor([s.slot for s in segments]), lens)
-    ends = lens.cumsum(0) - 1
-    positions = torch.arange(len(tokens)) - torch.repeat_interleave(ends - lens + 1, lens)
-    positions += torch.repeat_interleave(torch.tensor([s.start for s in segments]), lens)
-    return torch.tensor(tokens), slots, positions, ends
+        return tokens, slots, starts, np.arange(len(segments), dtype=np.int64)
+    lens = np.array([len(s.tokens) for s in segments], np.int64)
+    ends = lens.cumsum() - 1
+    positions = np.arange(len(tokens), dtype=np.int64) - np.repeat(ends - lens + 1 - starts, lens)
+    return tokens, np.repeat(slots, lens), positions, ends
 
 
 class Forward:
@@ -103,6 +100,7 @@ class Forward:
         self.max_slots, self.max_len = max_slots, max_len
         self.blocks = moe_blocks(model)
         self.num_experts = self.blocks[0].gate.num_experts if self.blocks else 0
+        self._routing_np = torch.empty(0, dtype=routing_dtype(self.num_experts)).numpy().dtype  # for the C step's ids
         cache_dtype = torch.float32 if self.kernel_path else dtype
         self.k_cache, self.v_cache = [], []
         for layer in model.model.layers:
@@ -214,10 +212,11 @@ class Forward:
     # -- the kernel path ---------------------------------------------------------------------------
 
     def _kernel_forward(self, segments: list[Segment]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        tokens, slots, positions, ends = _rows(segments)
+        rows_np = _rows(segments)
         if self._step is not None:
-            logits, ids = self._step(tokens, slots, positions, ends)
-            return logits, ids.to(routing_dtype(self.num_experts)) if self.blocks else None
+            logits, ids = self._step(*rows_np)
+            return logits, torch.from_numpy(ids.astype(self._routing_np)) if self.blocks else None
+        tokens, slots, positions, ends = (torch.from_numpy(a) for a in rows_np)
         model, routing = self.model, []
 
         def attend(li, q, k, v, scale):  # write the rows' keys, then every row reads its own 0..position

@@ -18,6 +18,7 @@ step over old and new packs at the swap.
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from strop import kernels
@@ -174,7 +175,9 @@ def pack(
 
 class RowsStep:
     """step(tokens, slots, positions, out_rows) -> (logits [S, V] of the rows out_rows, expert ids
-    [N, layers, K] int64) for N token rows (int64 tensors [N]; out_rows [S]).
+    [N, layers, K] int64) for N token rows (int64 arrays [N]; out_rows [S]). Numpy in and out, its
+    scratch sized by a call that keeps the GIL: a step gives up the GIL once, for the forward itself
+    (see `strop.engine.sampling`).
 
     Points into `packs` and the KV caches (k_cache, v_cache: one [S, nk, L, d] fp32 tensor per
     layer) and holds them: build a new one after any weight changes."""
@@ -214,33 +217,36 @@ class RowsStep:
         self._cfg = torch.tensor(cfg, dtype=torch.int64)
         self.vocab, self._width = packs.head.n, cfg[-1]
         self.routing_shape = (len(packs.layers), K)
-        self._fn, self._sizes = kernels.function("forward_rows"), kernels.function("forward_rows_scratch")
+        self._fn, self._sizes = (
+            kernels.function("forward_rows"),
+            kernels.function("forward_rows_scratch", keep_gil=True),
+        )
         self._fixed = (self._cfg.data_ptr(), self._ptrs.data_ptr(), self._vals.data_ptr())
-        self._fs, self._is = torch.empty(0), torch.empty(0, dtype=torch.int64)
+        self._fs, self._is = np.empty(0, np.float32), np.empty(0, np.int64)  # scratch, grown as needed
 
     def __call__(
-        self, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, out_rows: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, tokens: np.ndarray, slots: np.ndarray, positions: np.ndarray, out_rows: np.ndarray
+    ) -> tuple[torch.Tensor, np.ndarray]:
         N, S = tokens.shape[0], out_rows.shape[0]
-        assert tokens.dtype == slots.dtype == positions.dtype == out_rows.dtype == torch.int64
-        sizes = torch.empty(2, dtype=torch.int64)
-        self._sizes(self._cfg.data_ptr(), N, S, sizes.data_ptr())
-        if self._fs.numel() < sizes[0]:
-            self._fs = torch.empty(int(sizes[0]))
-        if self._is.numel() < sizes[1]:
-            self._is = torch.empty(int(sizes[1]), dtype=torch.int64)
-        out, ids = torch.empty(S, self._width), torch.empty(N, *self.routing_shape, dtype=torch.int64)
+        assert tokens.dtype == slots.dtype == positions.dtype == out_rows.dtype == np.int64
+        sizes = np.empty(2, np.int64)
+        self._sizes(self._cfg.data_ptr(), N, S, sizes.ctypes.data)
+        if self._fs.size < sizes[0]:
+            self._fs = np.empty(int(sizes[0]), np.float32)
+        if self._is.size < sizes[1]:
+            self._is = np.empty(int(sizes[1]), np.int64)
+        out, ids = np.empty((S, self._width), np.float32), np.empty((N, *self.routing_shape), np.int64)
         self._fn(
-            tokens.data_ptr(),
-            slots.data_ptr(),
-            positions.data_ptr(),
+            tokens.ctypes.data,
+            slots.ctypes.data,
+            positions.ctypes.data,
             N,
-            out_rows.data_ptr(),
+            out_rows.ctypes.data,
             S,
             *self._fixed,
-            out.data_ptr(),
-            ids.data_ptr(),
-            self._fs.data_ptr(),
-            self._is.data_ptr(),
+            out.ctypes.data,
+            ids.ctypes.data,
+            self._fs.ctypes.data,
+            self._is.ctypes.data,
         )
-        return (out if self._width == self.vocab else out[:, : self.vocab]), ids
+        return torch.from_numpy(out if self._width == self.vocab else out[:, : self.vocab]), ids

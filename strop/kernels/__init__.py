@@ -23,6 +23,7 @@ import subprocess
 import threading
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from strop.native import load_library, read_sources
@@ -31,6 +32,7 @@ SOURCES = ("core.c", "attention.c", "sampling.c", "moe.c", "step.c")  # one tran
 SLOW_PATH = "PyTorch ops (the torch forward and sampler; no deterministic mode)"
 MOE_GROUP = 16  # moe.c's MOE_GROUP: most rows of one expert per pass (sizes moe_experts' scratch)
 _lib: ctypes.CDLL | None = None
+_held: ctypes.PyDLL | None = None  # the same library, its calls keeping the GIL
 _tried = False
 _threads = 0  # threads the matrix kernels split products between (0: torch's count when they load)
 _local = threading.local()  # per-thread scratch buffers: engines on different threads never share one
@@ -47,6 +49,7 @@ def _scratch(slot: str, n: int, dtype: torch.dtype = torch.float32) -> torch.Ten
 
 
 def _build() -> ctypes.CDLL | None:
+    global _held
     lib = load_library("moe", read_sources(__name__, *SOURCES), slow_path=SLOW_PATH)
     if lib is None:
         return None
@@ -61,15 +64,19 @@ def _build() -> ctypes.CDLL | None:
         ("route_softmax", [P, I64, P, P] + [I64] * 4),
         ("route_softmax_at", [P, I64, P, P] + [I64] * 4),
         ("moe_experts", [P] * 5 + [I64] + [P] * 6 + [I64] * 5),
-        ("sample_top_p", [P] * 6 + [I64] * 2),
-        ("softmax_rows", [P] * 2 + [I64] * 2),
-        ("forward_rows_scratch", [P, I64, I64, P]),
         ("forward_rows", [P] * 3 + [I64, P, I64] + [P] * 7),
         ("set_kernel_threads", [I64]),
     ):
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = None, args
     lib.set_kernel_threads(_threads or torch.get_num_threads())
+    # Calls of microseconds on an engine's step through a handle that keeps the GIL: an engine thread
+    # that gives it up beside rollout threads running Python waits up to a switch interval (0.5 ms,
+    # `strop.threads.hand_over_gil_quickly`) to win it back.
+    _held = ctypes.PyDLL(lib._name)
+    for name, args in (("sample_rows", [P] * 8 + [I64] * 2), ("forward_rows_scratch", [P, I64, I64, P])):
+        fn = getattr(_held, name)
+        fn.restype, fn.argtypes = None, args
     return lib
 
 
@@ -95,9 +102,10 @@ def available() -> bool:
     return _lib is not None
 
 
-def function(name: str) -> ctypes._CFuncPtr:
-    """The kernel `name`, its ctypes signature set once in `_build`, for wrappers outside this module."""
-    return getattr(_lib, name)
+def function(name: str, keep_gil: bool = False) -> ctypes._CFuncPtr:
+    """The kernel `name`, its ctypes signature set once in `_build`, for wrappers outside this module;
+    `keep_gil`: one of the short calls bound to keep the GIL while it runs."""
+    return getattr(_held if keep_gil else _lib, name)
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -389,19 +397,17 @@ def moe_experts(
 # -- sampling --------------------------------------------------------------------------------------
 
 
-def softmax(x: torch.Tensor) -> torch.Tensor:
-    """Row softmax of fp32 x [N, V]; its exp is within 2 ulp of expf (torch's is within 1)."""
-    x = x.contiguous()
-    out = torch.empty_like(x)
-    _lib.softmax_rows(x.data_ptr(), out.data_ptr(), *x.shape)
-    return out
-
-
-def sample_top_p(probs: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(token [N], p[token] / kept mass [N]) for probability rows [N, V], top_p [N] and u [N] in (0, 1]."""
-    N, V = probs.shape
-    tok, ratio, scratch = torch.empty(N, dtype=torch.int64), torch.empty(N), _scratch("sample", V)
-    _lib.sample_top_p(
-        probs.data_ptr(), top_p.data_ptr(), u.data_ptr(), tok.data_ptr(), ratio.data_ptr(), scratch.data_ptr(), N, V
-    )
-    return tok, ratio
+def sample_rows(
+    x: np.ndarray, top_p: np.ndarray, u: np.ndarray, greedy: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(probabilities [N, V], token [N], p[token] / kept mass [N]) for fp32 logit rows x [N, V],
+    top_p [N] and u [N] in (0, 1] (fp32), greedy [N] (int64, nonzero: take the first largest logit):
+    the row softmax (its exp within 2 ulp of expf; torch's is within 1), then the greedy token or the
+    top-p draw, in one call that keeps the GIL (see `_build`)."""
+    N, V = x.shape
+    probs, scratch = np.empty((N, V), np.float32), np.empty(V, np.float32)
+    tok, ratio = np.empty(N, np.int64), np.empty(N, np.float32)
+    x = np.ascontiguousarray(x, np.float32)
+    arrays = (x, probs, top_p, u, greedy, tok, ratio, scratch)
+    _held.sample_rows(*(a.ctypes.data for a in arrays), N, V)
+    return probs, tok, ratio

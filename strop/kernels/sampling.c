@@ -29,15 +29,15 @@ void softmax_rows(const float *restrict x, float *restrict p, int64_t N, int64_t
     }
 }
 
-/* Top-p sampling for rows of probabilities p [N, V]. Row n keeps its nucleus (when top_p[n] < 1):
-   the most probable tokens, each kept when the mass ranked strictly above it is < top_p[n]; the
+/* Top-p sampling of a row of probabilities p [V]. It keeps its nucleus (when top_p < 1):
+   the most probable tokens, each kept when the mass ranked strictly above it is < top_p; the
    smallest kept probability t becomes a threshold and every token with p >= t is kept (ties with
    it too). The threshold comes from a select: a histogram of mass over 1024 linear buckets of
    p / max(p), the row compacted to the bucket where the mass crosses top_p, radix levels over
    the float bits (monotone for p >= 0) while that bucket is crowded, then a sort of the few
-   values left; the kept mass falls out of the same walk. Then u[n] in (0, 1] picks a token
-   by inverse CDF over the kept mass in vocabulary order. Outputs: tok[n] and
-   ratio[n] = p[tok] / kept mass. Scratch: buf [V] floats. */
+   values left; the kept mass falls out of the same walk. Then u in (0, 1] picks a token
+   by inverse CDF over the kept mass in vocabulary order. Outputs: tok and
+   ratio = p[tok] / kept mass. Scratch: buf [V] floats. */
 static int desc_cmp(const void *a, const void *b) {
     const float x = *(const float *)a, y = *(const float *)b;
     return (x < y) - (x > y);
@@ -142,42 +142,42 @@ static int64_t linear_crossing(const float *row, int64_t V, double top_p, double
     return k;
 }
 
-void sample_top_p(const float *restrict p, const float *restrict top_p, const float *restrict u,
-                  int64_t *restrict tok, float *restrict ratio, float *restrict buf, int64_t N, int64_t V) {
-    for (int64_t n = 0; n < N; n++) {
-        const float *row = p + n * V;
-        float t = 0.0f;
-        double total = -1.0;  /* the kept mass, when the select found it */
-        if (top_p[n] < 1.0f) {
-            double above = 0.0;
-            int64_t m = 0;
-            int64_t b = linear_crossing(row, V, top_p[n], &above, buf, &m);
-            uint64_t prefix = 0;
-            for (int shift = 24; shift >= 8 && b >= 0 && m > 64; shift -= 8) {  /* radix levels on a crowded bucket */
-                b = crossing(buf, m, shift, prefix, top_p[n], &above);
-                prefix = (prefix << 8) | (uint64_t)b;
-                if (b >= 0) m = compact(buf, m, shift, prefix, buf);
-            }
-            if (b >= 0) {  /* the few values left, sorted */
-                qsort(buf, m, sizeof(float), desc_cmp);
-                int64_t j = 0;
-                t = buf[0];
-                for (; j < m && above < top_p[n]; j++) {
-                    t = buf[j];
-                    above += buf[j];
-                }
-                for (; j < m && buf[j] == t; j++) above += buf[j];  /* ties with the threshold are kept */
-                total = above;
-            }
+/* One row's pick: greedy >= 0 is the token taken (its ratio still under the nucleus), else the
+   draw by u. */
+static void sample_row(const float *restrict row, float top_p, float u, int64_t greedy, float *restrict buf,
+                       int64_t V, int64_t *restrict tok, float *restrict ratio) {
+    float t = 0.0f;
+    double total = -1.0;  /* the kept mass, when the select found it */
+    if (top_p < 1.0f) {
+        double above = 0.0;
+        int64_t m = 0;
+        int64_t b = linear_crossing(row, V, top_p, &above, buf, &m);
+        uint64_t prefix = 0;
+        for (int shift = 24; shift >= 8 && b >= 0 && m > 64; shift -= 8) {  /* radix levels on a crowded bucket */
+            b = crossing(buf, m, shift, prefix, top_p, &above);
+            prefix = (prefix << 8) | (uint64_t)b;
+            if (b >= 0) m = compact(buf, m, shift, prefix, buf);
         }
-        if (total < 0.0) {
-            total = 0.0;
-            for (int64_t i = 0; i < V; i++) if (row[i] >= t) total += row[i];
+        if (b >= 0) {  /* the few values left, sorted */
+            qsort(buf, m, sizeof(float), desc_cmp);
+            int64_t j = 0;
+            t = buf[0];
+            for (; j < m && above < top_p; j++) {
+                t = buf[j];
+                above += buf[j];
+            }
+            for (; j < m && buf[j] == t; j++) above += buf[j];  /* ties with the threshold are kept */
+            total = above;
         }
-        /* Inverse CDF: kept mass in 32-token blocks (vectorised), then token by token in the block. */
-        const double target = u[n] * total;
+    }
+    if (total < 0.0) {
+        total = 0.0;
+        for (int64_t i = 0; i < V; i++) if (row[i] >= t) total += row[i];
+    }
+    int64_t pick = greedy, last = -1, i = 0;
+    if (pick < 0) {  /* inverse CDF: kept mass in 32-token blocks (vectorised), then token by token in the block */
+        const double target = u * total;
         double c = 0.0;
-        int64_t pick = -1, last = -1, i = 0;
         const v8 tv = BCAST(t);
         for (; i + 32 <= V && pick < 0; i += 32) {
             v8 s = {0};
@@ -202,8 +202,25 @@ void sample_top_p(const float *restrict p, const float *restrict top_p, const fl
             if (c >= target) pick = i;
         }
         if (pick < 0) pick = last;  /* target rounded above the running sum: the last kept token */
-        tok[n] = pick;
-        ratio[n] = (float)(row[pick] / total);
     }
+    *tok = pick;
+    *ratio = (float)(row[pick] / total);
 }
 
+/* The engine's whole sampling step for logit rows x [N, V], in one call: p [N, V] = softmax_rows(x),
+   then per row the greedy token (greedy[n]: the first index of the largest logit) or the top-p
+   draw by u[n], with ratio[n] = p[tok] / kept mass. Scratch: buf [V] floats. */
+void sample_rows(const float *restrict x, float *restrict p, const float *restrict top_p, const float *restrict u,
+                 const int64_t *restrict greedy, int64_t *restrict tok, float *restrict ratio, float *restrict buf,
+                 int64_t N, int64_t V) {
+    softmax_rows(x, p, N, V);
+    for (int64_t n = 0; n < N; n++) {
+        const float *xr = x + n * V;
+        int64_t g = -1;
+        if (greedy[n]) {
+            g = 0;
+            for (int64_t i = 1; i < V; i++) g = xr[i] > xr[g] ? i : g;
+        }
+        sample_row(p + n * V, top_p[n], u[n], g, buf, V, tok + n, ratio + n);
+    }
+}
