@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from strop.sync.relay import RelayLink, tensor_fetcher
-from strop.sync.replica import DENSE, Patch, Replica, SyncReport
+from strop.sync.replica import COPY_WHOLE_ABOVE, Patch, Replica, SyncReport
 from strop.sync.store import MissingPiece, Store
 from strop.sync.tensors import Tensor
 
@@ -67,7 +67,7 @@ class Staged:
     """A verified patch with its indices and values already on the live tensors' devices.
     CPU tensors are patched through numpy views: a single-threaded scatter, because torch's
     intra-op thread pool costs more to wake (tens of ms on a busy machine) than the write; where
-    the whole new tensor is staged anyway and more than 1/DENSE of it changed, a contiguous copy
+    the whole new tensor is staged anyway and more than `COPY_WHOLE_ABOVE` of it changed, a contiguous copy
     of it (an order of magnitude cheaper per element than a scatter)."""
 
     version: int
@@ -105,7 +105,7 @@ def stage(
             out.values[name] = _as_torch(whole, t)
         vals = widen(vals)
         if t.device.type == "cpu":
-            dense = whole is not None and len(pos) * DENSE > len(whole)
+            dense = whole is not None and len(pos) > COPY_WHOLE_ABOVE * len(whole)
             out.cpu_puts[name] = (bits_view(t).data, slice(None), whole) if dense else (bits_view(t).data, pos, vals)
             continue
         as_int = _DTYPES[t.dtype][1]

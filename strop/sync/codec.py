@@ -21,7 +21,7 @@ overhead than in coding, so deltas of up to SMALL elements are coded in groups: 
 for the concatenation of several same-dtype tensors, shared by their entries, each of which
 holds its element offset in the group (`part`) and its own base and result crcs. A damaged
 group payload costs re-fetching its members — at most GROUP elements, never a whole model.
-Groups hold deltas only: a small tensor whose change is denser than `tensor_codec.DENSE` is
+Groups hold deltas only: a small tensor whose change is denser than `tensor_codec.XOR_ABOVE` is
 coded alone (as `xor`, or `full`), for the few such tensors a model has.
 
 Every failure raises `DeltaError` naming the affected tensors, so a receiver can repair just
@@ -108,7 +108,7 @@ class Header:
 
 def _changes(old: Tensor | None, new: Tensor, *, mask: bool = True) -> tuple[str, np.ndarray | None, int]:
     """The method a tensor needs on its own terms ("same", "full" without a usable base, "xor"
-    for a change denser than `tc.DENSE`, else "delta"), with the change mask (see
+    for a change denser than `tc.XOR_ABOVE`, else "delta"), with the change mask (see
     `tensor_codec.count_changes`; None unless `mask`) and count for a delta."""
     if old is None or old.dtype != new.dtype or old.shape != new.shape or new.dtype not in tc.FLOATS:
         return "full", None, 0
@@ -116,7 +116,7 @@ def _changes(old: Tensor | None, new: Tensor, *, mask: bool = True) -> tuple[str
     n = len(new.data)
     if not m:
         return "same", None, 0
-    return ("xor", None, m) if m > tc.DENSE * n else ("delta", changed, m)
+    return ("xor", None, m) if m > tc.XOR_ABOVE * n else ("delta", changed, m)
 
 
 def encode_tensor(old: Tensor | None, new: Tensor) -> tuple[str, bytes]:

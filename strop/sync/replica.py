@@ -24,7 +24,7 @@ from strop.sync import codec, pieces
 from strop.sync.store import MissingPiece, Store
 from strop.sync.tensors import StateDict, Tensor
 
-DENSE = 16  # a tensor with more than 1/DENSE of its elements changed is copied whole, not scattered
+COPY_WHOLE_ABOVE = 1 / 16  # a tensor with more than this share of its elements changed is copied whole, not scattered
 
 
 @dataclass
@@ -83,7 +83,7 @@ def prepare_patch(state: StateDict, crcs: dict[str, int], blob: bytes | memoryvi
             scratch = base.data.copy()
             scratch[ch[0]] = ch[1]
             ok = codec.crc32(scratch) == e.crc32
-            if len(ch[0]) * DENSE > len(scratch):  # the whole verified copy: written faster than scattered
+            if len(ch[0]) > COPY_WHOLE_ABOVE * len(scratch):  # the whole verified copy: written faster than scattered
                 patch.replace[e.name] = Tensor(e.dtype, e.shape, scratch)
             else:
                 patch.changes[e.name] = ch

@@ -42,7 +42,7 @@ CLASS_COST_BITS = 256  # header bytes plus the extra passes, priced as bits
 SAMPLE = 1 << 14  # elements sampled to estimate the exponent histograms (enough to place one bound)
 # above this fraction of changed elements `encode_xor` is smaller than `encode_delta`, or within 1%, on
 # AdamW steps (SmolLM2's real lr-3e-4 update: a 12.25 MB delta file at 0.6, 12.23 MB at 0.7 or 0.8)
-DENSE = 0.6
+XOR_ABOVE = 0.6
 
 
 def order_key(u: np.ndarray) -> np.ndarray:
