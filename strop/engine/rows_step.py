@@ -175,9 +175,9 @@ def pack(
 
 class RowsStep:
     """step(tokens, slots, positions, out_rows) -> (logits [S, V] of the rows out_rows, expert ids
-    [N, layers, K] int64) for N token rows (int64 arrays [N]; out_rows [S]). Numpy in and out, its
-    scratch sized by a call that keeps the GIL: a step gives up the GIL once, for the forward itself
-    (see `strop.engine.sampling`).
+    [N, layers, K] int64) for N token rows (int64 arrays [N]; out_rows [S]). Its buffers are numpy
+    arrays (the logits a tensor over one) and its scratch is sized by a call that keeps the GIL: a
+    step gives up the GIL once, for the forward itself (see `strop.engine.sampling`).
 
     Points into `packs` and the KV caches (k_cache, v_cache: one [S, nk, L, d] fp32 tensor per
     layer) and holds them: build a new one after any weight changes."""
