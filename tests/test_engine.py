@@ -170,6 +170,16 @@ def test_top_p_sampler_keeps_the_sorted_nucleus():
         assert (freq - want).abs().max() < 0.01
 
 
+def test_uniforms_are_the_generators_one_draw_at_a_time():
+    """The sampler's uniforms, drawn a block at a time, are the values a torch draw per token gave:
+    an engine made faster samples the same tokens for the same seed."""
+    from strop.engine.sampling import Uniforms
+
+    uniforms, generator = Uniforms(3), torch.Generator().manual_seed(3)
+    n = 2 * Uniforms.BLOCK + 5
+    assert [uniforms.draw() for _ in range(n)] == [float(torch.rand(1, generator=generator)) for _ in range(n)]
+
+
 def test_weight_update_refreshes_packed_weights(tiny_moe, tiny_tokenizer):
     eng = Engine(tiny_moe, tiny_tokenizer, max_batch=2, max_len=64)
     p = _prompts(tiny_tokenizer, 1)[0]

@@ -30,7 +30,6 @@ About 500 lines: the scheduler, the slot cache and prefix reuse share one lock a
 they stay in one module (the forward pass and sampling are in `forward.py` and `sampling.py`).
 """
 
-import random
 import threading
 import time
 from collections import OrderedDict, deque
@@ -42,7 +41,7 @@ import numpy as np
 import torch
 
 from strop.engine.forward import Derived, Forward, Segment
-from strop.engine.sampling import sample
+from strop.engine.sampling import Uniforms, sample
 from strop.policy_api import SamplingParams
 
 
@@ -88,7 +87,7 @@ class Request:
         self.text: str | None = None  # set early only when a stop string cut it
         self.slot = -1
         self.reused = 0  # leading prompt tokens whose KV came from a parked sequence
-        self.generator = random.Random(params.seed) if params.seed is not None else None
+        self.generator = Uniforms(params.seed) if params.seed is not None else None
         self.cancelled = False  # set by Engine.cancel; the loop retires it at its next step
         self.submitted_at = time.perf_counter()
         self.done = threading.Event()
@@ -175,7 +174,7 @@ class Engine:
         self.max_len = max_len or min(limit, 2048)
         self.forward = Forward(model, max_batch, self.max_len, deterministic=deterministic)
         self.version = version
-        self.generator = random.Random(seed)
+        self.generator = Uniforms(seed)
         self.end_ids = sorted(
             {
                 i

@@ -7,11 +7,12 @@ threshold — found by the C kernel's radix pass, or without a compiler from num
 values — and one uniform per row picks a token by inverse CDF over the kept mass in vocabulary
 order.
 
-Why numpy and Python's `random` rather than torch ops: the engine samples on a thread beside
-rollout threads that run Python, and every torch call gives up the GIL and waits to win it back
-(`strop bench engine-threads`: ~70 such calls made a decode step 5-7x slower beside 8 busy
-threads). The compiled path makes one C call that keeps the GIL and at most one torch call (the
-full rows' log-softmax).
+Why numpy rather than torch ops: the engine samples on a thread beside rollout threads that run
+Python, and every torch call gives up the GIL and waits to win it back (`strop bench
+engine-threads`: ~70 such calls made a decode step 5-7x slower beside 8 busy threads). The
+compiled path makes one C call that keeps the GIL and at most one torch call (the full rows'
+log-softmax); the uniforms come from torch generators a block at a time (`Uniforms`), the same
+values one draw per token gave, so a faster engine samples the same tokens.
 
 The nucleus is the smallest set of most probable tokens whose mass reaches top_p (a token is
 kept when the mass ranked strictly above it is < top_p; tokens tied with the last kept one are
@@ -20,20 +21,37 @@ then top-p renormalised. Rows with top_p = 1 report `log_softmax(logits / T)` bi
 the deterministic mode's equality with the trainer relies on.
 """
 
-import random
-
 import numpy as np
 import torch
 
 from strop import kernels
 
 
+class Uniforms:
+    """A seeded torch generator's stream of uniforms in [0, 1), drawn `BLOCK` at a time: `torch.rand`
+    of a block gives the values that many one-value draws give, for one torch call a block where a
+    draw per token made one a token."""
+
+    BLOCK = 256
+
+    def __init__(self, seed: int):
+        self._generator = torch.Generator().manual_seed(seed)
+        self._block: list[float] = []
+        self._next = 0
+
+    def draw(self) -> float:
+        if self._next == len(self._block):
+            self._block, self._next = torch.rand(self.BLOCK, generator=self._generator).tolist(), 0
+        self._next += 1
+        return self._block[self._next - 1]
+
+
 def sample(
     logits: np.ndarray,
     temperature: list[float],
     top_p: list[float],
-    generators: list[random.Random | None],
-    shared: random.Random,
+    generators: list[Uniforms | None],
+    shared: Uniforms,
 ) -> tuple[list[int], list[float]]:
     """One token per row of fp32 `logits` [B, V] and its logprob.
 
@@ -43,7 +61,7 @@ def sample(
     if any(t not in (0, 1) for t in temperature):
         logits = logits / np.array([t or 1.0 for t in temperature], np.float32)[:, None]
     top = np.array(top_p, np.float32)
-    u = np.array([1.0 - (g or shared).random() for g in generators], np.float32)  # in (0, 1]
+    u = np.array([1.0 - (g or shared).draw() for g in generators], np.float32)  # in (0, 1]
     greedy = np.array([t == 0 for t in temperature], np.int64)
     if kernels.available():
         _, choice, ratio = kernels.sample_rows(logits, top, u, greedy)
