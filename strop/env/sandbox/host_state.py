@@ -69,17 +69,22 @@ class SandboxHost:
             raise ValueError(f"image {image} is not a system root (no /usr or /etc)")
         sweep_dead(*{Path(temp_base() or tempfile.gettempdir()), Path(tempfile.gettempdir()), scratch_base()})
         sweep_dead_cgroups()
-        root = Path(tempfile.mkdtemp(prefix=f"strop-sbx-{os.getpid()}-", dir=temp_base()))  # swept as scratch is
+        base = Path(temp_base() or tempfile.gettempdir())
+        # registered before the root exists: a SIGTERM that lands between its creation and a
+        # registration after it would leave it behind (seen in `tests/test_scratch_leaks.py`)
+        atexit.register(self._cleanup, base, os.getpid())
+        root = Path(tempfile.mkdtemp(prefix=f"strop-sbx-{os.getpid()}-", dir=base))  # swept as scratch is
         os.chmod(root, 0o755)
         self._pids_cgroup_root()
-        atexit.register(self._cleanup, root)
         return prepare_root(image, root)
 
-    def _cleanup(self, root: Path) -> None:
-        """At exit: kill the sandboxes still open, remove the per-process temp root and cgroups."""
+    def _cleanup(self, base: Path, pid: int) -> None:
+        """At exit: kill the sandboxes still open, remove the process's temp roots in `base`
+        (strop-sbx-<pid>-*) and its cgroups."""
         for sb in list(self._open):
             sb.close()
-        rmtree(root)
+        for root in base.glob(f"strop-sbx-{pid}-*"):
+            rmtree(root)
         self.spawner().remove_cgroups()
 
 
