@@ -67,9 +67,9 @@ class SandboxHost:
     def _prepare(self, image: str) -> ImageRoot:
         if not (Path(image) / "usr").is_dir() or not (Path(image) / "etc").is_dir():
             raise ValueError(f"image {image} is not a system root (no /usr or /etc)")
-        sweep_dead(*{Path(temp_base() or tempfile.gettempdir()), Path(tempfile.gettempdir()), scratch_base()})
-        sweep_dead_cgroups()
         base = Path(temp_base() or tempfile.gettempdir())
+        sweep_dead(*{base, Path(tempfile.gettempdir()), scratch_base()})
+        sweep_dead_cgroups()
         # registered before the root exists: a SIGTERM that lands between its creation and a
         # registration after it would leave it behind (seen in `tests/test_scratch_leaks.py`)
         atexit.register(self._cleanup, base, os.getpid())
