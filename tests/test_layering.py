@@ -18,6 +18,7 @@ FOUNDATION = {
     "threads",
     "memory",
     "lifetime",
+    "gc_freeze",
     "native",
     "cpu",
     "config",

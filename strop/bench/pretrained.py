@@ -85,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     from strop.engine.engine import Engine
     from strop.engine.vllm_server import installed
     from strop.errors import UserError
+    from strop.gc_freeze import freeze_long_lived
     from strop.model.policy import load_model
     from strop.policy_api import SamplingParams
 
@@ -107,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     time_hf(model, tok, prompts[:2], 2)  # warm up
     for e in engines.values():
         time_engine(e, prompts[:2], 2)
+    freeze_long_lived()  # as a run's engine processes do once they are set up
     use_vllm = installed() and not args.no_vllm
     with tempfile.TemporaryDirectory(prefix="strop-bench-pretrained-") as tmp:
         server = None

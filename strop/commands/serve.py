@@ -107,6 +107,7 @@ def serve(args: argparse.Namespace, sock: socket.socket) -> None:
     from strop.data.chat import StropFormat
     from strop.engine.engine import Engine
     from strop.env.harness.chat_formats import chat_format
+    from strop.gc_freeze import freeze_long_lived
     from strop.online.app import create_serving_app
     from strop.online.auth import KeyFile
     from strop.online.store import Store
@@ -139,6 +140,7 @@ def serve(args: argparse.Namespace, sock: socket.socket) -> None:
         flush=True,
     )
     app = create_serving_app(engine, name, keys, store, versions, sessions=args.log_sessions, chat_format=chat)
+    freeze_long_lived()  # the engine's loop shares the GIL with the server: a full collection stops both
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=GRACEFUL_S))
     try:
         server.run(sockets=[sock])

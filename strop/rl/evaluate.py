@@ -27,6 +27,7 @@ from strop.env.harness.loop import Harness, harness_config
 from strop.env.task import Task
 from strop.env.tasks.suites import draw_tasks, selection_note, with_default_image
 from strop.errors import UserError
+from strop.gc_freeze import freeze_long_lived
 from strop.rl.rollout import WorkItem, rollout, sandbox_limits
 from strop.rl.rollout_log import RolloutLog, record
 from strop.rl.trajectory import Trajectory
@@ -185,6 +186,7 @@ def evaluate(
     t0 = time.perf_counter()
     for e in engines:
         e.start()
+    freeze_long_lived()
     try:
         # greedy and sampled episodes in one pool: the engines batch them together, and the run has
         # one tail of stragglers instead of two

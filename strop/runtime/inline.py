@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from strop.config import Config
 from strop.env.harness.loop import Harness, harness_config
 from strop.env.task import Task
+from strop.gc_freeze import freeze_long_lived
 from strop.memory import retain_freed_memory
 from strop.rl.advantages import Sample
 from strop.rl.rollout import RolloutLost, WorkItem, rollout, sandbox_limits
@@ -113,6 +114,7 @@ class InlineRuntime:
         )
         self.done: queue.Queue[Result] = queue.Queue()
         self._next = 0
+        freeze_long_lived()  # the engines' loops run beside it: a full collection stops them
 
     # ---- rollouts --------------------------------------------------------------------------
 

@@ -142,6 +142,7 @@ def _trainer_main(
 ) -> None:
     """The child process of `TrainerProcess`: a `LocalTrainer` answering (method, arguments) messages,
     with one torch thread per core it may use."""
+    from strop.gc_freeze import freeze_long_lived
     from strop.lifetime import exit_with_parent
     from strop.memory import retain_freed_memory
     from strop.runtime.cpus import pin
@@ -158,6 +159,7 @@ def _trainer_main(
     # second or two are returned to the host, which makes those faults slow): keep them.
     retain_freed_memory()
     local = start_trainer(cfg, policy_dir, replay_ctx, pad_id, store_url)
+    freeze_long_lived()
     _send(conn, local.origin_url)
     try:
         while (msg := pickle.loads(conn.recv_bytes())) is not None:
