@@ -1,10 +1,17 @@
-"""An RL step's time budget (`strop.rl.budget`): the engine's counters on a real engine, and the
-step rows' sums, idle time and critical path on known numbers."""
+"""An RL step's time budget (`strop.rl.budget`): the engine's counters on a real engine, CPU
+readings of real processes, and the step rows' sums, idle time and critical path on known numbers."""
+
+import subprocess
+import sys
+import time
 
 from strop.engine.engine import Engine
 from strop.policy_api import SamplingParams
-from strop.rl.budget import ROWS, budget_lines, budget_table, engine_budget, episode_budget
+from strop.rl.budget import ROWS, budget_lines, budget_table, cpu_budget, engine_budget, episode_budget
 from strop.run_files import METRICS
+from strop.runtime.cpus import cpu_reading, process_cpu_s
+
+BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
 
 
 def test_engine_counts_prefill_and_decode(tiny_model, tiny_tokenizer):
@@ -46,3 +53,36 @@ def test_table_names_every_part_and_the_critical_path():
     slow_trainer = [{**r, "time_wait_s": 0.5, "time_train_s": 9.5} for r in rows]
     assert budget_table(slow_trainer)["critical_path"] == "trainer"
     assert budget_table([{"step": 1}]) == {} and budget_lines({}) == []
+
+
+def test_cpu_reading_counts_a_live_process_and_reaped_children():
+    live = subprocess.Popen([sys.executable, "-c", BURN + "time.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 20
+        while process_cpu_s(live.pid) < 0.25 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        before = cpu_reading(live.pid, cores=2)
+        assert before["trainer"] >= 0.25 and before["cores"] == 2
+        subprocess.run([sys.executable, "-c", BURN], check=True)  # finished and reaped: a sandbox's share
+        after = cpu_reading(live.pid, cores=2)
+        assert after["children"] - before["children"] >= 0.25
+        assert after["loop"] >= before["loop"]
+    finally:
+        live.kill()
+        live.wait()
+    assert process_cpu_s(live.pid) == 0.0  # gone: nothing to read
+
+
+def test_cpu_budget_and_its_rows():
+    before = {"trainer": 10.0, "loop": 5.0, "children": 1.0, "cores": 2}
+    after = {"trainer": 13.0, "loop": 7.0, "children": 4.0, "cores": 2}
+    c = cpu_budget(before, after, wall_s=5.0)
+    assert (c["time_cpu_trainer_s"], c["time_cpu_loop_s"], c["time_cpu_children_s"]) == (3.0, 2.0, 3.0)
+    assert c["time_cpu_unused_s"] == 2.0  # 2 cores x 5 s, 8 of them used
+    assert cpu_budget({}, {}, 5.0) == {}  # a runtime that cannot tell (Ray)
+    b = budget_table([{"time_step_s": 5.0, "time_wait_s": 1.0, "time_train_s": 4.0, **c}])
+    assert b["cores"] == 2
+    line = next(x for x in budget_lines(b) if "time_cpu_children_s" in x)
+    assert "| 30% |" in line  # of the 10 core-seconds, not of the step's 5 s
+    plain = budget_table([{"time_step_s": 5.0, "time_wait_s": 1.0, "time_train_s": 4.0}])
+    assert not any(r["side"] == "cpu" for r in plain["rows"])

@@ -114,6 +114,9 @@ class SimRuntime:
     def engine_stats(self) -> dict:
         return {"busy_s": 0.0, "engines": 1}
 
+    def cpu_seconds(self) -> dict:
+        return {}
+
     def close(self) -> None:
         for t in self.threads:
             t.join()

@@ -7,8 +7,11 @@ call took (`train_s`); the trainer's own split (`forward_s` with the loss, `back
 `optimizer_s`, `measure_s`, `publish_s`, from `strop.rl.trainer`); the rollout workers' seconds
 summed over the step's episodes (`episode_budget`: the policy's calls, of which the engine's queue,
 prefill and decode; tool calls; the harness's own Python; the episode's sandbox start and close;
-the checker; the hack monitor); and the engines' seconds over the step's wall time (prefill,
-decode, the rest of their steps, weight swaps, idle).
+the checker; the hack monitor); the engines' seconds over the step's wall time (prefill,
+decode, the rest of their steps, weight swaps, idle); and the CPU seconds the step's processes used
+(`cpu_budget`: the trainer's process, the loop's process with the engines and rollout threads, the
+sandboxes and checks that finished) against the core-seconds the run had. Wall seconds overlap on
+a machine whose cores every side shares; CPU seconds say which side holds the cores.
 
 Async RL overlaps the two sides: a step takes max(generation, training) plus what they cost each
 other, so `wait_s` > 0 means generation is on the critical path and `wait_s` near 0 means the
@@ -25,6 +28,7 @@ EPISODE = ("sandbox_s", "policy_s", "tools_s", "harness_s", "check_s", "monitor_
 ENGINE = ("prefill_s", "decode_s", "queued_s", "swap_s")
 TOKENS = ("prefilled_tokens", "prefix_reused_tokens", "decoded_tokens")
 TRAINER = ("forward_s", "backward_s", "optimizer_s", "measure_s", "publish_s")
+CPU = ("trainer", "loop", "children")  # who used CPU seconds (`strop.runtime.cpus.cpu_reading`)
 
 # (side, key) of the table's rows, in order; what each is: `strop.run_files.METRICS`
 ROWS = [
@@ -36,6 +40,7 @@ ROWS = [
     *[("rollouts", f"time_episode_{k}") for k in EPISODE[:2]],
     ("rollouts", "time_engine_queued_s"),  # part of the policy's seconds
     *[("rollouts", f"time_episode_{k}") for k in EPISODE[2:]],
+    *[("cpu", f"time_cpu_{k}_s") for k in (*CPU, "unused")],
 ]
 
 
@@ -62,6 +67,18 @@ def engine_budget(before: dict, after: dict, wall_s: float) -> dict[str, float]:
     return out
 
 
+def cpu_budget(before: dict, after: dict, wall_s: float) -> dict[str, float]:
+    """The CPU seconds used between two `cpu_seconds()` readings `wall_s` apart, as
+    `time_cpu_<who>_s`, and `time_cpu_unused_s`: what the run's cores had left (idle, or taken by
+    other jobs). {} where the runtime cannot tell."""
+    if not before or not after:
+        return {}
+    out = {f"time_cpu_{k}_s": max(0.0, after[k] - before[k]) for k in CPU}
+    out["time_cpu_unused_s"] = max(0.0, after["cores"] * wall_s - sum(out.values()))
+    out["time_cpu_cores"] = after["cores"]
+    return out
+
+
 def budget_table(rows: list[dict]) -> dict:
     """Mean seconds per step of every `ROWS` entry over `rows` (metrics rows that have them), the
     engines' tokens per step, and which side is on the critical path."""
@@ -73,12 +90,17 @@ def budget_table(rows: list[dict]) -> dict:
         return sum(r.get(key, 0.0) for r in timed) / len(timed)
 
     what = METRICS["rl"]
-    table = [{"side": side, "part": key, "what": what[key], "s_per_step": round(mean(key), 3)} for side, key in ROWS]
+    table = [
+        {"side": side, "part": key, "what": what[key], "s_per_step": round(mean(key), 3)}
+        for side, key in ROWS
+        if side != "cpu" or key in timed[0]
+    ]
     wait, train = mean("time_wait_s"), mean("time_train_s")
     return {
         "steps": len(timed),
         "rows": table,
         "episodes_per_step": round(mean("time_episodes"), 2),
+        "cores": round(mean("time_cpu_cores"), 2),
         "tokens_per_step": {k: round(mean(f"time_engine_{k}"), 1) for k in TOKENS},
         "critical_path": "generation" if wait > train else "trainer",
     }
@@ -90,14 +112,17 @@ def budget_lines(budget: dict) -> list[str]:
         return []
     step = next(r["s_per_step"] for r in budget["rows"] if r["part"] == "time_step_s")
     lines = ["| side | part | s per step | share of the step | what |", "|---|---|---|---|---|"]
+    core_s = step * budget.get("cores", 0)
     for r in budget["rows"]:
-        share = f"{r['s_per_step'] / step:.0%}" if step else ""
+        whole = core_s if r["side"] == "cpu" else step
+        share = f"{r['s_per_step'] / whole:.0%}" if whole else ""
         lines.append(f"| {r['side']} | `{r['part']}` | {r['s_per_step']:.2f} | {share} | {r['what']} |")
     tok = budget["tokens_per_step"]
     lines += [
         "",
         f"Means over {budget['steps']} steps, {budget['episodes_per_step']:g} episodes a step. Engine and rollout "
-        "rows are seconds summed over engines and over episodes (they overlap), so their share can pass 100%. "
+        "rows are seconds summed over engines and over episodes (they overlap), so their share can pass 100%; "
+        f"a CPU row's share is of the {budget.get('cores', 0):g} cores' seconds. "
         f"Tokens per step: {tok['prefilled_tokens']:.0f} prefilled, {tok['prefix_reused_tokens']:.0f} reused from "
         f"parked KV, {tok['decoded_tokens']:.0f} decoded. Critical path: **{budget['critical_path']}**.",
         "",

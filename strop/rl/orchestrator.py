@@ -45,7 +45,7 @@ from strop.config import Config
 from strop.env.grading.behaviour import summarize
 from strop.report import MetricsLog
 from strop.rl.advantages import Sample, make_samples
-from strop.rl.budget import engine_budget, episode_budget
+from strop.rl.budget import cpu_budget, engine_budget, episode_budget
 from strop.rl.buffer import StalenessBuffer
 from strop.rl.curriculum import EdgeSampler, solve_by_difficulty
 from strop.rl.rollout import WorkItem
@@ -78,6 +78,9 @@ class Runtime(Protocol):
     bytes_synced: int
 
     def engine_stats(self) -> dict: ...  # engines' counters summed (`strop.rl.budget`), `busy_s`, and `engines`
+    def cpu_seconds(
+        self,
+    ) -> dict[str, float]: ...  # CPU used so far by side (`strop.rl.budget.cpu_budget`); {}: unknown
 
     # for whoever started it
     def close(self) -> None: ...
@@ -243,15 +246,16 @@ class Orchestrator:
         wall = self.elapsed_s + now - t_run
         trajs = [s.trajectory for s in samples]
         self.sampler.observe(groups)
-        engines = self.runtime.engine_stats()
+        engines, cpu = self.runtime.engine_stats(), self.runtime.cpu_seconds()
         budget = {
             "time_step_s": now - t_last,
             "time_wait_s": t0 - t_last,
             "time_train_s": train_s,
             **episode_budget(t.timings for t in trajs),
             **engine_budget(self._engines_before, engines, now - t_last),
+            **cpu_budget(self._cpu_before, cpu, now - t_last),
         }
-        self._engines_before = engines
+        self._engines_before, self._cpu_before = engines, cpu
         self.counts["hacked"] += sum(bool(t.hack_flags) for t in trajs)
         self.counts["trained"] += len(trajs)
         stats = self.buffer.stats()
@@ -292,7 +296,7 @@ class Orchestrator:
     def run(self) -> dict:
         """Train until `rl.steps`; returns the last metrics row's key figures."""
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        self._engines_before = self.runtime.engine_stats()
+        self._engines_before, self._cpu_before = self.runtime.engine_stats(), self.runtime.cpu_seconds()
         t_run = t_last = time.perf_counter()
         while self.step < self.cfg.rl.steps:
             self._fill()

@@ -1,5 +1,5 @@
 """How a run splits this machine's cores between the trainer and the engines with their rollouts
-(`split_cores`), and pinning a thread to its share (`pin`)."""
+(`split_cores`), pinning a thread to its share (`pin`), and who used them (`cpu_reading`)."""
 
 import os
 import threading
@@ -32,3 +32,27 @@ def pin(cpus: frozenset[int] | None) -> None:
     """Pin the calling thread (not the process: Linux affinity is per thread) to `cpus`."""
     if cpus:
         os.sched_setaffinity(threading.get_native_id(), cpus)
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds process `pid` has used so far (Linux's /proc; 0.0 where unreadable)."""
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return 0.0
+    fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_reading(trainer_pid: int | None, cores: int) -> dict[str, float]:
+    """CPU seconds used so far, by whom: `trainer`, the trainer's own process (0 where it runs in
+    this one); `loop`, this process (engines, rollout threads, the loop, and the trainer when it
+    runs here); `children`, child processes that have finished (sandboxes with the tools and tests
+    run in them, checks), counted when they are reaped; and `cores`, the cores the run was given."""
+    t = os.times()
+    return {
+        "trainer": process_cpu_s(trainer_pid) if trainer_pid else 0.0,
+        "loop": t.user + t.system,
+        "children": t.children_user + t.children_system,
+        "cores": cores,
+    }

@@ -34,7 +34,7 @@ from strop.memory import retain_freed_memory
 from strop.rl.advantages import Sample
 from strop.rl.rollout import RolloutLost, WorkItem, rollout, sandbox_limits
 from strop.rl.trajectory import Trajectory
-from strop.runtime.cpus import CpuSplit, pin
+from strop.runtime.cpus import CpuSplit, cpu_reading, pin
 from strop.runtime.engines import RunEngine, start_engine, summed_stats
 from strop.runtime.trainers import TrainerProcess, start_trainer
 from strop.runtime.weights import relay_keep, sync_seconds
@@ -175,6 +175,12 @@ class InlineRuntime:
         once every engine serves the last one."""
         self.wait_synced()
         return sync_seconds(self.trainer.sync_stats()["published_at"], [e.sync.swapped_at for e in self.engines])
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds used so far by the trainer's process, this one and finished children
+        (`strop.runtime.cpus.cpu_reading`)."""
+        proc = getattr(self.trainer, "proc", None)  # a TrainerProcess's child
+        return cpu_reading(proc.pid if proc else None, len(self._caller_cpus))
 
     def engine_stats(self) -> dict:
         """The engines' figures (`RunEngine.stats`) summed, and `engines`, how many."""

@@ -352,6 +352,10 @@ class RayRuntime:
         swapped = [{v: at for v, _, at in ray.get(e.info.remote(), timeout=30)["swaps"]} for e in self.engines.values()]
         return sync_seconds(self.trainer.sync_stats()["published_at"], swapped)
 
+    def cpu_seconds(self) -> dict[str, float]:
+        """Nothing: the trainer and engines are actors on other nodes' cores, not this process's."""
+        return {}
+
     def engine_stats(self) -> dict:
         """The engines' figures (`RunEngine.stats`) summed, those that left included, and `engines`,
         the configured count."""
