@@ -8,10 +8,11 @@ call took (`train_s`); the trainer's own split (`forward_s` with the loss, `back
 summed over the step's episodes (`episode_budget`: the policy's calls, of which the engine's queue,
 prefill and decode; tool calls; the harness's own Python; the episode's sandbox start and close;
 the checker; the hack monitor); the engines' seconds over the step's wall time (prefill,
-decode, the rest of their steps, weight swaps, idle); and the CPU seconds the step's processes used
-(`cpu_budget`: the trainer's process, the loop's process with the engines and rollout threads, the
-sandboxes and checks that finished) against the core-seconds the run had. Wall seconds overlap on
-a machine whose cores every side shares; CPU seconds say which side holds the cores.
+decode, the rest of their steps, weight swaps, idle); and the machine's CPU seconds over the step
+(`cpu_budget`: the trainer's process, the loop's process with the engines and rollout threads, every
+other process, which is the sandboxes with their tools and tests and the checks, and what went
+unused). Wall seconds overlap on a machine whose cores every side shares; CPU seconds say which side
+holds the cores.
 
 Async RL overlaps the two sides: a step takes max(generation, training) plus what they cost each
 other, so `wait_s` > 0 means generation is on the critical path and `wait_s` near 0 means the
@@ -28,7 +29,7 @@ EPISODE = ("sandbox_s", "policy_s", "tools_s", "harness_s", "check_s", "monitor_
 ENGINE = ("prefill_s", "decode_s", "queued_s", "swap_s")
 TOKENS = ("prefilled_tokens", "prefix_reused_tokens", "decoded_tokens")
 TRAINER = ("forward_s", "backward_s", "optimizer_s", "measure_s", "publish_s")
-CPU = ("trainer", "loop", "children")  # who used CPU seconds (`strop.runtime.cpus.cpu_reading`)
+CPU = ("trainer", "loop", "other", "unused")  # who used the machine's CPU seconds (`cpu_budget`)
 
 # (side, key) of the table's rows, in order; what each is: `strop.run_files.METRICS`
 ROWS = [
@@ -40,7 +41,7 @@ ROWS = [
     *[("rollouts", f"time_episode_{k}") for k in EPISODE[:2]],
     ("rollouts", "time_engine_queued_s"),  # part of the policy's seconds
     *[("rollouts", f"time_episode_{k}") for k in EPISODE[2:]],
-    *[("cpu", f"time_cpu_{k}_s") for k in (*CPU, "unused")],
+    *[("cpu", f"time_cpu_{k}_s") for k in CPU],
 ]
 
 
@@ -67,15 +68,21 @@ def engine_budget(before: dict, after: dict, wall_s: float) -> dict[str, float]:
     return out
 
 
-def cpu_budget(before: dict, after: dict, wall_s: float) -> dict[str, float]:
-    """The CPU seconds used between two `cpu_seconds()` readings `wall_s` apart, as
-    `time_cpu_<who>_s`, and `time_cpu_unused_s`: what the run's cores had left (idle, or taken by
-    other jobs). {} where the runtime cannot tell."""
+def cpu_budget(before: dict, after: dict) -> dict[str, float]:
+    """The machine's CPU seconds between two `cpu_seconds()` readings (`strop.runtime.cpus.cpu_reading`),
+    as `time_cpu_<who>_s`: the trainer's process, the loop's, every other process (the sandboxes and
+    checks, and any other job), and unused; `time_cpu_total_s`, all of them. {} where the runtime
+    cannot tell."""
     if not before or not after:
         return {}
-    out = {f"time_cpu_{k}_s": max(0.0, after[k] - before[k]) for k in CPU}
-    out["time_cpu_unused_s"] = max(0.0, after["cores"] * wall_s - sum(out.values()))
-    out["time_cpu_cores"] = after["cores"]
+    d = {k: max(0.0, after[k] - before[k]) for k in ("trainer", "loop", "busy", "unused")}
+    out = {
+        "time_cpu_trainer_s": d["trainer"],
+        "time_cpu_loop_s": d["loop"],
+        "time_cpu_other_s": max(0.0, d["busy"] - d["trainer"] - d["loop"]),
+        "time_cpu_unused_s": d["unused"],
+    }
+    out["time_cpu_total_s"] = sum(out.values())
     return out
 
 
@@ -100,7 +107,7 @@ def budget_table(rows: list[dict]) -> dict:
         "steps": len(timed),
         "rows": table,
         "episodes_per_step": round(mean("time_episodes"), 2),
-        "cores": round(mean("time_cpu_cores"), 2),
+        "cpu_s_per_step": round(mean("time_cpu_total_s"), 3),
         "tokens_per_step": {k: round(mean(f"time_engine_{k}"), 1) for k in TOKENS},
         "critical_path": "generation" if wait > train else "trainer",
     }
@@ -112,9 +119,8 @@ def budget_lines(budget: dict) -> list[str]:
         return []
     step = next(r["s_per_step"] for r in budget["rows"] if r["part"] == "time_step_s")
     lines = ["| side | part | s per step | share of the step | what |", "|---|---|---|---|---|"]
-    core_s = step * budget.get("cores", 0)
     for r in budget["rows"]:
-        whole = core_s if r["side"] == "cpu" else step
+        whole = budget.get("cpu_s_per_step", 0) if r["side"] == "cpu" else step
         share = f"{r['s_per_step'] / whole:.0%}" if whole else ""
         lines.append(f"| {r['side']} | `{r['part']}` | {r['s_per_step']:.2f} | {share} | {r['what']} |")
     tok = budget["tokens_per_step"]
@@ -122,7 +128,7 @@ def budget_lines(budget: dict) -> list[str]:
         "",
         f"Means over {budget['steps']} steps, {budget['episodes_per_step']:g} episodes a step. Engine and rollout "
         "rows are seconds summed over engines and over episodes (they overlap), so their share can pass 100%; "
-        f"a CPU row's share is of the {budget.get('cores', 0):g} cores' seconds. "
+        "a CPU row's share is of the machine's CPU seconds (every core's) over the step. "
         f"Tokens per step: {tok['prefilled_tokens']:.0f} prefilled, {tok['prefix_reused_tokens']:.0f} reused from "
         f"parked KV, {tok['decoded_tokens']:.0f} decoded. Critical path: **{budget['critical_path']}**.",
         "",

@@ -253,7 +253,7 @@ class Orchestrator:
             "time_train_s": train_s,
             **episode_budget(t.timings for t in trajs),
             **engine_budget(self._engines_before, engines, now - t_last),
-            **cpu_budget(self._cpu_before, cpu, now - t_last),
+            **cpu_budget(self._cpu_before, cpu),
         }
         self._engines_before, self._cpu_before = engines, cpu
         self.counts["hacked"] += sum(bool(t.hack_flags) for t in trajs)

@@ -44,15 +44,31 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def cpu_reading(trainer_pid: int | None, cores: int) -> dict[str, float]:
+def machine_cpu_s() -> tuple[float, float]:
+    """(busy, unused) CPU seconds of the whole machine so far, summed over its cores (Linux's
+    /proc/stat: user, nice, system, irq and softirq are busy; idle, iowait and a VM's steal are not);
+    (0.0, 0.0) where unreadable."""
+    try:
+        fields = [int(x) for x in open("/proc/stat").readline().split()[1:9]]
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    user, nice, system, idle, iowait, irq, softirq, steal = fields
+    tick = os.sysconf("SC_CLK_TCK")
+    return (user + nice + system + irq + softirq) / tick, (idle + iowait + steal) / tick
+
+
+def cpu_reading(trainer_pid: int | None) -> dict[str, float]:
     """CPU seconds used so far, by whom: `trainer`, the trainer's own process (0 where it runs in
-    this one); `loop`, this process (engines, rollout threads, the loop, and the trainer when it
-    runs here); `children`, child processes that have finished (sandboxes with the tools and tests
-    run in them, checks), counted when they are reaped; and `cores`, the cores the run was given."""
+    this one); `loop`, this process (engines, rollout threads, the loop, and the trainer when it runs
+    here); `busy` and `unused`, the whole machine's (`machine_cpu_s`). What the machine's busy
+    seconds hold beyond the two processes is the run's sandboxes, with the tools and tests run in
+    them, and its checks: their processes are reaped inside their sandboxes' namespaces, where no
+    resource usage of this process's children sees them (and whatever else the machine runs)."""
     t = os.times()
+    busy, unused = machine_cpu_s()
     return {
         "trainer": process_cpu_s(trainer_pid) if trainer_pid else 0.0,
         "loop": t.user + t.system,
-        "children": t.children_user + t.children_system,
-        "cores": cores,
+        "busy": busy,
+        "unused": unused,
     }

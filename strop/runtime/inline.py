@@ -177,10 +177,10 @@ class InlineRuntime:
         return sync_seconds(self.trainer.sync_stats()["published_at"], [e.sync.swapped_at for e in self.engines])
 
     def cpu_seconds(self) -> dict[str, float]:
-        """CPU seconds used so far by the trainer's process, this one and finished children
+        """CPU seconds used so far by the trainer's process, this one and the whole machine
         (`strop.runtime.cpus.cpu_reading`)."""
         proc = getattr(self.trainer, "proc", None)  # a TrainerProcess's child
-        return cpu_reading(proc.pid if proc else None, len(self._caller_cpus))
+        return cpu_reading(proc.pid if proc else None)
 
     def engine_stats(self) -> dict:
         """The engines' figures (`RunEngine.stats`) summed, and `engines`, how many."""
