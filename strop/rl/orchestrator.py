@@ -78,9 +78,7 @@ class Runtime(Protocol):
     bytes_synced: int
 
     def engine_stats(self) -> dict: ...  # engines' counters summed (`strop.rl.budget`), `busy_s`, and `engines`
-    def cpu_seconds(
-        self,
-    ) -> dict[str, float]: ...  # CPU used so far by side (`strop.rl.budget.cpu_budget`); {}: unknown
+    def cpu_seconds(self) -> dict[str, float]: ...  # CPU seconds so far, by whom; {} if unknown
 
     # for whoever started it
     def close(self) -> None: ...

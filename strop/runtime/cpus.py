@@ -37,7 +37,8 @@ def pin(cpus: frozenset[int] | None) -> None:
 def process_cpu_s(pid: int) -> float:
     """User + system CPU seconds process `pid` has used so far (Linux's /proc; 0.0 where unreadable)."""
     try:
-        stat = open(f"/proc/{pid}/stat").read()
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
     except OSError:
         return 0.0
     fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
@@ -49,7 +50,8 @@ def machine_cpu_s() -> tuple[float, float]:
     /proc/stat: user, nice, system, irq and softirq are busy; idle, iowait and a VM's steal are not);
     (0.0, 0.0) where unreadable."""
     try:
-        fields = [int(x) for x in open("/proc/stat").readline().split()[1:9]]
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:9]]
     except (OSError, ValueError):
         return 0.0, 0.0
     user, nice, system, idle, iowait, irq, softirq, steal = fields
