@@ -65,7 +65,8 @@ def cpu_reading(trainer_pid: int | None) -> dict[str, float]:
     here); `busy` and `unused`, the whole machine's (`machine_cpu_s`). What the machine's busy
     seconds hold beyond the two processes is the run's sandboxes, with the tools and tests run in
     them, and its checks: their processes are reaped inside their sandboxes' namespaces, where no
-    resource usage of this process's children sees them (and whatever else the machine runs)."""
+    resource usage of this process's children sees them (and a sharded trainer's other ranks, and
+    whatever else the machine runs)."""
     t = os.times()
     busy, unused = machine_cpu_s()
     return {

@@ -179,8 +179,7 @@ class InlineRuntime:
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds used so far by the trainer's process, this one and the whole machine
         (`strop.runtime.cpus.cpu_reading`)."""
-        proc = getattr(self.trainer, "proc", None)  # a TrainerProcess's child
-        return cpu_reading(proc.pid if proc else None)
+        return cpu_reading(self.trainer.proc.pid if isinstance(self.trainer, TrainerProcess) else None)
 
     def engine_stats(self) -> dict:
         """The engines' figures (`RunEngine.stats`) summed, and `engines`, how many."""
