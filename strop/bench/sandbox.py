@@ -17,7 +17,10 @@
 - a test run: `python -m pytest -q` on a one-test repository in a live sandbox, as the sandbox's
   Python is installed (with pytest's bytecode) and with an empty bytecode cache (`PYTHONPYCACHEPREFIX`
   pointing at a new directory: every module compiled from source, as before the bytecode shipped);
-  the policy's visible-test runs and the checker pay this on every episode;
+  the policy's visible-test runs and the checker pay this on every episode. And the CPU time of a run
+  (a child's rusage, measured by a Python inside the sandbox): started fresh, as every run is, and
+  forked from a Python that has imported pytest and its default plugins, running `pytest.main` with
+  the same arguments: what a resident test runner would cost a run;
 - idle footprint: sandboxes started and left idle up to `--max` (1000) or until the time budget is
   spent; `mib_per_sandbox` is the proportional set size (PSS) of their processes (bwrap, its init and
   the in-sandbox shell), `kernel_mib_per_sandbox` the drop in MemAvailable per sandbox (kernel objects:
@@ -167,6 +170,44 @@ def _test_runs(world: Path, runs: int) -> tuple[list[float], list[float]]:
     return out
 
 
+# Inside the sandbox: the CPU seconds of RUNS pytest runs started fresh, then of RUNS forked from this
+# Python once it has imported pytest and its default plugins (a resident runner's cost per run).
+_RUN_CPU = """
+import importlib, json, os, subprocess, sys
+runs, args = int(sys.argv[1]), ["-q", "-p", "no:cacheprovider", "tests"]
+def cpu(pid):
+    ru = os.wait4(pid, 0)[2]
+    return ru.ru_utime + ru.ru_stime
+quiet = os.open(os.devnull, os.O_WRONLY)
+fresh = [cpu(subprocess.Popen([sys.executable, "-m", "pytest", *args], stdout=quiet).pid) for _ in range(runs)]
+import pytest
+from _pytest.config import default_plugins
+for name in default_plugins:
+    importlib.import_module("_pytest." + name)
+forked = []
+for _ in range(runs):
+    pid = os.fork()
+    if pid == 0:
+        os.dup2(quiet, 1)
+        os._exit(int(pytest.main(args)))
+    forked.append(cpu(pid))
+print(json.dumps({"fresh": fresh, "forked": forked}))
+"""
+
+
+def _test_run_cpu(world: Path, runs: int) -> dict[str, list[float]]:
+    """CPU seconds of `runs` pytest runs in a live sandbox, each started fresh and each forked from
+    a Python with pytest imported (`_RUN_CPU`)."""
+    import json
+
+    from strop.env.sandbox.backend import open_sandbox
+
+    with open_sandbox(world) as sb:
+        r = sb.exec(["python", "-c", _RUN_CPU, str(runs)], env={"PYTHONDONTWRITEBYTECODE": "1"})
+    assert r.exit_code == 0, r.stdout + r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def _idle(world: Path, most: int, budget_s: float) -> dict:
     from strop.env.sandbox.backend import open_sandbox
 
@@ -275,6 +316,7 @@ def run(args: argparse.Namespace) -> int:
         pool = _pool_start_exit(world, 50 if args.quick else 200)
         ex, sh = _exec(world, 100 if args.quick else runs)
         tests, tests_uncached = _test_runs(world, 10 if args.quick else 50)
+        run_cpu = _test_run_cpu(world, 10 if args.quick else 50)
         idle = _idle(world, args.max, 5.0 if args.quick else 300.0)
     spawns = _large_process_spawns(args.ballast_gib, 20 if args.quick else 100)
     oracle, oracle_note = _oracle(args.oracle_episodes or (1 if args.quick else 30))
@@ -290,6 +332,8 @@ def run(args: argparse.Namespace) -> int:
         "exec_shell_p50_ms": _pct(sh, 0.5),
         "pytest_run_p50_ms": _pct(tests, 0.5),
         "pytest_run_no_bytecode_p50_ms": _pct(tests_uncached, 0.5),
+        "pytest_run_cpu_p50_ms": _pct(run_cpu["fresh"], 0.5),
+        "pytest_run_forked_cpu_p50_ms": _pct(run_cpu["forked"], 0.5),
         **idle,
         **spawns,
         "ballast_gib": args.ballast_gib,
@@ -334,6 +378,18 @@ def run(args: argparse.Namespace) -> int:
             "p50": res["pytest_run_no_bytecode_p50_ms"],
             "unit": "ms",
             "n": len(tests_uncached),
+        },
+        {
+            "measure": "pytest run: CPU time",
+            "p50": res["pytest_run_cpu_p50_ms"],
+            "unit": "CPU ms",
+            "n": len(run_cpu["fresh"]),
+        },
+        {
+            "measure": "pytest run forked from a warm Python: CPU time",
+            "p50": res["pytest_run_forked_cpu_p50_ms"],
+            "unit": "CPU ms",
+            "n": len(run_cpu["forked"]),
         },
         {"measure": "idle sandboxes held at once", "p50": res["max_concurrent"], "unit": "sandboxes"},
         {"measure": "memory per idle sandbox (PSS)", "p50": res["mib_per_sandbox"], "unit": "MiB"},
