@@ -203,7 +203,7 @@ def _test_run_cpu(world: Path, runs: int) -> dict[str, list[float]]:
     from strop.env.sandbox.backend import open_sandbox
 
     with open_sandbox(world) as sb:
-        r = sb.exec(["python", "-c", _RUN_CPU, str(runs)], env={"PYTHONDONTWRITEBYTECODE": "1"})
+        r = sb.exec(["python", "-c", _RUN_CPU, str(runs)], timeout=600, env={"PYTHONDONTWRITEBYTECODE": "1"})
     assert r.exit_code == 0, r.stdout + r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1])
 
