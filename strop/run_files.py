@@ -110,7 +110,6 @@ METRICS: dict[str, dict[str, str]] = {
         "time_cpu_loop_s": "in the loop's process: engines, rollout threads, the loop",
         "time_cpu_other_s": "in every other process: sandboxes with their tools and tests, checks (and other jobs)",
         "time_cpu_unused_s": "unused: idle, waiting for the disk, or taken by the VM's host",
-        "time_cpu_total_s": "the machine's CPU seconds over the step, every core's",
         "time_engine_prefilled_tokens": "prompt tokens the engines ran through the model this step",
         "time_engine_prefix_reused_tokens": "prompt tokens whose KV came from a parked sequence",
         "time_engine_decoded_tokens": "tokens fed back one at a time (decode rows)",

@@ -71,19 +71,16 @@ def engine_budget(before: dict, after: dict, wall_s: float) -> dict[str, float]:
 def cpu_budget(before: dict, after: dict) -> dict[str, float]:
     """The machine's CPU seconds between two `cpu_seconds()` readings (`strop.runtime.cpus.cpu_reading`),
     as `time_cpu_<who>_s`: the trainer's process, the loop's, every other process (the sandboxes and
-    checks, and any other job), and unused; `time_cpu_total_s`, all of them. {} where the runtime
-    cannot tell."""
+    checks, and any other job), and unused. {} where the runtime cannot tell."""
     if not before or not after:
         return {}
     d = {k: max(0.0, after[k] - before[k]) for k in ("trainer", "loop", "busy", "unused")}
-    out = {
+    return {
         "time_cpu_trainer_s": d["trainer"],
         "time_cpu_loop_s": d["loop"],
         "time_cpu_other_s": max(0.0, d["busy"] - d["trainer"] - d["loop"]),
         "time_cpu_unused_s": d["unused"],
     }
-    out["time_cpu_total_s"] = sum(out.values())
-    return out
 
 
 def budget_table(rows: list[dict]) -> dict:
@@ -107,7 +104,7 @@ def budget_table(rows: list[dict]) -> dict:
         "steps": len(timed),
         "rows": table,
         "episodes_per_step": round(mean("time_episodes"), 2),
-        "cpu_s_per_step": round(mean("time_cpu_total_s"), 3),
+        "cpu_s_per_step": round(sum(mean(f"time_cpu_{k}_s") for k in CPU), 3),
         "tokens_per_step": {k: round(mean(f"time_engine_{k}"), 1) for k in TOKENS},
         "critical_path": "generation" if wait > train else "trainer",
     }
