@@ -70,13 +70,18 @@ def pin_numerics() -> str:
     return mode
 
 
+def model_name() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it (the architecture where it gives none)."""
+    info = _cpuinfo()
+    return info.get("model name") or info.get("Model") or platform.processor() or platform.machine()
+
+
 def describe() -> dict:
     """The CPU in a few fields, for a run's summary: model, cores, the relevant flags, and the
     instruction set the numerics are pinned to (with what the libraries were told)."""
-    info = _cpuinfo()
     have = flags()
     return {
-        "model": info.get("model name") or info.get("Model") or platform.processor() or platform.machine(),
+        "model": model_name(),
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "flags": [f for f in SHOWN_FLAGS if f in have],
         "numerics": numerics(),

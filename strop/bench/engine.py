@@ -27,12 +27,12 @@ with one round of episodes first, so parked sequences (and the system prompt) ar
 """
 
 import argparse
-import platform
 import statistics
 import time
 
 from strop.bench.engine_inputs import prompts_from, setup
 from strop.bench.table import format_table, write_json
+from strop.cpu import model_name as cpu_model_name
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -147,7 +147,7 @@ def run_multi_turn(args: argparse.Namespace, model, tok, stream, threads: int) -
             "instruction": instruction,
             "observation": obs_len,
             "model": args.checkpoint or "random demo-size qwen3_moe",
-            "cpu": platform.processor() or platform.machine(),
+            "cpu": cpu_model_name(),
         },
     )
     reps = 2 if args.quick else args.repeats
@@ -251,7 +251,7 @@ def run(args: argparse.Namespace) -> int:
             "new_tokens": new_tokens,
             "prompt_len": args.prompt_len,
             "model": args.checkpoint or "random demo-size qwen3_moe",
-            "cpu": platform.processor() or platform.machine(),
+            "cpu": cpu_model_name(),
         },
     )
     reps = 2 if args.quick else args.repeats

@@ -18,12 +18,12 @@ measures): routing flips, mean |Δlogp| and k3.
 """
 
 import argparse
-import platform
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from strop.bench.table import format_table, write_json
+from strop.cpu import model_name as cpu_model_name
 
 BATCH = 16
 
@@ -97,7 +97,7 @@ def run_vllm(args: argparse.Namespace, threads: int) -> int:
         "prompt_len": args.prompt_len,
         "batch": BATCH,
         "model": args.checkpoint or "random demo-size qwen3_moe",
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_model_name(),
         "vllm_tok_s_bs16": best["vllm"],
         "engine_tok_s_bs16": best["engine"],
         "vllm_over_engine": best["vllm"] / best["engine"],

@@ -3,11 +3,11 @@ on this machine, for each supported architecture at the configured size, on real
 architectures once with strop's sorted experts forward and once with transformers' eager loop."""
 
 import argparse
-import platform
 import time
 
 from strop.bench.table import format_table, write_json
 from strop.config import add_config_arguments, config_from_args
+from strop.cpu import model_name as cpu_model_name
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,10 +75,7 @@ def run(args: argparse.Namespace) -> int:
     for row in rows:  # the eager loop's time over this one's: how much faster strop's forward is
         eager = [r for r in rows if r["arch"] == row["arch"] and r["experts"] == "eager"]
         row["eager_over_this"] = eager[0]["step_s"] / row["step_s"] if eager else None
-    print(
-        f"mid-training throughput, {threads} threads, {platform.processor() or platform.machine()}, "
-        f"median of {steps} steps"
-    )
+    print(f"mid-training throughput, {threads} threads, {cpu_model_name()}, median of {steps} steps")
     print(format_table(rows, ["arch", "experts", "params_m", "tokens_per_step", "step_s", "tok_s", "eager_over_this"]))
     write_json(args.json, {"threads": threads, "steps": steps, "rows": rows})
     return 0

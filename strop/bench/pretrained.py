@@ -18,12 +18,12 @@ repeats' pairs), the cost of bitwise mode.
 """
 
 import argparse
-import platform
 import statistics
 import tempfile
 import time
 
 from strop.bench.table import format_table, write_json
+from strop.cpu import model_name as cpu_model_name
 
 BATCH = 16
 CODING_TASKS = [
@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
         "prompt_tokens": [len(p) for p in prompts],
         "threads": threads,
         "repeats": reps,
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_model_name(),
         **{f"{name}_tok_s": v for name, v in best.items()},
         **{f"{name}_cpu_tok_s": v for name, v in best_cpu.items()},
         "engine_over_hf": best["engine"] / best["hf"],

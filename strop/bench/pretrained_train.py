@@ -26,12 +26,12 @@ decoding gave the new weights back bit for bit.
 
 import argparse
 import multiprocessing
-import platform
 import resource
 import time
 from concurrent.futures import ProcessPoolExecutor
 
 from strop.bench.table import format_table, write_json
+from strop.cpu import model_name as cpu_model_name
 
 VARIANTS = {
     "full": {},
@@ -190,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
         "seq_len": seq_len,
         "timed_steps": steps,
         "threads": threads or "all",
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_model_name(),
         "rows": rows,
         "deltas": deltas,
     }

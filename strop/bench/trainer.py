@@ -22,13 +22,13 @@ tokens with advantages +-1 (throughput does not depend on what the tokens say). 
 """
 
 import argparse
-import platform
 import statistics
 import tempfile
 import time
 
 from strop.bench.table import format_table, write_json
 from strop.config import add_config_arguments, config_from_args
+from strop.cpu import model_name as cpu_model_name
 
 RANK_COUNTS = (1, 2, 4)
 PLACEMENTS = ("local", "ray")
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     ray.shutdown()  # a no-op unless the Ray rows started it
     print(
         "RL trainer sharded over N ranks (FSDP2, gloo, 1 thread each), local processes and Ray actors, "
-        f"{platform.processor() or platform.machine()}, "
+        f"{cpu_model_name()}, "
         f"{rows} segments a step, median of {steps} steps after 1 warmup"
     )
     print(
