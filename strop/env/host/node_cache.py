@@ -82,8 +82,7 @@ def built(dest: Path, build: Callable[[Path], None]) -> Path:
         if dest.exists():
             return dest
         for stale in dest.parent.glob(".build-*-*"):
-            pid = stale.name.split("-")[1]
-            if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            if abandoned(stale):
                 rmtree(stale)
         tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".build-{os.getpid()}-"))
         try:
@@ -94,6 +93,12 @@ def built(dest: Path, build: Callable[[Path], None]) -> Path:
             if tmp.exists():
                 rmtree(tmp)
     return dest
+
+
+def abandoned(build_dir: Path) -> bool:
+    """True for a builder's directory `.build-<pid>-*` whose process is gone."""
+    pid = build_dir.name.split("-")[1]
+    return pid.isdigit() and not os.path.exists(f"/proc/{pid}")
 
 
 def fetched(url: str) -> Path:
