@@ -27,6 +27,7 @@ from pathlib import Path
 from strop.config import dotted
 from strop.confined import read_regular
 from strop.errors import UserError
+from strop.lifetime import process_gone
 
 OUTPUT_MARKER = ".strop-output"  # in a directory a command made and may therefore overwrite and delete
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -193,7 +194,7 @@ def write_atomic(path: str | os.PathLike, data: bytes | memoryview | str) -> Non
         data = data.encode()
     for stale in p.parent.glob(f".{glob.escape(p.name)}.*.tmp"):  # left by a writer killed before its rename
         pid = stale.name[len(p.name) + 2 : -4]
-        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+        if process_gone(pid):
             stale.unlink(missing_ok=True)
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
     try:

@@ -17,6 +17,7 @@ from typing import Callable, Iterator
 from strop.confined import rmtree
 from strop.env.host.account import as_root, reachable, sandbox_account
 from strop.errors import UserError
+from strop.lifetime import process_gone
 from strop.memo import content_key
 
 
@@ -97,8 +98,7 @@ def built(dest: Path, build: Callable[[Path], None]) -> Path:
 
 def abandoned(build_dir: Path) -> bool:
     """True for a builder's directory `.build-<pid>-*` whose process is gone."""
-    pid = build_dir.name.split("-")[1]
-    return pid.isdigit() and not os.path.exists(f"/proc/{pid}")
+    return process_gone(build_dir.name.split("-")[1])
 
 
 def fetched(url: str) -> Path:

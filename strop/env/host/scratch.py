@@ -11,6 +11,7 @@ from pathlib import Path
 from strop.confined import rmtree
 from strop.env.host.account import hand_over, reachable
 from strop.env.host.node_cache import cache_dir
+from strop.lifetime import process_gone
 
 SCRATCH_KINDS = ("sbx", "world")  # host directories strop-<kind>-<pid>-*, swept when <pid> is dead
 
@@ -43,7 +44,7 @@ def sweep_dead(*bases: Path) -> None:
     for base in bases:
         for d in base.glob("strop-*-*-*"):
             kind, pid = d.name.split("-")[1:3]
-            if kind in SCRATCH_KINDS and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            if kind in SCRATCH_KINDS and process_gone(pid):
                 try:
                     rmtree(d)  # another process starting at the same time may sweep it too: not an error
                 except OSError as e:  # what cannot be removed stays; it never stops a new sandbox

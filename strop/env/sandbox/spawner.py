@@ -16,6 +16,7 @@ from pathlib import Path
 from strop.env.host.account import as_root, sandbox_account
 from strop.env.sandbox.ctty import has_ctty
 from strop.env.sandbox.sched_slice import request_short_slice
+from strop.lifetime import process_gone
 
 
 def sweep_dead_cgroups() -> None:
@@ -24,7 +25,7 @@ def sweep_dead_cgroups() -> None:
     for cg in (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup")) if os.geteuid() == 0 else ():
         for d in cg.glob("strop-*"):
             pid = d.name.split("-")[1]
-            if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            if process_gone(pid):
                 try:
                     children = [c for c in d.iterdir() if c.is_dir()]
                 except FileNotFoundError:
